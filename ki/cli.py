@@ -1,0 +1,72 @@
+"""The `ki` command line.
+
+Every command loads the one settings object first, so a bad config fails before anything starts.
+Errors a user can fix print one line and exit with a non-zero code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ki.settings import Settings, SettingsError, load_settings
+
+
+class CliError(RuntimeError):
+    """An error the user can act on; printed as one line."""
+
+
+def _stack(args: argparse.Namespace, settings: Settings) -> int:
+    from ki.stack import manager
+
+    action: Callable[..., int] = {
+        "up": manager.up,
+        "down": manager.down,
+        "status": manager.status,
+        "logs": manager.logs,
+    }[args.action]
+    if args.action == "logs":
+        return action(settings, service=args.service, lines=args.lines)
+    return action(settings)
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from ki.db.migrate import upgrade
+
+    upgrade(settings, revision=args.revision)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
+    parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    stack = sub.add_parser("stack", help="run the local stack (PostgreSQL, Kafka, Connect+Debezium, OpenSearch)")
+    stack.add_argument("action", choices=["up", "down", "status", "logs"])
+    stack.add_argument("service", nargs="?", help="for logs: postgres, kafka, connect or opensearch")
+    stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
+    stack.set_defaults(handler=_stack)
+
+    migrate = sub.add_parser("migrate", help="apply the reference schema migrations (alembic upgrade)")
+    migrate.add_argument("--revision", default="head")
+    migrate.set_defaults(handler=_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        return int(args.handler(args, settings))
+    except (SettingsError, CliError) as exc:
+        print(f"ki: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ki: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The one settings object.
+
+`config.json` at the repository root holds every setting with its default. Environment variables
+`KI_<SECTION>__<FIELD>` override single fields (JSON for maps and lists). Anything unknown, mistyped
+or out of range stops start-up with one line naming the key and the problem (`SettingsError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
+ENV_PREFIX = "KI_"
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message is one readable line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RetrievalSettings(_Section):
+    """The spec's `retrieval.*` keys, with the spec's defaults."""
+
+    index_name: str = Field("knowledge-index-chunks-v1", min_length=1)
+    embedding_dimensions: int = Field(1536, ge=2, le=16000)
+    vector_engine: Literal["lucene", "faiss", "nmslib"] = "lucene"
+    vector_space_type: Literal["cosinesimil", "l2", "innerproduct"] = "cosinesimil"
+    hnsw_m: int = Field(16, ge=2, le=100)
+    hnsw_ef_construction: int = Field(128, ge=2, le=4096)
+    chunk_chars: int = Field(1200, ge=50, le=100_000)
+    chunk_overlap_chars: int = Field(120, ge=0)
+    chunk_contextualize: bool = True
+    profile_embeddings: bool = True
+    clause_embeddings: bool = True
+    fusion_rrf_k: int = Field(60, ge=1, le=10_000)
+    weight_lexical: float = Field(1.0, ge=0)
+    weight_semantic: float = Field(1.0, ge=0)
+    weight_identifier: float = Field(1.5, ge=0)
+    weight_decisions: float = Field(0.8, ge=0)
+    version_status_boost: dict[str, float] = Field(
+        default_factory=lambda: {"executed": 1.2, "final": 1.0, "unknown": 0.8, "draft": 0.7}
+    )
+    collapse_per_document: bool = True
+    max_chunks_per_document: int = Field(3, ge=1, le=100)
+    rerank_enabled: bool = False
+    rerank_model: str = "rerank"
+    rerank_url: str = ""
+    rerank_timeout_s: float = Field(20.0, gt=0)
+    graph_rag_enabled: bool = False
+    text_analyzer: str = Field("german", min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrievalSettings:
+        if self.chunk_overlap_chars >= self.chunk_chars:
+            raise ValueError(
+                f"chunk_overlap_chars ({self.chunk_overlap_chars}) must be smaller than "
+                f"chunk_chars ({self.chunk_chars})"
+            )
+        for status, boost in self.version_status_boost.items():
+            if boost < 0:
+                raise ValueError(f"version_status_boost[{status!r}] must be >= 0, got {boost}")
+        return self
+
+
+class DatabaseSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(55432, ge=1, le=65535)
+    name: str = "ki"
+    user: str = "ki"
+    password: str = "ki"
+    pool_size: int = Field(10, ge=1, le=200)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{self.user}:{self.password}@{self.host}:{self.port}/{self.name}"
+
+    @property
+    def dsn(self) -> str:
+        """libpq connection string (for psycopg without SQLAlchemy)."""
+        return f"host={self.host} port={self.port} dbname={self.name} user={self.user} password={self.password}"
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = "127.0.0.1:59092"
+    controller_port: int = Field(59093, ge=1, le=65535)
+    topic_prefix: str = Field("ki", pattern=r"^[A-Za-z0-9_.-]+$")
+    partitions: int = Field(3, ge=1, le=1000)
+    replication_factor: int = Field(1, ge=1, le=10)
+
+
+class ConnectSettings(_Section):
+    url: str = "http://127.0.0.1:58083"
+    connector_name: str = "ki-postgres"
+    publication_name: str = Field("ki_publication", pattern=r"^[a-z_][a-z0-9_]*$")
+    slot_name: str = Field("ki_slot", pattern=r"^[a-z_][a-z0-9_]*$")
+    snapshot_mode: Literal["initial", "no_data", "always", "when_needed", "never"] = "initial"
+    heartbeat_interval_ms: int = Field(10_000, ge=100)
+
+
+class OpenSearchSettings(_Section):
+    url: str = "http://127.0.0.1:59200"
+    transport_port: int = Field(59300, ge=1, le=65535)
+    timeout_s: float = Field(30.0, gt=0)
+    max_retries: int = Field(5, ge=0, le=50)
+    number_of_shards: int = Field(1, ge=1, le=1024)
+    number_of_replicas: int = Field(0, ge=0, le=10)
+    refresh_interval: str = "1s"
+    max_terms_count: int = Field(65_536, ge=1)
+
+
+class EmbeddingSettings(_Section):
+    provider: Literal["local", "openai"] = "local"
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int = Field(32, ge=1, le=2048)
+    max_tokens: int = Field(256, ge=8, le=8192)
+    url: str = ""
+    api_key_env: str = "KI_EMBEDDING_API_KEY"
+    timeout_s: float = Field(30.0, gt=0)
+    retries: int = Field(3, ge=0, le=20)
+
+
+class StreamsSettings(_Section):
+    app_id: str = Field("ki-sidecar", pattern=r"^[A-Za-z0-9_.-]+$")
+    web_port: int = Field(56066, ge=1, le=65535)
+    dlq_topic: str = "ki.dlq"
+    batch_max_events: int = Field(500, ge=1, le=100_000)
+    batch_max_bytes: int = Field(5_000_000, ge=1024)
+    batch_linger_ms: int = Field(200, ge=0, le=60_000)
+    max_attempts: int = Field(5, ge=1, le=100)
+
+
+class SecuritySettings(_Section):
+    source_acl_mode: Literal["sufficient", "intersect"] = "sufficient"
+    admin_principals: list[str] = Field(default_factory=lambda: ["role:admin", "system:admin"])
+    aliases: dict[str, str] = Field(default_factory=dict)
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    jwt_secret: str = Field("change-me-local-only-secret-0123456789", min_length=16)
+    jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
+    jwt_issuer: str = "ki-sidecar"
+    jwt_audience: str = "ki-search"
+    subject_claim: str = "sub"
+    groups_claim: str = "groups"
+    roles_claim: str = "roles"
+    max_body_bytes: int = Field(65_536, ge=1024)
+    max_query_chars: int = Field(2_000, ge=1)
+    max_limit: int = Field(100, ge=1, le=500)
+    max_filter_values: int = Field(100, ge=1)
+    max_concurrent_requests: int = Field(64, ge=1)
+    embedding_cache_ttl_s: int = Field(600, ge=0)
+    embedding_cache_size: int = Field(1024, ge=0)
+
+
+class StackSettings(_Section):
+    home: str = "~/.cache/ki-sidecar"
+    java_home: str = ""
+    opensearch_heap: str = "1g"
+    kafka_heap: str = "512m"
+    connect_heap: str = "512m"
+    start_timeout_s: float = Field(180.0, gt=0)
+
+
+class Settings(_Section):
+    retrieval: RetrievalSettings = RetrievalSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    connect: ConnectSettings = ConnectSettings()
+    opensearch: OpenSearchSettings = OpenSearchSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    streams: StreamsSettings = StreamsSettings()
+    security: SecuritySettings = SecuritySettings()
+    api: ApiSettings = ApiSettings()
+    stack: StackSettings = StackSettings()
+
+
+def _is_plain_str(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    return get_origin(annotation) is Literal and all(isinstance(a, str) for a in get_args(annotation))
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
+        section_model = Settings.model_fields.get(section)
+        if section_model is None:
+            raise SettingsError(f"{name}: unknown settings section {section!r}")
+        field_info = section_model.annotation.model_fields.get(field)  # type: ignore[union-attr]
+        if field_info is None:
+            raise SettingsError(f"{name}: unknown setting {section}.{field}")
+        value: Any = raw
+        if not _is_plain_str(field_info.annotation):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                if get_origin(field_info.annotation) in (dict, list):
+                    raise SettingsError(f"{name}: {section}.{field} must be JSON ({exc.msg})") from None
+        overrides.setdefault(section, {})[field] = value
+    return overrides
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "<root>"
+    msg = err["msg"].removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"config error: {key}: {msg}{more}"
+
+
+def load_settings(path: Path | str | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Read config.json (or `path`, or $KI_CONFIG), apply env overrides, validate."""
+    environ = dict(os.environ if environ is None else environ)
+    config_path = Path(path or environ.get("KI_CONFIG") or DEFAULT_CONFIG_PATH)
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SettingsError(f"config error: {config_path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"config error: {config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"config error: {config_path}: top level must be an object")
+    environ.pop("KI_CONFIG", None)
+    for section, fields in _env_overrides(environ).items():
+        current = data.setdefault(section, {})
+        if not isinstance(current, dict):
+            raise SettingsError(f"config error: {section}: must be an object")
+        current.update(fields)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_one_line(exc)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings, loaded once."""
+    return load_settings()
