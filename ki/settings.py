@@ -105,6 +105,8 @@ class ConnectSettings(_Section):
     slot_name: str = Field("ki_slot", pattern=r"^[a-z_][a-z0-9_]*$")
     snapshot_mode: Literal["initial", "no_data", "always", "when_needed", "never"] = "initial"
     heartbeat_interval_ms: int = Field(10_000, ge=100)
+    # Host name Connect uses to reach PostgreSQL; empty = database.host (differs under docker compose).
+    database_hostname: str = ""
 
 
 class OpenSearchSettings(_Section):
