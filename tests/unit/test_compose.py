@@ -1,0 +1,40 @@
+"""docker-compose.yml must describe the same topology and ports as the native stack."""
+
+from urllib.parse import urlparse
+
+import yaml
+
+from ki.settings import REPO_ROOT, load_settings
+
+
+def _compose() -> dict:
+    return yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+
+
+def _host_ports(service: dict) -> set[int]:
+    return {int(mapping.split(":")[-2]) for mapping in service.get("ports", [])}
+
+
+def test_compose_has_the_four_services_on_the_configured_ports() -> None:
+    settings = load_settings(environ={})
+    services = _compose()["services"]
+    assert set(services) == {"postgres", "kafka", "connect", "opensearch"}
+    assert settings.database.port in _host_ports(services["postgres"])
+    assert int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1]) in _host_ports(services["kafka"])
+    assert urlparse(settings.connect.url).port in _host_ports(services["connect"])
+    assert urlparse(settings.opensearch.url).port in _host_ports(services["opensearch"])
+
+
+def test_compose_postgres_uses_logical_decoding_and_opensearch_runs_without_security() -> None:
+    services = _compose()["services"]
+    assert "wal_level=logical" in services["postgres"]["command"]
+    env = services["opensearch"]["environment"]
+    assert env["DISABLE_SECURITY_PLUGIN"] == "true"
+    assert env["discovery.type"] == "single-node"
+    assert services["connect"]["environment"]["CONNECT_VALUE_CONVERTER_SCHEMAS_ENABLE"] == "false"
+
+
+def test_every_port_is_bound_to_loopback_only() -> None:
+    for name, service in _compose()["services"].items():
+        for mapping in service.get("ports", []):
+            assert mapping.startswith("127.0.0.1:"), f"{name} exposes {mapping} beyond loopback"

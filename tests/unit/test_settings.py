@@ -1,0 +1,111 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from ki.settings import DEFAULT_CONFIG_PATH, Settings, SettingsError, load_settings
+
+SPEC_RETRIEVAL_DEFAULTS = {
+    "index_name": "knowledge-index-chunks-v1",
+    "vector_engine": "lucene",
+    "vector_space_type": "cosinesimil",
+    "hnsw_m": 16,
+    "hnsw_ef_construction": 128,
+    "chunk_chars": 1200,
+    "chunk_overlap_chars": 120,
+    "chunk_contextualize": True,
+    "profile_embeddings": True,
+    "clause_embeddings": True,
+    "fusion_rrf_k": 60,
+    "weight_lexical": 1.0,
+    "weight_semantic": 1.0,
+    "weight_identifier": 1.5,
+    "weight_decisions": 0.8,
+    "version_status_boost": {"executed": 1.2, "final": 1.0, "unknown": 0.8, "draft": 0.7},
+    "collapse_per_document": True,
+    "max_chunks_per_document": 3,
+    "rerank_enabled": False,
+    "graph_rag_enabled": False,
+}
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_config_json_lists_every_setting() -> None:
+    on_disk = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    model = Settings().model_dump(mode="json")
+    assert on_disk.keys() == model.keys()
+    for section, fields in model.items():
+        assert on_disk[section].keys() == fields.keys(), section
+
+
+def test_config_json_keeps_the_spec_retrieval_defaults() -> None:
+    retrieval = load_settings(environ={}).retrieval.model_dump()
+    for key, value in SPEC_RETRIEVAL_DEFAULTS.items():
+        assert retrieval[key] == value, key
+    # The one deliberate deviation: the shipped local model is 384-d (the spec's 1536 is the HTTP provider).
+    assert retrieval["embedding_dimensions"] == 384
+    assert Settings().retrieval.embedding_dimensions == 1536
+
+
+def test_env_overrides_scalar_and_map() -> None:
+    settings = load_settings(
+        environ={
+            "KI_RETRIEVAL__FUSION_RRF_K": "10",
+            "KI_RETRIEVAL__VERSION_STATUS_BOOST": '{"final": 2.0}',
+            "KI_SECURITY__SOURCE_ACL_MODE": "intersect",
+            "KI_API__JWT_SECRET": "1234567890123456789",
+        }
+    )
+    assert settings.retrieval.fusion_rrf_k == 10
+    assert settings.retrieval.version_status_boost == {"final": 2.0}
+    assert settings.security.source_acl_mode == "intersect"
+    assert settings.api.jwt_secret == "1234567890123456789"
+
+
+@pytest.mark.parametrize(
+    ("environ", "needle"),
+    [
+        ({"KI_RETRIEVAL__NOPE": "1"}, "retrieval.nope"),
+        ({"KI_NOPE__X": "1"}, "'nope'"),
+        ({"KI_RETRIEVAL__CHUNK_OVERLAP_CHARS": "1200"}, "chunk_overlap_chars"),
+        ({"KI_API__PORT": "70000"}, "api.port"),
+        ({"KI_API__PORT": "abc"}, "api.port"),
+        ({"KI_SECURITY__SOURCE_ACL_MODE": "maybe"}, "security.source_acl_mode"),
+        ({"KI_RETRIEVAL__VERSION_STATUS_BOOST": "{not json"}, "must be JSON"),
+        ({"KI_RETRIEVAL__VERSION_STATUS_BOOST": '{"final": -1}'}, "version_status_boost"),
+    ],
+)
+def test_bad_values_fail_with_one_line_naming_the_key(environ: dict, needle: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ=environ)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_unknown_key_in_file_is_rejected(tmp_path: Path) -> None:
+    data = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    data["opensearch"]["urll"] = "x"
+    with pytest.raises(SettingsError, match=r"opensearch\.urll"):
+        load_settings(_write(tmp_path, data), environ={})
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="file not found"):
+        load_settings(tmp_path / "absent.json", environ={})
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(SettingsError, match="invalid JSON"):
+        load_settings(broken, environ={})
+
+
+def test_ki_config_env_selects_the_file(tmp_path: Path) -> None:
+    data = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    data["api"]["port"] = 9999
+    path = _write(tmp_path, data)
+    assert load_settings(environ={"KI_CONFIG": str(path)}).api.port == 9999
