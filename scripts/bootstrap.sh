@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything ki-sidecar needs on a fresh Debian machine: system packages (PostgreSQL 15,
+# a Java 17 runtime, Maven, unzip) and the Python virtual environment in .venv.
+# Idempotent: a second run only checks. The Maven artifacts are resolved later by `ki stack up`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v unzip >/dev/null || need_apt+=(unzip)
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-client-15)
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing system packages: ${need_apt[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # The Debian package starts a cluster of its own on 5432; the sidecar runs its own instance.
+  $sudo_cmd systemctl disable --now postgresql >/dev/null 2>&1 || true
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ki-sidecar needs Python 3.11+")'
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  "$python" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import ki, pytest' 2>/dev/null || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "bootstrap: installing Python dependencies into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi
+echo "bootstrap: ready"
