@@ -1,0 +1,358 @@
+"""Index rows of one document version: body chunks, the profile row and clause rows.
+
+Pure: typed states in, OpenSearch `_source` bodies out. The writer adds `embedding` (and, if it
+wants, `indexed_at`); everything else a row carries is decided here.
+
+Row ids are `f"{version_id}:{chunk_kind}:{ordinal}"` (e.g. `42:chunk:0`, `42:profile:-1`,
+`42:clause:1000`). They depend only on the version and the row's position, so replays and
+re-syncs overwrite the same OpenSearch documents. The kind is part of the id because the spec's
+ordinal ranges (body 0..n, clauses 1000+) would collide for a body of more than 1000 chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any, Literal
+
+from ki.settings import RetrievalSettings
+from projections.chunking import split_text
+
+VersionStatus = Literal["draft", "final", "executed", "unknown"]
+ChunkKind = Literal["chunk", "profile", "clause"]
+
+VERSION_STATUSES: tuple[str, ...] = ("draft", "final", "executed", "unknown")
+CLAUSE_STATUSES: frozenset[str] = frozenset({"final", "executed"})
+PROFILE_ORDINAL = -1
+CLAUSE_ORDINAL_BASE = 1000
+PROFILE_TEXT_PREFIX_CHARS = 400
+
+
+# --- typed inputs (one frozen dataclass per table row we project) -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NotableClause:
+    """One entry of `document_versions.notable_clauses`."""
+
+    clause_type_id: int | None
+    locus: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentState:
+    id: int
+    project_id: int
+    title: str
+    matter_id: int | None = None
+    doc_type_id: int | None = None
+    identifiers: tuple[str, ...] = ()
+    latest_final_version_id: int | None = None
+    deleted_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionState:
+    id: int
+    document_id: int
+    version_no: int
+    status: VersionStatus
+    language: str
+    doc_date: date | None
+    text: str
+    notable_clauses: tuple[NotableClause, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OntologyNode:
+    id: int
+    kind: Literal["doc_type", "clause_type"]
+    key: str
+    label: str
+    parent_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MatterState:
+    id: int
+    project_id: int
+    title: str
+    reference: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessProjection:
+    """The SQL access decision for one version, as it is denormalised onto its rows."""
+
+    allowed_principals: tuple[str, ...]
+    denied_principals: tuple[str, ...]
+    access_version: int
+
+
+def ontology_ancestry(node_id: int, nodes: Mapping[int, OntologyNode]) -> tuple[int, ...]:
+    """`node_id` followed by its ancestors up to the root (the closure used for subtree filters).
+
+    Stops at an unknown parent or a cycle instead of failing: a half-loaded ontology still
+    yields the part of the chain we know.
+    """
+    chain: list[int] = []
+    current: int | None = node_id
+    while current is not None and current not in chain:
+        chain.append(current)
+        node = nodes.get(current)
+        current = node.parent_id if node is not None else None
+    return tuple(chain)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One OpenSearch document without its vector.
+
+    `source` is the `_source` body minus `embedding`; `embed_input` is the string to embed;
+    `content_hash` is sha256(embed_input), also stored in `source["meta"]["content_hash"]` so a
+    later sync can tell whether the stored vector is still valid.
+    """
+
+    id: str
+    source: dict[str, Any]
+    embed_input: str
+    content_hash: str
+
+    @property
+    def chunk_kind(self) -> str:
+        return self.source["chunk_kind"]
+
+    @property
+    def ordinal(self) -> int:
+        return self.source["meta"]["ordinal"]
+
+
+def row_id(version_id: int, chunk_kind: ChunkKind, ordinal: int) -> str:
+    return f"{version_id}:{chunk_kind}:{ordinal}"
+
+
+def content_hash(embed_input: str) -> str:
+    return hashlib.sha256(embed_input.encode("utf-8")).hexdigest()
+
+
+def access_fields(access: AccessProjection) -> dict[str, Any]:
+    """The principal projection fields; sorted and de-duplicated so equal decisions give equal docs."""
+    return {
+        "allowed_principals": sorted(set(access.allowed_principals)),
+        "denied_principals": sorted(set(access.denied_principals)),
+        "access_version": access.access_version,
+    }
+
+
+def _optional_id(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _clean_identifiers(identifiers: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for identifier in identifiers:
+        stripped = " ".join(identifier.split())
+        if stripped:
+            seen.setdefault(stripped, None)
+    return list(seen)
+
+
+def context_header(title: str, doc_type_label: str | None, matter_title: str | None) -> str:
+    """One line joining the title, the document type label and the matter title."""
+    parts = (" ".join(p.split()) for p in (title, doc_type_label or "", matter_title or ""))
+    return " | ".join(p for p in parts if p)
+
+
+def profile_text(
+    document: DocumentState,
+    version: VersionState,
+    *,
+    doc_type_label: str | None,
+    matter_title: str | None,
+    matter_reference: str | None = None,
+) -> str:
+    """Labeled lines (skipping empty ones) then the first 400 characters of the text.
+
+    Built from fields only — no model, no pattern matching — so the same states give the same
+    profile byte for byte.
+    """
+    identifiers = _clean_identifiers(document.identifiers)
+    lines = [
+        ("Title", document.title.strip()),
+        ("Document type", (doc_type_label or "").strip()),
+        ("Matter", (matter_title or "").strip()),
+        ("Reference", (matter_reference or "").strip()),
+        ("Identifiers", "; ".join(identifiers)),
+        ("Date", version.doc_date.isoformat() if version.doc_date else ""),
+    ]
+    head = "\n".join(f"{label}: {value}" for label, value in lines if value)
+    excerpt = version.text[:PROFILE_TEXT_PREFIX_CHARS].strip()
+    return f"{head}\n\n{excerpt}" if head and excerpt else head or excerpt
+
+
+def build_rows(
+    document: DocumentState,
+    version: VersionState,
+    *,
+    doc_type_ancestors: Sequence[int],
+    doc_type_label: str | None,
+    matter_title: str | None,
+    access: AccessProjection,
+    settings: RetrievalSettings,
+    matter_reference: str | None = None,
+    source_object_id: str | None = None,
+) -> list[IndexRow]:
+    """All index rows of `version`, in order: profile (if any), body chunks, clauses.
+
+    A deleted document has no rows. The profile row exists only for the document's latest final
+    version; clause rows only for final/executed versions; each behind its settings switch.
+    """
+    if version.document_id != document.id:
+        raise ValueError(f"version {version.id} belongs to document {version.document_id}, not {document.id}")
+    if document.deleted_at is not None:
+        return []
+
+    identifiers = _clean_identifiers(document.identifiers)
+    ancestors = list(dict.fromkeys(str(a) for a in doc_type_ancestors))
+    if document.doc_type_id is not None and str(document.doc_type_id) not in ancestors:
+        ancestors.insert(0, str(document.doc_type_id))
+    shared: dict[str, Any] = {
+        "project_id": str(document.project_id),
+        "document_id": str(document.id),
+        "document_version_id": str(version.id),
+        "matter_id": _optional_id(document.matter_id),
+        "doc_type": _optional_id(document.doc_type_id),
+        "doc_type_ancestors": ancestors,
+        "version_status": version.status,
+        "language": version.language,
+        "doc_date": version.doc_date.isoformat() if version.doc_date else None,
+        "identifiers": identifiers,
+        "identifiers_text": " ".join(identifiers),
+        **access_fields(access),
+    }
+    header = (
+        context_header(document.title, doc_type_label, matter_title) if settings.chunk_contextualize else ""
+    )
+
+    def make_row(
+        kind: ChunkKind,
+        ordinal: int,
+        text: str,
+        embed_input: str,
+        *,
+        clause_type: str | None = None,
+        locus: str | None = None,
+    ) -> IndexRow:
+        digest = content_hash(embed_input)
+        meta: dict[str, Any] = {"kind": kind, "ordinal": ordinal, "content_hash": digest}
+        if source_object_id is not None:
+            meta["source_object_id"] = source_object_id
+        if locus is not None:
+            meta["locus"] = locus
+        if clause_type is not None:
+            meta["clause_type"] = clause_type
+        source = {"text": text, **shared, "chunk_kind": kind, "clause_type": clause_type, "meta": meta}
+        return IndexRow(
+            id=row_id(version.id, kind, ordinal), source=source, embed_input=embed_input, content_hash=digest
+        )
+
+    def contextualized(text: str) -> str:
+        return f"{header}\n{text}" if header else text
+
+    rows: list[IndexRow] = []
+    if settings.profile_embeddings and document.latest_final_version_id == version.id:
+        profile = profile_text(
+            document,
+            version,
+            doc_type_label=doc_type_label,
+            matter_title=matter_title,
+            matter_reference=matter_reference,
+        )
+        # The profile already names title, type and matter; a header would only repeat them.
+        rows.append(make_row("profile", PROFILE_ORDINAL, profile, profile))
+
+    for chunk in split_text(version.text, settings.chunk_chars, settings.chunk_overlap_chars):
+        rows.append(make_row("chunk", chunk.ordinal, chunk.text, contextualized(chunk.text)))
+
+    if settings.clause_embeddings and version.status in CLAUSE_STATUSES:
+        # Ordinal follows the clause's position in the artifact, so skipping an empty entry does
+        # not shift (and re-embed) the clauses after it.
+        for position, clause in enumerate(version.notable_clauses):
+            if not clause.text.strip():
+                continue
+            clause_type = _optional_id(clause.clause_type_id)
+            rows.append(
+                make_row(
+                    "clause",
+                    CLAUSE_ORDINAL_BASE + position,
+                    clause.text,
+                    contextualized(clause.text),
+                    clause_type=clause_type,
+                    locus=clause.locus,
+                )
+            )
+    return rows
+
+
+# --- incremental sync ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPlan:
+    """What to write for one version, given the content hashes already in the index.
+
+    `embed`: new rows or rows whose embedded string changed — embed and index in full.
+    `keep_vector`: unchanged embedded string — write the non-vector fields, keep the stored vector.
+    `delete_ids`: rows in the index that the version no longer has.
+    """
+
+    embed: tuple[IndexRow, ...] = ()
+    keep_vector: tuple[IndexRow, ...] = ()
+    delete_ids: tuple[str, ...] = field(default=())
+
+    @property
+    def embed_ids(self) -> tuple[str, ...]:
+        return tuple(row.id for row in self.embed)
+
+    @property
+    def keep_vector_ids(self) -> tuple[str, ...]:
+        return tuple(row.id for row in self.keep_vector)
+
+
+def plan_version_update(old_row_hashes: Mapping[str, str], new_rows: Sequence[IndexRow]) -> VersionPlan:
+    """Compare the index's `{row id: content_hash}` for a version with freshly built rows.
+
+    Editing one paragraph changes the embedded string of the chunks around it only, so only
+    those land in `embed`; a title change with contextualisation on changes every header and
+    therefore re-embeds everything, which is correct (the vectors embed the header).
+    """
+    new_ids = [row.id for row in new_rows]
+    if len(set(new_ids)) != len(new_ids):
+        raise ValueError("new_rows contains duplicate row ids")
+    embed = tuple(row for row in new_rows if old_row_hashes.get(row.id) != row.content_hash)
+    keep = tuple(row for row in new_rows if old_row_hashes.get(row.id) == row.content_hash)
+    delete = tuple(sorted(set(old_row_hashes) - set(new_ids)))
+    return VersionPlan(embed=embed, keep_vector=keep, delete_ids=delete)
+
+
+@dataclass(frozen=True, slots=True)
+class PartialUpdate:
+    """A partial document update: set `doc`'s fields on the row `id`, leave the rest."""
+
+    id: str
+    doc: dict[str, Any]
+
+
+def access_update(row_ids: Iterable[str], access: AccessProjection) -> list[PartialUpdate]:
+    """Access-only path: rewrite only the principal projection fields of existing rows."""
+    fields = access_fields(access)
+    return [
+        PartialUpdate(id=rid, doc={k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
+        for rid in dict.fromkeys(row_ids)
+    ]
