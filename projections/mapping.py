@@ -1,0 +1,178 @@
+"""The chunk index's settings and mapping, its physical name, and checks against a live index.
+
+`retrieval.index_name` is the alias that readers and writers use; the physical index behind it
+is named after the embedding signature (model + dimension), so vectors from two models never
+share one ANN index and a rebuild can fill a fresh index before the alias swaps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from ki.settings import Settings
+
+KEYWORD_FIELDS: tuple[str, ...] = (
+    "project_id",
+    "document_id",
+    "document_version_id",
+    "matter_id",
+    "doc_type",
+    "doc_type_ancestors",
+    "version_status",
+    "language",
+    "chunk_kind",
+    "clause_type",
+    "identifiers",
+    "allowed_principals",
+    "denied_principals",
+)
+
+# OpenSearch rejects names longer than 255 bytes.
+_MAX_INDEX_NAME_BYTES = 255
+_REBUILD_HINT = "run `ki rebuild` to build a fresh index for the current embedding model and swap the alias"
+
+
+def mapping_properties(settings: Settings) -> dict[str, Any]:
+    retrieval = settings.retrieval
+    properties: dict[str, Any] = {
+        "text": {"type": "text", "analyzer": retrieval.text_analyzer},
+        "embedding": {
+            "type": "knn_vector",
+            "dimension": retrieval.embedding_dimensions,
+            "method": {
+                "name": "hnsw",
+                "engine": retrieval.vector_engine,
+                "space_type": retrieval.vector_space_type,
+                "parameters": {"m": retrieval.hnsw_m, "ef_construction": retrieval.hnsw_ef_construction},
+            },
+        },
+        **{name: {"type": "keyword"} for name in KEYWORD_FIELDS},
+        "doc_date": {"type": "date"},
+        # The identifier leg matches a pasted query against this field. `standard` splits on
+        # punctuation and lowercases, so "2 BvR 1234/19" indexes as 2, bvr, 1234, 19 and still
+        # matches a query that wraps it in brackets or ends it with a comma; a whitespace
+        # tokenizer would keep "1234/19," as one token and miss. Rare tokens (1234, bvr) carry the
+        # BM25 weight, and the exact `identifiers` keyword field stays available for filtering.
+        "identifiers_text": {"type": "text", "analyzer": "standard"},
+        # long, not integer: the access version may come from a bigint counter in SQL.
+        "access_version": {"type": "long"},
+        # Payload only (kind, ordinal, locus, content_hash, ...): kept in _source, never indexed.
+        "meta": {"type": "object", "enabled": False},
+        "indexed_at": {"type": "date"},
+    }
+    return properties
+
+
+def index_body(settings: Settings) -> dict[str, Any]:
+    """Body for creating a physical chunk index.
+
+    The embedding stays in `_source` on purpose: partial updates (access-only, keep-vector
+    rewrites) re-index from `_source`, and a vector excluded there would be lost. Searches exclude
+    it per request instead.
+    """
+    opensearch = settings.opensearch
+    return {
+        "settings": {
+            "index": {
+                "number_of_shards": opensearch.number_of_shards,
+                "number_of_replicas": opensearch.number_of_replicas,
+                "refresh_interval": opensearch.refresh_interval,
+                "knn": True,
+                "max_terms_count": opensearch.max_terms_count,
+            }
+        },
+        "mappings": {"dynamic": False, "properties": mapping_properties(settings)},
+    }
+
+
+def _slug(value: str) -> str:
+    out: list[str] = []
+    for ch in value.lower():
+        ok = ch.isascii() and (ch.isalnum() or ch in "._")
+        if ok:
+            out.append(ch)
+        elif out and out[-1] != "-":
+            out.append("-")
+    return "".join(out).strip("-._")
+
+
+def physical_index_name(
+    settings: Settings, embedding_signature: str, generation: str | int | None = None
+) -> str:
+    """`{alias}--{signature slug}-{hash8}[--{generation}]`, lowercase and legal for OpenSearch.
+
+    The 8-hex hash of the raw signature keeps the name injective: "MiniLM/384" and "minilm-384"
+    slug alike but must not share an index. `generation` (e.g. a rebuild counter or timestamp the
+    caller chooses) lets a rebuild with the same model fill a fresh index beside the live one.
+    """
+    if not embedding_signature.strip():
+        raise ValueError("embedding_signature must not be empty")
+    alias = _slug(settings.retrieval.index_name)
+    if not alias:
+        raise ValueError(f"retrieval.index_name {settings.retrieval.index_name!r} has no usable characters")
+    digest = hashlib.sha256(embedding_signature.encode("utf-8")).hexdigest()[:8]
+    suffix = f"-{digest}" + (f"--{_slug(str(generation))}" if generation is not None else "")
+    room = _MAX_INDEX_NAME_BYTES - len(alias) - len("--") - len(suffix)
+    slug = _slug(embedding_signature)[: max(room, 0)].strip("-._") or "sig"
+    return f"{alias}--{slug}{suffix}"[:_MAX_INDEX_NAME_BYTES]
+
+
+def _properties_of(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Accept a bare mapping, an index body, or a GET `_mapping` response for one index."""
+    if "properties" in mapping:
+        return mapping["properties"]
+    if "mappings" in mapping:
+        return _properties_of(mapping["mappings"])
+    if len(mapping) == 1:
+        (only,) = mapping.values()
+        if isinstance(only, Mapping):
+            return _properties_of(only)
+    return {}
+
+
+def _missing(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    missing: dict[str, Any] = {}
+    for name, definition in wanted.items():
+        if name not in live:
+            missing[name] = definition
+        elif "properties" in definition and "properties" in live[name]:
+            nested = _missing(live[name]["properties"], definition["properties"])
+            if nested:
+                missing[name] = {"properties": nested}
+    return missing
+
+
+def missing_fields(live_mapping: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """Properties present in `wanted` but absent from the live index, ready for a put-mapping call.
+
+    Additive only: a field that exists with another type is not touched here (see
+    `conflicting_fields`). Documents indexed before a field existed need a re-sync to be
+    searchable on it.
+    """
+    return _missing(_properties_of(live_mapping), _properties_of(wanted))
+
+
+def conflicting_fields(live_mapping: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """Top-level fields whose live type differs from the wanted one (cannot be fixed in place)."""
+    live = _properties_of(live_mapping)
+    return sorted(
+        name
+        for name, definition in _properties_of(wanted).items()
+        if name in live and live[name].get("type", "object") != definition.get("type", "object")
+    )
+
+
+def dimension_mismatch(live_mapping: Mapping[str, Any], wanted_dim: int) -> str | None:
+    """A message telling the operator to rebuild when the live vector dimension differs, else None."""
+    embedding = _properties_of(live_mapping).get("embedding")
+    if not embedding or "dimension" not in embedding:
+        return None  # no vector field yet: missing_fields adds it
+    live_dim = int(embedding["dimension"])
+    if live_dim == wanted_dim:
+        return None
+    return (
+        f"live index has embedding dimension {live_dim} but retrieval.embedding_dimensions is "
+        f"{wanted_dim}; vectors of two embedding models cannot share one ANN index: {_REBUILD_HINT}"
+    )
