@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from projections.rows import (
     VERSION_STATUSES,
@@ -310,7 +310,7 @@ def decode(
     return ChangeEvent(
         topic=topic,
         table=table,
-        op=op,
+        op=cast(Op, op),
         key=key,
         before=before,
         after=after,
