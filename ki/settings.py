@@ -129,6 +129,10 @@ class EmbeddingSettings(_Section):
     api_key_env: str = "KI_EMBEDDING_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
+    # local provider: onnxruntime intra-op threads (0 = one per CPU core)
+    threads: int = Field(0, ge=0, le=256)
+    # openai provider: send `dimensions` (= retrieval.embedding_dimensions) with each request
+    send_dimensions: bool = False
 
 
 class StreamsSettings(_Section):
