@@ -1,0 +1,169 @@
+"""OpenAI-compatible embedding endpoint (``POST {url}/embeddings``), stdlib HTTP only.
+
+Request: ``{"model": ..., "input": [...], "encoding_format": "float"}`` plus ``"dimensions"`` when
+``send_dimensions`` is on (models with a fixed length, and many compatible servers, reject it).
+Auth: ``Authorization: Bearer $<api_key_env>`` when that variable is set and non-empty.
+Retries: up to ``retries`` more attempts, with exponential backoff (honouring a numeric
+``Retry-After``), on 408/425/429/5xx, connection errors and time-outs. Any other status, or a reply
+that is not the expected JSON, raises :class:`EmbeddingError` at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ki.embedding import BaseEmbedder, EmbeddingError, make_signature
+
+__all__ = ["HttpEmbedder", "RETRY_STATUSES"]
+
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+_BODY_SNIPPET = 300
+
+
+class _RetryableError(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # HTTP-date form: fall back to our own backoff
+    return max(seconds, 0.0)
+
+
+class HttpEmbedder(BaseEmbedder):
+    def __init__(
+        self,
+        *,
+        url: str,
+        model: str,
+        dimensions: int,
+        batch_size: int = 32,
+        api_key_env: str = "KI_EMBEDDING_API_KEY",
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        send_dimensions: bool = False,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 20.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(batch_size=batch_size)
+        if not url:
+            raise EmbeddingError("embedding.url must be set when embedding.provider is 'openai'")
+        if not url.startswith(("http://", "https://")):
+            raise EmbeddingError(f"embedding.url must start with http:// or https://, got {url!r}")
+        if not model:
+            raise EmbeddingError("embedding.model must name the remote model")
+        if dimensions < 1:
+            raise EmbeddingError(f"embedding dimensions must be >= 1, got {dimensions}")
+        if retries < 0:
+            raise EmbeddingError(f"embedding.retries must be >= 0, got {retries}")
+        self.endpoint = url.rstrip("/") + "/embeddings"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.send_dimensions = send_dimensions
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self._sleep = sleep
+        self._dimensions = dimensions
+        self._signature = make_signature(model, dimensions)
+        # Own opener: proxy settings are read from the environment once, here.
+        self._opener = urllib.request.build_opener()
+
+    # -- one request ---------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _post(self, body: bytes) -> Any:
+        request = urllib.request.Request(self.endpoint, data=body, headers=self._headers(), method="POST")
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
+            message = f"{self.endpoint} answered HTTP {exc.code}: {detail or exc.reason}"
+            if exc.code in RETRY_STATUSES:
+                raise _RetryableError(message, _parse_retry_after(exc.headers.get("Retry-After"))) from exc
+            if exc.code in (401, 403):
+                message += f" (is ${self.api_key_env} set to a valid key?)"
+            raise EmbeddingError(message) from exc
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise _RetryableError(f"cannot reach {self.endpoint}: {reason}") from exc
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            snippet = raw[:_BODY_SNIPPET].decode("utf-8", "replace")
+            raise EmbeddingError(f"{self.endpoint} returned invalid JSON: {snippet!r}") from exc
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.backoff_max_s)
+        delay = self.backoff_base_s * (2**attempt)
+        return min(delay * (0.75 + random.random() / 2), self.backoff_max_s)  # +-25 % jitter
+
+    def _request(self, payload: dict[str, Any]) -> Any:
+        body = json.dumps(payload).encode("utf-8")
+        attempt = 0
+        while True:
+            try:
+                return self._post(body)
+            except _RetryableError as exc:
+                if attempt >= self.retries:
+                    raise EmbeddingError(f"{exc} (gave up after {attempt + 1} attempts)") from exc
+                self._sleep(self._backoff(attempt, exc.retry_after))
+                attempt += 1
+
+    # -- BaseEmbedder hook ---------------------------------------------------------------------
+
+    def _embed_batch(self, texts: list[str]) -> list[Sequence[float]]:
+        payload: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": "float"}
+        if self.send_dimensions:
+            payload["dimensions"] = self._dimensions
+        reply = self._request(payload)
+        data = reply.get("data") if isinstance(reply, dict) else None
+        if not isinstance(data, list):
+            raise EmbeddingError(f"{self.endpoint}: reply has no 'data' list")
+        by_index: dict[int, Sequence[float]] = {}
+        for position, item in enumerate(data):
+            if not isinstance(item, dict) or not isinstance(item.get("embedding"), list):
+                raise EmbeddingError(f"{self.endpoint}: data[{position}] has no 'embedding' list")
+            index = item.get("index", position)
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(texts):
+                raise EmbeddingError(f"{self.endpoint}: data[{position}] has invalid index {index!r}")
+            if index in by_index:
+                raise EmbeddingError(f"{self.endpoint}: index {index} appears twice in the reply")
+            by_index[index] = item["embedding"]
+        if len(by_index) != len(texts):
+            raise EmbeddingError(f"{self.endpoint}: sent {len(texts)} texts, got {len(by_index)} embeddings")
+        vectors = [by_index[i] for i in range(len(texts))]
+        for i, vector in enumerate(vectors):
+            if len(vector) != self._dimensions:
+                raise EmbeddingError(
+                    f"{self.endpoint}: model {self.model!r} returned a {len(vector)}-dimensional vector "
+                    f"for input {i}, expected {self._dimensions} (retrieval.embedding_dimensions); fix "
+                    "the setting and rebuild the index, or enable embedding.send_dimensions if the model "
+                    "supports it"
+                )
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
+                raise EmbeddingError(f"{self.endpoint}: vector {i} contains non-numeric values")
+        return vectors
