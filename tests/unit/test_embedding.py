@@ -1,0 +1,474 @@
+"""Embedding layer: the real local model, and the HTTP provider against a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ki.embedding import Embedder, EmbeddingError, EmbedStats, create_embedder, make_signature
+from ki.embedding.http import HttpEmbedder
+from ki.embedding.local import LocalEmbedder, _package_file, resolve_local_model
+from ki.settings import Settings, load_settings
+
+
+def cos(a: list[float], b: list[float]) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# local model
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local() -> LocalEmbedder:
+    return LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=256)
+
+
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "Der Mieter muss die Kaution innerhalb von zwei Wochen zahlen.",
+    "Die Mietsicherheit ist binnen vierzehn Tagen zu leisten.",
+    "Quantum chromodynamics describes the strong interaction between quarks.",
+    "Das Gericht wies die Berufung als unbegründet zurück. " * 30,  # longer than max_tokens
+    "x",
+]
+
+
+def test_local_shape_norm_and_signature(local: LocalEmbedder) -> None:
+    assert isinstance(local, Embedder)
+    assert local.dimensions == 384
+    assert local.signature == "all-minilm-l6-v2-384"
+    vectors = local.embed(SENTENCES)
+    assert len(vectors) == len(SENTENCES)
+    for v in vectors:
+        assert len(v) == 384
+        assert all(isinstance(x, float) for x in v)
+        assert math.isclose(float(np.linalg.norm(v)), 1.0, abs_tol=1e-6)
+
+
+def test_local_paraphrase_closer_than_unrelated(local: LocalEmbedder) -> None:
+    eat_food, eat_bread, deposit, security, quarks, *_ = local.embed(SENTENCES)
+    assert cos(eat_food, eat_bread) > 0.7
+    assert cos(deposit, security) > 0.4
+    for unrelated in (cos(eat_food, quarks), cos(deposit, quarks), cos(eat_bread, deposit)):
+        assert abs(unrelated) < 0.2
+    assert cos(deposit, security) > cos(deposit, quarks) + 0.3
+    assert cos(eat_food, eat_bread) > cos(eat_food, deposit) + 0.3
+
+
+def test_local_is_deterministic(local: LocalEmbedder) -> None:
+    first = local.embed(SENTENCES)
+    second = local.embed(SENTENCES)
+    assert first == second
+
+
+def test_local_batching_matches_one_by_one(local: LocalEmbedder) -> None:
+    # batch_size=4 with 7 texts of very different lengths: batches are length-sorted and padded.
+    batched = np.array(local.embed(SENTENCES))
+    single = np.array([local.embed([s])[0] for s in SENTENCES])
+    assert np.abs(batched - single).max() < 1e-5
+    reordered = np.array(local.embed(list(reversed(SENTENCES))))[::-1]
+    assert np.abs(batched - reordered).max() < 1e-5
+
+
+def test_local_truncates_to_max_tokens(local: LocalEmbedder) -> None:
+    long_text = SENTENCES[5]
+    assert local.token_count(long_text) == 256
+    # Text beyond the cut does not change the vector.
+    assert np.allclose(local.embed([long_text])[0], local.embed([long_text + " Ganz anderer Schluss."])[0])
+    short = LocalEmbedder(batch_size=4, max_tokens=16)
+    assert short.token_count(long_text) == 16
+    assert short.signature == local.signature
+
+
+def test_local_empty_string_gives_the_models_unit_vector(local: LocalEmbedder) -> None:
+    # Defined behaviour: "" is embedded as "[CLS] [SEP]" -- a valid, deterministic unit vector.
+    (empty,) = local.embed([""])
+    assert len(empty) == 384
+    assert math.isclose(float(np.linalg.norm(empty)), 1.0, abs_tol=1e-6)
+    assert local.embed([""])[0] == empty
+    assert local.embed(["", "A man is eating food."])[0] == pytest.approx(empty, abs=1e-6)
+
+
+def test_local_counts_calls_and_texts() -> None:
+    embedder = LocalEmbedder(batch_size=2)
+    assert embedder.stats.snapshot() == (0, 0, 0)
+    assert embedder.embed([]) == []  # no-op, not counted
+    assert embedder.stats.snapshot() == (0, 0, 0)
+    embedder.embed(["eins", "zwei", "drei"])
+    embedder.embed(["vier"])
+    assert embedder.stats.calls == 2
+    assert embedder.stats.texts == 4
+    assert embedder.stats.batches == 3  # 2 + 1 at batch_size 2
+    embedder.stats.reset()
+    assert embedder.stats.snapshot() == (0, 0, 0)
+
+
+def test_local_rejects_bad_input_and_settings(local: LocalEmbedder) -> None:
+    with pytest.raises(EmbeddingError, match="sequence of texts"):
+        local.embed("not a list")
+    with pytest.raises(EmbeddingError, match="text 1 is int"):
+        local.embed(["ok", 3])  # type: ignore[list-item]
+    with pytest.raises(EmbeddingError, match="unknown local embedding model"):
+        LocalEmbedder("text-embedding-3-large")
+    with pytest.raises(EmbeddingError, match="max_tokens"):
+        LocalEmbedder(max_tokens=1024)
+
+
+def test_local_rejects_a_zero_vector(local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    embedder = LocalEmbedder(batch_size=4)
+    monkeypatch.setattr(embedder, "_embed_batch", lambda texts: np.zeros((len(texts), 384), np.float32))
+    with pytest.raises(EmbeddingError, match="all zeros"):
+        embedder.embed(["a"])
+
+
+def _fp32_reference(texts: list[str], max_tokens: int = 256) -> np.ndarray:
+    """all-MiniLM-L6-v2 in plain numpy from the fp32 safetensors weights (BERT forward + mean pooling)."""
+    from math import erf
+
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    from tokenizers import Tokenizer
+
+    spec = resolve_local_model("all-MiniLM-L6-v2")
+    weights_path = _package_file(spec.tokenizer_package, "model/model.safetensors", spec.pip_hint)
+    w = safetensors_numpy.load_file(str(weights_path))
+    tok = Tokenizer.from_file(str(_package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)))
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_tokens)
+    verf = np.vectorize(erf)
+
+    def layer_norm(x: np.ndarray, name: str) -> np.ndarray:
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + 1e-12) * w[name + ".weight"] + w[name + ".bias"]
+
+    def dense(x: np.ndarray, name: str) -> np.ndarray:
+        return x @ w[name + ".weight"].T + w[name + ".bias"]
+
+    out = []
+    for text in texts:  # one at a time: no padding needed
+        ids = np.array(tok.encode(text).ids)
+        n = len(ids)
+        x = (
+            w["embeddings.word_embeddings.weight"][ids]
+            + w["embeddings.position_embeddings.weight"][:n]
+            + w["embeddings.token_type_embeddings.weight"][0]
+        ).astype(np.float64)
+        x = layer_norm(x, "embeddings.LayerNorm")
+        for layer in range(6):
+            p = f"encoder.layer.{layer}."
+            q, k, v = (
+                dense(x, p + f"attention.self.{m}").reshape(n, 12, 32).transpose(1, 0, 2)
+                for m in ("query", "key", "value")
+            )
+            scores = q @ k.transpose(0, 2, 1) / np.sqrt(32)
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            context = ((scores / scores.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(n, 384)
+            x = layer_norm(dense(context, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+            h = dense(x, p + "intermediate.dense")
+            h = 0.5 * h * (1.0 + verf(h / np.sqrt(2.0)))
+            x = layer_norm(dense(h, p + "output.dense") + x, p + "output.LayerNorm")
+        pooled = x.mean(0)
+        out.append(pooled / np.linalg.norm(pooled))
+    return np.array(out)
+
+
+def test_local_int8_matches_fp32_reference(local: LocalEmbedder) -> None:
+    texts = SENTENCES[:5] + [""]
+    reference = _fp32_reference(texts)
+    got = np.array(local.embed(texts))
+    cosines = (reference * got).sum(1)
+    assert cosines.min() > 0.98, cosines
+    # The fp32 reference itself reproduces the published model behaviour.
+    assert float(reference[0] @ reference[1]) == pytest.approx(0.755, abs=0.01)
+
+
+# ----------------------------------------------------------------------------------------------------
+# factory
+# ----------------------------------------------------------------------------------------------------
+
+
+def _settings(**embedding: Any) -> Settings:
+    base = load_settings()
+    dims = embedding.pop("embedding_dimensions", base.retrieval.embedding_dimensions)
+    return base.model_copy(
+        update={
+            "embedding": base.embedding.model_copy(update=embedding),
+            "retrieval": base.retrieval.model_copy(update={"embedding_dimensions": dims}),
+        }
+    )
+
+
+def test_factory_builds_the_configured_provider() -> None:
+    local = create_embedder(_settings())
+    assert isinstance(local, LocalEmbedder)
+    assert local.signature == "all-minilm-l6-v2-384"
+    remote = create_embedder(
+        _settings(
+            provider="openai",
+            model="text-embedding-3-small",
+            url="http://127.0.0.1:9",
+            embedding_dimensions=1536,
+        )
+    )
+    assert isinstance(remote, HttpEmbedder)
+    assert remote.signature == "text-embedding-3-small-1536"
+    assert remote.dimensions == 1536
+
+
+def test_factory_rejects_dimension_mismatch_for_local_model() -> None:
+    with pytest.raises(EmbeddingError, match="rebuild"):
+        create_embedder(_settings(embedding_dimensions=1536))
+
+
+def test_factory_requires_url_for_openai() -> None:
+    with pytest.raises(EmbeddingError, match="embedding.url"):
+        create_embedder(_settings(provider="openai", url=""))
+
+
+def test_signature_slug() -> None:
+    expected = "sentence-transformers-all-minilm-l6-v2-384"
+    assert make_signature("sentence-transformers/All MiniLM_L6.v2", 384) == expected
+    with pytest.raises(EmbeddingError):
+        make_signature("///", 3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# HTTP provider against a real HTTP server on 127.0.0.1
+# ----------------------------------------------------------------------------------------------------
+
+
+class Peer:
+    """A scripted OpenAI-compatible embeddings server. Each reply is (status, json-body, headers)."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, Any, dict[str, str]]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.default_dims = 4
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                peer.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+                if peer.replies:
+                    status, payload, headers = peer.replies.pop(0)
+                else:
+                    status, payload, headers = 200, peer.ok(body["input"]), {}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def ok(self, inputs: list[str], dims: int | None = None, reverse: bool = False) -> dict[str, Any]:
+        dims = dims or self.default_dims
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(i + 1)] + [0.0] * (dims - 1)}
+            for i in range(len(inputs))
+        ]
+        if reverse:
+            data.reverse()
+        return {"object": "list", "data": data, "model": "m"}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def peer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Peer]:
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    server = Peer()
+    yield server
+    server.close()
+
+
+def http_embedder(peer: Peer, **kwargs: Any) -> HttpEmbedder:
+    sleeps: list[float] = []
+    options: dict[str, Any] = {
+        "url": peer.url,
+        "model": "test-embed",
+        "dimensions": 4,
+        "batch_size": 8,
+        "api_key_env": "KI_TEST_EMBED_KEY",
+        "timeout_s": 5.0,
+        "retries": 2,
+        "sleep": sleeps.append,
+    }
+    options.update(kwargs)
+    embedder = HttpEmbedder(**options)
+    embedder.sleeps = sleeps  # type: ignore[attr-defined]
+    return embedder
+
+
+def test_http_success_sends_model_input_and_key(peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KI_TEST_EMBED_KEY", "sk-test")
+    embedder = http_embedder(peer)
+    vectors = embedder.embed(["a", "b"])
+    assert vectors == [[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]  # normalised
+    (request,) = peer.requests
+    assert request["path"] == "/v1/embeddings"
+    assert request["body"]["model"] == "test-embed"
+    assert request["body"]["input"] == ["a", "b"]
+    assert "dimensions" not in request["body"]
+    assert request["headers"]["Authorization"] == "Bearer sk-test"
+    assert embedder.stats.snapshot() == (1, 2, 1)
+    assert embedder.signature == "test-embed-4"
+
+
+def test_http_sends_dimensions_when_enabled_and_no_key_when_unset(
+    peer: Peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KI_TEST_EMBED_KEY", raising=False)
+    http_embedder(peer, send_dimensions=True).embed(["a"])
+    (request,) = peer.requests
+    assert request["body"]["dimensions"] == 4
+    assert "Authorization" not in request["headers"]
+
+
+def test_http_orders_results_by_index(peer: Peer) -> None:
+    inputs = ["a", "b", "c"]
+    peer.replies.append(
+        (
+            200,
+            {
+                "data": [
+                    {"index": 2, "embedding": [0.0, 0.0, 3.0, 0.0]},
+                    {"index": 0, "embedding": [5.0, 0.0, 0.0, 0.0]},
+                    {"index": 1, "embedding": [0.0, -2.0, 0.0, 0.0]},
+                ]
+            },
+            {},
+        )
+    )
+    vectors = http_embedder(peer).embed(inputs)
+    assert vectors == [[1.0, 0.0, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
+
+
+def test_http_batches_by_batch_size(peer: Peer) -> None:
+    embedder = http_embedder(peer, batch_size=2)
+    assert len(embedder.embed(["a", "b", "c", "d", "e"])) == 5
+    assert [r["body"]["input"] for r in peer.requests] == [["a", "b"], ["c", "d"], ["e"]]
+    assert embedder.stats.snapshot() == (1, 5, 3)
+
+
+def test_http_retries_503_then_succeeds(peer: Peer) -> None:
+    peer.replies.append((503, {"error": {"message": "overloaded"}}, {}))
+    peer.replies.append((429, {"error": {"message": "slow down"}}, {"Retry-After": "0.25"}))
+    embedder = http_embedder(peer, retries=3, backoff_base_s=0.1)
+    assert len(embedder.embed(["a"])) == 1
+    assert len(peer.requests) == 3
+    assert embedder.sleeps[0] == pytest.approx(0.1, rel=0.3)  # type: ignore[attr-defined]
+    assert embedder.sleeps[1] == 0.25  # type: ignore[attr-defined]  # Retry-After wins
+    assert embedder.stats.batches == 1
+
+
+def test_http_gives_up_after_retries(peer: Peer) -> None:
+    for _ in range(3):
+        peer.replies.append((500, {"error": "boom"}, {}))
+    embedder = http_embedder(peer, retries=2)
+    with pytest.raises(EmbeddingError, match=r"HTTP 500.*gave up after 3 attempts"):
+        embedder.embed(["a"])
+    assert len(peer.requests) == 3
+    assert len(embedder.sleeps) == 2  # type: ignore[attr-defined]
+
+
+def test_http_400_fails_without_retry(peer: Peer) -> None:
+    peer.replies.append((400, {"error": {"message": "input too long"}}, {}))
+    embedder = http_embedder(peer)
+    with pytest.raises(EmbeddingError, match="HTTP 400.*input too long"):
+        embedder.embed(["a"])
+    assert len(peer.requests) == 1
+    assert embedder.sleeps == []  # type: ignore[attr-defined]
+
+
+def test_http_401_names_the_key_variable(peer: Peer) -> None:
+    peer.replies.append((401, {"error": "bad key"}, {}))
+    with pytest.raises(EmbeddingError, match=r"KI_TEST_EMBED_KEY"):
+        http_embedder(peer).embed(["a"])
+
+
+def test_http_zero_vector_is_rejected(peer: Peer) -> None:
+    peer.replies.append((200, {"data": [{"index": 0, "embedding": [0.0, 0.0, 0.0, 0.0]}]}, {}))
+    with pytest.raises(EmbeddingError, match="all zeros"):
+        http_embedder(peer).embed(["a"])
+
+
+def test_http_non_finite_vector_is_rejected(peer: Peer) -> None:
+    # JSON has no NaN literal in the spec, but Python's json (and some servers) emit it.
+    peer.replies.append((200, {"data": [{"index": 0, "embedding": [1.0, float("nan"), 0.0, 0.0]}]}, {}))
+    with pytest.raises(EmbeddingError, match="NaN or infinite"):
+        http_embedder(peer).embed(["a"])
+
+
+def test_http_wrong_dimension_is_rejected(peer: Peer) -> None:
+    peer.replies.append((200, peer.ok(["a"], dims=3), {}))
+    with pytest.raises(EmbeddingError, match="3-dimensional vector.*expected 4"):
+        http_embedder(peer).embed(["a"])
+
+
+def _item(index: Any, embedding: list[Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "embedding": embedding or [1, 0, 0, 0]}
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        ({"nope": []}, "no 'data' list"),
+        ({"data": [_item(0)]}, "sent 2 texts, got 1"),
+        ({"data": [_item(0), _item(0)]}, "twice"),
+        ({"data": [_item(0), _item(7)]}, "invalid index"),
+        ({"data": [_item(0), _item(True)]}, "invalid index"),
+        ({"data": [_item(0), _item(1, ["x", 0, 0, 0])]}, "non-numeric"),
+        ({"data": [_item(0), {"index": 1}]}, "no 'embedding' list"),
+    ],
+)
+def test_http_malformed_replies(peer: Peer, payload: dict[str, Any], match: str) -> None:
+    peer.replies.append((200, payload, {}))
+    with pytest.raises(EmbeddingError, match=match):
+        http_embedder(peer).embed(["a", "b"])
+    assert len(peer.requests) == 1
+
+
+def test_http_connection_refused_is_retried_then_fails() -> None:
+    # Bind and close a port so that nothing listens on it.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    sleeps: list[float] = []
+    embedder = HttpEmbedder(
+        url=f"http://127.0.0.1:{port}", model="m", dimensions=4, retries=2, timeout_s=2.0, sleep=sleeps.append
+    )
+    with pytest.raises(EmbeddingError, match="cannot reach.*gave up after 3 attempts"):
+        embedder.embed(["a"])
+    assert len(sleeps) == 2
+    assert sleeps[1] > sleeps[0]  # exponential
+
+
+def test_stats_type() -> None:
+    assert EmbedStats().snapshot() == (0, 0, 0)
