@@ -1,0 +1,107 @@
+"""Which parts of the index a change touches.
+
+A CDC event is a *trigger*: the sync re-reads the current state from PostgreSQL (the authority) for
+everything the event may have changed, so duplicated, reordered or replayed events all converge on the
+same index. This module maps one event to the keys it dirties; SQL then resolves the keys to versions.
+
+Two kinds of dirt:
+* content — rows must be rebuilt (text, title, type, matter, identifiers, status, latest version);
+* access — only the principal projection changes (grants, observations, memberships, aliases).
+Content work always recomputes the projection too, so access work is only what content work is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from projections.cdc import ChangeEvent, Tombstone, is_unavailable
+
+# Tables whose changes never reach the index (served from SQL) and Debezium's own heartbeat.
+IGNORED_TABLES = frozenset({"decision_records", "relations", "debezium_heartbeat"})
+
+
+@dataclass
+class DirtyKeys:
+    """Ids whose index rows need work, grouped by what they name."""
+
+    content_versions: set[int] = field(default_factory=set)
+    content_documents: set[int] = field(default_factory=set)
+    content_matters: set[int] = field(default_factory=set)
+    content_ontology_nodes: set[int] = field(default_factory=set)
+    access_versions: set[int] = field(default_factory=set)
+    access_documents: set[int] = field(default_factory=set)
+    access_projects: set[int] = field(default_factory=set)
+    access_source_objects: set[int] = field(default_factory=set)
+    access_sources: set[int] = field(default_factory=set)
+    access_principals: set[str] = field(default_factory=set)
+
+    def update(self, other: DirtyKeys) -> None:
+        for name in self.__dataclass_fields__:
+            getattr(self, name).update(getattr(other, name))
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, name) for name in self.__dataclass_fields__)
+
+
+def _ids(rows: Iterable[Mapping[str, Any] | None], column: str) -> set[int]:
+    out: set[int] = set()
+    for row in rows:
+        if not row:
+            continue
+        value = row.get(column)
+        if value is not None and not is_unavailable(value):
+            out.add(int(value))
+    return out
+
+
+def _texts(rows: Iterable[Mapping[str, Any] | None], *columns: str) -> set[str]:
+    out: set[str] = set()
+    for row in rows:
+        if not row:
+            continue
+        for column in columns:
+            value = row.get(column)
+            if isinstance(value, str) and not is_unavailable(value) and value.strip():
+                out.add(value.strip().lower())
+    return out
+
+
+def dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
+    """The keys one event dirties. Both the old and the new row count: a grant moved from project A to
+    project B changes both."""
+    keys = DirtyKeys()
+    if isinstance(event, Tombstone) or event.table in IGNORED_TABLES:
+        return keys  # a tombstone only follows a delete event that was already handled
+    rows = (event.before, event.after)
+    key_rows = (event.key,)
+    table = event.table
+    if table == "document_versions":
+        keys.content_versions |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "documents":
+        keys.content_documents |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "matters":
+        keys.content_matters |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "ontology_nodes":
+        keys.content_ontology_nodes |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "projects":
+        keys.access_projects |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "grants":
+        keys.access_projects |= _ids(rows, "project_id")
+        keys.access_documents |= _ids(rows, "document_id")
+        keys.access_source_objects |= _ids(rows, "source_object_id")
+    elif table == "source_observations":
+        keys.access_versions |= _ids(rows, "document_version_id")
+    elif table == "source_objects":
+        keys.access_source_objects |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "sources":
+        keys.access_sources |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table == "group_memberships":
+        # Who is in the group changed: every version granted to the group (or a group containing it).
+        keys.access_principals |= _texts(rows, "group_principal", "member_principal")
+    elif table == "principal_aliases":
+        keys.access_principals |= _texts(rows, "alias", "principal")
+    else:
+        raise ValueError(f"no projection rule for table {table!r}")
+    return keys
