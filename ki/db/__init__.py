@@ -1,0 +1,1 @@
+"""The structured layer: reference schema (models), engine/session factories, migrations."""

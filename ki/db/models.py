@@ -1,0 +1,512 @@
+"""The reference schema of the structured layer, as SQLAlchemy 2 typed declarative models.
+
+PostgreSQL is the authority: the sidecar never writes these tables, it reads them (scope compilation,
+re-verification) and follows their changes through Debezium. The DDL that actually builds a database is
+the hand-written Alembic migration in `ki/migrations/versions/`; these models must agree with it
+(`tests/integration/test_schema.py` compares the two). Server-side objects that have no model form — the
+`updated_at` triggers, the ontology tree guard, the `ontology_ancestors` / `ontology_descendants`
+functions, the publication and the replica identities — exist only in the migration. Build databases with
+`ki migrate` (`ki.db.migrate.upgrade`), never with `metadata.create_all`.
+
+Conventions: every primary key is a bigint identity (search filters by integer ids); every timestamp is
+`timestamptz`; enumerations are text columns with CHECK constraints, so adding a value is a plain
+constraint swap in a migration instead of an `ALTER TYPE`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Date,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Select,
+    Text,
+    UniqueConstraint,
+    func,
+    literal,
+    select,
+)
+from sqlalchemy import (
+    text as sql_text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+# --------------------------------------------------------------------------------------------------
+# Constants other components import
+# --------------------------------------------------------------------------------------------------
+
+#: Tables streamed by Debezium (all in the publication), parents before children. Every table whose rows
+#: change the chunk index or its principal projection is here. `decision_records` and `relations` are
+#: not: nothing in the index is derived from them (decision search and graph traversal read SQL).
+CAPTURED_TABLES: tuple[str, ...] = (
+    "projects",
+    "matters",
+    "ontology_nodes",
+    "sources",
+    "source_objects",
+    "group_memberships",
+    "principal_aliases",
+    "documents",
+    "document_versions",
+    "source_observations",
+    "grants",
+)
+
+#: Written by Debezium's `heartbeat.action.query` so the replication slot advances on an idle database.
+#: It is in the publication (a heartbeat that touches no published table would not move the slot) but
+#: not in CAPTURED_TABLES: its topic carries no domain data. The connector adds it to
+#: `table.include.list` and uses HEARTBEAT_ACTION_QUERY.
+HEARTBEAT_TABLE = "debezium_heartbeat"
+HEARTBEAT_ACTION_QUERY = (
+    f"INSERT INTO {HEARTBEAT_TABLE} (id, ts) VALUES (1, now()) "
+    "ON CONFLICT (id) DO UPDATE SET ts = EXCLUDED.ts"
+)
+
+#: Every table in the publication.
+PUBLISHED_TABLES: tuple[str, ...] = (*CAPTURED_TABLES, HEARTBEAT_TABLE)
+
+#: Tables with REPLICA IDENTITY FULL: Debezium then carries the complete old row ("before") on update and
+#: delete. All other published tables keep DEFAULT (primary key only in "before"; on update, unchanged
+#: TOASTed columns arrive as Debezium's unavailable-value placeholder). Reasons per table: docs/schema.md.
+REPLICA_IDENTITY_FULL: frozenset[str] = frozenset(
+    {
+        "matters",
+        "ontology_nodes",
+        "sources",
+        "source_objects",
+        "group_memberships",
+        "principal_aliases",
+        "documents",
+        "source_observations",
+        "grants",
+    }
+)
+
+DOC_TYPE = "doc_type"
+CLAUSE_TYPE = "clause_type"
+ONTOLOGY_KINDS: tuple[str, ...] = (DOC_TYPE, CLAUSE_TYPE)
+VERSION_STATUSES: tuple[str, ...] = ("draft", "final", "executed", "unknown")
+GRANT_SCOPES: tuple[str, ...] = ("project", "document", "source_object")
+GRANT_EFFECTS: tuple[str, ...] = ("allow", "deny")
+RELATION_KINDS: tuple[str, ...] = ("supersedes", "annex_of", "responds_to", "references", "thread")
+
+#: Which grants column each scope targets; the other two must be NULL (ck_grants_scope_target).
+GRANT_SCOPE_COLUMNS: dict[str, str] = {
+    "project": "project_id",
+    "document": "document_id",
+    "source_object": "source_object_id",
+}
+
+
+def _in_list(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def grants_scope_check_sql() -> str:
+    """The CHECK expression that ties `grants.scope` to exactly one target column."""
+    branches = []
+    for scope, target in GRANT_SCOPE_COLUMNS.items():
+        nulls = " AND ".join(f"{c} IS NULL" for c in GRANT_SCOPE_COLUMNS.values() if c != target)
+        branches.append(f"(scope = '{scope}' AND {target} IS NOT NULL AND {nulls})")
+    return " OR ".join(branches)
+
+
+# --------------------------------------------------------------------------------------------------
+# Base
+# --------------------------------------------------------------------------------------------------
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _pk() -> Mapped[int]:
+    return mapped_column(BigInteger, Identity(always=False), primary_key=True)
+
+
+def _created_at() -> Mapped[dt.datetime]:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def _nonblank(column: str) -> CheckConstraint:
+    return CheckConstraint(f"btrim({column}) <> ''", name=f"{column}_nonblank")
+
+
+# --------------------------------------------------------------------------------------------------
+# Projects, matters, ontology
+# --------------------------------------------------------------------------------------------------
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = _pk()
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[dt.datetime] = _created_at()
+
+    matters: Mapped[list[Matter]] = relationship(back_populates="project")
+
+
+class Matter(Base):
+    __tablename__ = "matters"
+
+    id: Mapped[int] = _pk()
+    project_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("projects.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    title: Mapped[str] = mapped_column(Text, nullable=False)
+    reference: Mapped[str | None] = mapped_column(Text)
+
+    project: Mapped[Project] = relationship(back_populates="matters")
+
+
+class OntologyNode(Base):
+    """A node of the doc-type or clause-type taxonomy. `parent_id` is the only stored tree structure;
+    ancestor closures are computed (`ontology_ancestors()` in SQL, `ontology_ancestors_query` here)."""
+
+    __tablename__ = "ontology_nodes"
+    __table_args__ = (
+        CheckConstraint(_in_list("kind", ONTOLOGY_KINDS), name="kind"),
+        CheckConstraint("parent_id <> id", name="not_own_parent"),
+        _nonblank("key"),
+    )
+
+    id: Mapped[int] = _pk()
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    key: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    label: Mapped[str] = mapped_column(Text, nullable=False)
+    parent_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("ontology_nodes.id", ondelete="RESTRICT"), index=True
+    )
+
+    parent: Mapped[OntologyNode | None] = relationship(remote_side=[id], back_populates="children")
+    children: Mapped[list[OntologyNode]] = relationship(back_populates="parent")
+
+
+def ontology_ancestors_query(node_id: int) -> Select[tuple[int, int]]:
+    """SELECT (id, depth) of `node_id` and all its ancestors: depth 0 is the node itself, the root has
+    the largest depth. Empty for an unknown id. Same result as the SQL function `ontology_ancestors`."""
+    nodes = OntologyNode.__table__
+    up = (
+        select(nodes.c.id, nodes.c.parent_id, literal(0, Integer).label("depth"))
+        .where(nodes.c.id == node_id)
+        .cte("ontology_up", recursive=True)
+    )
+    parent = nodes.alias("parent")
+    up = up.union_all(
+        select(parent.c.id, parent.c.parent_id, (up.c.depth + 1).label("depth")).join(
+            up, parent.c.id == up.c.parent_id
+        )
+    )
+    return select(up.c.id, up.c.depth).order_by(up.c.depth)
+
+
+def ontology_ancestor_ids(session: Session, node_id: int) -> list[int]:
+    """The node's id followed by its ancestors' ids, nearest first, root last."""
+    return [row.id for row in session.execute(ontology_ancestors_query(node_id))]
+
+
+# --------------------------------------------------------------------------------------------------
+# Documents and versions
+# --------------------------------------------------------------------------------------------------
+
+
+class Document(Base):
+    __tablename__ = "documents"
+    __table_args__ = (
+        CheckConstraint("array_position(identifiers, NULL) IS NULL", name="identifiers_no_nulls"),
+        # (latest_final_version_id, id) -> document_versions (id, document_id): the pointer can only
+        # name a version of this very document. Deferred, so a version and the pointer to it can be
+        # written in either order inside one transaction; use_alter breaks the table cycle.
+        ForeignKeyConstraint(
+            ["latest_final_version_id", "id"],
+            ["document_versions.id", "document_versions.document_id"],
+            name="fk_documents_latest_final_version",
+            use_alter=True,
+            deferrable=True,
+            initially="DEFERRED",
+        ),
+    )
+
+    id: Mapped[int] = _pk()
+    project_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("projects.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    matter_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("matters.id", ondelete="SET NULL"), index=True
+    )
+    title: Mapped[str] = mapped_column(Text, nullable=False)
+    doc_type_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("ontology_nodes.id", ondelete="RESTRICT"), index=True
+    )
+    identifiers: Mapped[list[str]] = mapped_column(
+        ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]")
+    )
+    latest_final_version_id: Mapped[int | None] = mapped_column(BigInteger)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[dt.datetime] = _created_at()
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    versions: Mapped[list[DocumentVersion]] = relationship(
+        back_populates="document",
+        foreign_keys="DocumentVersion.document_id",
+        order_by="DocumentVersion.version_no",
+    )
+    latest_final_version: Mapped[DocumentVersion | None] = relationship(
+        primaryjoin="Document.latest_final_version_id == DocumentVersion.id",
+        foreign_keys=[latest_final_version_id],
+        viewonly=True,
+    )
+
+
+class DocumentVersion(Base):
+    __tablename__ = "document_versions"
+    __table_args__ = (
+        UniqueConstraint("document_id", "version_no"),
+        # Target of fk_documents_latest_final_version.
+        UniqueConstraint("id", "document_id"),
+        CheckConstraint(_in_list("status", VERSION_STATUSES), name="status"),
+        CheckConstraint("version_no >= 1", name="version_no_positive"),
+        CheckConstraint("jsonb_typeof(notable_clauses) = 'array'", name="notable_clauses_array"),
+    )
+
+    id: Mapped[int] = _pk()
+    document_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("documents.id", ondelete="CASCADE"), nullable=False
+    )
+    version_no: Mapped[int] = mapped_column(Integer, nullable=False)
+    status: Mapped[str] = mapped_column(Text, nullable=False)
+    language: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("'de'"))
+    doc_date: Mapped[dt.date | None] = mapped_column(Date)
+    text: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("''"))
+    #: [{"clause_type_id": int, "locus": str, "text": str}, ...]
+    notable_clauses: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, nullable=False, server_default=sql_text("'[]'::jsonb")
+    )
+    created_at: Mapped[dt.datetime] = _created_at()
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    document: Mapped[Document] = relationship(back_populates="versions", foreign_keys=[document_id])
+    observations: Mapped[list[SourceObservation]] = relationship(back_populates="document_version")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources and observations
+# --------------------------------------------------------------------------------------------------
+
+
+class Source(Base):
+    """A system documents come from. `kind` is free text ('local_fs', 'sharepoint', 'dms', 'email', ...);
+    the ACL rules give 'local_fs' a special meaning (delegates to the project boundary)."""
+
+    __tablename__ = "sources"
+    __table_args__ = (_nonblank("kind"),)
+
+    id: Mapped[int] = _pk()
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+
+    objects: Mapped[list[SourceObject]] = relationship(back_populates="source")
+
+
+class SourceObject(Base):
+    __tablename__ = "source_objects"
+    __table_args__ = (UniqueConstraint("source_id", "external_ref"),)
+
+    id: Mapped[int] = _pk()
+    source_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False
+    )
+    external_ref: Mapped[str] = mapped_column(Text, nullable=False)
+    acl_known: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=sql_text("false"))
+
+    source: Mapped[Source] = relationship(back_populates="objects")
+
+
+class SourceObservation(Base):
+    """A version was seen at a source object. Active iff `deleted_at IS NULL`."""
+
+    __tablename__ = "source_observations"
+
+    id: Mapped[int] = _pk()
+    document_version_id: Mapped[int] = mapped_column(
+        BigInteger,
+        ForeignKey(
+            "document_versions.id", ondelete="CASCADE", name="fk_source_observations_document_version_id"
+        ),
+        nullable=False,
+        index=True,
+    )
+    source_object_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("source_objects.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    observed_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    document_version: Mapped[DocumentVersion] = relationship(back_populates="observations")
+    source_object: Mapped[SourceObject] = relationship()
+
+
+# --------------------------------------------------------------------------------------------------
+# Access: grants, group memberships, aliases
+# --------------------------------------------------------------------------------------------------
+
+
+class Grant(Base):
+    __tablename__ = "grants"
+    __table_args__ = (
+        CheckConstraint(_in_list("scope", GRANT_SCOPES), name="scope"),
+        CheckConstraint(_in_list("effect", GRANT_EFFECTS), name="effect"),
+        CheckConstraint(grants_scope_check_sql(), name="scope_target"),
+        _nonblank("principal"),
+        # Target -> principals (projection, re-verify) ...
+        Index(
+            "ix_grants_project_id_principal",
+            "project_id",
+            "principal",
+            postgresql_where=sql_text("project_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_grants_document_id_principal",
+            "document_id",
+            "principal",
+            postgresql_where=sql_text("document_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_grants_source_object_id_principal",
+            "source_object_id",
+            "principal",
+            postgresql_where=sql_text("source_object_id IS NOT NULL"),
+        ),
+        # ... and principal -> targets (scope compilation).
+        Index("ix_grants_principal_scope", "principal", "scope"),
+    )
+
+    id: Mapped[int] = _pk()
+    scope: Mapped[str] = mapped_column(Text, nullable=False)
+    project_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("projects.id", ondelete="CASCADE"))
+    document_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("documents.id", ondelete="CASCADE")
+    )
+    source_object_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("source_objects.id", ondelete="CASCADE")
+    )
+    principal: Mapped[str] = mapped_column(Text, nullable=False)
+    effect: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[dt.datetime] = _created_at()
+
+
+class GroupMembership(Base):
+    """`member_principal` belongs to `group_principal`, as mirrored from `source_id` (NULL: local)."""
+
+    __tablename__ = "group_memberships"
+    __table_args__ = (
+        # NULLS NOT DISTINCT: two identical local (source_id NULL) memberships are duplicates too.
+        UniqueConstraint(
+            "source_id",
+            "group_principal",
+            "member_principal",
+            name="uq_group_memberships_source_group_member",
+            postgresql_nulls_not_distinct=True,
+        ),
+        _nonblank("group_principal"),
+        _nonblank("member_principal"),
+        Index("ix_group_memberships_member_principal", "member_principal"),
+    )
+
+    id: Mapped[int] = _pk()
+    source_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("sources.id", ondelete="CASCADE"))
+    group_principal: Mapped[str] = mapped_column(Text, nullable=False)
+    member_principal: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class PrincipalAlias(Base):
+    __tablename__ = "principal_aliases"
+    __table_args__ = (_nonblank("alias"), _nonblank("principal"))
+
+    id: Mapped[int] = _pk()
+    alias: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    principal: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Not captured: decision records and relations (served from SQL only)
+# --------------------------------------------------------------------------------------------------
+
+
+class DecisionRecord(Base):
+    __tablename__ = "decision_records"
+
+    id: Mapped[int] = _pk()
+    project_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("projects.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    document_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("documents.id", ondelete="SET NULL"), index=True
+    )
+    locus: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("''"))
+    change_summary: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("''"))
+    rationale: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("''"))
+    #: source_objects ids (no FK: arrays cannot carry one); the caller's access is checked against them.
+    evidence_source_object_ids: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), nullable=False, server_default=sql_text("'{}'::bigint[]")
+    )
+    created_at: Mapped[dt.datetime] = _created_at()
+
+
+class Relation(Base):
+    __tablename__ = "relations"
+    __table_args__ = (
+        CheckConstraint(_in_list("kind", RELATION_KINDS), name="kind"),
+        CheckConstraint("from_document_id <> to_document_id", name="not_self"),
+        UniqueConstraint("kind", "from_document_id", "to_document_id"),
+        Index("ix_relations_to_document_id", "to_document_id"),
+        Index("ix_relations_from_document_id", "from_document_id"),
+    )
+
+    id: Mapped[int] = _pk()
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    from_document_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("documents.id", ondelete="CASCADE"), nullable=False
+    )
+    to_document_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("documents.id", ondelete="CASCADE"), nullable=False
+    )
+    created_at: Mapped[dt.datetime] = _created_at()
+
+
+class DebeziumHeartbeat(Base):
+    """Heartbeat row written by Debezium (see HEARTBEAT_TABLE). One row, id 1."""
+
+    __tablename__ = HEARTBEAT_TABLE
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ts: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
