@@ -1,0 +1,389 @@
+"""The reference schema against the real PostgreSQL of the local stack.
+
+Each test migrates its own throw-away database on the stack's server (never the stack's `ki` database,
+whose publication a running Debezium connector depends on), so the stack's role needs CREATEDB.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ki.db import models
+from ki.db.engine import make_engine
+from ki.db.migrate import current_revision, downgrade, upgrade
+from ki.settings import Settings
+
+pytestmark = pytest.mark.stack
+
+PUBLICATION = "ki_schema_test_pub"
+
+
+@pytest.fixture()
+def db_settings(settings: Settings) -> Iterator[Settings]:
+    """Settings pointing at a fresh, empty database on the stack's server; dropped afterwards."""
+    name = f"ki_schema_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield settings.model_copy(update={"database": settings.database.model_copy(update={"name": name})})
+    finally:
+        with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture()
+def engine(db_settings: Settings) -> Iterator[Engine]:
+    upgrade(db_settings, publication_name=PUBLICATION)
+    eng = make_engine(db_settings, pooled=False)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def _publication_tables(conn: Connection, name: str = PUBLICATION) -> set[str]:
+    rows = conn.execute(
+        text("SELECT tablename FROM pg_publication_tables WHERE pubname = :n AND schemaname = 'public'"),
+        {"n": name},
+    )
+    return {r.tablename for r in rows}
+
+
+def _user_tables(conn: Connection) -> set[str]:
+    rows = conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+    return {r.tablename for r in rows}
+
+
+def _seed_document(conn: Connection) -> tuple[int, int]:
+    project_id = conn.execute(text("INSERT INTO projects (name) VALUES ('P') RETURNING id")).scalar_one()
+    document_id = conn.execute(
+        text("INSERT INTO documents (project_id, title) VALUES (:p, 'Vertrag') RETURNING id"),
+        {"p": project_id},
+    ).scalar_one()
+    return project_id, document_id
+
+
+def _seed_source_object(conn: Connection) -> int:
+    source_id = conn.execute(
+        text("INSERT INTO sources (kind, name) VALUES ('sharepoint', 'SP') RETURNING id")
+    ).scalar_one()
+    return conn.execute(
+        text("INSERT INTO source_objects (source_id, external_ref) VALUES (:s, :ref) RETURNING id"),
+        {"s": source_id, "ref": uuid.uuid4().hex},
+    ).scalar_one()
+
+
+# ---------------------------------------------------------------------------------------------- migrate
+
+
+def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
+    assert current_revision(db_settings) is None
+    upgrade(db_settings, publication_name=PUBLICATION)
+    assert current_revision(db_settings) == "0001"
+    eng = make_engine(db_settings, pooled=False)
+    try:
+        with eng.connect() as conn:
+            assert _user_tables(conn) == set(models.Base.metadata.tables) | {"alembic_version"}
+            ctx = MigrationContext.configure(
+                conn, opts={"compare_type": True, "compare_server_default": True}
+            )
+            assert compare_metadata(ctx, models.Base.metadata) == []
+    finally:
+        eng.dispose()
+
+
+def test_publication_contains_exactly_the_published_tables(engine: Engine) -> None:
+    with engine.connect() as conn:
+        assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
+        assert models.HEARTBEAT_TABLE in _publication_tables(conn)
+        ops = conn.execute(
+            text("SELECT pubinsert, pubupdate, pubdelete FROM pg_publication WHERE pubname = :n"),
+            {"n": PUBLICATION},
+        ).one()
+        assert tuple(ops) == (True, True, True)
+
+
+def test_replica_identity_per_table(engine: Engine) -> None:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.relname, c.relreplident FROM pg_class c "
+                "WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'"
+            )
+        )
+        identity = {r.relname: r.relreplident for r in rows}
+    expected = {t: ("f" if t in models.REPLICA_IDENTITY_FULL else "d") for t in models.Base.metadata.tables}
+    assert {t: identity[t] for t in expected} == expected
+    assert identity["document_versions"] == "d"
+    assert identity["grants"] == "f"
+
+
+def test_upgrade_resets_a_preexisting_publication(db_settings: Settings) -> None:
+    with psycopg.connect(db_settings.database.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION}")  # empty, as an operator might have left it
+    upgrade(db_settings, publication_name=PUBLICATION)
+    eng = make_engine(db_settings, pooled=False)
+    try:
+        with eng.connect() as conn:
+            assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
+    finally:
+        eng.dispose()
+
+
+def test_publication_name_defaults_to_the_settings(db_settings: Settings) -> None:
+    upgrade(db_settings)
+    eng = make_engine(db_settings, pooled=False)
+    try:
+        with eng.connect() as conn:
+            assert _publication_tables(conn, db_settings.connect.publication_name) == set(
+                models.PUBLISHED_TABLES
+            )
+    finally:
+        eng.dispose()
+
+
+def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settings) -> None:
+    downgrade(db_settings, "base", publication_name=PUBLICATION)
+    with engine.connect() as conn:
+        assert _user_tables(conn) == {"alembic_version"}
+        assert conn.execute(text("SELECT count(*) FROM pg_publication")).scalar_one() == 0
+        functions = conn.execute(
+            text("SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace")
+        ).scalar_one()
+        assert functions == 0
+    assert current_revision(db_settings) is None
+
+    upgrade(db_settings, publication_name=PUBLICATION)
+    assert current_revision(db_settings) == "0001"
+    with engine.connect() as conn:
+        assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
+
+
+# ---------------------------------------------------------------------------------------------- grants
+
+
+@pytest.mark.parametrize(
+    ("scope", "columns"),
+    [
+        ("document", {"project_id"}),  # scope names one target, a different one is set
+        ("project", {"project_id", "document_id"}),  # the right target plus another
+        ("document", {"document_id", "source_object_id"}),
+        ("source_object", {"source_object_id", "project_id"}),
+        ("project", set()),  # none
+        ("everyone", {"project_id"}),  # unknown scope
+    ],
+)
+def test_grants_check_rejects_a_wrong_target(engine: Engine, scope: str, columns: set[str]) -> None:
+    with engine.begin() as conn:
+        project_id, document_id = _seed_document(conn)
+        source_object_id = _seed_source_object(conn)
+    ids = {"project_id": project_id, "document_id": document_id, "source_object_id": source_object_id}
+    values = {c: (ids[c] if c in columns else None) for c in ids}
+    with pytest.raises(IntegrityError) as err, engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO grants (scope, project_id, document_id, source_object_id, principal, effect) "
+                "VALUES (:scope, :project_id, :document_id, :source_object_id, 'user:a', 'allow')"
+            ),
+            {"scope": scope, **values},
+        )
+    assert isinstance(err.value.orig, psycopg.errors.CheckViolation)
+    assert err.value.orig.diag.constraint_name in {"ck_grants_scope_target", "ck_grants_scope"}
+
+
+def test_grants_check_accepts_the_matching_target(engine: Engine) -> None:
+    with engine.begin() as conn:
+        project_id, document_id = _seed_document(conn)
+        conn.execute(
+            text(
+                "INSERT INTO grants (scope, project_id, principal, effect) VALUES"
+                " ('project', :p, 'group:x', 'allow'), ('project', :p, 'user:b', 'deny')"
+            ),
+            {"p": project_id},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO grants (scope, document_id, principal, effect)"
+                " VALUES ('document', :d, 'user:a', 'allow')"
+            ),
+            {"d": document_id},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO grants (scope, source_object_id, principal, effect)"
+                " VALUES ('source_object', :s, 'group:sp-legal', 'allow')"
+            ),
+            {"s": _seed_source_object(conn)},
+        )
+        assert conn.execute(text("SELECT count(*) FROM grants")).scalar_one() == 4
+
+
+# ---------------------------------------------------------------------------------------------- ontology
+
+
+def _tree(conn: Connection) -> tuple[int, int, int]:
+    def node(key: str, parent: int | None, kind: str = "doc_type") -> int:
+        return conn.execute(
+            text(
+                "INSERT INTO ontology_nodes (kind, key, label, parent_id)"
+                " VALUES (:k, :key, :key, :p) RETURNING id"
+            ),
+            {"k": kind, "key": key, "p": parent},
+        ).scalar_one()
+
+    root = node("vertrag", None)
+    mid = node("vertrag.kauf", root)
+    leaf = node("vertrag.kauf.grundstueck", mid)
+    return root, mid, leaf
+
+
+def test_ancestors_return_the_closure_of_a_three_level_tree(engine: Engine) -> None:
+    with engine.begin() as conn:
+        root, mid, leaf = _tree(conn)
+        sibling = conn.execute(
+            text(
+                "INSERT INTO ontology_nodes (kind, key, label, parent_id)"
+                " VALUES ('doc_type', 'x', 'x', :p) RETURNING id"
+            ),
+            {"p": root},
+        ).scalar_one()
+
+        via_sql = conn.execute(
+            text("SELECT id, depth FROM ontology_ancestors(:n) ORDER BY depth"), {"n": leaf}
+        )
+        assert [tuple(r) for r in via_sql] == [(leaf, 0), (mid, 1), (root, 2)]
+        assert [
+            tuple(r) for r in conn.execute(text("SELECT id, depth FROM ontology_ancestors(:n)"), {"n": root})
+        ] == [(root, 0)]
+        assert conn.execute(text("SELECT count(*) FROM ontology_ancestors(-1)")).scalar_one() == 0
+
+        subtree = conn.execute(text("SELECT id FROM ontology_descendants(:n)"), {"n": mid}).scalars().all()
+        assert sorted(subtree) == sorted([mid, leaf])
+        assert sibling not in subtree
+
+    with Session(engine) as session:
+        assert models.ontology_ancestor_ids(session, leaf) == [leaf, mid, root]
+        assert models.ontology_ancestor_ids(session, mid) == [mid, root]
+        assert models.ontology_ancestor_ids(session, -1) == []
+
+
+def test_ontology_tree_guard_rejects_cycles_and_mixed_kinds(engine: Engine) -> None:
+    with engine.begin() as conn:
+        root, _mid, leaf = _tree(conn)
+    with pytest.raises(IntegrityError, match="under itself or its descendant"), engine.begin() as conn:
+        conn.execute(
+            text("UPDATE ontology_nodes SET parent_id = :leaf WHERE id = :root"), {"leaf": leaf, "root": root}
+        )
+    with pytest.raises(IntegrityError, match="under itself"), engine.begin() as conn:
+        conn.execute(text("UPDATE ontology_nodes SET parent_id = id WHERE id = :root"), {"root": root})
+    with pytest.raises(IntegrityError, match="ck_ontology_nodes_not_own_parent"), engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO ontology_nodes (id, kind, key, label, parent_id)"
+                " VALUES (999, 'doc_type', 's', 's', 999)"
+            )
+        )
+    with pytest.raises(IntegrityError, match="cannot have parent"), engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO ontology_nodes (kind, key, label, parent_id)"
+                " VALUES ('clause_type', 'c', 'c', :p)"
+            ),
+            {"p": root},
+        )
+
+
+# ---------------------------------------------------------------------------------------------- documents
+
+
+def test_updated_at_trigger_touches_documents_and_versions(engine: Engine) -> None:
+    with engine.begin() as conn:
+        _project_id, document_id = _seed_document(conn)
+        conn.execute(
+            text("INSERT INTO document_versions (document_id, version_no, status) VALUES (:d, 1, 'draft')"),
+            {"d": document_id},
+        )
+    with engine.begin() as conn:  # a later transaction: now() is later
+        conn.execute(text("UPDATE documents SET title = 'Vertrag v2' WHERE id = :d"), {"d": document_id})
+        conn.execute(
+            text("UPDATE document_versions SET status = 'final' WHERE document_id = :d"), {"d": document_id}
+        )
+    with engine.connect() as conn:
+        for table, key in (("documents", "id"), ("document_versions", "document_id")):
+            created, updated = conn.execute(
+                text(f"SELECT created_at, updated_at FROM {table} WHERE {key} = :d"), {"d": document_id}
+            ).one()
+            assert updated > created, table
+
+
+def test_version_defaults(engine: Engine) -> None:
+    with engine.begin() as conn:
+        _project_id, document_id = _seed_document(conn)
+        row = conn.execute(
+            text(
+                "INSERT INTO document_versions (document_id, version_no, status) VALUES (:d, 1, 'draft') "
+                "RETURNING language, text, notable_clauses"
+            ),
+            {"d": document_id},
+        ).one()
+        assert tuple(row) == ("de", "", [])
+        identifiers = conn.execute(
+            text("SELECT identifiers FROM documents WHERE id = :d"), {"d": document_id}
+        )
+        assert identifiers.scalar_one() == []
+
+
+def test_latest_final_version_must_belong_to_the_document(engine: Engine) -> None:
+    with engine.begin() as conn:
+        _p, doc_a = _seed_document(conn)
+        _p, doc_b = _seed_document(conn)
+        version_b = conn.execute(
+            text(
+                "INSERT INTO document_versions (document_id, version_no, status)"
+                " VALUES (:d, 1, 'final') RETURNING id"
+            ),
+            {"d": doc_b},
+        ).scalar_one()
+    # Deferred: the violating UPDATE itself succeeds, the commit fails.
+    with pytest.raises(IntegrityError, match="fk_documents_latest_final_version"), engine.begin() as conn:
+        conn.execute(
+            text("UPDATE documents SET latest_final_version_id = :v WHERE id = :d"),
+            {"v": version_b, "d": doc_a},
+        )
+
+    # Pointer first, version second, same transaction: fine because the check waits for the commit.
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE documents SET latest_final_version_id = 4242 WHERE id = :d"), {"d": doc_a})
+        conn.execute(
+            text(
+                "INSERT INTO document_versions (id, document_id, version_no, status)"
+                " VALUES (4242, :d, 1, 'final')"
+            ),
+            {"d": doc_a},
+        )
+    # Deleting the document takes its versions along, pointer and all.
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM documents WHERE id = :d"), {"d": doc_a})
+        assert conn.execute(text("SELECT count(*) FROM document_versions WHERE id = 4242")).scalar_one() == 0
+
+
+def test_group_membership_uniqueness_covers_local_memberships(engine: Engine) -> None:
+    insert = text(
+        "INSERT INTO group_memberships (source_id, group_principal, member_principal) VALUES (NULL, 'g', 'u')"
+    )
+    with engine.begin() as conn:
+        conn.execute(insert)
+    with (
+        pytest.raises(IntegrityError, match="uq_group_memberships_source_group_member"),
+        engine.begin() as conn,
+    ):
+        conn.execute(insert)
