@@ -32,7 +32,10 @@ def db_settings(settings: Settings) -> Iterator[Settings]:
     """Settings pointing at a fresh, empty database on the stack's server; dropped afterwards."""
     name = f"ki_schema_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.errors.InsufficientPrivilege:
+            pytest.fail(f"role {settings.database.user!r} needs CREATEDB to run the schema tests")
     try:
         yield settings.model_copy(update={"database": settings.database.model_copy(update={"name": name})})
     finally:
