@@ -38,6 +38,41 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _sync(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "run":
+        from streams.topics import ensure_topics
+
+        ensure_topics(settings)
+        from streams.app import app
+
+        sys.argv = ["ki sync", "worker", "--loglevel", args.loglevel]
+        app.main()
+        return 0
+    from streams.status import print_status
+
+    return print_status(settings)
+
+
+def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from streams.replay import rebuild
+
+    asyncio.run(rebuild(settings))
+    return 0
+
+
+def _backfill(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from streams.replay import backfill
+
+    stats = asyncio.run(backfill(settings))
+    print(f"backfill: {stats.versions_projected} versions, {stats.rows_written} rows written, "
+          f"{stats.rows_embedded} embedded")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
     parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
@@ -52,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="apply the reference schema migrations (alembic upgrade)")
     migrate.add_argument("--revision", default="head")
     migrate.set_defaults(handler=_migrate)
+
+    sync = sub.add_parser("sync", help="the CDC sync worker")
+    sync.add_argument("action", choices=["run", "status"])
+    sync.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
+    sync.set_defaults(handler=_sync)
+
+    rebuild = sub.add_parser("rebuild", help="replay the CDC topics into a fresh index, verify, swap the alias")
+    rebuild.set_defaults(handler=_rebuild)
+
+    backfill = sub.add_parser("backfill", help="index every version straight from PostgreSQL")
+    backfill.set_defaults(handler=_backfill)
     return parser
 
 

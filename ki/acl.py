@@ -1,0 +1,277 @@
+"""The one ACL semantics: who may see which document version.
+
+Both query-scope compilation (search) and the principal projection (sync) use this module; nothing
+else decides access. The rules (`version_predicate` of the reference spec):
+
+* Caller principals are trimmed and lower-cased, passed through aliases (table `principal_aliases` and
+  `security.aliases`), then expanded with mirrored group memberships (transitively).
+* A version is only ever visible through an *active* source observation (admins included).
+* Administrators (`security.admin_principals`, matched before group expansion so a mirrored group can
+  never make somebody an admin) bypass grants.
+* Deny wins: a matching deny grant on the project, the document, or an actively observed source object
+  excludes the version.
+* An active observation is *accessible* when
+  - its object is on a `local_fs` source without a known ACL: a local (project or document) allow is
+    needed — the object delegates to the project boundary;
+  - otherwise (a known object ACL, or any external source): a mirrored source-object allow is needed.
+    A local grant can never override it, and an external object with no mirrored grants fails closed.
+* Visible = no deny, at least one accessible active observation, and — with
+  `source_acl_mode = intersect` — additionally a local project/document allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger, Boolean, Text
+
+from ki.settings import SecuritySettings
+
+
+def normalize_principal(raw: object) -> str | None:
+    """Trimmed, lower-cased principal; None for anything that is not a non-empty string."""
+    if not isinstance(raw, str):
+        return None
+    value = raw.strip().lower()
+    return value or None
+
+
+def normalize_principals(raw: Iterable[object]) -> frozenset[str]:
+    return frozenset(p for p in (normalize_principal(r) for r in raw) if p)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A caller's effective principals (normalised, aliased, group-expanded) and admin flag."""
+
+    principals: frozenset[str]
+    is_admin: bool = False
+
+    @property
+    def is_anonymous(self) -> bool:
+        return not self.principals and not self.is_admin
+
+
+@dataclass(frozen=True)
+class GrantedPrincipals:
+    """Denormalised grants of one version, for inspection and export (not used to authorise)."""
+
+    allowed_principals: tuple[str, ...]
+    denied_principals: tuple[str, ...]
+
+
+_PRINCIPALS = bindparam("principals", type_=ARRAY(Text))
+
+_EXPAND_SQL = text(
+    """
+    WITH RECURSIVE aliased(principal) AS (
+        SELECT unnest(CAST(:principals AS text[]))
+        UNION
+        SELECT lower(btrim(pa.principal))
+        FROM principal_aliases pa
+        WHERE lower(btrim(pa.alias)) = ANY(CAST(:principals AS text[]))
+    ),
+    expanded(principal) AS (
+        SELECT principal FROM aliased
+        UNION
+        SELECT lower(btrim(gm.group_principal))
+        FROM group_memberships gm
+        JOIN expanded e ON lower(btrim(gm.member_principal)) = e.principal
+    )
+    SELECT principal, principal IN (SELECT principal FROM aliased) AS direct FROM expanded
+    """
+).bindparams(_PRINCIPALS)
+
+
+def resolve_caller(conn: Connection, raw_principals: Iterable[object], security: SecuritySettings) -> Caller:
+    """Normalise, alias and group-expand a caller's principals in SQL."""
+    base = set(normalize_principals(raw_principals))
+    config_aliases = {normalize_principal(k): normalize_principal(v) for k, v in security.aliases.items()}
+    base |= {config_aliases[p] for p in base if config_aliases.get(p)}  # type: ignore[misc]
+    if not base:
+        return Caller(frozenset())
+    rows = conn.execute(_EXPAND_SQL, {"principals": sorted(base)}).all()
+    direct = {row.principal for row in rows if row.direct}
+    admins = normalize_principals(security.admin_principals)
+    return Caller(frozenset(row.principal for row in rows), is_admin=bool(direct & admins))
+
+
+# The version predicate as one statement. :principals are the caller's effective principals.
+_VISIBLE_SQL = text(
+    """
+    WITH candidate AS MATERIALIZED (
+        SELECT dv.id AS version_id, d.id AS document_id, d.project_id
+        FROM document_versions dv
+        JOIN documents d ON d.id = dv.document_id
+        WHERE d.deleted_at IS NULL
+          AND (CAST(:project_ids AS bigint[]) IS NULL OR d.project_id = ANY(CAST(:project_ids AS bigint[])))
+          AND (CAST(:version_ids AS bigint[]) IS NULL OR dv.id = ANY(CAST(:version_ids AS bigint[])))
+    ),
+    caller_grants AS MATERIALIZED (
+        SELECT g.scope, g.project_id, g.document_id, g.source_object_id, g.effect
+        FROM grants g
+        WHERE lower(btrim(g.principal)) = ANY(CAST(:principals AS text[]))
+    ),
+    active_obs AS MATERIALIZED (
+        SELECT o.document_version_id AS version_id, so.id AS object_id,
+               (s.kind = 'local_fs' AND NOT so.acl_known) AS delegates_to_project
+        FROM source_observations o
+        JOIN source_objects so ON so.id = o.source_object_id
+        JOIN sources s ON s.id = so.source_id
+        WHERE o.deleted_at IS NULL
+          AND o.document_version_id IN (SELECT version_id FROM candidate)
+    ),
+    judged AS (
+        SELECT c.*,
+            EXISTS (
+                SELECT 1 FROM caller_grants g
+                WHERE g.effect = 'allow'
+                  AND ((g.scope = 'project' AND g.project_id = c.project_id)
+                    OR (g.scope = 'document' AND g.document_id = c.document_id))
+            ) AS local_allow
+        FROM candidate c
+    )
+    SELECT j.version_id, j.document_id, j.project_id
+    FROM judged j
+    WHERE EXISTS (SELECT 1 FROM active_obs a WHERE a.version_id = j.version_id)
+      AND (
+        CAST(:is_admin AS boolean)
+        OR (
+          NOT EXISTS (
+              SELECT 1 FROM caller_grants g
+              WHERE g.effect = 'deny'
+                AND ((g.scope = 'project' AND g.project_id = j.project_id)
+                  OR (g.scope = 'document' AND g.document_id = j.document_id)
+                  OR (g.scope = 'source_object' AND g.source_object_id IN (
+                        SELECT a.object_id FROM active_obs a WHERE a.version_id = j.version_id)))
+          )
+          AND (j.local_allow OR NOT CAST(:intersect AS boolean))
+          AND EXISTS (
+              SELECT 1 FROM active_obs a
+              WHERE a.version_id = j.version_id
+                AND CASE WHEN a.delegates_to_project THEN j.local_allow
+                         ELSE EXISTS (
+                            SELECT 1 FROM caller_grants g
+                            WHERE g.effect = 'allow' AND g.scope = 'source_object'
+                              AND g.source_object_id = a.object_id)
+                    END
+          )
+        )
+      )
+    """
+).bindparams(
+    _PRINCIPALS,
+    bindparam("project_ids", type_=ARRAY(BigInteger)),
+    bindparam("version_ids", type_=ARRAY(BigInteger)),
+    bindparam("is_admin", type_=Boolean),
+    bindparam("intersect", type_=Boolean),
+)
+
+
+@dataclass(frozen=True)
+class VisibleVersion:
+    version_id: int
+    document_id: int
+    project_id: int
+
+
+def visible_versions(
+    conn: Connection,
+    caller: Caller,
+    security: SecuritySettings,
+    *,
+    project_ids: Sequence[int] | None = None,
+    version_ids: Sequence[int] | None = None,
+) -> list[VisibleVersion]:
+    """Every version the caller may see, optionally narrowed to projects or versions. Fails closed."""
+    if caller.is_anonymous:
+        return []
+    rows = conn.execute(
+        _VISIBLE_SQL,
+        {
+            "principals": sorted(caller.principals),
+            "project_ids": list(project_ids) if project_ids is not None else None,
+            "version_ids": list(version_ids) if version_ids is not None else None,
+            "is_admin": caller.is_admin,
+            "intersect": security.source_acl_mode == "intersect",
+        },
+    ).all()
+    return [VisibleVersion(r.version_id, r.document_id, r.project_id) for r in rows]
+
+
+_PROJECTION_SQL = text(
+    """
+    WITH RECURSIVE target AS (
+        SELECT dv.id AS version_id, d.id AS document_id, d.project_id
+        FROM document_versions dv JOIN documents d ON d.id = dv.document_id
+        WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
+    ),
+    applicable(version_id, principal, effect) AS (
+        SELECT t.version_id, lower(btrim(g.principal)), g.effect
+        FROM target t
+        JOIN grants g ON (g.scope = 'project' AND g.project_id = t.project_id)
+                      OR (g.scope = 'document' AND g.document_id = t.document_id)
+        UNION
+        SELECT t.version_id, lower(btrim(g.principal)), g.effect
+        FROM target t
+        JOIN source_observations o ON o.document_version_id = t.version_id AND o.deleted_at IS NULL
+        JOIN grants g ON g.scope = 'source_object' AND g.source_object_id = o.source_object_id
+    ),
+    with_members(version_id, principal, effect) AS (
+        SELECT version_id, principal, effect FROM applicable
+        UNION
+        SELECT m.version_id, lower(btrim(gm.member_principal)), m.effect
+        FROM with_members m
+        JOIN group_memberships gm ON lower(btrim(gm.group_principal)) = m.principal
+    ),
+    with_aliases AS (
+        SELECT version_id, principal, effect FROM with_members
+        UNION
+        SELECT m.version_id, lower(btrim(pa.alias)), m.effect
+        FROM with_members m JOIN principal_aliases pa ON lower(btrim(pa.principal)) = m.principal
+    )
+    SELECT version_id, effect, array_agg(DISTINCT principal ORDER BY principal) AS principals
+    FROM with_aliases
+    GROUP BY version_id, effect
+    """
+).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
+
+
+def version_projections(
+    conn: Connection, version_ids: Iterable[int], security: SecuritySettings
+) -> dict[int, GrantedPrincipals]:
+    """The principal projection of each version: who is granted (allow) and who is denied, with group
+    members and aliases of those principals included. Versions without grants get empty tuples."""
+    ids = sorted({int(v) for v in version_ids})
+    if not ids:
+        return {}
+    found: dict[int, dict[str, set[str]]] = {v: {"allow": set(), "deny": set()} for v in ids}
+    for row in conn.execute(_PROJECTION_SQL, {"version_ids": ids}):
+        found[row.version_id][row.effect].update(row.principals)
+    config_aliases = _reverse_aliases(security.aliases)
+    return {
+        v: GrantedPrincipals(
+            allowed_principals=_with_config_aliases(sets["allow"], config_aliases),
+            denied_principals=_with_config_aliases(sets["deny"], config_aliases),
+        )
+        for v, sets in found.items()
+    }
+
+
+def _reverse_aliases(aliases: Mapping[str, str]) -> dict[str, set[str]]:
+    reverse: dict[str, set[str]] = {}
+    for alias, principal in aliases.items():
+        a, p = normalize_principal(alias), normalize_principal(principal)
+        if a and p:
+            reverse.setdefault(p, set()).add(a)
+    return reverse
+
+
+def _with_config_aliases(principals: set[str], reverse: dict[str, set[str]]) -> tuple[str, ...]:
+    out = set(principals)
+    for p in principals:
+        out |= reverse.get(p, set())
+    return tuple(sorted(out))

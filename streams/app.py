@@ -1,0 +1,139 @@
+"""The Faust app: CDC topics in, conditional index writes out.
+
+One agent consumes every captured table's topic in batches (`streams.batch_max_events`,
+`streams.batch_linger_ms`). A batch is decoded, turned into dirty keys and applied by the `Projector`.
+Faust acknowledges a batch's offsets only after the loop body returns, and the body only returns once
+OpenSearch acknowledged every write — or the events went to the dead-letter topic — so a crash at any
+point replays the batch instead of losing it. Transient failures (OpenSearch or PostgreSQL away) are
+retried with backoff inside the body: the partition simply pauses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ki.db.engine import make_engine
+from ki.embedding import create_embedder
+from ki.settings import Settings, get_settings
+from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
+from projections.dirty import DirtyKeys, dirty_keys
+from streams import metrics
+from streams.sync import Projector
+from streams.topics import cdc_topics
+from streams.writer import BulkError, IndexWriter, make_client
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> faust.App:
+    app = faust.App(
+        settings.streams.app_id,
+        broker=[f"kafka://{server}" for server in settings.kafka.bootstrap_servers.split(",")],
+        key_serializer="raw",
+        value_serializer="raw",
+        store="memory://",
+        web_port=settings.streams.web_port,
+        web_bind="127.0.0.1",
+        web_transport="tcp://",
+        consumer_auto_offset_reset="earliest",
+        # CDC topics are created compacted by `ki stack` / Debezium; never let Faust declare them.
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        broker_commit_every=100,
+        broker_commit_interval=1.0,
+        stream_wait_empty=False,
+    )
+    source = app.topic(*cdc_topics(settings), key_type=bytes, value_type=bytes, allow_empty=True)
+    dlq = app.topic(settings.streams.dlq_topic, key_type=bytes, value_type=bytes, internal=False)
+    state: dict[str, Any] = {}
+
+    @app.on_after_configured.connect
+    def _configure_logging(app: faust.App, **_: Any) -> None:  # pragma: no cover - wiring
+        logging.getLogger("opensearch").setLevel(logging.WARNING)
+
+    async def projector() -> Projector:
+        if "projector" not in state:
+            embedder = create_embedder(settings)
+            writer = IndexWriter(make_client(settings), settings)
+            await writer.ensure_index(embedder.signature)
+            state["projector"] = Projector(settings, make_engine(settings), writer, embedder)
+        projector_: Projector = state["projector"]
+        return projector_
+
+    async def send_to_dlq(event: Any, reason: str) -> None:
+        message = event.message
+        payload = {
+            "reason": reason,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "key": message.key.decode("utf-8", "replace") if message.key else None,
+            "value": message.value.decode("utf-8", "replace") if message.value else None,
+        }
+        await dlq.send(key=message.key, value=json.dumps(payload).encode())
+        metrics.DLQ_EVENTS.labels(table=message.topic.rsplit(".", 1)[-1]).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
+
+    async def apply_until_done(keys: DirtyKeys) -> None:
+        delay = 0.5
+        while True:
+            try:
+                proj = await projector()
+                stats = await proj.apply(keys)
+                metrics.record_sync(stats)
+                return
+            except BulkError:
+                raise  # a permanent item failure: the caller dead-letters the batch
+            except Exception as exc:  # transient: OpenSearch/PostgreSQL away; pause, never ack
+                metrics.SYNC_RETRIES.inc()
+                log.warning("sync failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    @app.agent(source)
+    async def cdc(stream: faust.StreamT) -> None:
+        max_events = settings.streams.batch_max_events
+        linger = settings.streams.batch_linger_ms / 1000
+        async for events in stream.take_events(max_events, within=linger):
+            keys = DirtyKeys()
+            newest_commit_ms: int | None = None
+            for event in events:
+                message = event.message
+                try:
+                    decoded = decode(message.topic, message.key, message.value)
+                    event_keys = dirty_keys(decoded)
+                except (PoisonEvent, ValueError, TypeError) as exc:
+                    await send_to_dlq(event, f"undecodable: {exc}")
+                    continue
+                if isinstance(decoded, ChangeEvent):
+                    metrics.EVENTS.labels(table=decoded.table, op=decoded.op).inc()
+                    if decoded.source.ts_ms and not decoded.source.snapshot:
+                        newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
+                elif isinstance(decoded, Tombstone):
+                    metrics.EVENTS.labels(table=decoded.table, op="tombstone").inc()
+                keys.update(event_keys)
+            try:
+                await apply_until_done(keys)
+            except BulkError as exc:
+                for event in events:
+                    await send_to_dlq(event, f"index rejected the batch: {exc}")
+            if newest_commit_ms:
+                metrics.FRESHNESS.observe(max(0.0, time.time() - newest_commit_ms / 1000))
+
+    @app.page("/metrics")
+    async def metrics_page(self: Any, request: Any) -> Any:
+        metrics.update_lag(app)
+        return self.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+    app.state = state  # type: ignore[attr-defined]
+    return app
+
+
+app = create_app(get_settings())

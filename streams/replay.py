@@ -1,0 +1,193 @@
+"""Operator jobs: rebuild by replaying the topics, backfill from PostgreSQL, reconcile drift.
+
+All three reuse the worker's `Projector`, so they write exactly what the live sync would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.embedding import create_embedder
+from ki.settings import Settings
+from projections.cdc import PoisonEvent, decode
+from projections.dirty import DirtyKeys, dirty_keys
+from projections.mapping import physical_index_name
+from streams.sync import Projector, SyncStats
+from streams.topics import cdc_topics
+from streams.writer import IndexWriter, make_client
+
+Progress = Callable[[str], None]
+
+
+def _print_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class ReplayResult:
+    events: int = 0
+    poison: int = 0
+    versions: int = 0
+    rows_written: int = 0
+    rows_embedded: int = 0
+
+
+def _end_offsets(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int], int]:
+    metadata = consumer.list_topics(timeout=10)
+    ends: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            continue  # no rows were ever written to that table
+        for partition in info.partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            ends[(topic, partition)] = high
+    return ends
+
+
+def read_topics(
+    settings: Settings, *, start: dict[tuple[str, int], int] | None = None, progress: Progress = _print_progress
+) -> tuple[DirtyKeys, dict[tuple[str, int], int], int, int]:
+    """Read every CDC topic from `start` (default: the beginning) up to the end offsets seen now.
+
+    Returns the accumulated dirty keys, the end offsets, and the counts of events and poison events.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "group.id": f"ki-replay-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        ends = _end_offsets(consumer, cdc_topics(settings))
+        begin = start or {}
+        assignment = [
+            TopicPartition(t, p, begin.get((t, p), OFFSET_BEGINNING))
+            for (t, p), high in ends.items()
+            if high > begin.get((t, p), 0)
+        ]
+        keys = DirtyKeys()
+        remaining = {(tp.topic, tp.partition) for tp in assignment}
+        events = poison = 0
+        total = sum(high - begin.get(tp, 0) for tp, high in ends.items())
+        if not assignment:
+            return keys, ends, 0, 0
+        consumer.assign(assignment)
+        last_report = time.monotonic()
+        while remaining:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                raise RuntimeError(f"kafka: {message.error()}")
+            tp = (message.topic(), message.partition())
+            if message.offset() < ends[tp]:
+                events += 1
+                try:
+                    keys.update(dirty_keys(decode(message.topic(), message.key(), message.value())))
+                except (PoisonEvent, ValueError, TypeError):
+                    poison += 1
+            if message.offset() + 1 >= ends[tp]:
+                remaining.discard(tp)
+            if time.monotonic() - last_report > 2:
+                progress(f"replay: read {events}/{total} events")
+                last_report = time.monotonic()
+        progress(f"replay: read {events} events ({poison} undecodable, left to the worker's DLQ)")
+        return keys, ends, events, poison
+    finally:
+        consumer.close()
+
+
+def _live_version_ids(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id "
+                "WHERE d.deleted_at IS NULL AND btrim(dv.text) <> ''"
+            )
+        )
+        return {row.id for row in rows}
+
+
+async def _project_in_batches(
+    projector: Projector, version_ids: set[int], progress: Progress, label: str, batch: int = 64
+) -> SyncStats:
+    total = SyncStats()
+    ordered = sorted(version_ids)
+    started = time.monotonic()
+    for i in range(0, len(ordered), batch):
+        stats = await projector.project_versions(ordered[i : i + batch])
+        total.versions_projected += stats.versions_projected
+        total.rows_written += stats.rows_written
+        total.rows_embedded += stats.rows_embedded
+        done = min(i + batch, len(ordered))
+        rate = done / max(time.monotonic() - started, 1e-6)
+        progress(f"{label}: {done}/{len(ordered)} versions, {total.rows_written} rows ({rate:.1f} versions/s)")
+    return total
+
+
+async def rebuild(settings: Settings, progress: Progress = _print_progress) -> str:
+    """Replay the topics into a fresh physical index, verify it against PostgreSQL, swap the alias."""
+    embedder = create_embedder(settings)
+    client = make_client(settings)
+    engine = make_engine(settings)
+    try:
+        generation = time.strftime("%Y%m%d%H%M%S")
+        physical = physical_index_name(settings, embedder.signature, generation=generation)
+        writer = IndexWriter(client, settings, index=physical)
+        await writer.create_physical(physical)
+        progress(f"rebuild: replaying the CDC topics into {physical}")
+        keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress)
+        projector = Projector(settings, engine, writer, embedder)
+        content, access = await asyncio.to_thread(projector._resolve, keys)
+        await _project_in_batches(projector, content | access, progress, "rebuild")
+        await writer.refresh()
+        expected = await asyncio.to_thread(_live_version_ids, engine)
+        indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
+        missing = expected - indexed
+        if missing:
+            raise RuntimeError(
+                f"rebuild: {len(missing)} live version(s) are missing from {physical} "
+                f"(e.g. {sorted(missing)[:5]}); alias left unchanged"
+            )
+        previous = await writer.swap_alias(physical)
+        progress(f"rebuild: alias {settings.retrieval.index_name} -> {physical} ({len(expected)} versions checked)")
+        # Changes that arrived while we rebuilt were written to the old index by the worker: replay them.
+        catch_up, _, count, _ = await asyncio.to_thread(read_topics, settings, start=ends, progress=progress)
+        if catch_up:
+            await projector.apply(catch_up)
+            progress(f"rebuild: caught up on {count} event(s) that arrived during the rebuild")
+        for old in previous:
+            await client.indices.delete(index=old, ignore=(404,))
+            progress(f"rebuild: deleted the previous index {old}")
+        return physical
+    finally:
+        await client.close()
+        engine.dispose()
+
+
+async def backfill(settings: Settings, progress: Progress = _print_progress) -> SyncStats:
+    """Project every version straight from PostgreSQL (for topics without history)."""
+    embedder = create_embedder(settings)
+    client = make_client(settings)
+    engine = make_engine(settings)
+    try:
+        writer = IndexWriter(client, settings)
+        await writer.ensure_index(embedder.signature)
+        with engine.connect() as conn:
+            ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
+        return await _project_in_batches(Projector(settings, engine, writer, embedder), ids, progress, "backfill")
+    finally:
+        await client.close()
+        engine.dispose()

@@ -1,0 +1,89 @@
+"""`ki sync status`: how far behind the sync is, end to end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+from opensearchpy import OpenSearch
+from sqlalchemy import text
+
+from ki.db.engine import make_engine
+from ki.settings import Settings
+from streams.topics import cdc_topics
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - max(self.committed, 0))
+
+
+def consumer_lag(settings: Settings) -> list[PartitionLag]:
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    metadata = admin.list_topics(timeout=10)
+    partitions = [
+        TopicPartition(topic, p)
+        for topic in cdc_topics(settings)
+        if topic in metadata.topics
+        for p in metadata.topics[topic].partitions
+    ]
+    if not partitions:
+        return []
+    request = [ConsumerGroupTopicPartitions(settings.streams.app_id, partitions)]
+    committed = {
+        (tp.topic, tp.partition): tp.offset
+        for tp in admin.list_consumer_group_offsets(request)[settings.streams.app_id].result().topic_partitions
+    }
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "ki-status-probe"})
+    try:
+        out = []
+        for tp in partitions:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            out.append(PartitionLag(tp.topic, tp.partition, committed.get((tp.topic, tp.partition), -1), high))
+        return out
+    finally:
+        consumer.close()
+
+
+def slot_retained_bytes(settings: Settings) -> int | None:
+    engine = make_engine(settings, pooled=False)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
+                    "WHERE slot_name = :slot"
+                ),
+                {"slot": settings.connect.slot_name},
+            ).scalar()
+    finally:
+        engine.dispose()
+
+
+def print_status(settings: Settings) -> int:
+    lags = consumer_lag(settings)
+    total = sum(p.lag for p in lags)
+    for p in lags:
+        if p.lag or p.committed < 0:
+            print(f"  {p.topic}[{p.partition}]: committed {p.committed}, end {p.end}, lag {p.lag}")
+    print(f"consumer group {settings.streams.app_id}: total lag {total} over {len(lags)} partitions")
+    retained = slot_retained_bytes(settings)
+    print(f"replication slot {settings.connect.slot_name}: "
+          + ("missing" if retained is None else f"{retained} bytes of WAL retained"))
+    client = OpenSearch(hosts=[settings.opensearch.url], timeout=settings.opensearch.timeout_s)
+    alias = settings.retrieval.index_name
+    if client.indices.exists_alias(name=alias):
+        physical = ", ".join(client.indices.get_alias(name=alias))
+        count = client.count(index=alias)["count"]
+        print(f"index {alias} -> {physical}: {count} rows")
+    else:
+        print(f"index {alias}: missing (start the worker or run `ki backfill`)")
+    return 0 if retained is not None else 1

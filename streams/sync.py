@@ -1,0 +1,402 @@
+"""Apply dirty keys to the index: the heart of the sync, shared by the Faust worker, rebuild and backfill.
+
+Order of operations per batch (this order is what makes concurrent or repeated work safe):
+1. read the affected rows from the index, with their sequence numbers;
+2. read the current state from PostgreSQL (the authority);
+3. write conditionally on the sequence numbers from step 1.
+A write that lost a race (HTTP 409) means somebody wrote after our step 1; that version is simply
+projected again from fresh reads. The final index therefore always reflects a PostgreSQL read taken
+after the last change, whatever order, duplication or replay the events arrived in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger, Text
+
+from ki.acl import GrantedPrincipals, version_projections
+from ki.embedding import Embedder
+from ki.settings import Settings
+from projections.dirty import DirtyKeys
+from projections.rows import (
+    AccessProjection,
+    DocumentState,
+    IndexRow,
+    NotableClause,
+    VersionState,
+    build_rows,
+)
+from streams.writer import BulkOp, ExistingRow, IndexWriter
+
+log = logging.getLogger(__name__)
+
+MAX_CONFLICT_ROUNDS = 8
+ACCESS_FIELDS = ("allowed_principals", "denied_principals", "access_version")
+
+_IDS = ARRAY(BigInteger)
+
+
+def _sql(statement: str, **types: Any) -> Any:
+    return text(statement).bindparams(*(bindparam(name, type_=t) for name, t in types.items()))
+
+
+# Dirty keys -> version ids. Each statement returns one column `id`.
+_RESOLVE_CONTENT = _sql(
+    """
+    SELECT id FROM document_versions WHERE id = ANY(:versions)
+    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id = ANY(:documents)
+    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
+          WHERE d.matter_id = ANY(:matters)
+    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
+          WHERE d.doc_type_id IN (SELECT sub.id FROM unnest(CAST(:nodes AS bigint[])) AS n(node_id),
+                                  LATERAL ontology_descendants(n.node_id) AS sub)
+    """,
+    versions=_IDS, documents=_IDS, matters=_IDS, nodes=_IDS,
+)
+
+_RESOLVE_ACCESS = _sql(
+    """
+    WITH RECURSIVE containing(principal) AS (
+        SELECT unnest(CAST(:principals AS text[]))
+        UNION
+        SELECT lower(btrim(gm.group_principal)) FROM group_memberships gm
+        JOIN containing c ON lower(btrim(gm.member_principal)) = c.principal
+    ),
+    named AS (
+        SELECT principal FROM containing
+        UNION SELECT lower(btrim(pa.principal)) FROM principal_aliases pa
+              WHERE lower(btrim(pa.alias)) IN (SELECT principal FROM containing)
+    ),
+    touched_grants AS (
+        SELECT project_id, document_id, source_object_id FROM grants
+        WHERE lower(btrim(principal)) IN (SELECT principal FROM named)
+    ),
+    projects AS (
+        SELECT unnest(CAST(:projects AS bigint[])) AS id
+        UNION SELECT project_id FROM touched_grants WHERE project_id IS NOT NULL
+    ),
+    documents AS (
+        SELECT unnest(CAST(:documents AS bigint[])) AS id
+        UNION SELECT document_id FROM touched_grants WHERE document_id IS NOT NULL
+    ),
+    objects AS (
+        SELECT unnest(CAST(:objects AS bigint[])) AS id
+        UNION SELECT source_object_id FROM touched_grants WHERE source_object_id IS NOT NULL
+        UNION SELECT so.id FROM source_objects so WHERE so.source_id = ANY(:sources)
+    )
+    SELECT id FROM document_versions WHERE id = ANY(:versions)
+    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id IN (SELECT id FROM documents)
+    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
+          WHERE d.project_id IN (SELECT id FROM projects)
+    UNION SELECT o.document_version_id FROM source_observations o
+          WHERE o.source_object_id IN (SELECT id FROM objects)
+    """,
+    principals=ARRAY(Text), projects=_IDS, documents=_IDS, objects=_IDS, sources=_IDS, versions=_IDS,
+)
+
+_VERSION_STATE = _sql(
+    """
+    SELECT dv.id, dv.document_id, dv.version_no, dv.status, dv.language, dv.doc_date, dv.text,
+           dv.notable_clauses,
+           d.project_id, d.title, d.matter_id, d.doc_type_id, d.identifiers, d.latest_final_version_id,
+           d.deleted_at,
+           m.title AS matter_title, m.reference AS matter_reference,
+           t.label AS doc_type_label,
+           COALESCE((SELECT array_agg(a.id ORDER BY a.depth) FROM ontology_ancestors(d.doc_type_id) a),
+                    '{}') AS doc_type_ancestors,
+           (SELECT min(o.source_object_id) FROM source_observations o
+             WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL) AS source_object_id
+    FROM document_versions dv
+    JOIN documents d ON d.id = dv.document_id
+    LEFT JOIN matters m ON m.id = d.matter_id
+    LEFT JOIN ontology_nodes t ON t.id = d.doc_type_id
+    WHERE dv.id = ANY(:ids)
+    """,
+    ids=_IDS,
+)
+
+
+@dataclass
+class SyncStats:
+    versions_projected: int = 0
+    access_versions: int = 0
+    rows_written: int = 0
+    rows_deleted: int = 0
+    rows_embedded: int = 0
+    access_rows_updated: int = 0
+    conflict_rounds: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, name: str, started: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class _State:
+    document: DocumentState
+    version: VersionState
+    doc_type_ancestors: tuple[int, ...]
+    doc_type_label: str | None
+    matter_title: str | None
+    matter_reference: str | None
+    source_object_id: int | None
+
+
+def _state_from_row(row: Any) -> _State:
+    clauses = tuple(
+        NotableClause(
+            clause_type_id=c.get("clause_type_id"), locus=str(c.get("locus") or ""), text=str(c.get("text") or "")
+        )
+        for c in (row.notable_clauses or [])
+        if isinstance(c, dict)
+    )
+    return _State(
+        document=DocumentState(
+            id=row.document_id,
+            project_id=row.project_id,
+            title=row.title,
+            matter_id=row.matter_id,
+            doc_type_id=row.doc_type_id,
+            identifiers=tuple(row.identifiers or ()),
+            latest_final_version_id=row.latest_final_version_id,
+            deleted_at=row.deleted_at,
+        ),
+        version=VersionState(
+            id=row.id,
+            document_id=row.document_id,
+            version_no=row.version_no,
+            status=row.status,
+            language=row.language,
+            doc_date=row.doc_date,
+            text=row.text,
+            notable_clauses=clauses,
+        ),
+        doc_type_ancestors=tuple(row.doc_type_ancestors or ()),
+        doc_type_label=row.doc_type_label,
+        matter_title=row.matter_title,
+        matter_reference=row.matter_reference,
+        source_object_id=row.source_object_id,
+    )
+
+
+def _without_vector(source: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in source.items() if k != "embedding"}
+
+
+class Projector:
+    """Turns dirty keys into conditional index writes."""
+
+    def __init__(self, settings: Settings, engine: Engine, writer: IndexWriter, embedder: Embedder) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.writer = writer
+        self.embedder = embedder
+
+    # -- resolution ----------------------------------------------------------------------------
+
+    def _resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        with self.engine.connect() as conn:
+            content = {
+                row.id
+                for row in conn.execute(
+                    _RESOLVE_CONTENT,
+                    {
+                        "versions": sorted(keys.content_versions),
+                        "documents": sorted(keys.content_documents),
+                        "matters": sorted(keys.content_matters),
+                        "nodes": sorted(keys.content_ontology_nodes),
+                    },
+                )
+            }
+            access: set[int] = set()
+            if keys.access_versions or keys.access_documents or keys.access_projects or \
+                    keys.access_source_objects or keys.access_sources or keys.access_principals:
+                access = {
+                    row.id
+                    for row in conn.execute(
+                        _RESOLVE_ACCESS,
+                        {
+                            "principals": sorted(keys.access_principals),
+                            "projects": sorted(keys.access_projects),
+                            "documents": sorted(keys.access_documents),
+                            "objects": sorted(keys.access_source_objects),
+                            "sources": sorted(keys.access_sources),
+                            "versions": sorted(keys.access_versions),
+                        },
+                    )
+                    if row.id is not None
+                }
+        # Versions deleted from PostgreSQL are found through what the event named directly.
+        content |= keys.content_versions
+        return content, access - content
+
+    async def apply(self, keys: DirtyKeys) -> SyncStats:
+        stats = SyncStats()
+        if not keys:
+            return stats
+        started = time.perf_counter()
+        content, access = await asyncio.to_thread(self._resolve, keys)
+        # Documents deleted outright no longer have versions in PostgreSQL: find their rows in the index.
+        gone_docs = keys.content_documents
+        if gone_docs:
+            content |= await self.writer.indexed_versions("document_id", gone_docs)
+        stats.timed("resolve", started)
+        await self.project_versions(content, stats)
+        await self.project_access(access, stats)
+        return stats
+
+    # -- content path --------------------------------------------------------------------------
+
+    async def project_versions(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
+        stats = stats or SyncStats()
+        pending = set(version_ids)
+        for _ in range(MAX_CONFLICT_ROUNDS):
+            if not pending:
+                return stats
+            conflicts = await self._project_versions_once(sorted(pending), stats)
+            if conflicts:
+                stats.conflict_rounds += 1
+                log.info("content: %d version(s) lost a write race; projecting them again", len(conflicts))
+            pending = conflicts
+        raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
+
+    def _load_states(self, version_ids: Sequence[int]) -> tuple[dict[int, _State], dict[int, GrantedPrincipals]]:
+        with self.engine.connect() as conn:
+            states = {row.id: _state_from_row(row) for row in conn.execute(_VERSION_STATE, {"ids": list(version_ids)})}
+            grants = version_projections(conn, states.keys(), self.settings.security)
+        return states, grants
+
+    async def _project_versions_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
+        started = time.perf_counter()
+        existing = await self.writer.existing_rows(version_ids, with_source=("*",))  # step 1: the index
+        states, grants = await asyncio.to_thread(self._load_states, version_ids)  # step 2: PostgreSQL
+        stats.timed("read", started)
+
+        ops: list[BulkOp] = []
+        to_embed: list[IndexRow] = []
+        planned: list[tuple[int, IndexRow, ExistingRow | None]] = []
+        for version_id in version_ids:
+            old_rows = existing.get(version_id, {})
+            state = states.get(version_id)
+            new_rows = self._rows_for(state, grants.get(version_id), old_rows) if state else []
+            new_ids = {row.id for row in new_rows}
+            for old in old_rows.values():
+                if old.doc_id not in new_ids:
+                    ops.append(_delete(old, version_id))
+                    stats.rows_deleted += 1
+            for row in new_rows:
+                old = old_rows.get(row.id)
+                if old is None or old.content_hash != row.content_hash:
+                    to_embed.append(row)
+                planned.append((version_id, row, old))
+            stats.versions_projected += 1
+
+        vectors: dict[str, list[float]] = {}
+        if to_embed:
+            started = time.perf_counter()
+            embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in to_embed])
+            vectors = {row.id: vector for row, vector in zip(to_embed, embedded, strict=True)}
+            stats.rows_embedded += len(to_embed)
+            stats.timed("embed", started)
+
+        for version_id, row, old in planned:
+            vector = vectors.get(row.id)
+            if vector is not None:
+                body = {**row.source, "embedding": vector}
+                if old is None:
+                    ops.append(BulkOp("create", row.id, body, group=str(version_id)))
+                else:
+                    ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=str(version_id)))
+            elif old is not None and _without_vector(old.source) != row.source:
+                ops.append(BulkOp("update", row.id, row.source, old.seq_no, old.primary_term, group=str(version_id)))
+        started = time.perf_counter()
+        result = await self.writer.bulk(ops)
+        stats.timed("write", started)
+        stats.rows_written += result.written
+        return {int(group) for group in result.conflicts}
+
+    def _rows_for(
+        self, state: _State, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]
+    ) -> list[IndexRow]:
+        granted = granted or GrantedPrincipals((), ())
+        # access_version counts projection changes per version: unchanged projection keeps it.
+        previous = max((row.access_version for row in old_rows.values()), default=0)
+        same = any(
+            tuple(row.source.get("allowed_principals") or ()) == granted.allowed_principals
+            and tuple(row.source.get("denied_principals") or ()) == granted.denied_principals
+            for row in old_rows.values()
+        )
+        access = AccessProjection(
+            allowed_principals=granted.allowed_principals,
+            denied_principals=granted.denied_principals,
+            access_version=previous if same and previous else previous + 1,
+        )
+        return build_rows(
+            state.document,
+            state.version,
+            doc_type_ancestors=state.doc_type_ancestors,
+            doc_type_label=state.doc_type_label,
+            matter_title=state.matter_title,
+            matter_reference=state.matter_reference,
+            access=access,
+            settings=self.settings.retrieval,
+            source_object_id=str(state.source_object_id) if state.source_object_id is not None else None,
+        )
+
+    # -- access-only path ----------------------------------------------------------------------
+
+    async def project_access(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
+        """Rewrite only the principal projection of these versions' rows: no splitting, no embedding."""
+        stats = stats or SyncStats()
+        pending = set(version_ids)
+        for _ in range(MAX_CONFLICT_ROUNDS):
+            if not pending:
+                return stats
+            pending = await self._project_access_once(sorted(pending), stats)
+            if pending:
+                stats.conflict_rounds += 1
+        raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
+
+    def _load_grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
+        with self.engine.connect() as conn:
+            return version_projections(conn, version_ids, self.settings.security)
+
+    async def _project_access_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
+        started = time.perf_counter()
+        existing = await self.writer.existing_rows(version_ids, with_source=ACCESS_FIELDS)
+        grants = await asyncio.to_thread(self._load_grants, version_ids)
+        stats.timed("read", started)
+        ops: list[BulkOp] = []
+        for version_id in version_ids:
+            rows = existing.get(version_id, {})
+            granted = grants.get(version_id, GrantedPrincipals((), ()))
+            for row in rows.values():
+                if (
+                    tuple(row.source.get("allowed_principals") or ()) == granted.allowed_principals
+                    and tuple(row.source.get("denied_principals") or ()) == granted.denied_principals
+                ):
+                    continue
+                body = {
+                    "allowed_principals": list(granted.allowed_principals),
+                    "denied_principals": list(granted.denied_principals),
+                    "access_version": row.access_version + 1,
+                }
+                ops.append(BulkOp("update", row.doc_id, body, row.seq_no, row.primary_term, group=str(version_id)))
+            stats.access_versions += 1
+        started = time.perf_counter()
+        result = await self.writer.bulk(ops)
+        stats.timed("write", started)
+        stats.access_rows_updated += result.written
+        return {int(group) for group in result.conflicts}
+
+
+def _delete(old: ExistingRow, version_id: int) -> BulkOp:
+    return BulkOp("delete", old.doc_id, None, old.seq_no, old.primary_term, group=str(version_id))

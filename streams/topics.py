@@ -1,0 +1,46 @@
+"""Kafka topic names and their creation.
+
+CDC topics are created up front, compacted and partitioned per settings, so neither the worker nor an
+empty table can leave a topic to be auto-created with the wrong cleanup policy.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ki.db.models import CAPTURED_TABLES
+from ki.settings import Settings
+from projections.cdc import topic_name
+
+
+def cdc_topics(settings: Settings) -> list[str]:
+    return [topic_name(settings.kafka.topic_prefix, table) for table in CAPTURED_TABLES]
+
+
+def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create missing CDC topics (compacted) and the DLQ topic; return the names created."""
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    wanted = [
+        NewTopic(
+            name,
+            num_partitions=settings.kafka.partitions,
+            replication_factor=settings.kafka.replication_factor,
+            config={"cleanup.policy": "compact"},
+        )
+        for name in cdc_topics(settings)
+        if name not in existing
+    ]
+    if settings.streams.dlq_topic not in existing:
+        wanted.append(
+            NewTopic(settings.streams.dlq_topic, num_partitions=1, replication_factor=settings.kafka.replication_factor)
+        )
+    created: list[str] = []
+    for name, future in admin.create_topics(wanted, request_timeout=timeout).items():
+        try:
+            future.result()
+            created.append(name)
+        except Exception as exc:  # a concurrent creator (Debezium) is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return created

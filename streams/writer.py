@@ -1,0 +1,284 @@
+"""The one OpenSearch writer: index lifecycle and the single `_bulk` code path.
+
+Every write to the chunk index goes through `IndexWriter.bulk`. Writes are conditional
+(`if_seq_no`/`if_primary_term`, or `create` for new ids): the sync reads the index *before* it reads
+PostgreSQL, so a write based on an older read of PostgreSQL can never overwrite a newer one — it comes
+back as a version conflict and that version is simply projected again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from opensearchpy import AsyncOpenSearch
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import ConnectionTimeout, NotFoundError, TransportError
+
+from ki.settings import Settings
+from projections.mapping import dimension_mismatch, index_body, missing_fields, physical_index_name
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = {429, 502, 503, 504}
+OpKind = Literal["index", "create", "update", "delete"]
+
+
+class IndexSchemaError(RuntimeError):
+    """The live index cannot hold what we write (e.g. another embedding dimension)."""
+
+
+class BulkError(RuntimeError):
+    """Some bulk items failed for a reason other than a version conflict."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        self.failures = failures
+        shown = ", ".join(f"{doc_id}: {reason}" for doc_id, reason in list(failures.items())[:5])
+        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"bulk write failed for {len(failures)} item(s): {shown}{more}")
+
+
+@dataclass(frozen=True)
+class BulkOp:
+    kind: OpKind
+    doc_id: str
+    body: dict[str, Any] | None = None
+    if_seq_no: int | None = None
+    if_primary_term: int | None = None
+    group: str = ""  # what to re-project on a conflict (a version id)
+
+    def lines(self, index: str) -> list[dict[str, Any]]:
+        meta: dict[str, Any] = {"_index": index, "_id": self.doc_id}
+        if self.if_seq_no is not None:
+            meta["if_seq_no"] = self.if_seq_no
+            meta["if_primary_term"] = self.if_primary_term
+        if self.kind == "delete":
+            return [{"delete": meta}]
+        if self.kind == "update":
+            return [{"update": meta}, {"doc": self.body}]
+        return [{self.kind: meta}, self.body or {}]
+
+
+@dataclass
+class BulkResult:
+    written: int = 0
+    conflicts: set[str] = field(default_factory=set)  # groups whose write lost a race
+
+
+@dataclass(frozen=True)
+class ExistingRow:
+    doc_id: str
+    seq_no: int
+    primary_term: int
+    content_hash: str
+    access_version: int
+    source: dict[str, Any]
+
+
+def _encoded_size(lines: list[dict[str, Any]]) -> int:
+    return sum(len(json.dumps(line, separators=(",", ":"))) + 1 for line in lines)
+
+
+class IndexWriter:
+    def __init__(self, client: AsyncOpenSearch, settings: Settings, *, index: str | None = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.alias = settings.retrieval.index_name
+        # Writes go to an explicit physical index during a rebuild, otherwise to the alias.
+        self.index = index or self.alias
+        self.bulk_seconds: list[float] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def ensure_index(self, embedding_signature: str) -> str:
+        """Create the physical index behind the alias if needed; check and extend a live one."""
+        wanted = index_body(self.settings)
+        physical = physical_index_name(self.settings, embedding_signature)
+        if not await self.client.indices.exists(index=physical):
+            await self.create_physical(physical)
+        live = (await self.client.indices.get_mapping(index=physical))[physical]["mappings"]
+        problem = dimension_mismatch(live, self.settings.retrieval.embedding_dimensions)
+        if problem:
+            raise IndexSchemaError(problem)
+        extra = missing_fields(live, wanted["mappings"])
+        if extra:
+            log.info("adding %d missing mapped field(s) to %s: %s", len(extra), physical, sorted(extra))
+            await self.client.indices.put_mapping(index=physical, body={"properties": extra})
+        if not await self.client.indices.exists_alias(name=self.alias):
+            await self.client.indices.update_aliases(
+                body={"actions": [{"add": {"index": physical, "alias": self.alias}}]}
+            )
+        return physical
+
+    async def create_physical(self, physical: str) -> None:
+        try:
+            await self.client.indices.create(index=physical, body=index_body(self.settings))
+        except TransportError as exc:
+            if exc.error != "resource_already_exists_exception":
+                raise
+
+    async def swap_alias(self, physical: str) -> list[str]:
+        """Point the alias at `physical` atomically; return the indices it pointed at before."""
+        try:
+            current = list((await self.client.indices.get_alias(name=self.alias)).keys())
+        except NotFoundError:
+            current = []
+        actions: list[dict[str, Any]] = [{"remove": {"index": old, "alias": self.alias}} for old in current]
+        actions.append({"add": {"index": physical, "alias": self.alias}})
+        await self.client.indices.update_aliases(body={"actions": actions})
+        return [old for old in current if old != physical]
+
+    async def refresh(self) -> None:
+        await self.client.indices.refresh(index=self.index)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def existing_rows(
+        self, version_ids: Iterable[int], *, with_source: Sequence[str] = ()
+    ) -> dict[int, dict[str, ExistingRow]]:
+        """Every indexed row of these versions, with the sequence numbers needed for conditional writes."""
+        ids = sorted({int(v) for v in version_ids})
+        found: dict[int, dict[str, ExistingRow]] = {v: {} for v in ids}
+        if not ids:
+            return found
+        if "*" in with_source:
+            source_filter: dict[str, Any] = {"excludes": ["embedding"]}
+        else:
+            source_filter = {"includes": ["document_version_id", "meta.content_hash", "access_version", *with_source]}
+        for start in range(0, len(ids), 1000):
+            part = [str(v) for v in ids[start : start + 1000]]
+            body = {
+                "query": {"terms": {"document_version_id": part}},
+                "_source": source_filter,
+                "seq_no_primary_term": True,
+                "size": 10_000,
+                "sort": ["_doc"],
+            }
+            response = await self._with_retries(
+                lambda body=body: self.client.search(index=self.index, body=body, scroll="1m")
+            )
+            scroll_id = response.get("_scroll_id")
+            try:
+                while response["hits"]["hits"]:
+                    for hit in response["hits"]["hits"]:
+                        src = hit["_source"]
+                        row = ExistingRow(
+                            doc_id=hit["_id"],
+                            seq_no=hit["_seq_no"],
+                            primary_term=hit["_primary_term"],
+                            content_hash=(src.get("meta") or {}).get("content_hash", ""),
+                            access_version=int(src.get("access_version") or 0),
+                            source=src,
+                        )
+                        found[int(src["document_version_id"])][row.doc_id] = row
+                    response = await self.client.scroll(body={"scroll_id": scroll_id, "scroll": "1m"})
+                    scroll_id = response.get("_scroll_id")
+            finally:
+                if scroll_id:
+                    await self.client.clear_scroll(body={"scroll_id": scroll_id}, ignore=(404,))
+        return found
+
+    async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
+        """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""
+        terms = sorted({str(v) for v in values})
+        if not terms:
+            return set()
+        body = {
+            "size": 0,
+            "query": {"terms": {field_name: terms}},
+            "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 65_536}}},
+        }
+        response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
+        return {int(bucket["key"]) for bucket in response["aggregations"]["versions"]["buckets"]}
+
+    # -- the single write path -----------------------------------------------------------------
+
+    async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
+        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises BulkError."""
+        result = BulkResult()
+        max_items = self.settings.streams.batch_max_events
+        max_bytes = self.settings.streams.batch_max_bytes
+        batch: list[BulkOp] = []
+        lines: list[dict[str, Any]] = []
+        size = 0
+        for op in ops:
+            op_lines = op.lines(self.index)
+            op_size = _encoded_size(op_lines)
+            if batch and (len(batch) >= max_items or size + op_size > max_bytes):
+                await self._send(batch, lines, result, refresh)
+                batch, lines, size = [], [], 0
+            batch.append(op)
+            lines.extend(op_lines)
+            size += op_size
+        if batch:
+            await self._send(batch, lines, result, refresh)
+        return result
+
+    async def _send(self, batch: list[BulkOp], lines: list[dict[str, Any]], result: BulkResult, refresh: bool) -> None:
+        pending = batch
+        pending_lines = lines
+        delay = 0.2
+        for attempt in range(self.settings.opensearch.max_retries + 1):
+            started = time.perf_counter()
+            response = await self._with_retries(
+                lambda body=pending_lines: self.client.bulk(body=body, params={"refresh": "true" if refresh else "false"})
+            )
+            self.bulk_seconds.append(time.perf_counter() - started)
+            retry: list[BulkOp] = []
+            failures: dict[str, str] = {}
+            for op, item in zip(pending, response["items"], strict=True):
+                outcome = next(iter(item.values()))
+                status = int(outcome.get("status", 500))
+                if status < 300 or (op.kind == "delete" and status == 404):
+                    result.written += 1
+                elif status == 409:
+                    result.conflicts.add(op.group or op.doc_id)
+                elif status in RETRYABLE_STATUS:
+                    retry.append(op)
+                else:
+                    error = outcome.get("error") or {}
+                    failures[op.doc_id] = f"{status} {error.get('type', '')}: {error.get('reason', '')}".strip()
+            if failures:
+                raise BulkError(failures)
+            if not retry:
+                return
+            if attempt == self.settings.opensearch.max_retries:
+                raise BulkError({op.doc_id: "still rejected after retries (429/5xx)" for op in retry})
+            log.warning("bulk: %d item(s) rejected with 429/5xx, retrying in %.1fs", len(retry), delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            pending = retry
+            pending_lines = [line for op in retry for line in op.lines(self.index)]
+
+    async def _with_retries(self, call: Any) -> Any:
+        """Retry a request on connection errors and 429/5xx with exponential backoff."""
+        delay = 0.2
+        for attempt in range(self.settings.opensearch.max_retries + 1):
+            try:
+                return await call()
+            except (OSConnectionError, ConnectionTimeout) as exc:
+                problem: Exception = exc
+            except TransportError as exc:
+                if not isinstance(exc.status_code, int) or exc.status_code not in RETRYABLE_STATUS:
+                    raise
+                problem = exc
+            if attempt == self.settings.opensearch.max_retries:
+                raise problem
+            log.warning("opensearch: %s; retrying in %.1fs", type(problem).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+
+def make_client(settings: Settings) -> AsyncOpenSearch:
+    return AsyncOpenSearch(
+        hosts=[settings.opensearch.url],
+        timeout=settings.opensearch.timeout_s,
+        max_retries=0,  # retries are ours: we also retry 429s and count them
+        http_compress=True,
+    )
