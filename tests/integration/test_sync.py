@@ -1,0 +1,243 @@
+"""The sync worker against the real stack: PostgreSQL -> Debezium -> Kafka -> `ki sync run` -> OpenSearch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.settings import REPO_ROOT, Settings
+from tests.conftest import wait_for
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+LONG_TEXT = "\n".join(
+    f"Absatz {i}: Der Mieter verpflichtet sich, die Mietsache pfleglich zu behandeln und Schäden "
+    f"unverzüglich anzuzeigen. Die Kaution beträgt {i} Monatsmieten und wird verzinst." * 3
+    for i in range(12)
+)
+
+
+class Worker:
+    """`ki sync run` as a real child process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = REPO_ROOT / "build" / "sync-worker.log"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        wait_for(self._metrics_ready, timeout=120, what="the sync worker's /metrics")
+
+    def _metrics_ready(self) -> bool:
+        assert self.process and self.process.poll() is None, f"worker exited; see {self.log_path}"
+        try:
+            return "ki_sync_events_total" in self.metrics_text()
+        except OSError:
+            return False
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.settings.streams.web_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+    def counter(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if re.match(rf"^{name}(\{{.*\}})? ", line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="module")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def search(settings: Settings) -> OpenSearch:
+    return OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings) -> Iterator[Worker]:
+    w = Worker(settings)
+    w.start()
+    yield w
+    w.stop()
+
+
+def rows_of(search: OpenSearch, settings: Settings, field: str, value: int) -> dict[str, dict]:
+    alias = settings.retrieval.index_name
+    if not search.indices.exists_alias(name=alias):
+        return {}
+    search.indices.refresh(index=alias)
+    response = search.search(
+        index=alias,
+        body={"query": {"term": {field: str(value)}}, "size": 1000, "_source": {"excludes": ["embedding"]}},
+    )
+    return {hit["_id"]: hit["_source"] for hit in response["hits"]["hits"]}
+
+
+def make_world(engine: Engine) -> dict[str, int]:
+    with engine.begin() as conn:
+        w = World(conn)
+        project = w.project()
+        source = w.source("local_fs")
+        obj = w.source_object(source)
+        doc = w.document(project, f"Mietvertrag {w.tag}", identifiers=["2 BvR 1234/19", "§ 823 BGB"])
+        version = w.version(
+            doc, LONG_TEXT, clauses=[{"clause_type_id": None, "locus": "§ 5", "text": "Die Kaution beträgt drei Mieten."}]
+        )
+        w.observe(version, obj)
+        grant = w.grant("project", project, "group:legal-" + w.tag)
+        w.grant("document", doc, "user:mallory-" + w.tag, "deny")
+        member = w.member("group:legal-" + w.tag, "user:alice-" + w.tag)
+        return {"project": project, "doc": doc, "version": version, "grant": grant, "member": member,
+                "object": obj, "tag": int(w.tag, 16)}
+
+
+def test_insert_update_access_and_delete_flow_through_to_the_index(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    ids = make_world(engine)
+    tag = format(ids["tag"], "08x")
+    rows = wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90,
+                    what="the new version's rows in OpenSearch")
+    kinds = sorted({r["chunk_kind"] for r in rows.values()})
+    assert kinds == ["chunk", "clause", "profile"]
+    body = [r for r in rows.values() if r["chunk_kind"] == "chunk"]
+    assert len(body) > 2
+    sample = body[0]
+    assert sample["document_id"] == str(ids["doc"]) and sample["project_id"] == str(ids["project"])
+    assert sample["identifiers"] == ["2 BvR 1234/19", "§ 823 BGB"]
+    assert f"group:legal-{tag}" in sample["allowed_principals"]
+    assert f"user:alice-{tag}" in sample["allowed_principals"]  # group member, expanded
+    assert sample["denied_principals"] == [f"user:mallory-{tag}"]
+    assert sample["access_version"] == 1
+    assert "Mietvertrag" not in sample["text"]  # the context header is embedded, never stored
+
+    # Edit one paragraph: only the chunks that contain it are embedded again.
+    embedded_before = worker.counter("ki_sync_rows_embedded_total")
+    old_hashes = {i: r["meta"]["content_hash"] for i, r in rows.items()}
+    edited = LONG_TEXT.replace("Absatz 7:", "Absatz 7 (geändert):")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE document_versions SET text = :t WHERE id = :v"), {"t": edited, "v": ids["version"]})
+
+    def edited_rows() -> dict | None:
+        current = rows_of(search, settings, "document_version_id", ids["version"])
+        return current if any("geändert" in r["text"] for r in current.values()) else None
+
+    new_rows = wait_for(edited_rows, timeout=60, what="the edited paragraph in the index")
+    changed = {i for i, r in new_rows.items() if old_hashes.get(i) != r["meta"]["content_hash"]}
+    embedded = wait_for(lambda: worker.counter("ki_sync_rows_embedded_total") - embedded_before or None, timeout=10)
+    assert 1 <= len(changed) <= 3
+    assert embedded == len(changed)
+
+    # Access-only changes: projection rewritten, nothing embedded.
+    embedded_before = worker.counter("ki_sync_rows_embedded_total")
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM group_memberships WHERE id = :m"), {"m": ids["member"]})
+
+    def alice_gone() -> dict | None:
+        current = rows_of(search, settings, "document_version_id", ids["version"])
+        return current if all(f"user:alice-{tag}" not in r["allowed_principals"] for r in current.values()) else None
+
+    after_membership = wait_for(alice_gone, timeout=60, what="the membership change in the projection")
+    assert {r["access_version"] for r in after_membership.values()} == {2}
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM grants WHERE id = :g"), {"g": ids["grant"]})
+
+    def grant_gone() -> dict | None:
+        current = rows_of(search, settings, "document_version_id", ids["version"])
+        return current if all(not r["allowed_principals"] for r in current.values()) else None
+
+    after_revoke = wait_for(grant_gone, timeout=60, what="the revoked grant in the projection")
+    assert {r["access_version"] for r in after_revoke.values()} == {3}
+
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE source_observations SET deleted_at = now() WHERE document_version_id = :v"),
+                     {"v": ids["version"]})
+        conn.execute(text("INSERT INTO grants (scope, source_object_id, principal, effect) "
+                          "VALUES ('source_object', :o, :p, 'allow')"), {"o": ids["object"], "p": f"user:bob-{tag}"})
+
+    def observation_gone() -> dict | None:
+        current = rows_of(search, settings, "document_version_id", ids["version"])
+        ok = all(f"user:bob-{tag}" not in r["allowed_principals"] for r in current.values())
+        return current if ok and worker.counter("ki_sync_access_versions_total") > 0 else None
+
+    wait_for(observation_gone, timeout=60, what="the removed observation in the projection")
+    assert worker.counter("ki_sync_rows_embedded_total") == embedded_before
+
+    # Delete the document: every row goes.
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE documents SET latest_final_version_id = NULL WHERE id = :d"), {"d": ids["doc"]})
+        conn.execute(text("DELETE FROM documents WHERE id = :d"), {"d": ids["doc"]})
+    wait_for(lambda: not rows_of(search, settings, "document_id", ids["doc"]), timeout=60,
+             what="the deleted document's rows to disappear")
+
+
+def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    topic = f"{settings.kafka.topic_prefix}.public.grants"
+    marker = f"poison-{os.getpid()}-{id(worker)}"
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    producer.produce(topic, key=json.dumps({"id": -1}).encode(), value=f'{{"op": "zz", "{marker}": 1}}'.encode())
+    producer.flush(10)
+
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"dlq-{marker}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([settings.streams.dlq_topic])
+
+    def dead_lettered() -> dict | None:
+        message = consumer.poll(1.0)
+        if message is None or message.error():
+            return None
+        payload = json.loads(message.value())
+        return payload if marker in (payload.get("value") or "") else None
+
+    try:
+        payload = wait_for(dead_lettered, timeout=60, what="the poison event on the DLQ")
+    finally:
+        consumer.close()
+    assert "op" in payload["reason"] and payload["topic"] == topic
+
+    # The stream goes on: a later change still arrives.
+    ids = make_world(engine)
+    wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90,
+             what="a change after the poison event")
