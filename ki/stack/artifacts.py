@@ -1,0 +1,259 @@
+"""Resolving the pinned artifacts of `artifacts.xml` with Maven into the stack cache.
+
+Each component is built into `<home>/artifacts/<name>-<version>.partial`, stamped with a marker that
+carries the manifest digest, and renamed into place: a half-finished run never looks resolved, and a
+fully cached run only reads three marker files (no Maven).
+
+OpenSearch is assembled, because no complete distribution is served as a Maven artifact: the
+integ-test-zip (server + transport module only), the `lang-painless` and `analysis-common` modules
+dropped into `modules/<name>/` with the plugin descriptor we write, and the k-NN plugin zip unpacked
+into `plugins/opensearch-knn/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ki.stack.errors import StackError
+from ki.stack.java import JavaRuntime
+from ki.stack.paths import StackPaths
+
+MANIFEST = Path(__file__).with_name("artifacts.xml")
+MARKER = ".ki-resolved"
+#: Bump when the assembly below changes in a way the manifest digest cannot see.
+ASSEMBLY_REVISION = "1"
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class OpenSearchModule:
+    """A module jar set from one manifest profile, made loadable by a descriptor we write."""
+
+    name: str
+    profile: str
+    classname: str
+    extended_plugins: tuple[str, ...] = ()
+    security_policy: str = ""
+
+
+OPENSEARCH_MODULES: tuple[OpenSearchModule, ...] = (
+    OpenSearchModule(
+        name="lang-painless",
+        profile="opensearch-lang-painless",
+        classname="org.opensearch.painless.PainlessPlugin",
+        # Painless compiles scripts to classes at run time.
+        security_policy=(
+            "grant {\n"
+            '  permission java.lang.RuntimePermission "createClassLoader";\n'
+            '  permission java.lang.RuntimePermission "getClassLoader";\n'
+            "};\n"
+        ),
+    ),
+    OpenSearchModule(
+        name="analysis-common",
+        profile="opensearch-analysis-common",
+        classname="org.opensearch.analysis.common.CommonAnalysisPlugin",
+        extended_plugins=("lang-painless",),
+    ),
+)
+KNN_PLUGIN = "opensearch-knn"
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    versions: dict[str, str]
+    kafka_libs: Path
+    debezium_plugin_path: Path
+    opensearch_home: Path
+
+    @property
+    def kafka_classpath(self) -> str:
+        return f"{self.kafka_libs}/*"
+
+
+def pinned_versions(manifest: Path = MANIFEST) -> dict[str, str]:
+    """The `<properties>` of the manifest: `{"kafka.version": "4.1.1", …}`."""
+    props = ET.parse(manifest).getroot().find("properties")
+    if props is None:
+        raise StackError(f"{manifest}: no <properties>")
+    return {child.tag: (child.text or "").strip() for child in props}
+
+
+def _extract(archive: Path, target: Path, strip_top: bool) -> None:
+    """Unzip keeping the Unix modes (bin/ scripts stay executable); optionally drop the top folder."""
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if strip_top:
+                name = name.split("/", 1)[1] if "/" in name else ""
+            if not name:
+                continue
+            out = target / name
+            if not out.resolve().is_relative_to(target.resolve()):
+                raise StackError(f"{archive.name}: unsafe path {info.filename!r}")
+            if info.is_dir():
+                out.mkdir(parents=True, exist_ok=True)
+                continue
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            out.chmod((mode or 0o644) | 0o444)
+
+
+def _readable_by_all(root: Path) -> None:
+    """The assembled OpenSearch is read by the unprivileged service account (see users.py)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            p = Path(dirpath, name)
+            p.chmod(stat.S_IMODE(p.stat().st_mode) | 0o555)
+        for name in filenames:
+            p = Path(dirpath, name)
+            p.chmod(stat.S_IMODE(p.stat().st_mode) | 0o444)
+    root.chmod(stat.S_IMODE(root.stat().st_mode) | 0o555)
+
+
+def _jar_has_class(directory: Path, classname: str) -> bool:
+    entry = classname.replace(".", "/") + ".class"
+    for jar in directory.glob("*.jar"):
+        with zipfile.ZipFile(jar) as zf:
+            if entry in zf.namelist():
+                return True
+    return False
+
+
+class Resolver:
+    def __init__(self, paths: StackPaths, java: JavaRuntime, report: Report) -> None:
+        self.paths = paths
+        self.java = java
+        self.report = report
+        self.versions = pinned_versions()
+        self.digest = hashlib.sha256(MANIFEST.read_bytes() + ASSEMBLY_REVISION.encode()).hexdigest()
+        self.log_file = paths.log_file("artifacts")
+
+    def resolve(self) -> Artifacts:
+        v = self.versions
+        kafka = self._ensure(f"kafka-{v['kafka.version']}", self._build_kafka)
+        debezium = self._ensure(f"debezium-{v['debezium.version']}", self._build_debezium)
+        opensearch = self._ensure(f"opensearch-{v['opensearch.version']}", self._build_opensearch)
+        return Artifacts(
+            versions=dict(v),
+            kafka_libs=kafka / "libs",
+            debezium_plugin_path=debezium,
+            opensearch_home=opensearch,
+        )
+
+    # -- caching ------------------------------------------------------------------------------------
+
+    def _ensure(self, name: str, build: Callable[[Path], None]) -> Path:
+        dest = self.paths.artifacts / name
+        marker = dest / MARKER
+        if marker.is_file() and marker.read_text().strip() == self.digest:
+            return dest
+        started = time.monotonic()
+        self.report(f"artifacts: resolving {name} with Maven (first run only)…")
+        staging = dest.with_name(name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        build(staging)
+        (staging / MARKER).write_text(self.digest + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
+        self.report(f"artifacts: {name} ready in {time.monotonic() - started:.1f}s")
+        return dest
+
+    def _mvn_copy(self, profile: str, out: Path, transitive: bool = True) -> None:
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError("Maven (mvn) is missing: install it (scripts/bootstrap.sh does)")
+        plugin = f"org.apache.maven.plugins:maven-dependency-plugin:{self.versions['dependency-plugin.version']}"
+        argv = [
+            mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(MANIFEST), "-P", profile,
+            f"{plugin}:copy-dependencies", f"-DoutputDirectory={out}", "-DincludeScope=runtime",
+            f"-DexcludeTransitive={'false' if transitive else 'true'}",
+        ]  # fmt: skip
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n==== ki stack: {' '.join(argv)}\n".encode())
+            log.flush()
+            result = subprocess.run(
+                argv,
+                env={**os.environ, "JAVA_HOME": str(self.java.home)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise StackError(
+                f"artifacts: Maven could not resolve profile {profile!r} of {MANIFEST.name}"
+                f"{self._first_error()} (log: {self.log_file})"
+            )
+
+    def _first_error(self) -> str:
+        tail = self.log_file.read_text(errors="replace").splitlines()[-200:]
+        errors = [line.removeprefix("[ERROR]").strip() for line in tail if line.startswith("[ERROR]")]
+        return f": {errors[0][:300]}" if errors else ""
+
+    # -- components -----------------------------------------------------------------------------
+
+    def _build_kafka(self, staging: Path) -> None:
+        self._mvn_copy("kafka", staging / "libs")
+
+    def _build_debezium(self, staging: Path) -> None:
+        # plugin.path is `staging`; each sub-directory is one isolated Connect plugin.
+        self._mvn_copy("debezium", staging / "debezium-connector-postgres")
+
+    def _build_opensearch(self, staging: Path) -> None:
+        v = self.versions
+        download = staging.with_name(staging.name + "-download")
+        shutil.rmtree(download, ignore_errors=True)
+        try:
+            self._mvn_copy("opensearch-dist", download, transitive=False)
+            _extract(download / f"opensearch-{v['opensearch.version']}.zip", staging, strip_top=True)
+            _extract(
+                download / f"{KNN_PLUGIN}-{v['opensearch-knn.version']}.zip",
+                staging / "plugins" / KNN_PLUGIN,
+                strip_top=False,
+            )
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+        for module in OPENSEARCH_MODULES:
+            self._install_module(module, staging / "modules" / module.name)
+        _readable_by_all(staging)
+
+    def _install_module(self, module: OpenSearchModule, target: Path) -> None:
+        self._mvn_copy(module.profile, target)
+        if not _jar_has_class(target, module.classname):
+            raise StackError(f"artifacts: {module.name}: class {module.classname} not found in its jars")
+        version = self.versions["opensearch.version"]
+        descriptor = {
+            "description": f"{module.name} module, assembled by ki stack",
+            "version": version,
+            "name": module.name,
+            "classname": module.classname,
+            "java.version": "11",
+            "opensearch.version": version,
+            "extended.plugins": ",".join(module.extended_plugins),
+            "has.native.controller": "false",
+        }
+        (target / "plugin-descriptor.properties").write_text(
+            "".join(f"{key}={value}\n" for key, value in descriptor.items())
+        )
+        if module.security_policy:
+            (target / "plugin-security.policy").write_text(module.security_policy)
+
+
+def resolve_artifacts(paths: StackPaths, java: JavaRuntime, report: Report) -> Artifacts:
+    return Resolver(paths, java, report).resolve()
