@@ -1,0 +1,126 @@
+"""A single-node OpenSearch assembled from Maven artifacts (see artifacts.py), without security."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ki.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES
+from ki.stack.errors import StackError
+from ki.stack.http import HttpError, request_json
+from ki.stack.process import Launch
+from ki.stack.service import Runtime, Service
+
+LOG4J_TEMPLATE = Path(__file__).with_name("opensearch-log4j2.properties")
+CLUSTER_NAME = "ki-local"
+
+
+class OpenSearch(Service):
+    name = "opensearch"
+    refuses_root = True
+
+    @property
+    def url(self) -> str:
+        return self.settings.opensearch.url.rstrip("/")
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (urlsplit(self.url).port or 9200, self.settings.opensearch.transport_port)
+
+    @property
+    def config_dir(self) -> Path:
+        return self.state_dir / "config"
+
+    @property
+    def process_token(self) -> str:
+        return f"-Dopensearch.path.conf={self.config_dir}"
+
+    def settings_yml(self) -> dict[str, object]:
+        http_port, transport_port = self.ports
+        return {
+            "cluster.name": CLUSTER_NAME,
+            "node.name": "ki-node-1",
+            "path.data": str(self.state_dir / "data"),
+            "path.logs": str(self.state_dir / "logs"),
+            "network.host": self.host,
+            "http.port": http_port,
+            "transport.port": transport_port,
+            "discovery.type": "single-node",
+            # A developer disk is often fuller than a server's: never block writes for that.
+            "cluster.routing.allocation.disk.watermark.low": "97%",
+            "cluster.routing.allocation.disk.watermark.high": "98%",
+            "cluster.routing.allocation.disk.watermark.flood_stage": "99%",
+        }
+
+    def jvm_options(self) -> str:
+        heap = self.settings.stack.opensearch_heap
+        logs = self.state_dir / "logs"
+        lines = [
+            "# Written by `ki stack up` from the settings; edits are overwritten.",
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-XX:G1ReservePercent=25",
+            "-XX:InitiatingHeapOccupancyPercent=30",
+            "-Djava.io.tmpdir=${OPENSEARCH_TMPDIR}",
+            "-XX:+HeapDumpOnOutOfMemoryError",
+            f"-XX:HeapDumpPath={self.state_dir / 'data'}",
+            f"-XX:ErrorFile={logs}/hs_err_pid%p.log",
+            f"-Xlog:gc*,gc+age=trace,safepoint:file={logs}/gc.log:utctime,pid,tags:filecount=4,filesize=16m",
+            "18-:-Djava.security.manager=allow",
+            "20-:--add-modules=jdk.incubator.vector",
+            "-Djava.util.concurrent.ForkJoinPool.common.threadFactory="
+            "org.opensearch.secure_sm.SecuredForkJoinWorkerThreadFactory",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def prepare(self, runtime: Runtime) -> Launch:
+        for sub in ("config", "data", "logs", "tmp"):
+            self.user.make_dir(self.state_dir / sub)
+        yml = "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.settings_yml().items())
+        self.write_config(self.config_dir / "opensearch.yml", "# Written by `ki stack up`.\n" + yml)
+        self.write_config(self.config_dir / "jvm.options", self.jvm_options())
+        self.write_config(self.config_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
+        home = runtime.artifacts.opensearch_home
+        env = {
+            "OPENSEARCH_JAVA_HOME": str(runtime.java.home),
+            "OPENSEARCH_PATH_CONF": str(self.config_dir),
+            "OPENSEARCH_TMPDIR": str(self.state_dir / "tmp"),
+            "OPENSEARCH_JAVA_OPTS": "",
+            "HOME": str(self.state_dir),
+        }
+        return Launch([str(home / "bin" / "opensearch")], cwd=self.state_dir, env=env)
+
+    def probe(self) -> str | None:
+        try:
+            status, health = request_json("GET", f"{self.url}/_cluster/health", timeout=3)
+        except HttpError as exc:
+            return str(exc)
+        if status != 200 or not isinstance(health, dict):
+            return f"GET /_cluster/health answered {status}"
+        if health.get("status") not in ("yellow", "green"):
+            return f"cluster status {health.get('status')}"
+        return None
+
+    def after_healthy(self) -> None:
+        """The assembled modules and the k-NN plugin must really be loaded, not just present on disk."""
+        engine = self.settings.retrieval.vector_engine
+        if engine != "lucene":
+            # The k-NN zip served by Maven has no native faiss/nmslib libraries: indexing such a field
+            # throws UnsatisfiedLinkError, which OpenSearch treats as fatal and exits.
+            raise StackError(
+                f"retrieval.vector_engine is {engine!r}, but this stack's k-NN plugin has no native "
+                "libraries: only 'lucene' works here (faiss/nmslib would crash the node)"
+            )
+        status, nodes = request_json("GET", f"{self.url}/_nodes/plugins", timeout=10)
+        loaded: set[str] = set()
+        for node in (nodes or {}).get("nodes", {}).values():
+            loaded |= {m["name"] for m in node.get("modules", [])} | {p["name"] for p in node.get("plugins", [])}
+        missing = [name for name in (*(m.name for m in OPENSEARCH_MODULES), KNN_PLUGIN) if name not in loaded]
+        if status != 200 or missing:
+            raise StackError(f"started without {', '.join(missing) or 'node info'}")

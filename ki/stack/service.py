@@ -1,0 +1,154 @@
+"""The one Service abstraction. A concrete service says how to prepare and launch itself, which ports it
+owns, how to tell its process apart and how to probe its health; starting, waiting, stopping and
+reporting are the same for all four."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import ClassVar
+
+from ki.settings import Settings
+from ki.stack import process
+from ki.stack.artifacts import Artifacts
+from ki.stack.errors import StackError
+from ki.stack.java import JavaRuntime
+from ki.stack.paths import StackPaths
+from ki.stack.process import Launch
+from ki.stack.users import ServiceUser, current_user, unprivileged_user
+
+POLL_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What launching needs beyond the settings: the Java runtime and the resolved artifacts."""
+
+    java: JavaRuntime
+    artifacts: Artifacts
+
+
+class Service(ABC):
+    name: ClassVar[str]
+    #: Signal for an orderly shutdown; SIGKILL follows after the stop deadline.
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+    #: PostgreSQL and OpenSearch refuse to run as root (see users.py).
+    refuses_root: ClassVar[bool] = False
+
+    def __init__(self, settings: Settings, paths: StackPaths) -> None:
+        self.settings = settings
+        self.paths = paths
+
+    # -- what each service defines --------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def ports(self) -> tuple[int, ...]:
+        """Every port it listens on; the first one is its main port."""
+
+    @property
+    @abstractmethod
+    def process_token(self) -> str:
+        """A string only this service's process carries in its command line."""
+
+    @abstractmethod
+    def prepare(self, runtime: Runtime) -> Launch:
+        """Write configuration, initialise data once, and say how to start (idempotent)."""
+
+    @abstractmethod
+    def probe(self) -> str | None:
+        """None when healthy, else a short reason."""
+
+    def after_healthy(self) -> None:
+        """One-time work once healthy (e.g. PostgreSQL roles); raises StackError on failure."""
+        return None
+
+    # -- shared behaviour ------------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def state_dir(self) -> Path:
+        return self.paths.state_dir(self.name)
+
+    @property
+    def log_file(self) -> Path:
+        return self.paths.log_file(self.name)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.paths.pid_file(self.name)
+
+    @cached_property
+    def user(self) -> ServiceUser:
+        return unprivileged_user() if self.refuses_root else current_user()
+
+    def running_pid(self) -> int | None:
+        return process.find_process(self.pid_file, self.process_token)
+
+    def check_ports_free(self) -> None:
+        for port in self.ports:
+            if process.port_in_use(self.host, port):
+                raise StackError(f"port {port} is already in use by another process")
+
+    def claim_state_dir(self) -> list[Path]:
+        """Create the state directory for the service's user; returns ancestors made searchable."""
+        self.user.make_dir(self.state_dir)
+        return self.user.ensure_can_reach(self.state_dir)
+
+    def start(self, runtime: Runtime) -> subprocess.Popen[bytes]:
+        self.check_ports_free()
+        self.claim_state_dir()
+        launch = self.prepare(runtime)
+        return process.spawn(launch, self.log_file, self.pid_file, self.user)
+
+    def wait_healthy(self, pid: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """Poll `probe` until healthy; fail early when the process dies, or at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        reason: str | None = "not probed yet"
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise StackError(f"exited with code {proc.returncode} while starting")
+            if not process.is_alive(pid):
+                raise StackError("exited while starting")
+            reason = self.probe()
+            if reason is None:
+                return
+            if time.monotonic() >= deadline:
+                raise StackError(f"not healthy after {timeout_s:.0f}s: {reason}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def stop(self, timeout_s: float) -> tuple[int, bool] | None:
+        """Stop the running process; returns (pid, stopped cleanly) or None when it was not running."""
+        pid = self.running_pid()
+        stopped = None if pid is None else (pid, process.stop(pid, self.stop_signal, timeout_s))
+        self.pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def rss_bytes(self, pid: int) -> int:
+        return process.group_rss_bytes(pid)
+
+    def write_config(self, path: Path, text: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.user.write(path, text)
+        return path
+
+
+def java_properties(values: dict[str, object]) -> str:
+    """A Java .properties file (values are simple: no newlines; backslashes escaped)."""
+    lines = ["# Written by `ki stack up` from the settings; edits are overwritten."]
+    for key, value in values.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f"{key}={text.replace(chr(92), chr(92) * 2)}")
+    return "\n".join(lines) + "\n"
