@@ -1,0 +1,107 @@
+"""The Debezium PostgreSQL connector: its configuration (the JSON template next to this file, filled
+from the settings) and an idempotent registration through the Connect REST API."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ki.db.models import HEARTBEAT_ACTION_QUERY, PUBLISHED_TABLES
+from ki.settings import Settings
+from ki.stack.errors import StackError
+from ki.stack.http import HttpError, request_json
+
+TEMPLATE = Path(__file__).with_name("debezium-connector.json")
+SCHEMA = "public"
+_PLACEHOLDER = re.compile(r"\$\{([a-z_.]+)\}")
+POLL_INTERVAL_S = 0.5
+
+
+def _lookup(settings: Settings, key: str) -> Any:
+    section, _, field = key.partition(".")
+    try:
+        return getattr(getattr(settings, section), field)
+    except AttributeError:
+        raise StackError(f"{TEMPLATE.name}: unknown placeholder ${{{key}}}") from None
+
+
+def connector_config(settings: Settings) -> dict[str, str]:
+    """The template with every `${section.field}` (or derived name) replaced; all values strings."""
+    derived = {
+        "database_hostname": settings.connect.database_hostname or settings.database.host,
+        "table_include_list": ",".join(f"{SCHEMA}.{table}" for table in PUBLISHED_TABLES),
+        "heartbeat_action_query": HEARTBEAT_ACTION_QUERY,
+    }
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        return str(derived[key] if key in derived else _lookup(settings, key))
+
+    template: dict[str, str] = json.loads(TEMPLATE.read_text(encoding="utf-8"))
+    return {key: _PLACEHOLDER.sub(fill, value) for key, value in template.items()}
+
+
+class Connector:
+    def __init__(self, settings: Settings) -> None:
+        self.name = settings.connect.connector_name
+        self.base = f"{settings.connect.url.rstrip('/')}/connectors/{self.name}"
+        self.config = connector_config(settings)
+
+    def register(self) -> str:
+        """PUT the configuration unless Connect already has exactly it; returns what happened."""
+        status, current = request_json("GET", f"{self.base}/config")
+        if status == 200 and isinstance(current, dict):
+            current = {k: v for k, v in current.items() if k != "name"}
+            if current == self.config:
+                return "unchanged"
+        status, body = request_json("PUT", f"{self.base}/config", self.config, timeout=30)
+        if status not in (200, 201):
+            raise StackError(f"Connect refused the configuration ({status}): {_message(body)}")
+        return "created" if status == 201 else "updated"
+
+    def state(self) -> tuple[str, list[str], str]:
+        """(connector state, task states, first line of a failure trace)."""
+        status, body = request_json("GET", f"{self.base}/status")
+        if status != 200 or not isinstance(body, dict):
+            return "UNKNOWN", [], ""
+        tasks = body.get("tasks", [])
+        trace = next(
+            (t.get("trace", "") for t in [body.get("connector", {}), *tasks] if t.get("state") == "FAILED"), ""
+        )
+        return body.get("connector", {}).get("state", "UNKNOWN"), [t.get("state", "") for t in tasks], trace
+
+    def restart_failed(self) -> None:
+        request_json("POST", f"{self.base}/restart?includeTasks=true&onlyFailed=true", timeout=30)
+
+    def wait_running(self, timeout_s: float) -> None:
+        """Until the connector and all its tasks are RUNNING; a failed one is restarted once."""
+        deadline = time.monotonic() + timeout_s
+        phase = "first"  # -> "restarting" (restart sent) -> "restarted" (seen leaving FAILED)
+        while True:
+            try:
+                connector, tasks, trace = self.state()
+            except HttpError as exc:
+                connector, tasks, trace = "UNREACHABLE", [], ""
+                if time.monotonic() >= deadline:
+                    raise StackError(f"Connect unreachable: {exc}") from None
+            if connector == "RUNNING" and tasks and all(t == "RUNNING" for t in tasks):
+                return
+            if trace and phase == "first":
+                self.restart_failed()
+                phase = "restarting"
+            elif trace and phase == "restarted":
+                raise StackError(f"connector {self.name} FAILED: {trace.strip().splitlines()[0]}")
+            elif not trace and phase == "restarting":
+                phase = "restarted"
+            if time.monotonic() >= deadline:
+                raise StackError(
+                    f"connector {self.name} not RUNNING after {timeout_s:.0f}s ({connector}, tasks {tasks})"
+                )
+            time.sleep(POLL_INTERVAL_S)
+
+
+def _message(body: Any) -> str:
+    return str(body.get("message", body) if isinstance(body, dict) else body)[:300]

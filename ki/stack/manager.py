@@ -1,0 +1,234 @@
+"""`ki stack up | down | status | logs`: the local stack as a whole.
+
+`up` resolves the pinned artifacts, starts PostgreSQL, Kafka, OpenSearch and Connect in that order
+(skipping any that already run healthy), waits on each one's real health check, applies the schema
+migrations and registers the Debezium connector. A service that cannot start is named with its log
+file, and whatever this `up` started is stopped again. `down` stops in reverse order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from ki.settings import Settings
+from ki.stack.artifacts import resolve_artifacts
+from ki.stack.connect import Connect
+from ki.stack.errors import StackError
+from ki.stack.java import find_java
+from ki.stack.kafka import Kafka
+from ki.stack.opensearch import OpenSearch
+from ki.stack.paths import StackPaths
+from ki.stack.postgres import Postgres
+from ki.stack.service import Runtime, Service
+
+#: Start order; `down` walks it backwards.
+SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
+STOP_TIMEOUT_S = 30.0
+MIB = 1024 * 1024
+
+
+def build_services(settings: Settings, paths: StackPaths) -> list[Service]:
+    return [kind(settings, paths) for kind in SERVICE_TYPES]
+
+
+def _say(text: str = "", end: str = "\n") -> None:
+    print(text, end=end, flush=True)
+
+
+def _fail(text: str) -> None:
+    print(f"ki stack: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _exclusive(paths: StackPaths) -> Iterator[None]:
+    """One `up` / `down` at a time per stack home."""
+    paths.run.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock_file, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say("ki stack: waiting for another `ki stack` command to finish…")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# -- up -------------------------------------------------------------------------------------------
+
+
+def _bring_up(svc: Service, runtime: Runtime, timeout_s: float, label: str, launched: list[Service]) -> None:
+    """Make one service healthy; appends it to `launched` as soon as this call starts its process."""
+    began = time.monotonic()
+    pid = svc.running_pid()
+    if pid is not None and svc.probe() is None:
+        svc.after_healthy()
+        _say(f"{label} {svc.name}: already running (pid {pid}, port {svc.port})")
+        return
+    if pid is not None:
+        _say(f"{label} {svc.name}: running (pid {pid}), waiting until healthy… ", end="")
+        svc.wait_healthy(pid, timeout_s)
+    else:
+        for opened in svc.claim_state_dir():
+            _say(f"{label} {svc.name}: made {opened} searchable (o+x, not readable) for user {svc.user.name!r}")
+        _say(f"{label} {svc.name}: starting… ", end="")
+        proc = svc.start(runtime)
+        launched.append(svc)
+        pid = proc.pid
+        svc.wait_healthy(pid, timeout_s, proc)
+    svc.after_healthy()
+    _say(f"ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")
+
+
+def _stop_all(services: list[Service]) -> None:
+    for svc in reversed(services):
+        with contextlib.suppress(OSError):
+            svc.stop(STOP_TIMEOUT_S)
+
+
+def _start_services(settings: Settings, paths: StackPaths, services: list[Service]) -> bool:
+    try:
+        java = find_java(settings)
+        artifacts = resolve_artifacts(paths, java, _say)
+    except StackError as exc:
+        _fail(str(exc))
+        return False
+    runtime = Runtime(java=java, artifacts=artifacts)
+    launched: list[Service] = []
+    for index, svc in enumerate(services, 1):
+        try:
+            _bring_up(svc, runtime, settings.stack.start_timeout_s, f"[{index}/{len(services)}]", launched)
+        except StackError as exc:
+            _say()
+            _fail(f"{svc.name} failed: {exc} (log: {svc.log_file})")
+            _stop_all(launched)
+            if launched:
+                _say(f"ki stack: stopped what this run started: {', '.join(s.name for s in launched)}")
+            return False
+        except BaseException:
+            _stop_all(launched)
+            raise
+    return True
+
+
+def connect(settings: Settings) -> int:
+    """Apply the schema migrations and register the Debezium connector (services must be up)."""
+    from ki.db.migrate import upgrade
+    from ki.stack.connector import Connector
+
+    started = time.monotonic()
+    _say("schema: migrating… ", end="")
+    try:
+        upgrade(settings)
+    except Exception as exc:  # any migration failure: one readable line
+        _say()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(f"schema migration failed: {first}")
+        return 1
+    _say(f"done in {time.monotonic() - started:.1f}s")
+    started = time.monotonic()
+    connector = Connector(settings)
+    _say(f"connector {connector.name}: ", end="")
+    try:
+        what = connector.register()
+        _say(f"{what}, waiting for RUNNING… ", end="")
+        connector.wait_running(settings.stack.start_timeout_s)
+    except (StackError, OSError) as exc:
+        _say()
+        log = StackPaths.from_settings(settings).log_file("connect")
+        _fail(f"connector {connector.name}: {exc} (log: {log})")
+        return 1
+    _say(f"RUNNING in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+def up(settings: Settings) -> int:
+    began = time.monotonic()
+    paths = StackPaths.from_settings(settings)
+    services = build_services(settings, paths)
+    with _exclusive(paths):
+        if not _start_services(settings, paths, services):
+            return 1
+        if connect(settings) != 0:
+            _say("ki stack: the services are left running; fix the problem and run `ki stack up` again")
+            return 1
+    _say(f"stack is up in {time.monotonic() - began:.1f}s; logs in {paths.logs}/<service>.log "
+         "(`ki stack logs <service>`)")  # fmt: skip
+    return 0
+
+
+# -- down, status, logs ---------------------------------------------------------------------------
+
+
+def down(settings: Settings) -> int:
+    paths = StackPaths.from_settings(settings)
+    code = 0
+    with _exclusive(paths):
+        for svc in reversed(build_services(settings, paths)):
+            began = time.monotonic()
+            try:
+                result = svc.stop(STOP_TIMEOUT_S)
+            except OSError as exc:
+                _fail(f"{svc.name}: cannot stop: {exc}")
+                code = 1
+                continue
+            if result is None:
+                _say(f"{svc.name}: not running")
+            else:
+                pid, clean = result
+                how = "stopped" if clean else f"killed (no exit {STOP_TIMEOUT_S:.0f}s after {svc.stop_signal.name})"
+                _say(f"{svc.name}: {how} (pid {pid}) in {time.monotonic() - began:.1f}s")
+    return code
+
+
+def status(settings: Settings) -> int:
+    paths = StackPaths.from_settings(settings)
+    healthy = True
+    for svc in build_services(settings, paths):
+        pid = svc.running_pid()
+        if pid is None:
+            healthy = False
+            _say(f"{svc.name:<11} stopped                 port {svc.port}")
+            continue
+        reason = svc.probe()
+        healthy &= reason is None
+        rss = svc.rss_bytes(pid) / MIB
+        _say(f"{svc.name:<11} running  pid {pid:<8} port {svc.port:<6} rss {rss:7.1f} MiB  "
+             f"{'healthy' if reason is None else 'unhealthy: ' + reason}")  # fmt: skip
+    if healthy:
+        healthy = _connector_status(settings)
+    return 0 if healthy else 1
+
+
+def _connector_status(settings: Settings) -> bool:
+    from ki.stack.connector import Connector
+
+    connector = Connector(settings)
+    try:
+        state, tasks, trace = connector.state()
+    except OSError as exc:
+        state, tasks, trace = "UNREACHABLE", [], str(exc)
+    running = state == "RUNNING" and bool(tasks) and all(t == "RUNNING" for t in tasks)
+    detail = f"tasks {','.join(tasks) or 'none'}" + (f"  {trace.strip().splitlines()[0]}" if trace else "")
+    _say(f"{'connector':<11} {state.lower() if state != 'UNKNOWN' else 'not registered'}  {connector.name}  {detail}")
+    return running
+
+
+def logs(settings: Settings, service: str | None = None, lines: int = 50) -> int:
+    paths = StackPaths.from_settings(settings)
+    names = [kind.name for kind in SERVICE_TYPES] + ["artifacts"]
+    if service not in names:
+        _fail(f"logs: name one of {', '.join(names)}" + (f" (not {service!r})" if service else ""))
+        return 2
+    log_file = paths.log_file(service)
+    if not log_file.is_file():
+        _fail(f"logs: no log yet at {log_file}")
+        return 1
+    with open(log_file, errors="replace") as fh:
+        tail = deque(fh, maxlen=max(lines, 0))
+    sys.stdout.writelines(tail)
+    sys.stdout.flush()
+    return 0
