@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -34,6 +35,7 @@ MARKER = ".ki-resolved"
 ASSEMBLY_REVISION = "1"
 
 Report = Callable[[str], None]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,9 @@ class Artifacts:
         return f"{self.kafka_libs}/*"
 
 
-def pinned_versions(manifest: Path = MANIFEST) -> dict[str, str]:
+def pinned_versions(manifest: Path | None = None) -> dict[str, str]:
     """The `<properties>` of the manifest: `{"kafka.version": "4.1.1", …}`."""
+    manifest = manifest or MANIFEST
     props = ET.parse(manifest).getroot().find("properties")
     if props is None:
         raise StackError(f"{manifest}: no <properties>")
@@ -166,7 +169,11 @@ class Resolver:
         staging = dest.with_name(name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        build(staging)
+        try:
+            build(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         (staging / MARKER).write_text(self.digest + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)
@@ -202,9 +209,10 @@ class Resolver:
             )
 
     def _first_error(self) -> str:
-        tail = self.log_file.read_text(errors="replace").splitlines()[-200:]
+        tail = _ANSI.sub("", self.log_file.read_text(errors="replace")).splitlines()[-200:]
         errors = [line.removeprefix("[ERROR]").strip() for line in tail if line.startswith("[ERROR]")]
-        return f": {errors[0][:300]}" if errors else ""
+        errors = [e for e in errors if e]
+        return f": {errors[0][:400]}" if errors else ""
 
     # -- components -----------------------------------------------------------------------------
 

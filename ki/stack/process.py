@@ -151,6 +151,26 @@ def group_rss_bytes(pid: int) -> int:
     return total
 
 
+def port_owner(port: int) -> str | None:
+    """Who listens on `port` (e.g. "pid 123 (python3)"), as far as /proc lets us see."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return f"pid {entry.name} ({(entry / 'comm').read_text().strip()})"
+    return None
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True when something accepts connections on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

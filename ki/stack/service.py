@@ -100,7 +100,8 @@ class Service(ABC):
     def check_ports_free(self) -> None:
         for port in self.ports:
             if process.port_in_use(self.host, port):
-                raise StackError(f"port {port} is already in use by another process")
+                owner = process.port_owner(port) or "another process"
+                raise StackError(f"port {port} is already in use by {owner}")
 
     def claim_state_dir(self) -> list[Path]:
         """Create the state directory for the service's user; returns ancestors made searchable."""
