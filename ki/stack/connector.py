@@ -18,6 +18,8 @@ TEMPLATE = Path(__file__).with_name("debezium-connector.json")
 SCHEMA = "public"
 _PLACEHOLDER = re.compile(r"\$\{([a-z_.]+)\}")
 POLL_INTERVAL_S = 0.5
+#: After restarting a failed connector, a FAILED state older than this is the restart's own failure.
+RESTART_GRACE_S = 5.0
 
 
 def _lookup(settings: Settings, key: str) -> Any:
@@ -59,7 +61,7 @@ class Connector:
                 return "unchanged"
         status, body = request_json("PUT", f"{self.base}/config", self.config, timeout=30)
         if status not in (200, 201):
-            raise StackError(f"Connect refused the configuration ({status}): {_message(body)}")
+            raise StackError(f"connector {self.name}: Connect refused the configuration ({status}): {_message(body)}")
         return "created" if status == 201 else "updated"
 
     def state(self) -> tuple[str, list[str], str]:
@@ -76,27 +78,33 @@ class Connector:
     def restart_failed(self) -> None:
         request_json("POST", f"{self.base}/restart?includeTasks=true&onlyFailed=true", timeout=30)
 
-    def wait_running(self, timeout_s: float) -> None:
-        """Until the connector and all its tasks are RUNNING; a failed one is restarted once."""
+    def wait_running(self, timeout_s: float, settle_s: float = 0.0) -> None:
+        """Until the connector and all its tasks are RUNNING, for `settle_s` in a row (Connect reports a
+        task RUNNING as soon as it is started, before Debezium has connected). A connector found FAILED
+        (e.g. from an earlier run) is restarted once; failing again raises with the first trace line."""
         deadline = time.monotonic() + timeout_s
-        phase = "first"  # -> "restarting" (restart sent) -> "restarted" (seen leaving FAILED)
+        restarted_at: float | None = None
+        running_since: float | None = None
         while True:
+            now = time.monotonic()
             try:
                 connector, tasks, trace = self.state()
             except HttpError as exc:
+                if now >= deadline:
+                    raise StackError(f"connector {self.name}: Connect unreachable: {exc}") from None
                 connector, tasks, trace = "UNREACHABLE", [], ""
-                if time.monotonic() >= deadline:
-                    raise StackError(f"Connect unreachable: {exc}") from None
             if connector == "RUNNING" and tasks and all(t == "RUNNING" for t in tasks):
-                return
-            if trace and phase == "first":
+                running_since = running_since or now
+                if now - running_since >= settle_s:
+                    return
+            else:
+                running_since = None
+            if trace and restarted_at is None:
                 self.restart_failed()
-                phase = "restarting"
-            elif trace and phase == "restarted":
+                restarted_at = now
+            elif trace and restarted_at is not None and now - restarted_at >= RESTART_GRACE_S:
                 raise StackError(f"connector {self.name} FAILED: {trace.strip().splitlines()[0]}")
-            elif not trace and phase == "restarting":
-                phase = "restarted"
-            if time.monotonic() >= deadline:
+            if now >= deadline:
                 raise StackError(
                     f"connector {self.name} not RUNNING after {timeout_s:.0f}s ({connector}, tasks {tasks})"
                 )

@@ -29,6 +29,8 @@ from ki.stack.service import Runtime, Service
 #: Start order; `down` walks it backwards.
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
 STOP_TIMEOUT_S = 30.0
+#: How long a freshly (re)started connector must stay RUNNING before `up` trusts it.
+CONNECTOR_SETTLE_S = 3.0
 MIB = 1024 * 1024
 
 
@@ -89,13 +91,14 @@ def _stop_all(services: list[Service]) -> None:
             svc.stop(STOP_TIMEOUT_S)
 
 
-def _start_services(settings: Settings, paths: StackPaths, services: list[Service]) -> bool:
+def _start_services(settings: Settings, paths: StackPaths, services: list[Service]) -> list[Service] | None:
+    """Bring every service up; returns those this call started, None after a failure."""
     try:
         java = find_java(settings)
         artifacts = resolve_artifacts(paths, java, _say)
     except StackError as exc:
         _fail(str(exc))
-        return False
+        return None
     runtime = Runtime(java=java, artifacts=artifacts)
     launched: list[Service] = []
     for index, svc in enumerate(services, 1):
@@ -107,15 +110,16 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
             _stop_all(launched)
             if launched:
                 _say(f"ki stack: stopped what this run started: {', '.join(s.name for s in launched)}")
-            return False
+            return None
         except BaseException:
             _stop_all(launched)
             raise
-    return True
+    return launched
 
 
-def connect(settings: Settings) -> int:
-    """Apply the schema migrations and register the Debezium connector (services must be up)."""
+def connect(settings: Settings, fresh: bool = True) -> int:
+    """Apply the schema migrations and register the Debezium connector (services must be up).
+    `fresh=False` (nothing was started or changed) trusts a single RUNNING answer."""
     from ki.db.migrate import upgrade
     from ki.stack.connector import Connector
 
@@ -135,11 +139,12 @@ def connect(settings: Settings) -> int:
     try:
         what = connector.register()
         _say(f"{what}, waiting for RUNNING… ", end="")
-        connector.wait_running(settings.stack.start_timeout_s)
+        settle = CONNECTOR_SETTLE_S if fresh or what != "unchanged" else 0.0
+        connector.wait_running(settings.stack.start_timeout_s, settle_s=settle)
     except (StackError, OSError) as exc:
         _say()
         log = StackPaths.from_settings(settings).log_file("connect")
-        _fail(f"connector {connector.name}: {exc} (log: {log})")
+        _fail(f"{exc} (log: {log})")
         return 1
     _say(f"RUNNING in {time.monotonic() - started:.1f}s")
     return 0
@@ -150,9 +155,10 @@ def up(settings: Settings) -> int:
     paths = StackPaths.from_settings(settings)
     services = build_services(settings, paths)
     with _exclusive(paths):
-        if not _start_services(settings, paths, services):
+        launched = _start_services(settings, paths, services)
+        if launched is None:
             return 1
-        if connect(settings) != 0:
+        if connect(settings, fresh=bool(launched)) != 0:
             _say("ki stack: the services are left running; fix the problem and run `ki stack up` again")
             return 1
     _say(f"stack is up in {time.monotonic() - began:.1f}s; logs in {paths.logs}/<service>.log "
