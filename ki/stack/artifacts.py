@@ -28,6 +28,7 @@ from pathlib import Path
 from ki.stack.errors import StackError
 from ki.stack.java import JavaRuntime
 from ki.stack.paths import StackPaths
+from ki.stack.process import START_MARKER
 
 MANIFEST = Path(__file__).with_name("artifacts.xml")
 MARKER = ".ki-resolved"
@@ -192,7 +193,7 @@ class Resolver:
         ]  # fmt: skip
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
-            log.write(f"\n==== ki stack: {' '.join(argv)}\n".encode())
+            log.write(f"\n{START_MARKER} {' '.join(argv)}\n".encode())
             log.flush()
             result = subprocess.run(
                 argv,

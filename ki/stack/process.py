@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,9 @@ from ki.stack.errors import StackError
 from ki.stack.users import ServiceUser
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+START_MARKER = "==== ki stack:"
+_ERROR_WORDS = re.compile(r"\b(error|fatal|panic)\b|exception", re.IGNORECASE)
+_NOISE = re.compile(r"^(at |\.\.\. \d+ more|warning:|error:$)")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> 
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **launch.env}
     with open(log_file, "ab") as log:
-        log.write(f"\n==== ki stack: starting {' '.join(launch.argv)}\n".encode())
+        log.write(f"\n{START_MARKER} starting {' '.join(launch.argv)}\n".encode())
         log.flush()
         try:
             proc = subprocess.Popen(
@@ -98,7 +102,7 @@ def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> 
 def run_once(launch: Launch, log_file: Path, user: ServiceUser, what: str) -> None:
     """A one-shot helper command (initdb, storage format): output to the log, failure raises."""
     with open(log_file, "ab") as log:
-        log.write(f"\n==== ki stack: {what}: {' '.join(launch.argv)}\n".encode())
+        log.write(f"\n{START_MARKER} {what}: {' '.join(launch.argv)}\n".encode())
         log.flush()
         result = subprocess.run(
             launch.argv,
@@ -111,7 +115,28 @@ def run_once(launch: Launch, log_file: Path, user: ServiceUser, what: str) -> No
             **user.popen_kwargs(),
         )
     if result.returncode != 0:
-        raise StackError(f"{what} failed with exit code {result.returncode}")
+        last = last_error_line(log_file)
+        raise StackError(f"{what} failed with exit code {result.returncode}" + (f": {last}" if last else ""))
+
+
+def last_error_line(log_file: Path) -> str:
+    """The most telling line of the latest run in a log (after our last start marker): the JVM's own
+    start-up failure, else the root `Caused by:`, else the last error-looking line, else the last line."""
+    try:
+        with open(log_file, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(fh.tell() - 64 * 1024, 0))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    block = text.rsplit(START_MARKER, 1)[-1].splitlines()[1:]
+    lines = [ln.strip() for ln in block if ln.strip() and not _NOISE.match(ln.strip())]
+    for index, line in enumerate(lines[:-1]):
+        if line.startswith("Error occurred during initialization of VM"):
+            return f"{line}: {lines[index + 1]}"[:240]
+    causes = [ln for ln in lines if ln.startswith("Caused by:")]
+    errors = [ln for ln in lines if _ERROR_WORDS.search(ln)]
+    return (causes or errors or lines or [""])[-1][:240]
 
 
 def stop(pid: int, sig: signal.Signals, timeout_s: float) -> bool:

@@ -119,10 +119,11 @@ class Service(ABC):
         deadline = time.monotonic() + timeout_s
         reason: str | None = "not probed yet"
         while True:
-            if proc is not None and proc.poll() is not None:
-                raise StackError(f"exited with code {proc.returncode} while starting")
-            if not process.is_alive(pid):
-                raise StackError("exited while starting")
+            exited = proc is not None and proc.poll() is not None
+            if exited or not process.is_alive(pid):
+                code = f" with code {proc.returncode}" if proc is not None and proc.returncode is not None else ""
+                last = process.last_error_line(self.log_file)
+                raise StackError(f"exited{code} while starting" + (f": {last}" if last else ""))
             reason = self.probe()
             if reason is None:
                 return
