@@ -25,6 +25,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         "down": manager.down,
         "status": manager.status,
         "logs": manager.logs,
+        "connect": manager.connect,
     }[args.action]
     if args.action == "logs":
         return action(settings, service=args.service, lines=args.lines)
@@ -79,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     stack = sub.add_parser("stack", help="run the local stack (PostgreSQL, Kafka, Connect+Debezium, OpenSearch)")
-    stack.add_argument("action", choices=["up", "down", "status", "logs"])
+    stack.add_argument(
+        "action",
+        choices=["up", "down", "status", "logs", "connect"],
+        help="connect: only migrate and register the Debezium connector (for a stack started elsewhere, e.g. compose)",
+    )
     stack.add_argument("service", nargs="?", help="for logs: postgres, kafka, connect or opensearch")
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
     stack.set_defaults(handler=_stack)

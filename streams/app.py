@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import faust
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from ki.db.engine import make_engine
 from ki.embedding import create_embedder
@@ -27,7 +27,7 @@ from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.sync import Projector
 from streams.topics import cdc_topics
-from streams.writer import BulkError, IndexWriter, make_client
+from streams.writer import IndexWriter, is_transient, make_client
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +82,26 @@ def create_app(settings: Settings) -> faust.App:
         log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
 
     async def apply_until_done(keys: DirtyKeys) -> None:
+        """Retry transient failures forever (the partition pauses, nothing is acked); give up on
+        anything else after `streams.max_attempts` so the caller can dead-letter the batch."""
         delay = 0.5
+        attempt = 0
         while True:
             try:
                 proj = await projector()
                 stats = await proj.apply(keys)
                 metrics.record_sync(stats)
                 return
-            except BulkError:
-                raise  # a permanent item failure: the caller dead-letters the batch
-            except Exception as exc:  # transient: OpenSearch/PostgreSQL away; pause, never ack
+            except Exception as exc:
+                attempt += 1
+                transient = is_transient(exc)
+                if not transient and attempt >= settings.streams.max_attempts:
+                    raise
                 metrics.SYNC_RETRIES.inc()
-                log.warning("sync failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                log.warning(
+                    "sync failed (%s: %s); %s retry in %.1fs",
+                    type(exc).__name__, str(exc).splitlines()[0], "transient," if transient else "", delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 15.0)
 
@@ -121,18 +129,17 @@ def create_app(settings: Settings) -> faust.App:
                 keys.update(event_keys)
             try:
                 await apply_until_done(keys)
-            except BulkError as exc:
+            except Exception as exc:
                 for event in events:
-                    await send_to_dlq(event, f"index rejected the batch: {exc}")
+                    await send_to_dlq(event, f"cannot be applied: {type(exc).__name__}: {exc}")
             if newest_commit_ms:
                 metrics.FRESHNESS.observe(max(0.0, time.time() - newest_commit_ms / 1000))
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
         metrics.update_lag(app)
-        return self.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+        return self.bytes(generate_latest(), content_type="text/plain")
 
-    app.state = state  # type: ignore[attr-defined]
     return app
 
 

@@ -79,25 +79,25 @@ _RESOLVE_ACCESS = _sql(
         SELECT project_id, document_id, source_object_id FROM grants
         WHERE lower(btrim(principal)) IN (SELECT principal FROM named)
     ),
-    projects AS (
+    touched_projects AS (
         SELECT unnest(CAST(:projects AS bigint[])) AS id
         UNION SELECT project_id FROM touched_grants WHERE project_id IS NOT NULL
     ),
-    documents AS (
+    touched_documents AS (
         SELECT unnest(CAST(:documents AS bigint[])) AS id
         UNION SELECT document_id FROM touched_grants WHERE document_id IS NOT NULL
     ),
-    objects AS (
+    touched_objects AS (
         SELECT unnest(CAST(:objects AS bigint[])) AS id
         UNION SELECT source_object_id FROM touched_grants WHERE source_object_id IS NOT NULL
         UNION SELECT so.id FROM source_objects so WHERE so.source_id = ANY(:sources)
     )
     SELECT id FROM document_versions WHERE id = ANY(:versions)
-    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id IN (SELECT id FROM documents)
+    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id IN (SELECT id FROM touched_documents)
     UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
-          WHERE d.project_id IN (SELECT id FROM projects)
+          WHERE d.project_id IN (SELECT id FROM touched_projects)
     UNION SELECT o.document_version_id FROM source_observations o
-          WHERE o.source_object_id IN (SELECT id FROM objects)
+          WHERE o.source_object_id IN (SELECT id FROM touched_objects)
     """,
     principals=ARRAY(Text), projects=_IDS, documents=_IDS, objects=_IDS, sources=_IDS, versions=_IDS,
 )

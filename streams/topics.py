@@ -36,6 +36,8 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             NewTopic(settings.streams.dlq_topic, num_partitions=1, replication_factor=settings.kafka.replication_factor)
         )
     created: list[str] = []
+    if not wanted:
+        return created
     for name, future in admin.create_topics(wanted, request_timeout=timeout).items():
         try:
             future.result()

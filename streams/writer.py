@@ -275,6 +275,17 @@ class IndexWriter:
         raise AssertionError("unreachable")
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Failures that go away by themselves: a service restarting, overload, a dropped connection."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    if isinstance(exc, OSConnectionError | ConnectionTimeout | OperationalError | InterfaceError | OSError):
+        return True
+    if isinstance(exc, TransportError):
+        return not isinstance(exc.status_code, int) or exc.status_code in RETRYABLE_STATUS
+    return isinstance(exc, BulkError) and all("retries" in reason for reason in exc.failures.values())
+
+
 def make_client(settings: Settings) -> AsyncOpenSearch:
     return AsyncOpenSearch(
         hosts=[settings.opensearch.url],

@@ -45,7 +45,11 @@ class Worker:
             [sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        wait_for(self._metrics_ready, timeout=120, what="the sync worker's /metrics")
+        try:
+            wait_for(self._metrics_ready, timeout=120, what="the sync worker's /metrics")
+        except BaseException:
+            self.stop()
+            raise
 
     def _metrics_ready(self) -> bool:
         assert self.process and self.process.poll() is None, f"worker exited; see {self.log_path}"
