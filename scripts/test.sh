@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, starts the real local stack, runs every test
-# (unit and against the real services), and always stops the stack again.
+# The test command: installs what is missing, starts the real local stack on a throwaway state
+# directory (so tests never see or touch demo data, and always start from empty topics and tables),
+# runs every test (unit and against the real services), and always stops the stack again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 
-started_here=0
-if ! .venv/bin/ki stack status >/dev/null 2>&1; then
-  started_here=1
-fi
+main_home=$(.venv/bin/python -c 'from ki.settings import load_settings; print(load_settings().stack.home)')
+main_home=${main_home/#\~/$HOME}
+export KI_STACK__HOME="${KI_TEST_STACK_HOME:-$HOME/.cache/ki-sidecar-test}"
+
+.venv/bin/ki stack down >/dev/null 2>&1 || true
+rm -rf "$KI_STACK__HOME/data" "$KI_STACK__HOME/logs" "$KI_STACK__HOME/run"
+mkdir -p "$KI_STACK__HOME" "$main_home/artifacts"
+# Share the resolved artifacts with the main stack: resolving twice would only cost time.
+[ -e "$KI_STACK__HOME/artifacts" ] || ln -s "$main_home/artifacts" "$KI_STACK__HOME/artifacts"
+
 stop_stack() {
-  if [ "$started_here" -eq 1 ] && [ "${KI_KEEP_STACK:-0}" != "1" ]; then
+  if [ "${KI_KEEP_STACK:-0}" != "1" ]; then
     .venv/bin/ki stack down || true
   fi
 }

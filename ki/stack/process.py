@@ -79,6 +79,7 @@ def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **launch.env}
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         log.write(f"\n{START_MARKER} starting {' '.join(launch.argv)}\n".encode())
         log.flush()
@@ -101,6 +102,7 @@ def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> 
 
 def run_once(launch: Launch, log_file: Path, user: ServiceUser, what: str) -> None:
     """A one-shot helper command (initdb, storage format): output to the log, failure raises."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         log.write(f"\n{START_MARKER} {what}: {' '.join(launch.argv)}\n".encode())
         log.flush()
