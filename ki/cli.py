@@ -39,6 +39,23 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    from search.api import serve
+
+    serve(settings)
+    return 0
+
+
+def _token(args: argparse.Namespace, settings: Settings) -> int:
+    from search.auth import mint_token
+
+    if args.ttl < 1:
+        raise CliError("--ttl must be at least 1 second")
+    split = lambda v: [p.strip() for p in (v or "").split(",") if p.strip()]  # noqa: E731
+    print(mint_token(settings.api, args.sub, groups=split(args.groups), roles=split(args.roles), ttl_s=args.ttl))
+    return 0
+
+
 def _sync(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "run":
         from streams.topics import ensure_topics
@@ -74,6 +91,25 @@ def _backfill(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from ki.demo.commands import run_demo, run_generate
+
+    if args.scale < 1:
+        raise CliError("--scale must be at least 1")
+    if args.action == "generate":
+        return run_generate(settings, scale=args.scale, seed=args.seed)
+    return run_demo(settings, scale=args.scale, seed=args.seed, config=args.config)
+
+
+def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from streams.replay import reconcile
+
+    report = asyncio.run(reconcile(settings))
+    return 0 if report is not None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
     parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
@@ -93,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--revision", default="head")
     migrate.set_defaults(handler=_migrate)
 
+    serve = sub.add_parser("serve", help="the search API (aiohttp) on api.host:api.port")
+    serve.set_defaults(handler=_serve)
+
+    token = sub.add_parser("token", help="mint a signed bearer token for local use")
+    token.add_argument("--sub", required=True, help="subject (becomes user:<sub> unless it contains ':')")
+    token.add_argument("--groups", default="", help="comma-separated groups")
+    token.add_argument("--roles", default="", help="comma-separated roles")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds until the token expires")
+    token.set_defaults(handler=_token)
+
     sync = sub.add_parser("sync", help="the CDC sync worker")
     sync.add_argument("action", choices=["run", "status"])
     sync.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
@@ -103,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     backfill = sub.add_parser("backfill", help="index every version straight from PostgreSQL")
     backfill.set_defaults(handler=_backfill)
+
+    reconcile = sub.add_parser("reconcile", help="diff PostgreSQL against the index and repair drift")
+    reconcile.set_defaults(handler=_reconcile)
+
+    demo = sub.add_parser("demo", help="stack up + demo corpus (if none yet) + sync worker; or `demo generate`")
+    demo.add_argument("action", nargs="?", choices=["generate"], help="generate: only write a corpus")
+    demo.add_argument("--scale", type=int, default=200, help="number of document versions (default 200)")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.set_defaults(handler=_demo)
     return parser
 
 

@@ -191,3 +191,45 @@ async def backfill(settings: Settings, progress: Progress = _print_progress) -> 
     finally:
         await client.close()
         engine.dispose()
+
+
+@dataclass
+class ReconcileReport:
+    missing_versions: int = 0
+    stale_versions: int = 0
+    rows_repaired: int = 0
+
+
+async def _all_indexed_versions(writer: IndexWriter) -> set[int]:
+    body = {"size": 0, "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 1_000_000}}}}
+    response = await writer.client.search(index=writer.index, body=body)
+    return {int(b["key"]) for b in response["aggregations"]["versions"]["buckets"]}
+
+
+async def reconcile(settings: Settings, progress: Progress = _print_progress) -> ReconcileReport:
+    """Diff PostgreSQL against the index and repair: missing or stale versions are projected again,
+    rows whose principal projection drifted are rewritten, rows of a version that lost some are rebuilt."""
+    embedder = create_embedder(settings)
+    client = make_client(settings)
+    engine = make_engine(settings)
+    report = ReconcileReport()
+    try:
+        writer = IndexWriter(client, settings)
+        await writer.ensure_index(embedder.signature)
+        await writer.refresh()
+        expected = await asyncio.to_thread(_live_version_ids, engine)
+        indexed = await _all_indexed_versions(writer)
+        missing, stale = expected - indexed, indexed - expected
+        report.missing_versions, report.stale_versions = len(missing), len(stale)
+        progress(f"reconcile: {len(expected)} live versions, {len(indexed)} indexed; "
+                 f"{len(missing)} missing, {len(stale)} stale")
+        projector = Projector(settings, engine, writer, embedder)
+        # Re-projecting every indexed version is cheap when nothing changed: unchanged rows are not
+        # re-embedded and identical rows are not written at all.
+        stats = await _project_in_batches(projector, expected | indexed, progress, "reconcile")
+        report.rows_repaired = stats.rows_written
+        progress(f"reconcile: {stats.rows_written} row(s) repaired, {stats.rows_embedded} embedded")
+        return report
+    finally:
+        await client.close()
+        engine.dispose()
