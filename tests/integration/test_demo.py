@@ -1,0 +1,133 @@
+"""The demo generator against the real PostgreSQL: counts and invariants checked in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.db.models import grants_scope_check_sql
+from ki.demo.generator import GenerationSummary, demo_data_exists, generate
+from ki.settings import Settings
+
+pytestmark = pytest.mark.stack
+
+SCALE = 50
+
+
+@pytest.fixture(scope="module")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings, pooled=False)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def run(engine: Engine) -> GenerationSummary:
+    lines: list[str] = []
+    summary = generate(engine, scale=SCALE, seed=11, progress=lines.append, batch_size=20)
+    assert lines and any(f"{SCALE}/{SCALE} versions" in line for line in lines)
+    return summary
+
+
+RUN_DOCS = """
+    SELECT d.* FROM documents d JOIN projects p ON p.id = d.project_id WHERE p.name LIKE '%' || :label
+"""
+RUN_VERSIONS = f"SELECT v.* FROM document_versions v JOIN ({RUN_DOCS}) d ON d.id = v.document_id"
+
+
+def _scalar(engine: Engine, sql: str, **params: object) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql), params).scalar_one())
+
+
+def test_counts_match_summary(engine: Engine, run: GenerationSummary) -> None:
+    label = run.label
+    assert run.versions == SCALE
+    assert _scalar(engine, f"SELECT count(*) FROM ({RUN_VERSIONS}) x", label=label) == SCALE
+    assert _scalar(engine, f"SELECT count(*) FROM ({RUN_DOCS}) x", label=label) == run.documents
+    assert _scalar(engine, "SELECT count(*) FROM projects WHERE name LIKE '%' || :label", label=label) == run.projects
+    assert _scalar(engine, "SELECT count(*) FROM sources WHERE name LIKE '%' || :label", label=label) == 3
+    assert demo_data_exists(engine)
+    assert sum(run.statuses.values()) == SCALE
+    assert _scalar(engine, f"SELECT count(*) FROM ({RUN_VERSIONS}) x WHERE length(text) < 1500", label=label) == 0
+    assert _scalar(
+        engine,
+        "SELECT count(*) FROM group_memberships gm JOIN sources s ON s.id = gm.source_id "
+        "WHERE s.name LIKE '%' || :label",
+        label=label,
+    ) == run.memberships
+
+
+def test_latest_final_points_at_own_final_version(engine: Engine, run: GenerationSummary) -> None:
+    sql = f"""
+        SELECT count(*) FROM ({RUN_DOCS}) d
+        WHERE (d.latest_final_version_id IS NULL) <> NOT EXISTS (
+                  SELECT 1 FROM document_versions v WHERE v.document_id = d.id AND v.status IN ('final', 'executed'))
+           OR (d.latest_final_version_id IS NOT NULL AND d.latest_final_version_id <> (
+                  SELECT v.id FROM document_versions v WHERE v.document_id = d.id
+                  AND v.status IN ('final', 'executed') ORDER BY v.version_no DESC LIMIT 1))
+    """
+    assert _scalar(engine, sql, label=run.label) == 0
+    assert _scalar(
+        engine, f"SELECT count(*) FROM ({RUN_DOCS}) d WHERE d.latest_final_version_id IS NOT NULL", label=run.label
+    ) > 0
+
+
+def test_every_version_actively_observed_at_a_run_source(engine: Engine, run: GenerationSummary) -> None:
+    sql = f"""
+        SELECT count(*) FROM ({RUN_VERSIONS}) v WHERE NOT EXISTS (
+            SELECT 1 FROM source_observations o
+            JOIN source_objects so ON so.id = o.source_object_id
+            JOIN sources s ON s.id = so.source_id
+            WHERE o.document_version_id = v.id AND o.deleted_at IS NULL AND s.name LIKE '%' || :label)
+    """
+    assert _scalar(engine, sql, label=run.label) == 0
+
+
+def test_status_progression_and_clauses(engine: Engine, run: GenerationSummary) -> None:
+    # No draft after a final/executed version, no final after an executed one.
+    sql = f"""
+        SELECT count(*) FROM ({RUN_VERSIONS}) a JOIN document_versions b
+          ON b.document_id = a.document_id AND b.version_no > a.version_no
+        WHERE (a.status IN ('final', 'executed') AND b.status = 'draft')
+           OR (a.status = 'executed' AND b.status = 'final')
+    """
+    assert _scalar(engine, sql, label=run.label) == 0
+    missing = f"""
+        SELECT count(*) FROM ({RUN_VERSIONS}) v
+        WHERE (v.status IN ('final', 'executed')) = (jsonb_array_length(v.notable_clauses) = 0)
+    """
+    assert _scalar(engine, missing, label=run.label) == 0
+    dangling = f"""
+        SELECT count(*) FROM ({RUN_VERSIONS}) v, jsonb_array_elements(v.notable_clauses) c
+        WHERE NOT EXISTS (SELECT 1 FROM ontology_nodes n
+                          WHERE n.id = (c->>'clause_type_id')::bigint AND n.kind = 'clause_type')
+    """
+    assert _scalar(engine, dangling, label=run.label) == 0
+
+
+def test_grants_satisfy_scope_check_and_cover_every_scope(engine: Engine, run: GenerationSummary) -> None:
+    grants = f"""
+        SELECT g.* FROM grants g WHERE g.project_id IN (SELECT id FROM projects WHERE name LIKE '%' || :label)
+           OR g.document_id IN (SELECT id FROM ({RUN_DOCS}) d)
+           OR g.source_object_id IN (SELECT so.id FROM source_objects so JOIN sources s ON s.id = so.source_id
+                                     WHERE s.name LIKE '%' || :label)
+    """
+    assert _scalar(engine, f"SELECT count(*) FROM ({grants}) g", label=run.label) == run.grants
+    assert _scalar(engine, f"SELECT count(*) FROM ({grants}) g WHERE NOT ({grants_scope_check_sql()})",
+                   label=run.label) == 0  # fmt: skip
+    with engine.connect() as conn:
+        scopes = {r[0] for r in conn.execute(text(f"SELECT DISTINCT scope FROM ({grants}) g"), {"label": run.label})}
+        effects = {r[0] for r in conn.execute(text(f"SELECT DISTINCT effect FROM ({grants}) g"), {"label": run.label})}
+    assert {"project", "source_object"} <= scopes
+    assert effects >= {"allow"}
+    # Object grants only on objects whose ACL is known (mirrored ACLs).
+    assert _scalar(
+        engine,
+        f"SELECT count(*) FROM ({grants}) g JOIN source_objects so ON so.id = g.source_object_id "
+        "WHERE NOT so.acl_known",
+        label=run.label,
+    ) == 0
