@@ -110,6 +110,12 @@ def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report is not None else 1
 
 
+def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.bench import main as bench_sync
+
+    return bench_sync(settings, versions=args.versions, paragraphs=args.paragraphs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
     parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
@@ -152,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile = sub.add_parser("reconcile", help="diff PostgreSQL against the index and repair drift")
     reconcile.set_defaults(handler=_reconcile)
+
+    bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
+    bench.add_argument("what", choices=["sync"])
+    bench.add_argument("--versions", type=int, default=100)
+    bench.add_argument("--paragraphs", type=int, default=12)
+    bench.set_defaults(handler=_bench)
 
     demo = sub.add_parser("demo", help="stack up + demo corpus (if none yet) + sync worker; or `demo generate`")
     demo.add_argument("action", nargs="?", choices=["generate"], help="generate: only write a corpus")

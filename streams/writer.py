@@ -226,7 +226,9 @@ class IndexWriter:
         for attempt in range(self.settings.opensearch.max_retries + 1):
             started = time.perf_counter()
             response = await self._with_retries(
-                lambda body=pending_lines: self.client.bulk(body=body, params={"refresh": "true" if refresh else "false"})
+                lambda body=pending_lines: self.client.bulk(
+                    body=body, params={"refresh": "true" if refresh else "false"}
+                )
             )
             self.bulk_seconds.append(time.perf_counter() - started)
             retry: list[BulkOp] = []

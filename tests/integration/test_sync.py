@@ -42,7 +42,10 @@ class Worker:
         self.log_path.parent.mkdir(exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log,
+            [sys.executable, "-m", "ki.cli", "sync", "run"],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
@@ -124,14 +127,23 @@ def make_world(engine: Engine) -> dict[str, int]:
         obj = w.source_object(source)
         doc = w.document(project, f"Mietvertrag {w.tag}", identifiers=["2 BvR 1234/19", "§ 823 BGB"])
         version = w.version(
-            doc, LONG_TEXT, clauses=[{"clause_type_id": None, "locus": "§ 5", "text": "Die Kaution beträgt drei Mieten."}]
+            doc,
+            LONG_TEXT,
+            clauses=[{"clause_type_id": None, "locus": "§ 5", "text": "Die Kaution beträgt drei Mieten."}],
         )
         w.observe(version, obj)
         grant = w.grant("project", project, "group:legal-" + w.tag)
         w.grant("document", doc, "user:mallory-" + w.tag, "deny")
         member = w.member("group:legal-" + w.tag, "user:alice-" + w.tag)
-        return {"project": project, "doc": doc, "version": version, "grant": grant, "member": member,
-                "object": obj, "tag": int(w.tag, 16)}
+        return {
+            "project": project,
+            "doc": doc,
+            "version": version,
+            "grant": grant,
+            "member": member,
+            "object": obj,
+            "tag": int(w.tag, 16),
+        }
 
 
 def test_insert_update_access_and_delete_flow_through_to_the_index(
@@ -139,8 +151,11 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
 ) -> None:
     ids = make_world(engine)
     tag = format(ids["tag"], "08x")
-    rows = wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90,
-                    what="the new version's rows in OpenSearch")
+    rows = wait_for(
+        lambda: rows_of(search, settings, "document_version_id", ids["version"]),
+        timeout=90,
+        what="the new version's rows in OpenSearch",
+    )
     kinds = sorted({r["chunk_kind"] for r in rows.values()})
     assert kinds == ["chunk", "clause", "profile"]
     body = [r for r in rows.values() if r["chunk_kind"] == "chunk"]
@@ -194,10 +209,17 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     assert {r["access_version"] for r in after_revoke.values()} == {3}
 
     with engine.begin() as conn:
-        conn.execute(text("UPDATE source_observations SET deleted_at = now() WHERE document_version_id = :v"),
-                     {"v": ids["version"]})
-        conn.execute(text("INSERT INTO grants (scope, source_object_id, principal, effect) "
-                          "VALUES ('source_object', :o, :p, 'allow')"), {"o": ids["object"], "p": f"user:bob-{tag}"})
+        conn.execute(
+            text("UPDATE source_observations SET deleted_at = now() WHERE document_version_id = :v"),
+            {"v": ids["version"]},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO grants (scope, source_object_id, principal, effect) "
+                "VALUES ('source_object', :o, :p, 'allow')"
+            ),
+            {"o": ids["object"], "p": f"user:bob-{tag}"},
+        )
 
     def observation_gone() -> dict | None:
         current = rows_of(search, settings, "document_version_id", ids["version"])
@@ -211,8 +233,11 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     with engine.begin() as conn:
         conn.execute(text("UPDATE documents SET latest_final_version_id = NULL WHERE id = :d"), {"d": ids["doc"]})
         conn.execute(text("DELETE FROM documents WHERE id = :d"), {"d": ids["doc"]})
-    wait_for(lambda: not rows_of(search, settings, "document_id", ids["doc"]), timeout=60,
-             what="the deleted document's rows to disappear")
+    wait_for(
+        lambda: not rows_of(search, settings, "document_id", ids["doc"]),
+        timeout=60,
+        what="the deleted document's rows to disappear",
+    )
 
 
 def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
@@ -224,8 +249,13 @@ def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
     producer.produce(topic, key=json.dumps({"id": -1}).encode(), value=f'{{"op": "zz", "{marker}": 1}}'.encode())
     producer.flush(10)
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"dlq-{marker}",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "group.id": f"dlq-{marker}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([settings.streams.dlq_topic])
 
     def dead_lettered() -> dict | None:
@@ -243,5 +273,8 @@ def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
 
     # The stream goes on: a later change still arrives.
     ids = make_world(engine)
-    wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90,
-             what="a change after the poison event")
+    wait_for(
+        lambda: rows_of(search, settings, "document_version_id", ids["version"]),
+        timeout=90,
+        what="a change after the poison event",
+    )

@@ -68,7 +68,8 @@ class World:
         )
         if latest and status in ("final", "executed"):
             self.conn.execute(
-                text("UPDATE documents SET latest_final_version_id = :v WHERE id = :d"), {"v": version_id, "d": document_id}
+                text("UPDATE documents SET latest_final_version_id = :v WHERE id = :d"),
+                {"v": version_id, "d": document_id},
             )
         return version_id
 

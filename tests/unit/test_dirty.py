@@ -41,7 +41,9 @@ def test_grant_move_dirties_old_and_new_target() -> None:
 
 def test_membership_and_alias_dirty_normalised_principals() -> None:
     member = dirty_keys(
-        _event("group_memberships", "d", before={"id": 2, "group_principal": " Group:Legal ", "member_principal": "u:b"})
+        _event(
+            "group_memberships", "d", before={"id": 2, "group_principal": " Group:Legal ", "member_principal": "u:b"}
+        )
     )
     assert member.access_principals == {"group:legal", "u:b"}
     alias = dirty_keys(_event("principal_aliases", "c", after={"id": 3, "alias": "Bob", "principal": "user:bob"}))
@@ -49,7 +51,9 @@ def test_membership_and_alias_dirty_normalised_principals() -> None:
 
 
 def test_observation_source_and_object_changes_are_access_only() -> None:
-    obs = dirty_keys(_event("source_observations", "d", before={"id": 5, "document_version_id": 9, "source_object_id": 4}))
+    obs = dirty_keys(
+        _event("source_observations", "d", before={"id": 5, "document_version_id": 9, "source_object_id": 4})
+    )
     assert obs.access_versions == {9} and not obs.content_versions
     obj = dirty_keys(_event("source_objects", "u", after={"id": 4, "acl_known": True}))
     assert obj.access_source_objects == {4}
