@@ -1,0 +1,97 @@
+"""Bearer-token authentication: a signed JWT names the caller; principals never come from the body.
+
+Principals: the subject claim becomes `user:<sub>` (kept as is if it already contains ':'), each group
+claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
+role claim can never name a user or group). The token must be signed with `api.jwt_algorithm` (HMAC;
+`alg: none` and any other algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and
+`api.jwt_audience`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jwt
+
+from ki.settings import ApiSettings
+
+
+class AuthError(Exception):
+    """Missing or invalid credentials (HTTP 401)."""
+
+
+def _values(claims: dict[str, Any], name: str) -> list[str]:
+    raw = claims.get(name)
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        raw = [p for p in raw.replace(",", " ").split() if p]
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v.strip() for v in raw):
+        raise AuthError(f"claim {name!r} must be a string or a list of non-empty strings")
+    return [v.strip() for v in raw]
+
+
+def _prefixed(prefix: str, value: str) -> str:
+    return value if ":" in value else f"{prefix}:{value}"
+
+
+def principals_from_claims(claims: dict[str, Any], api: ApiSettings) -> list[str]:
+    subject = claims.get(api.subject_claim)
+    if not isinstance(subject, str) or not subject.strip():
+        raise AuthError(f"claim {api.subject_claim!r} is missing or empty")
+    principals = [_prefixed("user", subject.strip())]
+    principals += [_prefixed("group", g) for g in _values(claims, api.groups_claim)]
+    principals += [f"role:{r.removeprefix('role:')}" for r in _values(claims, api.roles_claim)]
+    return list(dict.fromkeys(principals))
+
+
+def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
+    try:
+        return jwt.decode(
+            token,
+            api.jwt_secret,
+            algorithms=[api.jwt_algorithm],
+            issuer=api.jwt_issuer,
+            audience=api.jwt_audience,
+            options={"require": ["exp", "iss", "aud", api.subject_claim]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise AuthError("token expired") from None
+    except jwt.InvalidTokenError as exc:
+        raise AuthError(f"invalid token: {exc}") from None
+
+
+def authenticate(authorization: str | None, api: ApiSettings) -> list[str]:
+    """Principals of the caller named by an `Authorization: Bearer <jwt>` header; raises AuthError."""
+    if not authorization:
+        raise AuthError("missing bearer token")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("authorization header must be 'Bearer <token>'")
+    return principals_from_claims(decode_token(token.strip(), api), api)
+
+
+def mint_token(
+    api: ApiSettings,
+    subject: str,
+    *,
+    groups: list[str] | None = None,
+    roles: list[str] | None = None,
+    ttl_s: int = 3600,
+    now: float | None = None,
+) -> str:
+    """A token for local use and tests, signed with the configured secret."""
+    issued = int(now if now is not None else time.time())
+    claims: dict[str, Any] = {
+        api.subject_claim: subject,
+        "iss": api.jwt_issuer,
+        "aud": api.jwt_audience,
+        "iat": issued,
+        "exp": issued + ttl_s,
+    }
+    if groups:
+        claims[api.groups_claim] = groups
+    if roles:
+        claims[api.roles_claim] = roles
+    return jwt.encode(claims, api.jwt_secret, algorithm=api.jwt_algorithm)

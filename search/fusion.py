@@ -1,0 +1,106 @@
+"""Pure ranking steps: weighted reciprocal rank fusion, matched identifiers, version-status boost and
+per-document collapse. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from search.legs import LEGS, LegHit
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One chunk after fusion. `ranks` is its 0-based rank per leg it appeared in; `parts` the RRF
+    contribution of each of those legs; `boost` the version-status multiplier applied afterwards."""
+
+    chunk_id: str
+    score: float
+    source: dict[str, Any]
+    ranks: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)
+    boost: float = 1.0
+    matched_identifiers: tuple[str, ...] = ()
+
+    @property
+    def document_id(self) -> int:
+        return int(self.source["document_id"])
+
+    @property
+    def version_id(self) -> int:
+        return int(self.source["document_version_id"])
+
+    @property
+    def project_id(self) -> int:
+        return int(self.source["project_id"])
+
+
+def matched_identifiers(identifiers: Sequence[str], query: str) -> tuple[str, ...]:
+    """The document's identifiers whose casefolded text occurs in the casefolded query."""
+    folded = query.casefold()
+    return tuple(i for i in identifiers if i.strip() and i.casefold() in folded)
+
+
+def rrf(legs: Mapping[str, Sequence[LegHit]], weights: Mapping[str, float], k: int, query: str = "") -> list[Candidate]:
+    """score(chunk) = sum over legs of weight_leg / (k + rank), rank from 0; sorted by score, then id.
+
+    Candidates found by the identifier leg get `matched_identifiers` (reported, not scored).
+    """
+    scores: dict[str, float] = {}
+    sources: dict[str, dict[str, Any]] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    parts: dict[str, dict[str, float]] = {}
+    for leg in LEGS:
+        weight = float(weights.get(leg, 0.0))
+        for rank, hit in enumerate(legs.get(leg, ())):
+            if hit.id in ranks and leg in ranks[hit.id]:
+                continue  # a leg lists a chunk once; keep its best rank
+            contribution = weight / (k + rank)
+            scores[hit.id] = scores.get(hit.id, 0.0) + contribution
+            sources.setdefault(hit.id, hit.source)
+            ranks.setdefault(hit.id, {})[leg] = rank
+            parts.setdefault(hit.id, {})[leg] = contribution
+    out = []
+    for chunk_id, score in scores.items():
+        source = sources[chunk_id]
+        matched: tuple[str, ...] = ()
+        if "identifier" in ranks[chunk_id]:
+            matched = matched_identifiers(source.get("identifiers") or [], query)
+        out.append(Candidate(chunk_id, score, source, ranks[chunk_id], parts[chunk_id], 1.0, matched))
+    return sort_candidates(out)
+
+
+def sort_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: (-c.score, c.chunk_id))
+
+
+def apply_boost(candidates: Sequence[Candidate], boosts: Mapping[str, float]) -> list[Candidate]:
+    """Multiply each score by boosts[version_status] (1.0 for unlisted statuses) and re-sort."""
+    boosted = []
+    for c in candidates:
+        factor = float(boosts.get(str(c.source.get("version_status")), 1.0))
+        boosted.append(replace(c, score=c.score * factor, boost=factor))
+    return sort_candidates(boosted)
+
+
+def collapse(
+    candidates: Sequence[Candidate],
+    *,
+    per_document: bool,
+    max_chunks_per_document: int,
+    is_latest_final: Callable[[Candidate], bool],
+) -> list[Candidate]:
+    """One hit per document (best score; ties go to the document's latest final version), or with
+    `per_document=False` up to `max_chunks_per_document` chunks per document. Ordered by score."""
+    groups: dict[int, list[Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(c.document_id, []).append(c)
+    keep = 1 if per_document else max_chunks_per_document
+    kept: list[Candidate] = []
+    for group in groups.values():
+        group.sort(key=lambda c: (-c.score, not is_latest_final(c), c.chunk_id))
+        kept.extend(group[:keep])
+    kept.sort(key=lambda c: (-c.score, not is_latest_final(c), c.chunk_id))
+    return kept

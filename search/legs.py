@@ -1,0 +1,101 @@
+"""The three ranked legs and their single `_msearch` round-trip.
+
+Every leg carries the same strict filter (scope + metadata). The semantic leg passes it as the kNN
+`filter` (pre-filtered approximate kNN), never as a post-filter. Skip rules: lexical and identifier
+bodies are not sent when the filter is `match_none`; the identifier body also not for a blank query;
+the semantic body is always sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from opensearchpy import AsyncOpenSearch
+
+from search.scope import MATCH_NONE
+
+LegName = Literal["lexical", "semantic", "identifier"]
+LEGS: tuple[LegName, ...] = ("lexical", "semantic", "identifier")
+MAX_LEG_DEPTH = 2500
+SOURCE_EXCLUDES = ["embedding"]
+
+
+class LegError(RuntimeError):
+    """One leg of the `_msearch` failed; nothing degrades silently."""
+
+
+def leg_depth(window: int) -> int:
+    """Hits per leg for a window of `window` (= offset + limit): min(max(n*5, 50), 2500)."""
+    return min(max(window * 5, 50), MAX_LEG_DEPTH)
+
+
+@dataclass(frozen=True)
+class LegHit:
+    id: str
+    score: float
+    source: dict[str, Any]
+
+
+def _with_filter(query: dict[str, Any], strict: dict[str, Any]) -> dict[str, Any]:
+    return {"bool": {"must": [query], "filter": [strict]}}
+
+
+def build_leg_bodies(
+    query: str, vector: list[float] | None, strict: dict[str, Any], window: int
+) -> dict[LegName, dict[str, Any]]:
+    """The request body of every leg that can match, keyed by leg name (insertion order = send order)."""
+    depth = leg_depth(window)
+    common: dict[str, Any] = {"size": depth, "_source": {"excludes": SOURCE_EXCLUDES}, "track_total_hits": False}
+    bodies: dict[LegName, dict[str, Any]] = {}
+    blocked = strict == MATCH_NONE
+    if not blocked:
+        bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": query}}}, strict)}
+    if vector is not None:
+        bodies["semantic"] = {
+            **common,
+            "query": {"knn": {"embedding": {"vector": vector, "k": depth, "filter": strict}}},
+        }
+    if not blocked and query.strip():
+        bodies["identifier"] = {
+            **common,
+            "query": _with_filter({"match": {"identifiers_text": {"query": query}}}, strict),
+        }
+    return bodies
+
+
+def msearch_lines(index: str, bodies: dict[LegName, dict[str, Any]]) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    for body in bodies.values():
+        lines.append({"index": index})
+        lines.append(body)
+    return lines
+
+
+def parse_msearch(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, list[LegHit]]:
+    """Hits per leg in rank order; a per-leg error (or a missing response) raises `LegError`."""
+    responses = response.get("responses") or []
+    names = list(bodies)
+    if len(responses) != len(names):
+        raise LegError(f"_msearch returned {len(responses)} responses for {len(names)} legs")
+    out: dict[LegName, list[LegHit]] = {}
+    for name, item in zip(names, responses, strict=True):
+        if "error" in item:
+            error = item["error"]
+            reason = error.get("reason") or error.get("type") if isinstance(error, dict) else error
+            raise LegError(f"{name} leg failed: {reason}")
+        hits = item.get("hits", {}).get("hits", [])
+        out[name] = [LegHit(h["_id"], float(h.get("_score") or 0.0), h.get("_source") or {}) for h in hits]
+    for name in LEGS:
+        out.setdefault(name, [])
+    return out
+
+
+async def run_legs(
+    client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]
+) -> dict[LegName, list[LegHit]]:
+    """All active legs in one `_msearch` round-trip (none sent if no leg is active)."""
+    if not bodies:
+        return {name: [] for name in LEGS}
+    response = await client.msearch(body=msearch_lines(index, bodies))
+    return parse_msearch(bodies, response)

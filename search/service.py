@@ -1,0 +1,325 @@
+"""The query path: scope -> embed -> one `_msearch` -> fuse -> boost -> SQL re-verify -> collapse -> window.
+
+Every step from the `_msearch` on is sized for the whole window (offset + limit): collapse and the
+re-verify drop rows after ranking, so the offset cannot be pushed down into OpenSearch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opensearchpy import AsyncOpenSearch
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import TransportError
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.types import BigInteger
+
+from ki.acl import Caller, resolve_caller, visible_versions
+from ki.embedding import Embedder
+from ki.settings import Settings
+from search.filters import FilterRequest, SearchRequest, metadata_clauses
+from search.fusion import Candidate, apply_boost, collapse, rrf
+from search.legs import SOURCE_EXCLUDES, LegError, build_leg_bodies, leg_depth, run_legs
+from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
+
+
+class SearchUnavailable(RuntimeError):
+    """OpenSearch could not answer (unreachable, timed out, or returned an error)."""
+
+
+class EmbeddingCache:
+    """Query vectors by sha256(embedder signature + text), LRU-bounded, each entry living `ttl_s`."""
+
+    def __init__(self, size: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.size, self.ttl_s, self.clock = size, ttl_s, clock
+        self._entries: OrderedDict[str, tuple[float, list[float]]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(signature: str, query: str) -> str:
+        return hashlib.sha256(f"{signature}\x00{query}".encode()).hexdigest()
+
+    def get(self, key: str) -> list[float] | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] <= self.clock():
+            self._entries.pop(key, None)
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry[1]
+
+    def put(self, key: str, vector: list[float]) -> None:
+        if self.size <= 0 or self.ttl_s <= 0:
+            return
+        self._entries[key] = (self.clock() + self.ttl_s, vector)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Citation:
+    project_id: int
+    document_id: int
+    version_id: int
+    source_object_ids: tuple[int, ...]
+    chunk_id: str
+
+
+@dataclass(frozen=True)
+class VerifiedVersion:
+    version_id: int
+    document_id: int
+    project_id: int
+    title: str
+    version_no: int
+    latest_final_version_id: int | None
+    source_object_ids: tuple[int, ...]
+
+
+@dataclass
+class SearchResult:
+    hits: list[dict[str, Any]]
+    offset: int
+    limit: int
+    has_more: bool
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hits": self.hits,
+            "offset": self.offset,
+            "limit": self.limit,
+            "has_more": self.has_more,
+            "timings_ms": self.timings_ms,
+        }
+
+
+_CITATION_SQL = text(
+    """
+    SELECT dv.id AS version_id, d.id AS document_id, d.project_id, d.title, dv.version_no,
+           d.latest_final_version_id,
+           COALESCE(array_agg(DISTINCT o.source_object_id ORDER BY o.source_object_id)
+                    FILTER (WHERE o.source_object_id IS NOT NULL), '{}') AS source_object_ids
+    FROM document_versions dv
+    JOIN documents d ON d.id = dv.document_id
+    LEFT JOIN source_observations o ON o.document_version_id = dv.id AND o.deleted_at IS NULL
+    WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
+    GROUP BY dv.id, d.id
+    """
+).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
+
+
+def reverify(
+    conn: Connection, raw_principals: Sequence[str], settings: Settings, version_ids: Sequence[int]
+) -> dict[int, VerifiedVersion]:
+    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only)."""
+    ids = sorted(set(version_ids))
+    if not ids:
+        return {}
+    caller = resolve_caller(conn, raw_principals, settings.security)
+    visible = {v.version_id: v for v in visible_versions(conn, caller, settings.security, version_ids=ids)}
+    if not visible:
+        return {}
+    out: dict[int, VerifiedVersion] = {}
+    for row in conn.execute(_CITATION_SQL, {"version_ids": sorted(visible)}):
+        v = visible[row.version_id]
+        if (row.document_id, row.project_id) != (v.document_id, v.project_id):
+            continue
+        out[row.version_id] = VerifiedVersion(
+            row.version_id,
+            row.document_id,
+            row.project_id,
+            row.title,
+            row.version_no,
+            row.latest_final_version_id,
+            tuple(int(s) for s in row.source_object_ids),
+        )
+    return out
+
+
+def _hit_json(c: Candidate, verified: VerifiedVersion, explain: bool) -> dict[str, Any]:
+    src = c.source
+    hit: dict[str, Any] = {
+        "score": c.score,
+        "project_id": verified.project_id,
+        "document_id": verified.document_id,
+        "version_id": verified.version_id,
+        "chunk_id": c.chunk_id,
+        "title": verified.title,
+        "version_no": verified.version_no,
+        "version_status": src.get("version_status"),
+        "chunk_kind": src.get("chunk_kind"),
+        "doc_date": src.get("doc_date"),
+        "language": src.get("language"),
+        "text": src.get("text", ""),
+        "identifiers": list(src.get("identifiers") or []),
+        "matched_identifiers": list(c.matched_identifiers),
+        "citation": {
+            "project_id": verified.project_id,
+            "document_id": verified.document_id,
+            "version_id": verified.version_id,
+            "source_object_ids": list(verified.source_object_ids),
+            "chunk_id": c.chunk_id,
+        },
+    }
+    if src.get("meta", {}).get("locus"):
+        hit["locus"] = src["meta"]["locus"]
+    if explain:
+        hit["explain"] = {"ranks": dict(c.ranks), "rrf_parts": dict(c.parts), "status_boost": c.boost}
+    return hit
+
+
+class SearchService:
+    def __init__(self, settings: Settings, engine: AsyncEngine, client: AsyncOpenSearch, embedder: Embedder) -> None:
+        if settings.retrieval.rerank_enabled:
+            raise RuntimeError(
+                "retrieval.rerank_enabled is true but this build has no reranker; refusing to serve an "
+                "un-reranked order silently (set retrieval.rerank_enabled=false)"
+            )
+        self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
+        self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
+        self.index = settings.retrieval.index_name
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
+        security, max_terms = self.settings.security, self.settings.opensearch.max_terms_count
+
+        def run(conn: Connection) -> CompiledScope:
+            caller: Caller = resolve_caller(conn, principals, security)
+            return compile_scope(conn, caller, security, project_ids=project_ids, max_terms_count=max_terms)
+
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(run)
+
+    async def embed_query(self, query: str) -> list[float]:
+        key = EmbeddingCache.key(self.embedder.signature, query)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        loop = asyncio.get_running_loop()
+        vectors = await loop.run_in_executor(None, self.embedder.embed, [query])
+        vector = [float(x) for x in vectors[0]]
+        self.cache.put(key, vector)
+        return vector
+
+    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
+
+    async def _opensearch(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except LegError as exc:
+            raise SearchUnavailable(str(exc)) from exc
+        except (OSConnectionError, TransportError) as exc:
+            raise SearchUnavailable(f"OpenSearch error: {exc}") from exc
+
+    # --- public --------------------------------------------------------------------------------
+
+    async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
+        started = time.perf_counter()
+        scope = await self.compile_scope(principals, request.filters.project_id)
+        return await self.search_in_scope(principals, request, scope, started=started)
+
+    async def search_in_scope(
+        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope, *, started: float | None = None
+    ) -> SearchResult:
+        """Steps 2-8 for an already compiled scope (the re-verify still checks SQL afresh)."""
+        t0 = started if started is not None else time.perf_counter()
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+        timings["scope"] = (t - t0) * 1000
+        strict = strict_filter(scope, metadata_clauses(request.filters))
+        vector = await self.embed_query(request.query)
+        t1 = time.perf_counter()
+        timings["embed"] = (t1 - t) * 1000
+        bodies = build_leg_bodies(request.query, vector, strict, request.window)
+        legs = await self._opensearch(run_legs(self.client, self.index, bodies))
+        t2 = time.perf_counter()
+        timings["msearch"] = (t2 - t1) * 1000
+        r = self.settings.retrieval
+        weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+        fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
+        verified = await self._reverify(principals, [c.version_id for c in fused])
+        survivors = [c for c in fused if self._matches(c, verified)]
+        t3 = time.perf_counter()
+        timings["reverify"] = (t3 - t2) * 1000
+        kept = collapse(
+            survivors,
+            per_document=r.collapse_per_document,
+            max_chunks_per_document=r.max_chunks_per_document,
+            is_latest_final=lambda c: verified[c.version_id].latest_final_version_id == c.version_id,
+        )
+        page = kept[request.offset : request.window]
+        hits = [_hit_json(c, verified[c.version_id], request.explain) for c in page]
+        timings["total"] = (time.perf_counter() - t0) * 1000
+        return SearchResult(hits, request.offset, request.limit, len(kept) > request.window, timings)
+
+    async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
+        """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
+        t0 = time.perf_counter()
+        scope = await self.compile_scope(principals, request.filters.project_id)
+        strict = strict_filter(scope, metadata_clauses(request.filters))
+        if strict == MATCH_NONE:
+            return SearchResult([], request.offset, request.limit, False, {})
+        body = {
+            "size": leg_depth(request.window),
+            "track_total_hits": False,
+            "_source": {"excludes": SOURCE_EXCLUDES},
+            "query": {"bool": {"filter": [strict]}},
+            "sort": [
+                {"doc_date": {"order": "desc", "missing": "_last"}},
+                {"document_version_id": {"order": "asc"}},
+            ],
+            "collapse": {"field": "document_version_id"},
+        }
+        response = await self._opensearch(self.client.search(index=self.index, body=body))
+        candidates = [
+            Candidate(h["_id"], 0.0, h.get("_source") or {}) for h in response.get("hits", {}).get("hits", [])
+        ]
+        verified = await self._reverify(principals, [c.version_id for c in candidates])
+        seen: set[int] = set()
+        survivors = []
+        for c in candidates:
+            if self._matches(c, verified) and c.version_id not in seen:
+                seen.add(c.version_id)
+                survivors.append(c)
+        page = survivors[request.offset : request.window]
+        hits = [_hit_json(c, verified[c.version_id], request.explain) for c in page]
+        timings = {"total": (time.perf_counter() - t0) * 1000}
+        return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
+
+    @staticmethod
+    def _matches(c: Candidate, verified: dict[int, VerifiedVersion]) -> bool:
+        """The row exists in SQL, the caller may see it, and the index agrees on its identity."""
+        v = verified.get(c.version_id)
+        return v is not None and v.document_id == c.document_id and v.project_id == c.project_id
+
+    async def ready(self) -> dict[str, Any]:
+        """PostgreSQL reachable, OpenSearch reachable, the index alias present."""
+        checks: dict[str, Any] = {}
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["postgresql"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
+            checks["postgresql"] = f"error: {type(exc).__name__}: {exc}"[:300]
+        try:
+            present = await self.client.indices.exists_alias(name=self.index)
+            checks["opensearch"] = "ok"
+            checks["index"] = "ok" if present else f"alias {self.index!r} missing"
+        except Exception as exc:  # noqa: BLE001
+            checks["opensearch"] = f"error: {type(exc).__name__}: {exc}"[:300]
+            checks["index"] = "unknown"
+        return checks

@@ -1,0 +1,70 @@
+"""Leg bodies, skip rules, _msearch parsing and the compiled scope filter (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.legs import LegError, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
+from search.scope import MATCH_NONE, CompiledScope, strict_filter
+
+
+@pytest.mark.parametrize(
+    ("window", "depth"), [(1, 50), (8, 50), (10, 50), (11, 55), (80, 400), (500, 2500), (501, 2500)]
+)
+def test_depth(window: int, depth: int) -> None:
+    assert leg_depth(window) == depth
+
+
+def test_scope_filter_is_terms_on_document_and_project_ids_as_strings() -> None:
+    scope = CompiledScope.of([2, 1, 2], [30, 10])
+    assert scope.opensearch_filter() == {
+        "bool": {"filter": [{"terms": {"document_id": ["10", "30"]}}, {"terms": {"project_id": ["1", "2"]}}]}
+    }
+    assert CompiledScope.of([], []).opensearch_filter() == MATCH_NONE
+    assert strict_filter(CompiledScope.of([], []), [{"terms": {"language": ["de"]}}]) == MATCH_NONE
+
+
+def test_large_scope_is_split_into_should_clauses_within_max_terms() -> None:
+    scope = CompiledScope.of([1], range(1, 11), max_terms_count=4)
+    doc_clause = scope.opensearch_filter()["bool"]["filter"][0]
+    parts = doc_clause["bool"]["should"]
+    assert doc_clause["bool"]["minimum_should_match"] == 1
+    assert [len(p["terms"]["document_id"]) for p in parts] == [4, 4, 2]
+    assert sum((p["terms"]["document_id"] for p in parts), []) == [str(i) for i in range(1, 11)]
+
+
+def test_every_leg_carries_the_strict_filter_and_knn_prefilters() -> None:
+    strict = strict_filter(CompiledScope.of([1], [5]), [{"terms": {"language": ["de"]}}])
+    bodies = build_leg_bodies("2 BvR 1234/19", [0.1, 0.2], strict, window=12)
+    assert list(bodies) == ["lexical", "semantic", "identifier"]
+    for body in bodies.values():
+        assert body["size"] == 60
+        assert body["_source"] == {"excludes": ["embedding"]}
+    assert bodies["lexical"]["query"] == {
+        "bool": {"must": [{"match": {"text": {"query": "2 BvR 1234/19"}}}], "filter": [strict]}
+    }
+    assert bodies["identifier"]["query"]["bool"]["must"] == [
+        {"match": {"identifiers_text": {"query": "2 BvR 1234/19"}}}
+    ]
+    knn = bodies["semantic"]["query"]["knn"]["embedding"]
+    assert knn == {"vector": [0.1, 0.2], "k": 60, "filter": strict}
+    assert "post_filter" not in bodies["semantic"]
+
+
+def test_skip_rules() -> None:
+    assert list(build_leg_bodies("q", [1.0], MATCH_NONE, 10)) == ["semantic"]
+    strict = strict_filter(CompiledScope.of([1], [5]), [])
+    assert list(build_leg_bodies("  ", [1.0], strict, 10)) == ["lexical", "semantic"]
+
+
+def test_msearch_lines_and_parsing() -> None:
+    bodies = build_leg_bodies("q", [1.0], strict_filter(CompiledScope.of([1], [5]), []), 10)
+    lines = msearch_lines("alias", bodies)
+    assert lines[0::2] == [{"index": "alias"}] * 3
+    ok = {"hits": {"hits": [{"_id": "5:chunk:0", "_score": 2.0, "_source": {"document_id": "5"}}]}}
+    parsed = parse_msearch(bodies, {"responses": [ok, {"hits": {"hits": []}}, ok]})
+    assert [h.id for h in parsed["lexical"]] == ["5:chunk:0"] and parsed["semantic"] == []
+    with pytest.raises(LegError, match="semantic"):
+        parse_msearch(bodies, {"responses": [ok, {"error": {"reason": "boom"}, "status": 500}, ok]})
+    with pytest.raises(LegError):
+        parse_msearch(bodies, {"responses": [ok]})
