@@ -1,0 +1,126 @@
+"""Smoke test of the CDC path: a row inserted, updated and deleted in every captured table arrives on its
+topic as Debezium `c`, `u`, `d` and then a tombstone, keyed by primary key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.db.models import CAPTURED_TABLES
+from ki.settings import Settings
+from projections.cdc import topic_name
+from tests.conftest import wait_for
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+# For each table: the column to update and its new value.
+UPDATES = {
+    "projects": ("name", "'renamed'"),
+    "matters": ("title", "'renamed'"),
+    "ontology_nodes": ("label", "'renamed'"),
+    "sources": ("name", "'renamed'"),
+    "source_objects": ("acl_known", "true"),
+    "group_memberships": ("member_principal", "'user:renamed'"),
+    "principal_aliases": ("principal", "'user:renamed'"),
+    "documents": ("title", "'renamed'"),
+    "document_versions": ("status", "'executed'"),
+    "source_observations": ("deleted_at", "now()"),
+    "grants": ("effect", "'deny'"),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings)
+    yield eng
+    eng.dispose()
+
+
+def test_every_captured_table_is_covered() -> None:
+    assert set(UPDATES) == set(CAPTURED_TABLES)
+
+
+def _end_offsets(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    metadata = consumer.list_topics(topic, timeout=10)
+    partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
+    return [
+        TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+        for p in partitions
+    ]
+
+
+@pytest.mark.parametrize("table", CAPTURED_TABLES)
+def test_insert_update_delete_arrive_as_c_u_d_and_tombstone(engine: Engine, settings: Settings, table: str) -> None:
+    topic = topic_name(settings.kafka.topic_prefix, table)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "group.id": f"cdc-smoke-{table}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        start = _end_offsets(consumer, topic)
+        with engine.begin() as conn:
+            w = World(conn)
+            project = w.project()
+            source = w.source("sharepoint")
+            obj = w.source_object(source)
+            doc = w.document(project, "Vertrag")
+            version = w.version(doc, "Text", status="draft", latest=False)
+            inserts = {
+                "projects": lambda: project,
+                "sources": lambda: source,
+                "source_objects": lambda: obj,
+                "documents": lambda: doc,
+                "document_versions": lambda: version,
+                "matters": lambda: conn.execute(
+                    text("INSERT INTO matters (project_id, title) VALUES (:p, 'M') RETURNING id"), {"p": project}
+                ).scalar(),
+                "ontology_nodes": lambda: conn.execute(
+                    text("INSERT INTO ontology_nodes (kind, key, label) VALUES ('doc_type', :k, 'L') RETURNING id"),
+                    {"k": f"smoke-{w.tag}"},
+                ).scalar(),
+                "group_memberships": lambda: w.member(f"group:{w.tag}", "user:a"),
+                "principal_aliases": lambda: conn.execute(
+                    text("INSERT INTO principal_aliases (alias, principal) VALUES (:a, 'user:a') RETURNING id"),
+                    {"a": f"alias-{w.tag}"},
+                ).scalar(),
+                "source_observations": lambda: w.observe(version, obj),
+                "grants": lambda: w.grant("project", project, "user:a"),
+            }
+            row_id = inserts[table]()
+        column, value = UPDATES[table]
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {table} SET {column} = {value} WHERE id = :id"), {"id": row_id})
+        with engine.begin() as conn:
+            # Cascades remove the children; deleting the project removes everything this test made.
+            conn.execute(text(f"DELETE FROM {table} WHERE id = :id"), {"id": row_id})
+            conn.execute(text("DELETE FROM projects WHERE id = :p"), {"p": project})
+            conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source})
+
+        if not start:
+            wait_for(lambda: _end_offsets(consumer, topic), timeout=60, what=f"topic {topic}")
+            start = [TopicPartition(tp.topic, tp.partition, 0) for tp in _end_offsets(consumer, topic)]
+        consumer.assign(start)
+        seen: list[str] = []
+
+        def ops_for_our_row() -> list[str] | None:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                key = json.loads(message.key())
+                if key.get("id") == row_id:
+                    seen.append(json.loads(message.value())["op"] if message.value() else "tombstone")
+            return seen if "tombstone" in seen else None
+
+        ops = wait_for(ops_for_our_row, timeout=60, interval=0, what=f"c/u/d/tombstone on {topic}")
+        assert ops == ["c", "u", "d", "tombstone"]
+    finally:
+        consumer.close()
