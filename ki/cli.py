@@ -86,8 +86,10 @@ def _backfill(args: argparse.Namespace, settings: Settings) -> int:
     from streams.replay import backfill
 
     stats = asyncio.run(backfill(settings))
-    print(f"backfill: {stats.versions_projected} versions, {stats.rows_written} rows written, "
-          f"{stats.rows_embedded} embedded")
+    print(
+        f"backfill: {stats.versions_projected} versions, {stats.rows_written} rows written, "
+        f"{stats.rows_embedded} embedded"
+    )
     return 0
 
 

@@ -425,9 +425,7 @@ def document_from_row(row: Mapping[str, Any]) -> DocumentState:
         matter_id=_optional_int(row["matter_id"], "documents.matter_id"),
         doc_type_id=_optional_int(row["doc_type_id"], "documents.doc_type_id"),
         identifiers=_text_list(row["identifiers"], "documents.identifiers"),
-        latest_final_version_id=_optional_int(
-            row["latest_final_version_id"], "documents.latest_final_version_id"
-        ),
+        latest_final_version_id=_optional_int(row["latest_final_version_id"], "documents.latest_final_version_id"),
         deleted_at=timestamp_from_debezium(row["deleted_at"]),
     )
 

@@ -98,9 +98,7 @@ def _slug(value: str) -> str:
     return "".join(out).strip("-._")
 
 
-def physical_index_name(
-    settings: Settings, embedding_signature: str, generation: str | int | None = None
-) -> str:
+def physical_index_name(settings: Settings, embedding_signature: str, generation: str | int | None = None) -> str:
     """`{alias}--{signature slug}-{hash8}[--{generation}]`, lowercase and legal for OpenSearch.
 
     The 8-hex hash of the raw signature keeps the name injective: "MiniLM/384" and "minilm-384"

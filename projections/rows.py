@@ -236,9 +236,7 @@ def build_rows(
         "identifiers_text": " ".join(identifiers),
         **access_fields(access),
     }
-    header = (
-        context_header(document.title, doc_type_label, matter_title) if settings.chunk_contextualize else ""
-    )
+    header = context_header(document.title, doc_type_label, matter_title) if settings.chunk_contextualize else ""
 
     def make_row(
         kind: ChunkKind,

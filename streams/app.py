@@ -100,7 +100,10 @@ def create_app(settings: Settings) -> faust.App:
                 metrics.SYNC_RETRIES.inc()
                 log.warning(
                     "sync failed (%s: %s); %s retry in %.1fs",
-                    type(exc).__name__, str(exc).splitlines()[0], "transient," if transient else "", delay,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0],
+                    "transient," if transient else "",
+                    delay,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 15.0)

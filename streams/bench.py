@@ -49,7 +49,8 @@ def _write_corpus(settings: Settings, versions: int, paragraphs: int) -> tuple[i
         ).scalar_one()
         conn.execute(
             text(
-                "INSERT INTO grants (scope, project_id, principal, effect) VALUES ('project', :p, 'group:bench', 'allow')"
+                "INSERT INTO grants (scope, project_id, principal, effect)"
+                " VALUES ('project', :p, 'group:bench', 'allow')"
             ),
             {"p": project},
         )
@@ -106,7 +107,8 @@ async def run_sync_bench(settings: Settings, *, versions: int = 100, paragraphs:
         with engine.begin() as conn:
             conn.execute(
                 text(
-                    "INSERT INTO grants (scope, project_id, principal, effect) VALUES ('project', :p, 'user:new', 'allow')"
+                    "INSERT INTO grants (scope, project_id, principal, effect)"
+                    " VALUES ('project', :p, 'user:new', 'allow')"
                 ),
                 {"p": project},
             )

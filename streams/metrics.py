@@ -45,6 +45,4 @@ def update_lag(app: Any) -> None:
         position = consumer._committed_offset.get(tp) if hasattr(consumer, "_committed_offset") else None
         if highwater is None:
             continue
-        CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
-            max(0, highwater - (position or 0))
-        )
+        CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, highwater - (position or 0)))

@@ -221,8 +221,10 @@ async def reconcile(settings: Settings, progress: Progress = _print_progress) ->
         indexed = await _all_indexed_versions(writer)
         missing, stale = expected - indexed, indexed - expected
         report.missing_versions, report.stale_versions = len(missing), len(stale)
-        progress(f"reconcile: {len(expected)} live versions, {len(indexed)} indexed; "
-                 f"{len(missing)} missing, {len(stale)} stale")
+        progress(
+            f"reconcile: {len(expected)} live versions, {len(indexed)} indexed; "
+            f"{len(missing)} missing, {len(stale)} stale"
+        )
         projector = Projector(settings, engine, writer, embedder)
         # Re-projecting every indexed version is cheap when nothing changed: unchanged rows are not
         # re-embedded and identical rows are not written at all.

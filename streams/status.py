@@ -76,8 +76,10 @@ def print_status(settings: Settings) -> int:
             print(f"  {p.topic}[{p.partition}]: committed {p.committed}, end {p.end}, lag {p.lag}")
     print(f"consumer group {settings.streams.app_id}: total lag {total} over {len(lags)} partitions")
     retained = slot_retained_bytes(settings)
-    print(f"replication slot {settings.connect.slot_name}: "
-          + ("missing" if retained is None else f"{retained} bytes of WAL retained"))
+    print(
+        f"replication slot {settings.connect.slot_name}: "
+        + ("missing" if retained is None else f"{retained} bytes of WAL retained")
+    )
     client = OpenSearch(hosts=[settings.opensearch.url], timeout=settings.opensearch.timeout_s)
     alias = settings.retrieval.index_name
     if client.indices.exists_alias(name=alias):

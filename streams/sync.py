@@ -59,7 +59,10 @@ _RESOLVE_CONTENT = _sql(
           WHERE d.doc_type_id IN (SELECT sub.id FROM unnest(CAST(:nodes AS bigint[])) AS n(node_id),
                                   LATERAL ontology_descendants(n.node_id) AS sub)
     """,
-    versions=_IDS, documents=_IDS, matters=_IDS, nodes=_IDS,
+    versions=_IDS,
+    documents=_IDS,
+    matters=_IDS,
+    nodes=_IDS,
 )
 
 _RESOLVE_ACCESS = _sql(
@@ -99,7 +102,12 @@ _RESOLVE_ACCESS = _sql(
     UNION SELECT o.document_version_id FROM source_observations o
           WHERE o.source_object_id IN (SELECT id FROM touched_objects)
     """,
-    principals=ARRAY(Text), projects=_IDS, documents=_IDS, objects=_IDS, sources=_IDS, versions=_IDS,
+    principals=ARRAY(Text),
+    projects=_IDS,
+    documents=_IDS,
+    objects=_IDS,
+    sources=_IDS,
+    versions=_IDS,
 )
 
 _VERSION_STATE = _sql(
@@ -217,8 +225,14 @@ class Projector:
                 )
             }
             access: set[int] = set()
-            if keys.access_versions or keys.access_documents or keys.access_projects or \
-                    keys.access_source_objects or keys.access_sources or keys.access_principals:
+            if (
+                keys.access_versions
+                or keys.access_documents
+                or keys.access_projects
+                or keys.access_source_objects
+                or keys.access_sources
+                or keys.access_principals
+            ):
                 access = {
                     row.id
                     for row in conn.execute(

@@ -70,8 +70,7 @@ CAPTURED_TABLES: tuple[str, ...] = (
 #: `table.include.list` and uses HEARTBEAT_ACTION_QUERY.
 HEARTBEAT_TABLE = "debezium_heartbeat"
 HEARTBEAT_ACTION_QUERY = (
-    f"INSERT INTO {HEARTBEAT_TABLE} (id, ts) VALUES (1, now()) "
-    "ON CONFLICT (id) DO UPDATE SET ts = EXCLUDED.ts"
+    f"INSERT INTO {HEARTBEAT_TABLE} (id, ts) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET ts = EXCLUDED.ts"
 )
 
 #: Every table in the publication.
@@ -152,6 +151,11 @@ def _nonblank(column: str) -> CheckConstraint:
     return CheckConstraint(f"btrim({column}) <> ''", name=f"{column}_nonblank")
 
 
+def _normalized_index(table: str, column: str) -> Index:
+    """Principals are compared trimmed and lower-cased (`ki.acl.normalize_principal`); index that form."""
+    return Index(f"ix_{table}_{column}_normalized", func.lower(func.btrim(sql_text(column))))
+
+
 # --------------------------------------------------------------------------------------------------
 # Projects, matters, ontology
 # --------------------------------------------------------------------------------------------------
@@ -214,9 +218,7 @@ def ontology_ancestors_query(node_id: int) -> Select[tuple[int, int]]:
     )
     parent = nodes.alias("parent")
     up = up.union_all(
-        select(parent.c.id, parent.c.parent_id, (up.c.depth + 1).label("depth")).join(
-            up, parent.c.id == up.c.parent_id
-        )
+        select(parent.c.id, parent.c.parent_id, (up.c.depth + 1).label("depth")).join(up, parent.c.id == up.c.parent_id)
     )
     return select(up.c.id, up.c.depth).order_by(up.c.depth)
 
@@ -252,22 +254,16 @@ class Document(Base):
     project_id: Mapped[int] = mapped_column(
         BigInteger, ForeignKey("projects.id", ondelete="CASCADE"), nullable=False, index=True
     )
-    matter_id: Mapped[int | None] = mapped_column(
-        BigInteger, ForeignKey("matters.id", ondelete="SET NULL"), index=True
-    )
+    matter_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("matters.id", ondelete="SET NULL"), index=True)
     title: Mapped[str] = mapped_column(Text, nullable=False)
     doc_type_id: Mapped[int | None] = mapped_column(
         BigInteger, ForeignKey("ontology_nodes.id", ondelete="RESTRICT"), index=True
     )
-    identifiers: Mapped[list[str]] = mapped_column(
-        ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]")
-    )
+    identifiers: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]"))
     latest_final_version_id: Mapped[int | None] = mapped_column(BigInteger)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[dt.datetime] = _created_at()
-    updated_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
     versions: Mapped[list[DocumentVersion]] = relationship(
         back_populates="document",
@@ -293,9 +289,7 @@ class DocumentVersion(Base):
     )
 
     id: Mapped[int] = _pk()
-    document_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("documents.id", ondelete="CASCADE"), nullable=False
-    )
+    document_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("documents.id", ondelete="CASCADE"), nullable=False)
     version_no: Mapped[int] = mapped_column(Integer, nullable=False)
     status: Mapped[str] = mapped_column(Text, nullable=False)
     language: Mapped[str] = mapped_column(Text, nullable=False, server_default=sql_text("'de'"))
@@ -306,9 +300,7 @@ class DocumentVersion(Base):
         JSONB, nullable=False, server_default=sql_text("'[]'::jsonb")
     )
     created_at: Mapped[dt.datetime] = _created_at()
-    updated_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
     document: Mapped[Document] = relationship(back_populates="versions", foreign_keys=[document_id])
     observations: Mapped[list[SourceObservation]] = relationship(back_populates="document_version")
@@ -338,9 +330,7 @@ class SourceObject(Base):
     __table_args__ = (UniqueConstraint("source_id", "external_ref"),)
 
     id: Mapped[int] = _pk()
-    source_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False
-    )
+    source_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False)
     external_ref: Mapped[str] = mapped_column(Text, nullable=False)
     acl_known: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=sql_text("false"))
 
@@ -355,18 +345,14 @@ class SourceObservation(Base):
     id: Mapped[int] = _pk()
     document_version_id: Mapped[int] = mapped_column(
         BigInteger,
-        ForeignKey(
-            "document_versions.id", ondelete="CASCADE", name="fk_source_observations_document_version_id"
-        ),
+        ForeignKey("document_versions.id", ondelete="CASCADE", name="fk_source_observations_document_version_id"),
         nullable=False,
         index=True,
     )
     source_object_id: Mapped[int] = mapped_column(
         BigInteger, ForeignKey("source_objects.id", ondelete="CASCADE"), nullable=False, index=True
     )
-    observed_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    observed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
     deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
     document_version: Mapped[DocumentVersion] = relationship(back_populates="observations")
@@ -404,16 +390,14 @@ class Grant(Base):
             "principal",
             postgresql_where=sql_text("source_object_id IS NOT NULL"),
         ),
-        # ... and principal -> targets (scope compilation).
-        Index("ix_grants_principal_scope", "principal", "scope"),
+        # ... and normalised principal -> targets (scope compilation).
+        _normalized_index("grants", "principal"),
     )
 
     id: Mapped[int] = _pk()
     scope: Mapped[str] = mapped_column(Text, nullable=False)
     project_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("projects.id", ondelete="CASCADE"))
-    document_id: Mapped[int | None] = mapped_column(
-        BigInteger, ForeignKey("documents.id", ondelete="CASCADE")
-    )
+    document_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("documents.id", ondelete="CASCADE"))
     source_object_id: Mapped[int | None] = mapped_column(
         BigInteger, ForeignKey("source_objects.id", ondelete="CASCADE")
     )
@@ -437,7 +421,9 @@ class GroupMembership(Base):
         ),
         _nonblank("group_principal"),
         _nonblank("member_principal"),
-        Index("ix_group_memberships_member_principal", "member_principal"),
+        # Both directions are walked: members -> groups (caller expansion), groups -> members (projection).
+        _normalized_index("group_memberships", "member_principal"),
+        _normalized_index("group_memberships", "group_principal"),
     )
 
     id: Mapped[int] = _pk()
@@ -448,7 +434,12 @@ class GroupMembership(Base):
 
 class PrincipalAlias(Base):
     __tablename__ = "principal_aliases"
-    __table_args__ = (_nonblank("alias"), _nonblank("principal"))
+    __table_args__ = (
+        _nonblank("alias"),
+        _nonblank("principal"),
+        _normalized_index("principal_aliases", "alias"),
+        _normalized_index("principal_aliases", "principal"),
+    )
 
     id: Mapped[int] = _pk()
     alias: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
@@ -507,6 +498,4 @@ class DebeziumHeartbeat(Base):
     __tablename__ = HEARTBEAT_TABLE
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    ts: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    ts: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())

@@ -424,9 +424,7 @@ def plan_setup(*, scale: int, seed: int, label: str) -> SetupPlan:
 
     run_rid = int.from_bytes(label.encode(), "little") % 900_000_000 + 100_000_000
     aliases = [{"alias": f"{u.split(':', 1)[1]}@kanzlei-demo.de", "principal": u} for u in people]
-    aliases += [
-        {"alias": f"sid:s-1-5-21-{run_rid}-{1100 + i}", "principal": u} for i, u in enumerate(people)
-    ]
+    aliases += [{"alias": f"sid:s-1-5-21-{run_rid}-{1100 + i}", "principal": u} for i, u in enumerate(people)]
 
     grants: list[tuple[int, str, str]] = []
     for p, (office, team) in enumerate(teams):
@@ -511,9 +509,9 @@ def _sections(rng: random.Random, family: str, ctx: _Context) -> list[tuple[str,
     return out
 
 
-def _render(family: str, title: str, header: str, sections: list[tuple[str, str | None, str]], footer: str) -> tuple[
-    str, list[Row]
-]:
+def _render(
+    family: str, title: str, header: str, sections: list[tuple[str, str | None, str]], footer: str
+) -> tuple[str, list[Row]]:
     parts = [title, header]
     loci: list[Row] = []
     for i, (heading, clause, body) in enumerate(sections):
@@ -595,8 +593,7 @@ def build_document(seed: int, index: int, setup: SetupPlan, ids: SetupIds, *, ma
         notable = []
         if status in FINAL_STATUSES:
             notable = [
-                {"clause_type_id": ids.ontology[x["clause_key"]], "locus": x["locus"], "text": x["text"]}
-                for x in loci
+                {"clause_type_id": ids.ontology[x["clause_key"]], "locus": x["locus"], "text": x["text"]} for x in loci
             ]
             latest_final = v
         versions.append(

@@ -172,9 +172,7 @@ class BaseEmbedder:
             raw = self._embed_batch(batch)
             self._stats.record_batch()
             if len(raw) != len(batch):
-                raise EmbeddingError(
-                    f"{self._signature}: provider returned {len(raw)} vectors for {len(batch)} texts"
-                )
+                raise EmbeddingError(f"{self._signature}: provider returned {len(raw)} vectors for {len(batch)} texts")
             out[positions] = normalise_vectors(np.asarray(raw), self._dimensions, source=self._signature)
         return out.tolist()
 

@@ -111,8 +111,7 @@ class LocalEmbedder(BaseEmbedder):
         spec = resolve_local_model(model)
         if not 3 <= max_tokens <= spec.max_positions:
             raise EmbeddingError(
-                f"embedding.max_tokens is {max_tokens}, "
-                f"but {spec.name} accepts 3..{spec.max_positions} tokens"
+                f"embedding.max_tokens is {max_tokens}, but {spec.name} accepts 3..{spec.max_positions} tokens"
             )
         if threads < 0:
             raise EmbeddingError(f"embedding.threads must be >= 0, got {threads}")

@@ -53,12 +53,15 @@ def test_counts_match_summary(engine: Engine, run: GenerationSummary) -> None:
     assert demo_data_exists(engine)
     assert sum(run.statuses.values()) == SCALE
     assert _scalar(engine, f"SELECT count(*) FROM ({RUN_VERSIONS}) x WHERE length(text) < 1500", label=label) == 0
-    assert _scalar(
-        engine,
-        "SELECT count(*) FROM group_memberships gm JOIN sources s ON s.id = gm.source_id "
-        "WHERE s.name LIKE '%' || :label",
-        label=label,
-    ) == run.memberships
+    assert (
+        _scalar(
+            engine,
+            "SELECT count(*) FROM group_memberships gm JOIN sources s ON s.id = gm.source_id "
+            "WHERE s.name LIKE '%' || :label",
+            label=label,
+        )
+        == run.memberships
+    )
 
 
 def test_latest_final_points_at_own_final_version(engine: Engine, run: GenerationSummary) -> None:
@@ -71,9 +74,12 @@ def test_latest_final_points_at_own_final_version(engine: Engine, run: Generatio
                   AND v.status IN ('final', 'executed') ORDER BY v.version_no DESC LIMIT 1))
     """
     assert _scalar(engine, sql, label=run.label) == 0
-    assert _scalar(
-        engine, f"SELECT count(*) FROM ({RUN_DOCS}) d WHERE d.latest_final_version_id IS NOT NULL", label=run.label
-    ) > 0
+    assert (
+        _scalar(
+            engine, f"SELECT count(*) FROM ({RUN_DOCS}) d WHERE d.latest_final_version_id IS NOT NULL", label=run.label
+        )
+        > 0
+    )
 
 
 def test_every_version_actively_observed_at_a_run_source(engine: Engine, run: GenerationSummary) -> None:
@@ -125,9 +131,12 @@ def test_grants_satisfy_scope_check_and_cover_every_scope(engine: Engine, run: G
     assert {"project", "source_object"} <= scopes
     assert effects >= {"allow"}
     # Object grants only on objects whose ACL is known (mirrored ACLs).
-    assert _scalar(
-        engine,
-        f"SELECT count(*) FROM ({grants}) g JOIN source_objects so ON so.id = g.source_object_id "
-        "WHERE NOT so.acl_known",
-        label=run.label,
-    ) == 0
+    assert (
+        _scalar(
+            engine,
+            f"SELECT count(*) FROM ({grants}) g JOIN source_objects so ON so.id = g.source_object_id "
+            "WHERE NOT so.acl_known",
+            label=run.label,
+        )
+        == 0
+    )

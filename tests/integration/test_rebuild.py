@@ -100,8 +100,9 @@ def test_duplicated_and_shuffled_events_converge_to_the_rebuilt_index(
     expected = dump(search, settings.retrieval.index_name, {world["doc"]})
 
     # Every CDC message so far, delivered twice and in random order, one small batch at a time.
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "shuffle-test",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "shuffle-test", "enable.auto.commit": False}
+    )
     messages = []
     try:
         metadata = consumer.list_topics(timeout=10)
@@ -201,8 +202,9 @@ def test_reconcile_repairs_a_deleted_row_and_a_drifted_projection(
     world = make_world(engine)
 
     def reconcile() -> str:
-        result = subprocess.run([sys.executable, "-m", "ki.cli", "reconcile"], cwd=REPO_ROOT,
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "ki.cli", "reconcile"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stderr
 

@@ -91,14 +91,12 @@ def _seed_source_object(conn: Connection) -> int:
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
     assert current_revision(db_settings) is None
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0001"
+    assert current_revision(db_settings) == "0002"
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
             assert _user_tables(conn) == set(models.Base.metadata.tables) | {"alembic_version"}
-            ctx = MigrationContext.configure(
-                conn, opts={"compare_type": True, "compare_server_default": True}
-            )
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
             assert compare_metadata(ctx, models.Base.metadata) == []
     finally:
         eng.dispose()
@@ -147,9 +145,7 @@ def test_publication_name_defaults_to_the_settings(db_settings: Settings) -> Non
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
-            assert _publication_tables(conn, db_settings.connect.publication_name) == set(
-                models.PUBLISHED_TABLES
-            )
+            assert _publication_tables(conn, db_settings.connect.publication_name) == set(models.PUBLISHED_TABLES)
     finally:
         eng.dispose()
 
@@ -166,7 +162,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settin
     assert current_revision(db_settings) is None
 
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0001"
+    assert current_revision(db_settings) == "0002"
     with engine.connect() as conn:
         assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
 
@@ -215,8 +211,7 @@ def test_grants_check_accepts_the_matching_target(engine: Engine) -> None:
         )
         conn.execute(
             text(
-                "INSERT INTO grants (scope, document_id, principal, effect)"
-                " VALUES ('document', :d, 'user:a', 'allow')"
+                "INSERT INTO grants (scope, document_id, principal, effect) VALUES ('document', :d, 'user:a', 'allow')"
             ),
             {"d": document_id},
         )
@@ -236,10 +231,7 @@ def test_grants_check_accepts_the_matching_target(engine: Engine) -> None:
 def _tree(conn: Connection) -> tuple[int, int, int]:
     def node(key: str, parent: int | None, kind: str = "doc_type") -> int:
         return conn.execute(
-            text(
-                "INSERT INTO ontology_nodes (kind, key, label, parent_id)"
-                " VALUES (:k, :key, :key, :p) RETURNING id"
-            ),
+            text("INSERT INTO ontology_nodes (kind, key, label, parent_id) VALUES (:k, :key, :key, :p) RETURNING id"),
             {"k": kind, "key": key, "p": parent},
         ).scalar_one()
 
@@ -260,13 +252,11 @@ def test_ancestors_return_the_closure_of_a_three_level_tree(engine: Engine) -> N
             {"p": root},
         ).scalar_one()
 
-        via_sql = conn.execute(
-            text("SELECT id, depth FROM ontology_ancestors(:n) ORDER BY depth"), {"n": leaf}
-        )
+        via_sql = conn.execute(text("SELECT id, depth FROM ontology_ancestors(:n) ORDER BY depth"), {"n": leaf})
         assert [tuple(r) for r in via_sql] == [(leaf, 0), (mid, 1), (root, 2)]
-        assert [
-            tuple(r) for r in conn.execute(text("SELECT id, depth FROM ontology_ancestors(:n)"), {"n": root})
-        ] == [(root, 0)]
+        assert [tuple(r) for r in conn.execute(text("SELECT id, depth FROM ontology_ancestors(:n)"), {"n": root})] == [
+            (root, 0)
+        ]
         assert conn.execute(text("SELECT count(*) FROM ontology_ancestors(-1)")).scalar_one() == 0
 
         subtree = conn.execute(text("SELECT id FROM ontology_descendants(:n)"), {"n": mid}).scalars().all()
@@ -283,24 +273,16 @@ def test_ontology_tree_guard_rejects_cycles_and_mixed_kinds(engine: Engine) -> N
     with engine.begin() as conn:
         root, _mid, leaf = _tree(conn)
     with pytest.raises(IntegrityError, match="under itself or its descendant"), engine.begin() as conn:
-        conn.execute(
-            text("UPDATE ontology_nodes SET parent_id = :leaf WHERE id = :root"), {"leaf": leaf, "root": root}
-        )
+        conn.execute(text("UPDATE ontology_nodes SET parent_id = :leaf WHERE id = :root"), {"leaf": leaf, "root": root})
     with pytest.raises(IntegrityError, match="under itself"), engine.begin() as conn:
         conn.execute(text("UPDATE ontology_nodes SET parent_id = id WHERE id = :root"), {"root": root})
     with pytest.raises(IntegrityError, match="ck_ontology_nodes_not_own_parent"), engine.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO ontology_nodes (id, kind, key, label, parent_id)"
-                " VALUES (999, 'doc_type', 's', 's', 999)"
-            )
+            text("INSERT INTO ontology_nodes (id, kind, key, label, parent_id) VALUES (999, 'doc_type', 's', 's', 999)")
         )
     with pytest.raises(IntegrityError, match="cannot have parent"), engine.begin() as conn:
         conn.execute(
-            text(
-                "INSERT INTO ontology_nodes (kind, key, label, parent_id)"
-                " VALUES ('clause_type', 'c', 'c', :p)"
-            ),
+            text("INSERT INTO ontology_nodes (kind, key, label, parent_id) VALUES ('clause_type', 'c', 'c', :p)"),
             {"p": root},
         )
 
@@ -317,9 +299,7 @@ def test_updated_at_trigger_touches_documents_and_versions(engine: Engine) -> No
         )
     with engine.begin() as conn:  # a later transaction: now() is later
         conn.execute(text("UPDATE documents SET title = 'Vertrag v2' WHERE id = :d"), {"d": document_id})
-        conn.execute(
-            text("UPDATE document_versions SET status = 'final' WHERE document_id = :d"), {"d": document_id}
-        )
+        conn.execute(text("UPDATE document_versions SET status = 'final' WHERE document_id = :d"), {"d": document_id})
     with engine.connect() as conn:
         for table, key in (("documents", "id"), ("document_versions", "document_id")):
             created, updated = conn.execute(
@@ -339,9 +319,7 @@ def test_version_defaults(engine: Engine) -> None:
             {"d": document_id},
         ).one()
         assert tuple(row) == ("de", "", [])
-        identifiers = conn.execute(
-            text("SELECT identifiers FROM documents WHERE id = :d"), {"d": document_id}
-        )
+        identifiers = conn.execute(text("SELECT identifiers FROM documents WHERE id = :d"), {"d": document_id})
         assert identifiers.scalar_one() == []
 
 
@@ -351,8 +329,7 @@ def test_latest_final_version_must_belong_to_the_document(engine: Engine) -> Non
         _p, doc_b = _seed_document(conn)
         version_b = conn.execute(
             text(
-                "INSERT INTO document_versions (document_id, version_no, status)"
-                " VALUES (:d, 1, 'final') RETURNING id"
+                "INSERT INTO document_versions (document_id, version_no, status) VALUES (:d, 1, 'final') RETURNING id"
             ),
             {"d": doc_b},
         ).scalar_one()
@@ -367,10 +344,7 @@ def test_latest_final_version_must_belong_to_the_document(engine: Engine) -> Non
     with engine.begin() as conn:
         conn.execute(text("UPDATE documents SET latest_final_version_id = 4242 WHERE id = :d"), {"d": doc_a})
         conn.execute(
-            text(
-                "INSERT INTO document_versions (id, document_id, version_no, status)"
-                " VALUES (4242, :d, 1, 'final')"
-            ),
+            text("INSERT INTO document_versions (id, document_id, version_no, status) VALUES (4242, :d, 1, 'final')"),
             {"d": doc_a},
         )
     # Deleting the document takes its versions along, pointer and all.

@@ -188,9 +188,7 @@ def test_merge_unavailable_reports_what_is_still_missing():
 
 
 def test_custom_placeholder():
-    event = decode(
-        TOPIC, KEY, envelope(op="u", after={**VERSION_ROW, "text": "<toast>"}), placeholder="<toast>"
-    )
+    event = decode(TOPIC, KEY, envelope(op="u", after={**VERSION_ROW, "text": "<toast>"}), placeholder="<toast>")
     assert event.after["text"] is UNAVAILABLE
 
 
@@ -219,9 +217,7 @@ def test_date_converter():
 
 
 def test_timestamp_converter():
-    assert timestamp_from_debezium("2024-05-01T10:00:00.123456Z") == datetime(
-        2024, 5, 1, 10, 0, 0, 123456, UTC
-    )
+    assert timestamp_from_debezium("2024-05-01T10:00:00.123456Z") == datetime(2024, 5, 1, 10, 0, 0, 123456, UTC)
     assert timestamp_from_debezium("2024-05-01T12:00:00+02:00") == datetime(2024, 5, 1, 10, tzinfo=UTC)
     assert timestamp_from_debezium(1_000_000) == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
     assert timestamp_from_debezium(None) is None
@@ -283,9 +279,7 @@ def test_document_from_row():
 
 
 def test_ontology_and_matter_rows():
-    node = ontology_node_from_row(
-        {"id": 21, "kind": "doc_type", "key": "lease", "label": "Miete", "parent_id": 1}
-    )
+    node = ontology_node_from_row({"id": 21, "kind": "doc_type", "key": "lease", "label": "Miete", "parent_id": 1})
     assert node.parent_id == 1 and node.label == "Miete"
     with pytest.raises(PoisonEvent):
         ontology_node_from_row({"id": 1, "kind": "tag", "key": "k", "label": "l", "parent_id": None})

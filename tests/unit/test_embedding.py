@@ -339,9 +339,7 @@ def test_http_success_sends_model_input_and_key(peer: Peer, monkeypatch: pytest.
     assert embedder.signature == "test-embed-4"
 
 
-def test_http_sends_dimensions_when_enabled_and_no_key_when_unset(
-    peer: Peer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_http_sends_dimensions_when_enabled_and_no_key_when_unset(peer: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KI_TEST_EMBED_KEY", raising=False)
     http_embedder(peer, send_dimensions=True).embed(["a"])
     (request,) = peer.requests

@@ -64,9 +64,7 @@ def test_mapping_is_strict_and_types_every_field():
 def test_every_row_field_is_mapped():
     rows = build_rows(
         DocumentState(id=1, project_id=1, title="T", latest_final_version_id=2),
-        VersionState(
-            id=2, document_id=1, version_no=1, status="final", language="de", doc_date=None, text="x"
-        ),
+        VersionState(id=2, document_id=1, version_no=1, status="final", language="de", doc_date=None, text="x"),
         doc_type_ancestors=(),
         doc_type_label=None,
         matter_title=None,
@@ -127,11 +125,7 @@ def test_physical_index_name_with_generation_and_hostile_signature():
 
 def test_missing_fields_reports_only_absent_properties():
     wanted = index_body(make_settings())
-    live = {
-        "ki-physical": {
-            "mappings": {"dynamic": "false", "properties": dict(wanted["mappings"]["properties"])}
-        }
-    }
+    live = {"ki-physical": {"mappings": {"dynamic": "false", "properties": dict(wanted["mappings"]["properties"])}}}
     assert missing_fields(live, wanted) == {}
     del live["ki-physical"]["mappings"]["properties"]["clause_type"]
     del live["ki-physical"]["mappings"]["properties"]["indexed_at"]

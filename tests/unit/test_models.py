@@ -112,8 +112,7 @@ def test_grants_scope_check_expression() -> None:
     # Evaluate the very expression on SQLite: exactly the matching target, and only it, is accepted.
     db = sqlite3.connect(":memory:")
     db.execute(
-        "CREATE TABLE grants (scope TEXT, project_id INT, document_id INT, source_object_id INT, "
-        f"CHECK ({expr}))"
+        f"CREATE TABLE grants (scope TEXT, project_id INT, document_id INT, source_object_id INT, CHECK ({expr}))"
     )
     accepted = set()
     for scope in (*models.GRANT_SCOPES, "other"):
@@ -198,6 +197,7 @@ def test_offline_sql_uses_exactly_the_model_constraint_and_index_names(offline_s
     rendered = set(re.findall(r"CONSTRAINT (\w+)", offline_sql))
     rendered |= set(re.findall(r"CREATE (?:UNIQUE )?INDEX (\w+)", offline_sql))
     rendered.discard("alembic_version_pkc")
+    rendered -= set(re.findall(r"DROP INDEX (\w+)", offline_sql))  # replaced by a later revision
     expected = {str(c.name) for t in TABLES.values() for c in t.constraints}
     expected |= {str(i.name) for t in TABLES.values() for i in t.indexes}
     assert rendered == expected

@@ -71,9 +71,7 @@ def _check(sqltext: str, name: str) -> sa.CheckConstraint:
     return sa.CheckConstraint(sqltext, name=op.f(name))
 
 
-def _fk(
-    table: str, column: str, target: str, ondelete: str, *, nullable: bool, name: str | None = None
-) -> sa.Column:
+def _fk(table: str, column: str, target: str, ondelete: str, *, nullable: bool, name: str | None = None) -> sa.Column:
     """A bigint FK column; constraint named fk_<table>_<column>_<referred table> unless `name`."""
     referred = target.split(".")[0]
     return sa.Column(
@@ -248,9 +246,7 @@ def upgrade() -> None:
         sa.Column("deleted_at", sa.DateTime(timezone=True)),  # active iff NULL
         sa.PrimaryKeyConstraint("id", name="pk_source_observations"),
     )
-    op.create_index(
-        "ix_source_observations_document_version_id", "source_observations", ["document_version_id"]
-    )
+    op.create_index("ix_source_observations_document_version_id", "source_observations", ["document_version_id"])
     op.create_index("ix_source_observations_source_object_id", "source_observations", ["source_object_id"])
 
     # ---------------------------------------------------------------- grants

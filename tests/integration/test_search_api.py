@@ -1,0 +1,412 @@
+"""The search API end to end: rows written to PostgreSQL, synced by a real `ki sync run` worker through
+Debezium and Kafka into OpenSearch, queried over real HTTP against a real `ki serve` process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.settings import REPO_ROOT, Settings, load_settings
+from search.auth import mint_token
+from tests.conftest import wait_for
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """A `ki ...` child process with extra environment, logging to build/<name>.log."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name, self.args, self.env = name, args, env
+        self.log_path = REPO_ROOT / "build" / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_url: str, timeout: float = 120) -> None:
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ki.cli", *self.args],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        )
+        try:
+            wait_for(lambda: self._up(ready_url), timeout=timeout, what=f"{self.name} at {ready_url}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _up(self, url: str) -> bool:
+        assert self.process and self.process.poll() is None, f"{self.name} exited; see {self.log_path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+class SyncWorker(Child):
+    def __init__(self, env: dict[str, str]) -> None:
+        # A port of its own: another module's worker may still hold settings.streams.web_port.
+        self.port = free_port()
+        super().__init__("search-sync-worker", ["sync", "run"], {**env, "KI_STREAMS__WEB_PORT": str(self.port)})
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        super().start(f"http://127.0.0.1:{self.port}/metrics", timeout)
+
+
+class Server(Child):
+    def __init__(self, name: str = "search-api", **env: str) -> None:
+        self.port = free_port()
+        super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env})
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        super().start(f"{self.base}/healthz", timeout)
+
+    def call(self, path: str, body: Any = None, token: str | None = None, raw: bytes | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET")
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+
+@dataclass
+class Data:
+    tag: str
+    word: str
+    identifier: str
+    project: int
+    docs: dict[str, int]
+    versions: dict[str, int]
+    carol_grant: int
+    member_ids: list[int]
+    source: int
+
+    def user(self, name: str) -> str:
+        return f"{name}-{self.tag}"
+
+
+TEXT = (
+    "Der Verkäufer übergibt dem Käufer die Sache frei von Sach- und Rechtsmängeln. Stichwort {word}. "
+    "Die Gewährleistung richtet sich nach den gesetzlichen Vorschriften, {extra}."
+)
+
+
+@pytest.fixture(scope="module")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def isolation(settings: Settings) -> Iterator[dict[str, str]]:
+    """An index alias and a consumer group of this module's own.
+
+    The shared database may hold a large unsynced backlog (a demo corpus) that the shared consumer group
+    works through for a long time. Our worker runs the real CDC path but in its own consumer group,
+    positioned at the end of every CDC topic before it starts, so it projects exactly the rows this
+    module writes, into an index nobody else writes to. Both are removed afterwards.
+    """
+    uid = uuid.uuid4().hex[:8]
+    env = {"KI_RETRIEVAL__INDEX_NAME": f"ki-search-test-{uid}", "KI_STREAMS__APP_ID": f"ki-search-test-{uid}"}
+    group = env["KI_STREAMS__APP_ID"]
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        positions = []
+        for topic in ensure_and_list_topics(settings):
+            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                positions.append(TopicPartition(topic, partition, high))
+        consumer.commit(offsets=positions, asynchronous=False)
+    finally:
+        consumer.close()
+    yield env
+    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    client.indices.delete(index=f"{env['KI_RETRIEVAL__INDEX_NAME']}--*", ignore_unavailable=True)
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+        with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
+            future.result()
+
+
+def ensure_and_list_topics(settings: Settings) -> list[str]:
+    from streams.topics import cdc_topics, ensure_topics
+
+    ensure_topics(settings)
+    return cdc_topics(settings)
+
+
+@pytest.fixture(scope="module")
+def iso_settings(isolation: dict[str, str]) -> Settings:
+    return load_settings(environ={**os.environ, **isolation})
+
+
+@pytest.fixture(scope="module")
+def worker(isolation: dict[str, str]) -> Iterator[SyncWorker]:
+    w = SyncWorker(isolation)
+    w.start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def server(isolation: dict[str, str]) -> Iterator[Server]:
+    s = Server(**isolation)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def data(engine: Engine, worker: SyncWorker, server: Server, settings: Settings) -> Iterator[Data]:
+    with engine.begin() as conn:
+        w = World(conn)
+        word = f"zqx{w.tag}"
+        identifier = f"4 AZR {int(w.tag, 16) % 90000 + 10000}/23"
+        project = w.project("Suche")
+        source = w.source("local_fs")
+        obj = w.source_object(source)  # local_fs, no object ACL: delegates to the project boundary
+        docs: dict[str, int] = {}
+        versions: dict[str, int] = {}
+        bodies = {
+            "a": TEXT.format(word=word, extra="Lieferung erfolgt am Monatsende"),
+            "b": TEXT.format(word=word, extra="Rücktritt ist ausgeschlossen"),
+            "c": TEXT.format(word=word, extra="Abnahme durch den Käufer"),
+            "d": TEXT.format(word=word, extra="Zahlung binnen vierzehn Tagen"),
+        }
+        for key, body in bodies.items():
+            ids = [identifier] if key == "b" else [f"HRB {key.upper()} {w.tag}"]
+            docs[key] = w.document(project, f"Kaufvertrag {key.upper()} {w.tag}", identifiers=ids)
+            versions[key] = w.version(docs[key], body)
+            w.observe(versions[key], obj)
+        team = f"group:team-{w.tag}"
+        w.grant("document", docs["a"], team)
+        w.grant("document", docs["b"], team)
+        w.grant("document", docs["c"], team)
+        w.grant("document", docs["c"], f"user:alice-{w.tag}", "deny")  # deny wins over the group allow
+        carol_grant = w.grant("document", docs["d"], f"user:carol-{w.tag}")
+        members = [w.member(team, f"user:alice-{w.tag}"), w.member(team, f"user:bob-{w.tag}")]
+        d = Data(w.tag, word, identifier, project, docs, versions, carol_grant, members, source)
+    admin = mint_token(settings.api, "root", roles=["admin"])
+
+    def all_indexed() -> bool:
+        status, body = server.call("/v1/search", {"query": word, "limit": 10}, admin)
+        if status == 503:  # the worker creates the index alias with its first write
+            return False
+        assert status == 200, body
+        return {h["document_id"] for h in body["hits"]} >= set(docs.values())
+
+    try:
+        wait_for(all_indexed, timeout=120, what="the new documents in the index")
+        yield d
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM group_memberships WHERE id = ANY(:ids)"), {"ids": members})
+            conn.execute(text("DELETE FROM projects WHERE id = :p"), {"p": project})
+            conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source})
+
+
+def token(settings: Settings, data: Data, name: str) -> str:
+    return mint_token(settings.api, data.user(name))
+
+
+def doc_ids(body: dict[str, Any]) -> list[int]:
+    return [h["document_id"] for h in body["hits"]]
+
+
+def test_unauthorised_caller_gets_nothing(server: Server, data: Data, settings: Settings) -> None:
+    status, body = server.call("/v1/search", {"query": data.word, "limit": 20}, token(settings, data, "mallory"))
+    assert status == 200 and body["hits"] == []
+    status, body = server.call("/v1/search/filter", {"limit": 20}, token(settings, data, "mallory"))
+    assert status == 200 and body["hits"] == []
+
+
+def test_granted_caller_finds_documents_with_citations_and_deny_wins(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    status, body = server.call("/v1/search", {"query": data.word, "limit": 20}, token(settings, data, "bob"))
+    assert status == 200
+    assert set(doc_ids(body)) == {data.docs["a"], data.docs["b"], data.docs["c"]}
+    assert len(doc_ids(body)) == 3  # collapsed: one hit per document
+    hit = body["hits"][0]
+    assert hit["citation"]["project_id"] == data.project
+    assert hit["citation"]["version_id"] == hit["version_id"] and hit["citation"]["source_object_ids"]
+    assert hit["citation"]["chunk_id"] == hit["chunk_id"]
+    assert "embedding" not in json.dumps(body)
+
+    status, body = server.call("/v1/search", {"query": data.word, "limit": 20}, token(settings, data, "alice"))
+    assert status == 200
+    assert set(doc_ids(body)) == {data.docs["a"], data.docs["b"]}  # the document deny beats the group allow
+
+
+def test_pages_equal_one_larger_window(server: Server, data: Data, settings: Settings) -> None:
+    bob = token(settings, data, "bob")
+    _, whole = server.call("/v1/search", {"query": data.word, "limit": 2}, bob)
+    _, page1 = server.call("/v1/search", {"query": data.word, "limit": 1}, bob)
+    _, page2 = server.call("/v1/search", {"query": data.word, "limit": 1, "offset": 1}, bob)
+    assert doc_ids(page1) + doc_ids(page2) == doc_ids(whole)
+    assert page1["has_more"] is True
+
+
+def test_pasted_identifier_puts_its_document_first(server: Server, data: Data, settings: Settings) -> None:
+    query = f"Was gilt nach {data.identifier.lower()} für {data.word}?"
+    status, body = server.call(
+        "/v1/search", {"query": query, "limit": 5, "explain": True}, token(settings, data, "bob")
+    )
+    assert status == 200
+    first = body["hits"][0]
+    assert first["document_id"] == data.docs["b"]
+    assert first["matched_identifiers"] == [data.identifier]
+    assert "identifier" in first["explain"]["ranks"]
+    assert all(h["matched_identifiers"] == [] for h in body["hits"][1:])
+
+
+def test_metadata_only_search(server: Server, data: Data, settings: Settings) -> None:
+    status, body = server.call(
+        "/v1/search/filter", {"limit": 50, "filters": {"project_id": data.project}}, token(settings, data, "bob")
+    )
+    assert status == 200
+    assert sorted(doc_ids(body)) == sorted([data.docs["a"], data.docs["b"], data.docs["c"]])
+    assert {h["score"] for h in body["hits"]} == {0.0}
+    assert len({h["version_id"] for h in body["hits"]}) == len(body["hits"])
+
+
+def test_auth_and_validation_errors(server: Server, data: Data, settings: Settings) -> None:
+    status, body = server.call("/v1/search", {"query": data.word})
+    assert status == 401 and body["error"] == "unauthorized"
+    expired = mint_token(settings.api, "bob", ttl_s=1, now=0)
+    assert server.call("/v1/search", {"query": data.word}, expired)[0] == 401
+    bob = token(settings, data, "bob")
+    status, body = server.call("/v1/search", {"query": data.word, "filters": {"doc_type": ["x"]}}, bob)
+    assert status == 400 and body["field"] == "filters.doc_type"
+    status, body = server.call("/v1/search", {"query": data.word, "principals": ["role:admin"]}, bob)
+    assert status == 400 and body["field"] == "principals"
+    assert server.call("/v1/search", raw=b"{not json", token=bob)[0] == 400
+    status, body = server.call("/v1/search", {"query": data.word, "offset": 495, "limit": 10}, bob)
+    assert status == 422 and body["error"] == "window_too_deep"
+    status, body = server.call("/v1/search", {"query": "x" * (settings.api.max_body_bytes + 10)}, bob)
+    assert status == 413
+    status, doc = server.call("/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.") and "/v1/search" in doc["paths"]
+    assert "SearchFilters" in doc["components"]["schemas"]
+    status, ready = server.call("/readyz")
+    assert status == 200 and ready["checks"] == {"postgresql": "ok", "opensearch": "ok", "index": "ok"}
+
+
+def test_revoked_grant_disappears_at_once_while_the_index_is_stale(
+    server: Server, worker: SyncWorker, data: Data, iso_settings: Settings, engine: Engine
+) -> None:
+    settings = iso_settings
+    carol = token(settings, data, "carol")
+    status, body = server.call("/v1/search", {"query": data.word}, carol)
+    assert status == 200 and doc_ids(body) == [data.docs["d"]]
+    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    worker.stop()  # nothing updates the index's principal projection from here on
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM grants WHERE id = :g"), {"g": data.carol_grant})
+        status, body = server.call("/v1/search", {"query": data.word}, carol)
+        assert status == 200 and body["hits"] == []
+        client.indices.refresh(index=settings.retrieval.index_name)
+        rows = client.search(
+            index=settings.retrieval.index_name,
+            body={"query": {"term": {"document_id": str(data.docs["d"])}}, "_source": ["allowed_principals"]},
+        )["hits"]["hits"]
+        assert rows and all(f"user:carol-{data.tag}" in r["_source"]["allowed_principals"] for r in rows)
+    finally:
+        worker.start()
+
+
+def test_reverify_drops_a_candidate_revoked_after_scope_compilation(
+    data: Data, iso_settings: Settings, engine: Engine
+) -> None:
+    """The SQL backstop on its own: a scope compiled before the revoke still lets the row through
+    OpenSearch, and the re-verify must drop it."""
+    settings = iso_settings
+    import asyncio
+
+    from ki.db.engine import make_async_engine
+    from ki.embedding import create_embedder
+    from search.filters import parse_search_request
+    from search.service import SearchService
+    from streams.writer import make_client
+
+    with engine.begin() as conn:
+        grant = World(conn, tag=data.tag).grant("document", data.docs["a"], f"user:dave-{data.tag}")
+
+    async def run() -> tuple[list[int], list[int]]:
+        aengine, client = make_async_engine(settings), make_client(settings)
+        try:
+            service = SearchService(settings, aengine, client, create_embedder(settings))
+            principals = [f"user:dave-{data.tag}"]
+            request = parse_search_request({"query": data.word}, settings.api)
+            scope = await service.compile_scope(principals, None)
+            before = await service.search_in_scope(principals, request, scope)
+            with engine.begin() as conn:
+                conn.execute(text("DELETE FROM grants WHERE id = :g"), {"g": grant})
+            after = await service.search_in_scope(principals, request, scope)
+            return [h["document_id"] for h in before.hits], [h["document_id"] for h in after.hits]
+        finally:
+            await client.close()
+            await aengine.dispose()
+
+    before, after = asyncio.run(run())
+    assert before == [data.docs["a"]]
+    assert after == []
+
+
+def test_opensearch_unreachable_is_503() -> None:
+    dead = Server("search-api-dead-opensearch", KI_OPENSEARCH__URL=f"http://127.0.0.1:{free_port()}")
+    dead.start()
+    try:
+        admin = mint_token(load_settings().api, "root", roles=["admin"])
+        status, body = dead.call("/v1/search", {"query": "Kaufvertrag"}, admin)
+        assert status == 503 and body["error"] == "search_unavailable"
+        status, body = dead.call("/readyz")
+        assert status == 503 and body["checks"]["opensearch"].startswith("error")
+    finally:
+        dead.stop()
