@@ -1,8 +1,9 @@
 """The chunk index's settings and mapping, its physical name, and checks against a live index.
 
 `retrieval.index_name` is the alias that readers and writers use; the physical index behind it
-is named after the embedding signature (model + dimension), so vectors from two models never
-share one ANN index and a rebuild can fill a fresh index before the alias swaps.
+is named after the index signature — the embedding signature (model + dimension) plus the text
+analyzer — so vectors from two models, or text analysed two ways, never share one index, and a
+rebuild can fill a fresh index before the alias swaps.
 """
 
 from __future__ import annotations
@@ -98,22 +99,33 @@ def _slug(value: str) -> str:
     return "".join(out).strip("-._")
 
 
-def physical_index_name(settings: Settings, embedding_signature: str, generation: str | int | None = None) -> str:
-    """`{alias}--{signature slug}-{hash8}[--{generation}]`, lowercase and legal for OpenSearch.
+def index_signature(settings: Settings, embedding_signature: str) -> str:
+    """What a physical index is bound to: the embedding signature and the analyzer of `text`.
 
-    The 8-hex hash of the raw signature keeps the name injective: "MiniLM/384" and "minilm-384"
-    slug alike but must not share an index. `generation` (e.g. a rebuild counter or timestamp the
-    caller chooses) lets a rebuild with the same model fill a fresh index beside the live one.
+    BM25 statistics of text analysed by two analyzers are not comparable (stems vs. words), so a
+    changed `retrieval.text_analyzer` needs a fresh index exactly like a changed embedding model.
     """
     if not embedding_signature.strip():
         raise ValueError("embedding_signature must not be empty")
+    return f"{embedding_signature}+{settings.retrieval.text_analyzer}"
+
+
+def physical_index_name(settings: Settings, embedding_signature: str, generation: str | int | None = None) -> str:
+    """`{alias}--{index signature slug}-{hash8}[--{generation}]`, lowercase and legal for OpenSearch.
+
+    The 8-hex hash of the raw index signature keeps the name injective: "MiniLM/384" and
+    "minilm-384" slug alike but must not share an index. `generation` (e.g. a rebuild counter or
+    timestamp the caller chooses) lets a rebuild with the same model fill a fresh index beside the
+    live one.
+    """
+    signature = index_signature(settings, embedding_signature)
     alias = _slug(settings.retrieval.index_name)
     if not alias:
         raise ValueError(f"retrieval.index_name {settings.retrieval.index_name!r} has no usable characters")
-    digest = hashlib.sha256(embedding_signature.encode("utf-8")).hexdigest()[:8]
+    digest = hashlib.sha256(signature.encode("utf-8")).hexdigest()[:8]
     suffix = f"-{digest}" + (f"--{_slug(str(generation))}" if generation is not None else "")
     room = _MAX_INDEX_NAME_BYTES - len(alias) - len("--") - len(suffix)
-    slug = _slug(embedding_signature)[: max(room, 0)].strip("-._") or "sig"
+    slug = _slug(signature)[: max(room, 0)].strip("-._") or "sig"
     return f"{alias}--{slug}{suffix}"[:_MAX_INDEX_NAME_BYTES]
 
 
@@ -173,4 +185,23 @@ def dimension_mismatch(live_mapping: Mapping[str, Any], wanted_dim: int) -> str 
     return (
         f"live index has embedding dimension {live_dim} but retrieval.embedding_dimensions is "
         f"{wanted_dim}; vectors of two embedding models cannot share one ANN index: {_REBUILD_HINT}"
+    )
+
+
+def analyzer_mismatch(live_mapping: Mapping[str, Any], wanted_analyzer: str) -> str | None:
+    """A message telling the operator to rebuild when the live `text` analyzer differs, else None.
+
+    Writing with one analyzer into an index built with another would mix two vocabularies in one
+    BM25 field; the mapping cannot be changed in place, so the only fix is a rebuild.
+    """
+    text_field = _properties_of(live_mapping).get("text")
+    if not text_field:
+        return None  # no text field yet: missing_fields adds it
+    live = text_field.get("analyzer", "standard")  # OpenSearch's default when none is named
+    if live == wanted_analyzer:
+        return None
+    return (
+        f"live index analyses `text` with {live!r} but retrieval.text_analyzer is {wanted_analyzer!r}; "
+        "text analysed two ways cannot share one BM25 field: run `ki rebuild` to build a fresh index "
+        "with the current analyzer and swap the alias"
     )

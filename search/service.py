@@ -241,15 +241,18 @@ class SearchService:
         t = time.perf_counter()
         timings["scope"] = (t - t0) * 1000
         strict = strict_filter(scope, metadata_clauses(request.filters))
-        vector = await self.embed_query(request.query)
+        r = self.settings.retrieval
+        weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+        # A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only
+        # trail the ranking with score 0 (this is how `ki eval` measures one leg alone).
+        vector = await self.embed_query(request.query) if weights["semantic"] > 0 else None
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t) * 1000
         bodies = build_leg_bodies(request.query, vector, strict, request.window)
+        bodies = {name: body for name, body in bodies.items() if weights[name] > 0}
         legs = await self._opensearch(run_legs(self.client, self.index, bodies))
         t2 = time.perf_counter()
         timings["msearch"] = (t2 - t1) * 1000
-        r = self.settings.retrieval
-        weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
         fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         verified = await self._reverify(principals, [c.version_id for c in fused])
         survivors = [c for c in fused if self._matches(c, verified)]

@@ -21,7 +21,13 @@ from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import ConnectionTimeout, NotFoundError, TransportError
 
 from ki.settings import Settings
-from projections.mapping import dimension_mismatch, index_body, missing_fields, physical_index_name
+from projections.mapping import (
+    analyzer_mismatch,
+    dimension_mismatch,
+    index_body,
+    missing_fields,
+    physical_index_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,11 @@ class IndexWriter:
             await self.client.indices.update_aliases(
                 body={"actions": [{"add": {"index": physical, "alias": self.alias}}]}
             )
+        # The alias may still point at an index built with another analyzer: never write into it.
+        for target, body in (await self.client.indices.get_mapping(index=self.alias)).items():
+            problem = analyzer_mismatch(body["mappings"], self.settings.retrieval.text_analyzer)
+            if problem:
+                raise IndexSchemaError(f"{target}: {problem}")
         return physical
 
     async def create_physical(self, physical: str) -> None:

@@ -4,9 +4,11 @@ import pytest
 
 from ki.settings import Settings
 from projections.mapping import (
+    analyzer_mismatch,
     conflicting_fields,
     dimension_mismatch,
     index_body,
+    index_signature,
     mapping_properties,
     missing_fields,
     physical_index_name,
@@ -112,6 +114,30 @@ def test_physical_index_name_is_legal_and_bound_to_the_signature():
     assert name != physical_index_name(settings, "all-MiniLM-L6-v2@768")
     # Signatures that slug alike still get different indices.
     assert physical_index_name(settings, "A/B") != physical_index_name(settings, "a-b")
+
+
+def test_text_analyzer_defaults_to_german_and_is_part_of_the_index_signature():
+    german, english = make_settings(), make_settings(text_analyzer="english")
+    assert german.retrieval.text_analyzer == "german"
+    assert index_signature(german, "m@384") != index_signature(english, "m@384")
+    # A changed analyzer gets another physical index, exactly as a changed embedding model does.
+    assert physical_index_name(german, "m@384") != physical_index_name(english, "m@384")
+    assert physical_index_name(english, "m@384") == physical_index_name(make_settings(text_analyzer="english"), "m@384")
+    assert "english" in physical_index_name(english, "m@384")
+    assert physical_index_name(german, "m@384", generation=2) != physical_index_name(english, "m@384", generation=2)
+    with pytest.raises(ValueError):
+        index_signature(german, " ")
+
+
+def test_analyzer_mismatch_tells_to_rebuild():
+    live = {"idx": {"mappings": {"properties": {"text": {"type": "text", "analyzer": "german"}}}}}
+    assert analyzer_mismatch(live, "german") is None
+    message = analyzer_mismatch(live, "english")
+    assert message is not None and "'german'" in message and "'english'" in message and "ki rebuild" in message
+    # No analyzer named in the live mapping means OpenSearch's `standard`.
+    assert analyzer_mismatch({"properties": {"text": {"type": "text"}}}, "standard") is None
+    assert analyzer_mismatch({"properties": {"text": {"type": "text"}}}, "german") is not None
+    assert analyzer_mismatch({"properties": {}}, "english") is None
 
 
 def test_physical_index_name_with_generation_and_hostile_signature():
