@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
@@ -158,9 +158,7 @@ def isolation(settings: Settings) -> Iterator[dict[str, str]]:
     try:
         positions = []
         for topic in ensure_and_list_topics(settings):
-            for partition in consumer.list_topics(topic, timeout=30).topics[topic].partitions:
-                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-                positions.append(TopicPartition(topic, partition, high))
+            positions += wait_for(lambda t=topic: _end_offsets(consumer, t), timeout=60, what=f"leaders of {topic}")
         consumer.commit(offsets=positions, asynchronous=False)
     finally:
         consumer.close()
@@ -171,6 +169,18 @@ def isolation(settings: Settings) -> Iterator[dict[str, str]]:
     for future in admin.delete_consumer_groups([group], request_timeout=30).values():
         with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
             future.result()
+
+
+def _end_offsets(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    """End offset of every partition; empty while a freshly created topic is still electing its leaders."""
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return [
+            TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in partitions
+        ]
+    except KafkaException:
+        return []
 
 
 def ensure_and_list_topics(settings: Settings) -> list[str]:
