@@ -1,6 +1,7 @@
-"""The aiohttp search API.
+"""The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
-`POST /v1/search`, `POST /v1/search/filter`, `GET /healthz`, `GET /readyz`, `GET /openapi.json`.
+`POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /healthz`, `GET /readyz`,
+`GET /openapi.json`.
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
 400 bad input (naming the field), 401 missing/invalid token, 413 body too large, 422 window too deep,
 503 OpenSearch unavailable (never a partial answer).
@@ -20,13 +21,13 @@ from ki.settings import Settings
 from search.auth import AuthError, authenticate
 from search.filters import (
     MAX_RANKED_WINDOW,
-    FilterRequest,
     RequestInvalid,
-    SearchRequest,
     WindowTooDeep,
+    parse_decision_request,
     parse_filter_request,
     parse_search_request,
 )
+from search.openapi import openapi_document
 from search.service import SearchService, SearchUnavailable
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,14 @@ async def filter_handler(request: web.Request) -> web.Response:
     return web.json_response(result.to_json())
 
 
+async def decisions_handler(request: web.Request) -> web.Response:
+    principals = _principals(request)
+    parsed = parse_decision_request(await _body(request), request.app[SETTINGS_KEY].api)
+    async with request.app[LIMIT_KEY]:
+        result = await request.app[SERVICE_KEY].search_decisions(principals, parsed)
+    return web.json_response(result.to_json())
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -105,82 +114,6 @@ async def readyz(request: web.Request) -> web.Response:
     checks = await request.app[SERVICE_KEY].ready()
     ok = all(v == "ok" for v in checks.values())
     return web.json_response({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
-
-
-def openapi_document() -> dict[str, Any]:
-    """A minimal OpenAPI 3 document; request schemas come from the pydantic models."""
-    search_schema = SearchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    filter_schema = FilterRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas: dict[str, Any] = {}
-    for schema in (search_schema, filter_schema):
-        schemas.update(schema.pop("$defs", {}))
-    schemas["SearchRequest"] = search_schema
-    schemas["FilterRequest"] = filter_schema
-    schemas["Error"] = {
-        "type": "object",
-        "required": ["error", "message"],
-        "properties": {"error": {"type": "string"}, "message": {"type": "string"}, "field": {"type": "string"}},
-    }
-    schemas["SearchResponse"] = {
-        "type": "object",
-        "properties": {
-            "hits": {"type": "array", "items": {"type": "object"}},
-            "offset": {"type": "integer"},
-            "limit": {"type": "integer"},
-            "has_more": {"type": "boolean"},
-        },
-    }
-
-    def err(description: str) -> dict[str, Any]:
-        return {
-            "description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-
-    def post(summary: str, model: str) -> dict[str, Any]:
-        return {
-            "post": {
-                "summary": summary,
-                "security": [{"bearer": []}],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
-                },
-                "responses": {
-                    "200": {
-                        "description": "hits of the requested window",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SearchResponse"}}},
-                    },
-                    "400": err("invalid input; `field` names the offending field"),
-                    "401": err("missing or invalid bearer token"),
-                    "413": err("request body too large"),
-                    "422": err(f"offset + limit exceeds {MAX_RANKED_WINDOW}"),
-                    "503": err("OpenSearch unavailable"),
-                },
-            }
-        }
-
-    return {
-        "openapi": "3.0.3",
-        "info": {"title": "ki-sidecar search API", "version": "1"},
-        "paths": {
-            "/v1/search": post("Ranked hybrid search within the caller's SQL access scope", "SearchRequest"),
-            "/v1/search/filter": post(
-                "Metadata-only search (doc_date descending, one hit per version)", "FilterRequest"
-            ),
-            "/healthz": {"get": {"summary": "process is up", "responses": {"200": {"description": "ok"}}}},
-            "/readyz": {
-                "get": {
-                    "summary": "PostgreSQL and OpenSearch reachable, index alias present",
-                    "responses": {"200": {"description": "ready"}, "503": err("not ready")},
-                }
-            },
-        },
-        "components": {
-            "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
-        },
-    }
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -194,6 +127,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app[LIMIT_KEY] = asyncio.Semaphore(settings.api.max_concurrent_requests)
     app.router.add_post("/v1/search", search_handler)
     app.router.add_post("/v1/search/filter", filter_handler)
+    app.router.add_post("/v1/decisions/search", decisions_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

@@ -12,16 +12,19 @@ shrink the candidate set after ranking), so it raises the distinct `WindowTooDee
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ki.settings import ApiSettings
 
 MAX_RANKED_WINDOW = 500
+#: Ids are PostgreSQL bigints; a larger number is bad input, not a database error.
+MAX_ID = 2**63 - 1
 
 VersionStatus = Literal["draft", "final", "executed", "unknown"]
 ChunkKind = Literal["chunk", "profile", "clause"]
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
 class WindowTooDeep(ValueError):
@@ -51,19 +54,46 @@ def _as_list(value: Any) -> Any:
     return None if value is None else value if isinstance(value, list) else [value]
 
 
+def check_text(value: str) -> str:
+    """Text that PostgreSQL and OpenSearch can take verbatim: valid UTF-8 (no lone surrogates), no NUL."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _bounded_list(value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("must not be an empty list (omit the filter instead)")
+    limit = _api(info).max_filter_values
+    if len(value) > limit:
+        raise ValueError(f"at most {limit} values allowed, got {len(value)}")
+    for v in value:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("values must not be blank")
+            check_text(v)
+    return list(dict.fromkeys(value))
+
+
 class SearchFilters(BaseModel):
     """Metadata filters; each list matches any of its values, lists are AND-ed together."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    project_id: list[int] | None = Field(None, description="also narrows the compiled access scope")
-    matter_id: list[int] | None = None
-    doc_type: list[int] | None = Field(None, description="ontology node ids; matches the node's whole subtree")
+    project_id: list[Id] | None = Field(None, description="also narrows the compiled access scope")
+    matter_id: list[Id] | None = None
+    doc_type: list[Id] | None = Field(None, description="ontology node ids; matches the node's whole subtree")
     version_status: list[VersionStatus] | None = None
-    language: list[str] | None = None
+    language: list[Annotated[str, Field(max_length=64)]] | None = None
     date_from: dt.date | None = Field(None, description="inclusive lower bound on doc_date")
     date_to: dt.date | None = Field(None, description="inclusive upper bound on doc_date")
-    clause_type: list[int] | None = Field(None, description="ontology node ids; only clause rows carry one")
+    clause_type: list[Id] | None = Field(None, description="ontology node ids; only clause rows carry one")
     chunk_kind: list[ChunkKind] | None = None
 
     @field_validator(
@@ -83,18 +113,7 @@ class SearchFilters(BaseModel):
     @field_validator("project_id", "matter_id", "doc_type", "version_status", "language", "clause_type", "chunk_kind")
     @classmethod
     def _bounded(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("must not be an empty list (omit the filter instead)")
-        limit = _api(info).max_filter_values
-        if len(value) > limit:
-            raise ValueError(f"at most {limit} values allowed, got {len(value)}")
-        if any(isinstance(v, int) and v < 1 for v in value):
-            raise ValueError("ids must be positive integers")
-        if any(isinstance(v, str) and not v.strip() for v in value):
-            raise ValueError("values must not be blank")
-        return list(dict.fromkeys(value))
+        return _bounded_list(value, info)
 
     @model_validator(mode="after")
     def _date_range(self) -> SearchFilters:
@@ -103,13 +122,11 @@ class SearchFilters(BaseModel):
         return self
 
 
-class _Paged(BaseModel):
+class _Window(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     limit: int = Field(10, ge=1)
-    offset: int = Field(0, ge=0)
-    filters: SearchFilters = Field(default_factory=lambda: SearchFilters())
-    explain: bool = False
+    offset: int = Field(0, ge=0, le=MAX_ID)
 
     @field_validator("limit")
     @classmethod
@@ -124,6 +141,20 @@ class _Paged(BaseModel):
         return self.offset + self.limit
 
 
+class _Paged(_Window):
+    filters: SearchFilters = Field(default_factory=lambda: SearchFilters())
+    explain: bool = False
+
+
+def _check_query(value: str, info: ValidationInfo, blank_hint: str) -> str:
+    if not value.strip():
+        raise ValueError(f"must not be blank{blank_hint}")
+    limit = _api(info).max_query_chars
+    if len(value) > limit:
+        raise ValueError(f"at most {limit} characters allowed, got {len(value)}")
+    return check_text(value)
+
+
 class SearchRequest(_Paged):
     """`POST /v1/search`: ranked hybrid search."""
 
@@ -132,19 +163,48 @@ class SearchRequest(_Paged):
     @field_validator("query")
     @classmethod
     def _query(cls, value: str, info: ValidationInfo) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank (use /v1/search/filter for metadata-only search)")
-        limit = _api(info).max_query_chars
-        if len(value) > limit:
-            raise ValueError(f"at most {limit} characters allowed, got {len(value)}")
-        return value
+        return _check_query(value, info, " (use /v1/search/filter for metadata-only search)")
 
 
 class FilterRequest(_Paged):
     """`POST /v1/search/filter`: metadata-only search (no query text, no ranking)."""
 
 
-def _parse(model: type[_Paged], data: Any, api: ApiSettings) -> Any:
+class DecisionFilters(BaseModel):
+    """Narrowing for decision search; each list matches any of its values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project_id: list[Id] | None = None
+    document_id: list[Id] | None = None
+
+    @field_validator("project_id", "document_id", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("project_id", "document_id")
+    @classmethod
+    def _bounded(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        return _bounded_list(value, info)
+
+
+class DecisionSearchRequest(_Window):
+    """`POST /v1/decisions/search`: decision records by token overlap with locus, change summary and rationale."""
+
+    query: str = Field(..., description="query text; its words are matched against the decision records")
+    filters: DecisionFilters = Field(default_factory=lambda: DecisionFilters())
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, value: str, info: ValidationInfo) -> str:
+        return _check_query(value, info, "")
+
+
+W = TypeVar("W", bound=_Window)
+
+
+def _parse(model: type[W], data: Any, api: ApiSettings) -> W:
     if not isinstance(data, dict):
         raise RequestInvalid("body", "must be a JSON object")
     try:
@@ -165,6 +225,10 @@ def parse_search_request(data: Any, api: ApiSettings) -> SearchRequest:
 
 def parse_filter_request(data: Any, api: ApiSettings) -> FilterRequest:
     return _parse(FilterRequest, data, api)
+
+
+def parse_decision_request(data: Any, api: ApiSettings) -> DecisionSearchRequest:
+    return _parse(DecisionSearchRequest, data, api)
 
 
 def metadata_clauses(filters: SearchFilters) -> list[dict[str, Any]]:

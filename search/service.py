@@ -25,7 +25,8 @@ from sqlalchemy.types import BigInteger
 from ki.acl import Caller, resolve_caller, visible_versions
 from ki.embedding import Embedder
 from ki.settings import Settings
-from search.filters import FilterRequest, SearchRequest, metadata_clauses
+from search.decisions import DecisionPage, search_decisions
+from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
 from search.legs import SOURCE_EXCLUDES, LegError, build_leg_bodies, leg_depth, run_legs
 from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
@@ -302,6 +303,12 @@ class SearchService:
         hits = [_hit_json(c, verified[c.version_id], request.explain) for c in page]
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
+
+    async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
+        """Decision records by token overlap, checked against the caller's principals (SQL only)."""
+        security = self.settings.security
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(lambda c: search_decisions(c, principals, security, request))
 
     @staticmethod
     def _matches(c: Candidate, verified: dict[int, VerifiedVersion]) -> bool:

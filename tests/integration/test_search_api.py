@@ -3,112 +3,24 @@ Debezium and Kafka into OpenSearch, queried over real HTTP against a real `ki se
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 from search.auth import mint_token
 from tests.conftest import wait_for
+from tests.integration.search_harness import Server, SyncWorker, free_port, isolated
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Child:
-    """A `ki ...` child process with extra environment, logging to build/<name>.log."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.name, self.args, self.env = name, args, env
-        self.log_path = REPO_ROOT / "build" / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_url: str, timeout: float = 120) -> None:
-        self.log_path.parent.mkdir(exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", *self.args],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-        )
-        try:
-            wait_for(lambda: self._up(ready_url), timeout=timeout, what=f"{self.name} at {ready_url}")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _up(self, url: str) -> bool:
-        assert self.process and self.process.poll() is None, f"{self.name} exited; see {self.log_path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
-
-
-class SyncWorker(Child):
-    def __init__(self, env: dict[str, str]) -> None:
-        # A port of its own: another module's worker may still hold settings.streams.web_port.
-        self.port = free_port()
-        super().__init__("search-sync-worker", ["sync", "run"], {**env, "KI_STREAMS__WEB_PORT": str(self.port)})
-
-    def start(self, ready_url: str = "", timeout: float = 120) -> None:
-        super().start(f"http://127.0.0.1:{self.port}/metrics", timeout)
-
-
-class Server(Child):
-    def __init__(self, name: str = "search-api", **env: str) -> None:
-        self.port = free_port()
-        super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env})
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def start(self, ready_url: str = "", timeout: float = 120) -> None:
-        super().start(f"{self.base}/healthz", timeout)
-
-    def call(self, path: str, body: Any = None, token: str | None = None, raw: bytes | None = None) -> tuple[int, Any]:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        request = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET")
-        request.add_header("Content-Type", "application/json")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
 
 
 @dataclass
@@ -142,52 +54,8 @@ def engine(settings: Settings) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def isolation(settings: Settings) -> Iterator[dict[str, str]]:
-    """An index alias and a consumer group of this module's own.
-
-    The shared database may hold a large unsynced backlog (a demo corpus) that the shared consumer group
-    works through for a long time. Our worker runs the real CDC path but in its own consumer group,
-    positioned at the end of every CDC topic before it starts, so it projects exactly the rows this
-    module writes, into an index nobody else writes to. Both are removed afterwards.
-    """
-    uid = uuid.uuid4().hex[:8]
-    env = {"KI_RETRIEVAL__INDEX_NAME": f"ki-search-test-{uid}", "KI_STREAMS__APP_ID": f"ki-search-test-{uid}"}
-    group = env["KI_STREAMS__APP_ID"]
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False}
-    )
-    try:
-        positions = []
-        for topic in ensure_and_list_topics(settings):
-            positions += wait_for(lambda t=topic: _end_offsets(consumer, t), timeout=60, what=f"leaders of {topic}")
-        consumer.commit(offsets=positions, asynchronous=False)
-    finally:
-        consumer.close()
-    yield env
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
-    client.indices.delete(index=f"{env['KI_RETRIEVAL__INDEX_NAME']}--*", ignore_unavailable=True)
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-    for future in admin.delete_consumer_groups([group], request_timeout=30).values():
-        with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
-            future.result()
-
-
-def _end_offsets(consumer: Consumer, topic: str) -> list[TopicPartition]:
-    """End offset of every partition; empty while a freshly created topic is still electing its leaders."""
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return [
-            TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
-            for p in partitions
-        ]
-    except KafkaException:
-        return []
-
-
-def ensure_and_list_topics(settings: Settings) -> list[str]:
-    from streams.topics import cdc_topics, ensure_topics
-
-    ensure_topics(settings)
-    return cdc_topics(settings)
+    with isolated(settings) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

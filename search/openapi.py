@@ -1,0 +1,181 @@
+"""The OpenAPI 3 document served at `/openapi.json`; request schemas come from the pydantic models, so the
+document and the validation cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from search.filters import MAX_RANKED_WINDOW, DecisionSearchRequest, FilterRequest, SearchRequest
+
+_REQUESTS: dict[str, type[BaseModel]] = {
+    "SearchRequest": SearchRequest,
+    "FilterRequest": FilterRequest,
+    "DecisionSearchRequest": DecisionSearchRequest,
+}
+
+_ERROR = {
+    "type": "object",
+    "required": ["error", "message"],
+    "properties": {
+        "error": {"type": "string"},
+        "message": {"type": "string"},
+        "field": {"type": "string", "description": "the offending request field (400 only)"},
+    },
+}
+
+_CITATION = {
+    "type": "object",
+    "properties": {
+        "project_id": {"type": "integer"},
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "source_object_ids": {"type": "array", "items": {"type": "integer"}},
+        "chunk_id": {"type": "string"},
+    },
+}
+
+_EXPLAIN = {
+    "type": "object",
+    "description": "score = sum(rrf_parts) * status_boost (replaced by rerank_score when the hit was reranked)",
+    "properties": {
+        "ranks": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "0-based per leg"},
+        "weights": {"type": "object", "additionalProperties": {"type": "number"}},
+        "rrf_k": {"type": "integer"},
+        "rrf_parts": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "weight_leg / (rrf_k + rank) per leg the hit appeared in",
+        },
+        "rrf_score": {"type": "number"},
+        "status_boost": {"type": "number"},
+        "fused_score": {"type": "number"},
+        "rerank_score": {"type": "number", "nullable": True},
+    },
+}
+
+_HIT = {
+    "type": "object",
+    "properties": {
+        "score": {"type": "number"},
+        "project_id": {"type": "integer"},
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "chunk_id": {"type": "string"},
+        "title": {"type": "string"},
+        "text": {"type": "string"},
+        "matched_identifiers": {"type": "array", "items": {"type": "string"}},
+        "citation": {"$ref": "#/components/schemas/Citation"},
+        "explain": {"$ref": "#/components/schemas/Explain"},
+    },
+}
+
+_DECISION = {
+    "type": "object",
+    "properties": {
+        "decision_id": {"type": "integer"},
+        "project_id": {"type": "integer"},
+        "document_id": {"type": "integer", "nullable": True},
+        "locus": {"type": "string"},
+        "change_summary": {"type": "string"},
+        "rationale": {"type": "string"},
+        "evidence_source_object_ids": {"type": "array", "items": {"type": "integer"}},
+        "created_at": {"type": "string", "format": "date-time"},
+        "score": {"type": "number", "description": "share of the query's distinct tokens found in the record"},
+        "matched_tokens": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+def _page(item: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["hits", "offset", "limit", "has_more"],
+        "properties": {
+            "hits": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}},
+            "offset": {"type": "integer"},
+            "limit": {"type": "integer"},
+            "has_more": {"type": "boolean"},
+        },
+    }
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _post(summary: str, request: str, response: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    responses = {
+        "200": {
+            "description": "the requested window",
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}}},
+        },
+        "400": _err("invalid input; `field` names the offending field"),
+        "401": _err("missing or invalid bearer token"),
+        "413": _err("request body too large"),
+        "422": _err(f"offset + limit exceeds {MAX_RANKED_WINDOW}"),
+        "503": _err("a backend is unavailable (never a partial answer)"),
+        **(extra or {}),
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}},
+            },
+            "responses": responses,
+        }
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    for name, model in _REQUESTS.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+    schemas.update(
+        Error=_ERROR,
+        Citation=_CITATION,
+        Explain=_EXPLAIN,
+        Hit=_HIT,
+        SearchResponse=_page("Hit"),
+        Decision=_DECISION,
+        DecisionResponse=_page("Decision"),
+    )
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "ki-sidecar search API", "version": "1"},
+        "paths": {
+            "/v1/search": _post(
+                "Ranked hybrid search within the caller's SQL access scope", "SearchRequest", "SearchResponse"
+            ),
+            "/v1/search/filter": _post(
+                "Metadata-only search (doc_date descending, one hit per version, score 0)",
+                "FilterRequest",
+                "SearchResponse",
+            ),
+            "/v1/decisions/search": _post(
+                "Decision records by token overlap; only those whose document and evidence the caller may see",
+                "DecisionSearchRequest",
+                "DecisionResponse",
+            ),
+            "/healthz": {"get": {"summary": "process is up", "responses": {"200": {"description": "ok"}}}},
+            "/readyz": {
+                "get": {
+                    "summary": "PostgreSQL and OpenSearch reachable, index alias present",
+                    "responses": {"200": {"description": "ready"}, "503": _err("not ready")},
+                }
+            },
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+        },
+    }

@@ -1,0 +1,177 @@
+"""Processes and isolation for the search API's end-to-end tests: real `ki serve` and `ki sync run`
+children on free ports, an index alias and consumer group of a module's own, and a small HTTP client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from opensearchpy import OpenSearch
+
+from ki.settings import REPO_ROOT, Settings
+from tests.conftest import wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """A `ki ...` child process with extra environment, logging to build/<name>.log."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name, self.args, self.env = name, args, env
+        self.log_path = REPO_ROOT / "build" / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_url: str, timeout: float = 120) -> None:
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ki.cli", *self.args],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        )
+        try:
+            wait_for(lambda: self._up(ready_url), timeout=timeout, what=f"{self.name} at {ready_url}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _up(self, url: str) -> bool:
+        assert self.process and self.process.poll() is None, f"{self.name} exited; see {self.log_path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+class SyncWorker(Child):
+    def __init__(self, env: dict[str, str]) -> None:
+        # A port of its own: another module's worker may still hold settings.streams.web_port.
+        self.port = free_port()
+        super().__init__("search-sync-worker", ["sync", "run"], {**env, "KI_STREAMS__WEB_PORT": str(self.port)})
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        super().start(f"http://127.0.0.1:{self.port}/metrics", timeout)
+
+
+class Server(Child):
+    def __init__(self, name: str = "search-api", **env: str) -> None:
+        self.port = free_port()
+        super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env})
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        super().start(f"{self.base}/healthz", timeout)
+
+    def call(
+        self,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """Status and JSON body of one request (POST when there is a body). A non-JSON body fails the test."""
+        status, content_type, payload = self.request(path, body, token, raw, headers)
+        assert content_type.startswith("application/json"), f"{path} -> {status} {content_type}: {payload[:300]!r}"
+        return status, json.loads(payload)
+
+    def request(
+        self,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, str, bytes]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET")
+        request.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.headers.get("Content-Type", ""), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+def _end_offsets(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    """End offset of every partition; empty while a freshly created topic is still electing its leaders."""
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return [
+            TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in partitions
+        ]
+    except KafkaException:
+        return []
+
+
+def _cdc_topics(settings: Settings) -> list[str]:
+    from streams.topics import cdc_topics, ensure_topics
+
+    ensure_topics(settings)
+    return cdc_topics(settings)
+
+
+@contextlib.contextmanager
+def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dict[str, str]]:
+    """An index alias and a consumer group of the caller's own (environment overrides for children).
+
+    The shared database may hold a large unsynced backlog (a demo corpus) that the shared consumer group
+    works through for a long time. A worker with these overrides runs the real CDC path but in its own
+    consumer group, positioned at the end of every CDC topic before it starts, so it projects exactly the
+    rows written afterwards, into an index nobody else writes to. Both are removed afterwards.
+    """
+    uid = uuid.uuid4().hex[:8]
+    env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{prefix}-{uid}"}
+    group = env["KI_STREAMS__APP_ID"]
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        positions = []
+        for topic in _cdc_topics(settings):
+            positions += wait_for(lambda t=topic: _end_offsets(consumer, t), timeout=60, what=f"leaders of {topic}")
+        consumer.commit(offsets=positions, asynchronous=False)
+    finally:
+        consumer.close()
+    try:
+        yield env
+    finally:
+        client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+        client.indices.delete(index=f"{env['KI_RETRIEVAL__INDEX_NAME']}--*", ignore_unavailable=True)
+        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+            with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
+                future.result()
