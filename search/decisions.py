@@ -166,9 +166,9 @@ def visible_anchors(
         documents.setdefault(v.document_id, set()).add(v.project_id)
     objects: dict[int, set[int]] = {}
     for r in rows:
-        v = visible.get(r.version_id)
-        if v is not None and r.object_id is not None and r.active_objects == 1:
-            objects.setdefault(r.object_id, set()).add(v.project_id)
+        vouching = visible.get(r.version_id)
+        if vouching is not None and r.object_id is not None and r.active_objects == 1:
+            objects.setdefault(r.object_id, set()).add(vouching.project_id)
     wanted = set(document_ids)
     return Anchors({d: p for d, p in documents.items() if d in wanted}, objects)
 
