@@ -385,6 +385,8 @@ class Projector:
 
     async def _project_access_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
         started = time.perf_counter()
+        # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
+        # only be newer than what that seq_no holds, so a conditional write never regresses the row.
         existing = await self.writer.existing_rows(version_ids, with_source=ACCESS_FIELDS)
         grants = await asyncio.to_thread(self._load_grants, version_ids)
         stats.timed("read", started)

@@ -32,6 +32,8 @@ from projections.mapping import (
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {429, 502, 503, 504}
+# Rows fetched per search when reading what is indexed (the index.max_result_window default).
+EXISTING_PAGE = 10_000
 OpKind = Literal["index", "create", "update", "delete"]
 
 
@@ -167,32 +169,42 @@ class IndexWriter:
                 "query": {"terms": {"document_version_id": part}},
                 "_source": source_filter,
                 "seq_no_primary_term": True,
-                "size": 10_000,
+                "size": EXISTING_PAGE,
                 "sort": ["_doc"],
+                "track_total_hits": True,
             }
+            # One round trip in the common case; a scroll only when the rows do not fit one page.
+            response = await self._with_retries(lambda body=body: self.client.search(index=self.index, body=body))
+            if response["hits"]["total"]["value"] <= len(response["hits"]["hits"]):
+                self._collect(response["hits"]["hits"], found)
+                continue
             response = await self._with_retries(
                 lambda body=body: self.client.search(index=self.index, body=body, scroll="1m")
             )
             scroll_id = response.get("_scroll_id")
             try:
                 while response["hits"]["hits"]:
-                    for hit in response["hits"]["hits"]:
-                        src = hit["_source"]
-                        row = ExistingRow(
-                            doc_id=hit["_id"],
-                            seq_no=hit["_seq_no"],
-                            primary_term=hit["_primary_term"],
-                            content_hash=(src.get("meta") or {}).get("content_hash", ""),
-                            access_version=int(src.get("access_version") or 0),
-                            source=src,
-                        )
-                        found[int(src["document_version_id"])][row.doc_id] = row
+                    self._collect(response["hits"]["hits"], found)
                     response = await self.client.scroll(body={"scroll_id": scroll_id, "scroll": "1m"})
                     scroll_id = response.get("_scroll_id")
             finally:
                 if scroll_id:
                     await self.client.clear_scroll(body={"scroll_id": scroll_id}, ignore=(404,))
         return found
+
+    @staticmethod
+    def _collect(hits: Sequence[dict[str, Any]], found: dict[int, dict[str, ExistingRow]]) -> None:
+        for hit in hits:
+            src = hit["_source"]
+            row = ExistingRow(
+                doc_id=hit["_id"],
+                seq_no=hit["_seq_no"],
+                primary_term=hit["_primary_term"],
+                content_hash=(src.get("meta") or {}).get("content_hash", ""),
+                access_version=int(src.get("access_version") or 0),
+                source=src,
+            )
+            found[int(src["document_version_id"])][row.doc_id] = row
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""

@@ -151,10 +151,14 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
 ) -> None:
     ids = make_world(engine)
     tag = format(ids["tag"], "08x")
+    # One bulk request is not atomic for readers (a refresh can land in the middle of it): wait for all
+    # three row kinds rather than for the first visible row.
     rows = wait_for(
-        lambda: rows_of(search, settings, "document_version_id", ids["version"]),
+        lambda: (r := rows_of(search, settings, "document_version_id", ids["version"]))
+        and {"chunk", "clause", "profile"} <= {x["chunk_kind"] for x in r.values()}
+        and r,
         timeout=90,
-        what="the new version's rows in OpenSearch",
+        what="the new version's chunk, clause and profile rows in OpenSearch",
     )
     kinds = sorted({r["chunk_kind"] for r in rows.values()})
     assert kinds == ["chunk", "clause", "profile"]
