@@ -140,7 +140,7 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
-        metrics.update_lag(app)
+        await asyncio.to_thread(metrics.update_lag, settings)
         return self.bytes(generate_latest(), content_type="text/plain")
 
     return app

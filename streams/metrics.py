@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from ki.settings import Settings
+from streams import status
+
+log = logging.getLogger(__name__)
 
 EVENTS = Counter("ki_sync_events_total", "CDC events consumed", ["table", "op"])
 DLQ_EVENTS = Counter("ki_sync_dlq_events_total", "events sent to the dead-letter topic", ["table"])
@@ -21,6 +27,7 @@ FRESHNESS = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300),
 )
 CONSUMER_LAG = Gauge("ki_sync_consumer_lag", "records behind the log end", ["topic", "partition"])
+SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 
 
 def record_sync(stats: Any) -> None:
@@ -33,16 +40,14 @@ def record_sync(stats: Any) -> None:
         BULK_SECONDS.labels(stage=stage).observe(seconds)
 
 
-def update_lag(app: Any) -> None:
-    """Consumer lag per partition from the consumer's own view (highwater - committed position)."""
-    consumer = app.consumer
+def update_lag(settings: Settings) -> None:
+    """Consumer lag per partition as the broker sees it (log end - committed offset of our group), and the
+    WAL the replication slot retains. Blocking: call it from a thread. Failures leave the old values."""
     try:
-        assignment = consumer.assignment()
-    except Exception:  # not started yet
-        return
-    for tp in assignment:
-        highwater = consumer.highwater(tp)
-        position = consumer._committed_offset.get(tp) if hasattr(consumer, "_committed_offset") else None
-        if highwater is None:
-            continue
-        CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, highwater - (position or 0)))
+        for p in status.consumer_lag(settings):
+            CONSUMER_LAG.labels(topic=p.topic, partition=str(p.partition)).set(p.lag)
+        retained = status.slot_retained_bytes(settings)
+        if retained is not None:
+            SLOT_RETAINED.set(retained)
+    except Exception as exc:  # a scrape must not fail because Kafka or PostgreSQL is briefly away
+        log.warning("metrics: lag not updated: %s", exc)

@@ -282,3 +282,28 @@ def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
         timeout=90,
         what="a change after the poison event",
     )
+
+
+def test_metrics_report_consumer_lag_per_partition_and_the_slot_s_retained_wal(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    ids = make_world(engine)
+    wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90, what="sync")
+
+    def caught_up() -> dict[str, float] | None:
+        gauges = {
+            line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+            for line in worker.metrics_text().splitlines()
+            if line.startswith("ki_sync_consumer_lag{")
+        }
+        # Every CDC topic's partition is reported, and all of them drain to zero once the worker is idle.
+        if any(f'topic="{settings.kafka.topic_prefix}.public.grants"' in name for name in gauges) and not any(
+            gauges.values()
+        ):
+            return gauges
+        return None
+
+    gauges = wait_for(caught_up, timeout=60, what="consumer lag gauges for every partition, drained to 0")
+    assert any(".public.document_versions" in name for name in gauges)
+    retained = [line for line in worker.metrics_text().splitlines() if line.startswith("ki_sync_replication_slot")]
+    assert retained and float(retained[0].rsplit(" ", 1)[1]) >= 0
