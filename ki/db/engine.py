@@ -11,7 +11,6 @@ from sqlalchemy.pool import NullPool
 
 from ki.settings import Settings
 
-
 # Our statements are short and run often; PostgreSQL's JIT spends more compiling them (tens of ms) than
 # it ever saves, so it is off for our sessions whatever the server default is.
 _SESSION_OPTIONS = {"options": "-c jit=off"}
