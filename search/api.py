@@ -1,7 +1,7 @@
 """The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /healthz`, `GET /readyz`,
-`GET /openapi.json`.
+`GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
 400 bad input (naming the field), 401 missing/invalid token, 413 body too large, 422 window too deep,
 503 OpenSearch unavailable (never a partial answer).
@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from ki.settings import Settings
+from ki.settings import ApiSettings, Settings
 from search.auth import AuthError, authenticate
 from search.filters import (
     MAX_RANKED_WINDOW,
@@ -27,6 +28,7 @@ from search.filters import (
     parse_filter_request,
     parse_search_request,
 )
+from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
 from search.service import SearchService, SearchUnavailable
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 SERVICE_KEY = web.AppKey("search_service", SearchService)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 LIMIT_KEY = web.AppKey("limit", asyncio.Semaphore)
+_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -82,28 +85,22 @@ def _principals(request: web.Request) -> list[str]:
     return authenticate(request.headers.get("Authorization"), request.app[SETTINGS_KEY].api)
 
 
-async def search_handler(request: web.Request) -> web.Response:
-    principals = _principals(request)
-    parsed = parse_search_request(await _body(request), request.app[SETTINGS_KEY].api)
-    async with request.app[LIMIT_KEY]:
-        result = await request.app[SERVICE_KEY].search(principals, parsed)
-    return web.json_response(result.to_json())
+def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awaitable[Any]]) -> Handler:
+    """A JSON endpoint: authenticate, parse and validate the body, run the service call, answer its JSON."""
+
+    async def handler(request: web.Request) -> web.Response:
+        principals = _principals(request)
+        parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
+        async with request.app[LIMIT_KEY]:
+            result = await call(request.app[SERVICE_KEY], principals, parsed)
+        return web.json_response(result.to_json())
+
+    return handler
 
 
-async def filter_handler(request: web.Request) -> web.Response:
-    principals = _principals(request)
-    parsed = parse_filter_request(await _body(request), request.app[SETTINGS_KEY].api)
-    async with request.app[LIMIT_KEY]:
-        result = await request.app[SERVICE_KEY].search_filter(principals, parsed)
-    return web.json_response(result.to_json())
-
-
-async def decisions_handler(request: web.Request) -> web.Response:
-    principals = _principals(request)
-    parsed = parse_decision_request(await _body(request), request.app[SETTINGS_KEY].api)
-    async with request.app[LIMIT_KEY]:
-        result = await request.app[SERVICE_KEY].search_decisions(principals, parsed)
-    return web.json_response(result.to_json())
+search_handler = _endpoint(parse_search_request, SearchService.search)
+filter_handler = _endpoint(parse_filter_request, SearchService.search_filter)
+decisions_handler = _endpoint(parse_decision_request, SearchService.search_decisions)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -120,8 +117,39 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE_KEY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _route(request: web.Request) -> str:
+    """The route template, never the raw path (a scanner's random paths must not become label values)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def instrument(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request count and latency by route, method and status (outermost, so it sees the final status)."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        m = request.app[SERVICE_KEY].metrics
+        method = request.method if request.method in _METHODS else "other"
+        labels = (_route(request), method, str(status))
+        m.requests.labels(*labels).inc()
+        m.request_seconds.labels(*labels).observe(time.perf_counter() - started)
+
+
 def build_app(settings: Settings, service: SearchService) -> web.Application:
-    app = web.Application(middlewares=[errors], client_max_size=settings.api.max_body_bytes)
+    app = web.Application(middlewares=[instrument, errors], client_max_size=settings.api.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
     app[LIMIT_KEY] = asyncio.Semaphore(settings.api.max_concurrent_requests)
@@ -131,6 +159,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

@@ -3,11 +3,12 @@
 Every leg carries the same strict filter (scope + metadata). The semantic leg passes it as the kNN
 `filter` (pre-filtered approximate kNN), never as a post-filter. Skip rules: lexical and identifier
 bodies are not sent when the filter is `match_none`; the identifier body also not for a blank query;
-the semantic body is always sent.
+the semantic body is always sent (given a query vector). A leg weighted 0 is not sent at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,22 +42,32 @@ def _with_filter(query: dict[str, Any], strict: dict[str, Any]) -> dict[str, Any
     return {"bool": {"must": [query], "filter": [strict]}}
 
 
+def active_legs(weights: Mapping[str, float]) -> frozenset[LegName]:
+    """Legs that can contribute to the fused score: a leg weighted 0 is not run at all (its hits would
+    only add score-0 candidates)."""
+    return frozenset(leg for leg in LEGS if float(weights.get(leg, 0.0)) > 0)
+
+
 def build_leg_bodies(
-    query: str, vector: list[float] | None, strict: dict[str, Any], window: int
+    query: str,
+    vector: list[float] | None,
+    strict: dict[str, Any],
+    window: int,
+    legs: frozenset[LegName] = frozenset(LEGS),
 ) -> dict[LegName, dict[str, Any]]:
     """The request body of every leg that can match, keyed by leg name (insertion order = send order)."""
     depth = leg_depth(window)
     common: dict[str, Any] = {"size": depth, "_source": {"excludes": SOURCE_EXCLUDES}, "track_total_hits": False}
     bodies: dict[LegName, dict[str, Any]] = {}
     blocked = strict == MATCH_NONE
-    if not blocked:
+    if not blocked and "lexical" in legs:
         bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": query}}}, strict)}
-    if vector is not None:
+    if vector is not None and "semantic" in legs:
         bodies["semantic"] = {
             **common,
             "query": {"knn": {"embedding": {"vector": vector, "k": depth, "filter": strict}}},
         }
-    if not blocked and query.strip():
+    if not blocked and query.strip() and "identifier" in legs:
         bodies["identifier"] = {
             **common,
             "query": _with_filter({"match": {"identifiers_text": {"query": query}}}, strict),
@@ -91,11 +102,25 @@ def parse_msearch(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any
     return out
 
 
-async def run_legs(
-    client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]
-) -> dict[LegName, list[LegHit]]:
+def leg_took(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, float]:
+    """OpenSearch's own `took` (ms) of each leg that reported one."""
+    out: dict[LegName, float] = {}
+    for name, item in zip(bodies, response.get("responses") or [], strict=False):
+        took = item.get("took") if isinstance(item, dict) else None
+        if isinstance(took, int | float):
+            out[name] = float(took)
+    return out
+
+
+@dataclass(frozen=True)
+class LegRun:
+    hits: dict[LegName, list[LegHit]]
+    took_ms: dict[LegName, float]
+
+
+async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:
     """All active legs in one `_msearch` round-trip (none sent if no leg is active)."""
     if not bodies:
-        return {name: [] for name in LEGS}
+        return LegRun({name: [] for name in LEGS}, {})
     response = await client.msearch(body=msearch_lines(index, bodies))
-    return parse_msearch(bodies, response)
+    return LegRun(parse_msearch(bodies, response), leg_took(bodies, response))

@@ -167,6 +167,18 @@ def openapi_document() -> dict[str, Any]:
                 "DecisionResponse",
             ),
             "/healthz": {"get": {"summary": "process is up", "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics: requests and latency by route and status, per-leg OpenSearch "
+                    "latency, scope compilation time and size, embedding cache hits and misses",
+                    "responses": {
+                        "200": {
+                            "description": "text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
             "/readyz": {
                 "get": {
                     "summary": "PostgreSQL and OpenSearch reachable, index alias present",

@@ -28,7 +28,8 @@ from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
 from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
-from search.legs import SOURCE_EXCLUDES, LegError, build_leg_bodies, leg_depth, run_legs
+from search.legs import SOURCE_EXCLUDES, LegError, active_legs, build_leg_bodies, leg_depth, run_legs
+from search.metrics import SearchMetrics
 from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
 
 
@@ -181,7 +182,14 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: bool) -> dict[st
 
 
 class SearchService:
-    def __init__(self, settings: Settings, engine: AsyncEngine, client: AsyncOpenSearch, embedder: Embedder) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        client: AsyncOpenSearch,
+        embedder: Embedder,
+        metrics: SearchMetrics | None = None,
+    ) -> None:
         if settings.retrieval.rerank_enabled:
             raise RuntimeError(
                 "retrieval.rerank_enabled is true but this build has no reranker; refusing to serve an "
@@ -189,6 +197,7 @@ class SearchService:
             )
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
         self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
+        self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
 
     # --- steps ---------------------------------------------------------------------------------
@@ -200,12 +209,18 @@ class SearchService:
             caller: Caller = resolve_caller(conn, principals, security)
             return compile_scope(conn, caller, security, project_ids=project_ids, max_terms_count=max_terms)
 
+        started = time.perf_counter()
         async with self.engine.connect() as conn:
-            return await conn.run_sync(run)
+            scope = await conn.run_sync(run)
+        self.metrics.scope_seconds.observe(time.perf_counter() - started)
+        self.metrics.scope_documents.observe(len(scope.document_ids))
+        self.metrics.scope_projects.observe(len(scope.project_ids))
+        return scope
 
     async def embed_query(self, query: str) -> list[float]:
         key = EmbeddingCache.key(self.embedder.signature, query)
         cached = self.cache.get(key)
+        self.metrics.embed_cache.labels("miss" if cached is None else "hit").inc()
         if cached is not None:
             return cached
         loop = asyncio.get_running_loop()
@@ -246,15 +261,18 @@ class SearchService:
         weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
         # A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only
         # trail the ranking with score 0 (this is how `ki eval` measures one leg alone).
-        vector = await self.embed_query(request.query) if weights["semantic"] > 0 else None
+        legs_on = active_legs(weights)
+        vector = await self.embed_query(request.query) if "semantic" in legs_on else None
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t) * 1000
-        bodies = build_leg_bodies(request.query, vector, strict, request.window)
-        bodies = {name: body for name, body in bodies.items() if weights[name] > 0}
-        legs = await self._opensearch(run_legs(self.client, self.index, bodies))
+        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+        run = await self._opensearch(run_legs(self.client, self.index, bodies))
         t2 = time.perf_counter()
         timings["msearch"] = (t2 - t1) * 1000
-        fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
+        if bodies:
+            self.metrics.msearch_seconds.observe(t2 - t1)
+            self.metrics.observe_legs(run.took_ms)
+        fused = apply_boost(rrf(run.hits, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         verified = await self._reverify(principals, [c.version_id for c in fused])
         survivors = [c for c in fused if self._matches(c, verified)]
         t3 = time.perf_counter()

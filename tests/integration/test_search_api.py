@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from opensearchpy import OpenSearch
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
@@ -288,3 +290,53 @@ def test_opensearch_unreachable_is_503() -> None:
         assert status == 503 and body["checks"]["opensearch"].startswith("error")
     finally:
         dead.stop()
+
+
+def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, content_type, payload = server.request("/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(payload.decode())
+        for sample in family.samples
+    }
+
+
+def test_metrics(server: Server, data: Data, settings: Settings) -> None:
+    bob = token(settings, data, "bob")
+    query = f"{data.word} Metriken {uuid.uuid4().hex[:6]}"  # a query vector nobody has cached yet
+    before = scrape(server)
+    for _ in range(2):
+        assert server.call("/v1/search", {"query": query}, bob)[0] == 200
+    assert server.call("/v1/search", {"query": query})[0] == 401
+    assert server.call("/v1/search", {"query": query, "limit": 0}, bob)[0] == 400
+    after = scrape(server)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        assert key in after, f"no sample {name}{labels}"
+        return after[key] - before.get(key, 0.0)
+
+    ok = {"route": "/v1/search", "method": "POST", "status": "200"}
+    assert delta("ki_api_requests_total", **ok) == 2
+    assert delta("ki_api_request_duration_seconds_count", **ok) == 2
+    assert delta("ki_api_request_duration_seconds_sum", **ok) > 0
+    assert delta("ki_api_requests_total", route="/v1/search", method="POST", status="401") == 1
+    assert delta("ki_api_requests_total", route="/v1/search", method="POST", status="400") == 1
+    for leg in ("lexical", "semantic", "identifier"):
+        assert delta("ki_search_leg_duration_seconds_count", leg=leg) == 2
+    assert delta("ki_search_msearch_duration_seconds_count") == 2
+    assert delta("ki_search_scope_compile_duration_seconds_count") == 2
+    assert delta("ki_search_scope_documents_count") == 2
+    assert delta("ki_search_scope_documents_sum") == 2 * 3  # bob's scope: documents a, b and c
+    assert delta("ki_search_scope_projects_sum") == 2 * 1
+    assert delta("ki_search_embed_cache_total", result="miss") == 1
+    assert delta("ki_search_embed_cache_total", result="hit") == 1
+    status, content_type, _ = server.request("/no/such/path")
+    assert status == 404 and content_type.startswith("application/json")
+    assert (
+        scrape(server)[
+            ("ki_api_requests_total", frozenset({"route": "unmatched", "method": "GET", "status": "404"}.items()))
+        ]
+        >= 1
+    )

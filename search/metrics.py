@@ -1,0 +1,77 @@
+"""Prometheus metrics of the search API, in a registry of their own (one per app, so tests and several
+apps in one process never collide), exposed at `GET /metrics`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Scope sizes span one document to tens of millions; OpenSearch's default terms limit is 65,536.
+_SIZE_BUCKETS = (0, 1, 10, 100, 1_000, 10_000, 65_536, 100_000, 1_000_000, 10_000_000)
+
+
+class SearchMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ki_api_requests", "HTTP requests by route, method and status", ["route", "method", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "ki_api_request_duration_seconds",
+            "HTTP request latency by route, method and status",
+            ["route", "method", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.leg_seconds = Histogram(
+            "ki_search_leg_duration_seconds",
+            "OpenSearch time per ranked leg (the leg's `took` inside the _msearch)",
+            ["leg"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.msearch_seconds = Histogram(
+            "ki_search_msearch_duration_seconds",
+            "Round trip of the one _msearch (all legs)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.scope_seconds = Histogram(
+            "ki_search_scope_compile_duration_seconds",
+            "SQL access-scope compilation time",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.scope_documents = Histogram(
+            "ki_search_scope_documents", "Documents in a compiled scope", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.scope_projects = Histogram(
+            "ki_search_scope_projects", "Projects in a compiled scope", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.embed_cache = Counter(
+            "ki_search_embed_cache", "Query-embedding cache lookups by result (hit, miss)", ["result"], registry=r
+        )
+        self.rerank_seconds = Histogram(
+            "ki_search_rerank_duration_seconds",
+            "Reranker gateway round trip by outcome (ok, error)",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "ki_api_rejected", "Requests refused before any work because the API was at capacity", registry=r
+        )
+        for result in ("hit", "miss"):
+            self.embed_cache.labels(result)  # both series exist from the start
+
+    def observe_legs(self, took_ms: Mapping[str, float]) -> None:
+        for leg, ms in took_ms.items():
+            self.leg_seconds.labels(leg).observe(ms / 1000)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
