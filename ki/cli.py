@@ -118,6 +118,46 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     return bench_sync(settings, versions=args.versions, paragraphs=args.paragraphs)
 
 
+def _eval(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from ki.eval.run import EvalError, EvalOptions
+    from ki.eval.run import main as run_eval
+
+    for flag, value, low in (("--limit-docs", args.limit_docs, 1), ("--queries", args.queries, 1),
+                             ("--concurrency", args.concurrency, 1), ("--batch-docs", args.batch_docs, 1)):  # fmt: skip
+        if value is not None and value < low:
+            raise CliError(f"{flag} must be at least {low}")
+    if args.timeout <= 0:
+        raise CliError("--timeout must be positive")
+    if args.worker_port is not None and not 1 <= args.worker_port <= 65535:
+        raise CliError("--worker-port must be a port number (1-65535)")
+    data = Path(args.data) if args.data else None
+    if data is not None and not data.is_dir():
+        raise CliError(f"--data {data}: no such directory")
+    defaults = EvalOptions()
+    options = EvalOptions(
+        data_dir=data or defaults.data_dir,
+        out_dir=Path(args.out) if args.out else defaults.out_dir,
+        limit_docs=args.limit_docs,
+        queries=args.queries,
+        tune=args.tune,
+        analyzer=args.analyzer,
+        worker=args.worker,
+        worker_port=args.worker_port,
+        timeout_s=args.timeout,
+        batch_docs=args.batch_docs,
+        concurrency=args.concurrency,
+        fresh=args.fresh,
+        config=args.config,
+        argv=tuple(sys.argv[1:]),
+    )
+    try:
+        return run_eval(settings, options)
+    except EvalError as exc:
+        raise CliError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
     parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
@@ -166,6 +206,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--versions", type=int, default=100)
     bench.add_argument("--paragraphs", type=int, default=12)
     bench.set_defaults(handler=_bench)
+
+    ev = sub.add_parser(
+        "eval", help="retrieval quality on BEIR SciFact through the real CDC path (nDCG@10, recall@100, MRR@10)"
+    )
+    ev.add_argument("--data", help="the SciFact folder (default: ../shared/data/scifact next to the repo)")
+    ev.add_argument("--limit-docs", type=int, help="load only N documents, those judged relevant first")
+    ev.add_argument("--queries", type=int, help="evaluate only the first N test queries")
+    ev.add_argument("--tune", action="store_true", help="grid-search fusion weights / rrf_k on the train split")
+    ev.add_argument("--analyzer", default="english", help="text analyzer of the eval index (default: english)")
+    ev.add_argument("--out", help="output folder for JSON and PNG (default: build/eval)")
+    ev.add_argument("--worker", choices=["auto", "external"], default="auto",
+                    help="auto: start the eval sync worker as a child process; external: you run it")  # fmt: skip
+    ev.add_argument("--worker-port", type=int, help="the eval worker's web port (default: streams.web_port + 1)")
+    ev.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the index (default 3600)")
+    ev.add_argument("--batch-docs", type=int, default=250, help="documents per PostgreSQL transaction")
+    ev.add_argument("--concurrency", type=int, default=4, help="queries in flight at once")
+    ev.add_argument("--fresh", action="store_true", help="load into a new project even if the documents are loaded")
+    ev.set_defaults(handler=_eval)
 
     demo = sub.add_parser("demo", help="stack up + demo corpus (if none yet) + sync worker; or `demo generate`")
     demo.add_argument("action", nargs="?", choices=["generate"], help="generate: only write a corpus")
