@@ -56,6 +56,8 @@ class RetrievalSettings(_Section):
     rerank_model: str = "rerank"
     rerank_url: str = ""
     rerank_timeout_s: float = Field(20.0, gt=0)
+    # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
+    rerank_api_key_env: str = "KI_RERANK_API_KEY"
     graph_rag_enabled: bool = False
     text_analyzer: str = Field("german", min_length=1)
 

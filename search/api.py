@@ -4,7 +4,7 @@
 `GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
 400 bad input (naming the field), 401 missing/invalid token, 413 body too large, 422 window too deep,
-503 OpenSearch unavailable (never a partial answer).
+503 OpenSearch or the reranker unavailable (never a partial or silently unreranked answer).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from search.filters import (
 )
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
+from search.rerank import RerankUnavailable
 from search.service import SearchService, SearchUnavailable
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except WindowTooDeep as exc:
         return _error(422, "window_too_deep", str(exc), field="offset", max_window=MAX_RANKED_WINDOW)
     except SearchUnavailable as exc:
-        return _error(503, "search_unavailable", str(exc))
+        log.warning("%s %s: %s", request.method, request.path, exc)
+        return _error(503, "search_unavailable", "the search index is unavailable; no partial answer is given")
+    except RerankUnavailable as exc:
+        log.warning("%s %s: %s", request.method, request.path, exc)
+        return _error(503, "rerank_unavailable", "the reranker failed; no unreranked answer is given")
     except web.HTTPRequestEntityTooLarge as exc:
         return _error(413, "body_too_large", exc.text or "request body too large")
     except web.HTTPException as exc:
@@ -173,9 +178,11 @@ async def create_app(settings: Settings) -> web.Application:
     embedder = await loop.run_in_executor(None, create_embedder, settings)
     engine = make_async_engine(settings)
     client = make_client(settings)
-    app = build_app(settings, SearchService(settings, engine, client, embedder))
+    service = SearchService(settings, engine, client, embedder)
+    app = build_app(settings, service)
 
     async def close(_: web.Application) -> None:
+        await service.close()
         await client.close()
         await engine.dispose()
 

@@ -14,7 +14,8 @@ from search.legs import LEGS, LegHit
 @dataclass(frozen=True)
 class Candidate:
     """One chunk after fusion. `ranks` is its 0-based rank per leg it appeared in; `parts` the RRF
-    contribution of each of those legs; `boost` the version-status multiplier applied afterwards."""
+    contribution of each of those legs; `boost` the version-status multiplier applied afterwards, so
+    `score == sum(parts) * boost` (the fused score); `rerank_score`, when set, replaces it in the answer."""
 
     chunk_id: str
     score: float
@@ -23,6 +24,11 @@ class Candidate:
     parts: dict[str, float] = field(default_factory=dict)
     boost: float = 1.0
     matched_identifiers: tuple[str, ...] = ()
+    rerank_score: float | None = None
+
+    @property
+    def final_score(self) -> float:
+        return self.score if self.rerank_score is None else self.rerank_score
 
     @property
     def document_id(self) -> int:

@@ -1,4 +1,5 @@
-"""The query path: scope -> embed -> one `_msearch` -> fuse -> boost -> SQL re-verify -> collapse -> window.
+"""The query path: scope -> embed -> one `_msearch` -> fuse -> boost -> SQL re-verify -> collapse ->
+optional rerank -> window.
 
 Every step from the `_msearch` on is sized for the whole window (offset + limit): collapse and the
 re-verify drop rows after ranking, so the offset cannot be pushed down into OpenSearch.
@@ -30,6 +31,7 @@ from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, 
 from search.fusion import Candidate, apply_boost, collapse, rrf
 from search.legs import SOURCE_EXCLUDES, LegError, active_legs, build_leg_bodies, leg_depth, run_legs
 from search.metrics import SearchMetrics
+from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
 
 
@@ -149,10 +151,32 @@ def reverify(
     return out
 
 
-def _hit_json(c: Candidate, verified: VerifiedVersion, explain: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FusionParams:
+    """What explains a fused score: score = sum(weights[leg] / (rrf_k + ranks[leg])) * status_boost."""
+
+    weights: dict[str, float]
+    rrf_k: int
+
+
+def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
+    rrf_score = sum(c.parts.values())
+    return {
+        "ranks": dict(c.ranks),
+        "weights": {leg: params.weights[leg] for leg in c.ranks},
+        "rrf_k": params.rrf_k,
+        "rrf_parts": dict(c.parts),
+        "rrf_score": rrf_score,
+        "status_boost": c.boost,
+        "fused_score": c.score,
+        "rerank_score": c.rerank_score,
+    }
+
+
+def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | None) -> dict[str, Any]:
     src = c.source
     hit: dict[str, Any] = {
-        "score": c.score,
+        "score": c.final_score,
         "project_id": verified.project_id,
         "document_id": verified.document_id,
         "version_id": verified.version_id,
@@ -176,8 +200,8 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: bool) -> dict[st
     }
     if src.get("meta", {}).get("locus"):
         hit["locus"] = src["meta"]["locus"]
-    if explain:
-        hit["explain"] = {"ranks": dict(c.ranks), "rrf_parts": dict(c.parts), "status_boost": c.boost}
+    if explain is not None:
+        hit["explain"] = explain_json(c, explain)
     return hit
 
 
@@ -190,11 +214,7 @@ class SearchService:
         embedder: Embedder,
         metrics: SearchMetrics | None = None,
     ) -> None:
-        if settings.retrieval.rerank_enabled:
-            raise RuntimeError(
-                "retrieval.rerank_enabled is true but this build has no reranker; refusing to serve an "
-                "un-reranked order silently (set retrieval.rerank_enabled=false)"
-            )
+        self.reranker = Reranker(settings.retrieval) if settings.retrieval.rerank_enabled else None
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
         self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
         self.metrics = metrics or SearchMetrics()
@@ -232,6 +252,24 @@ class SearchService:
     async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
         async with self.engine.connect() as conn:
             return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
+
+    async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
+        """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
+        assert self.reranker is not None
+        top = kept[:RERANK_TOP_N]
+        items = passages(top, [verified[c.version_id].title for c in top])
+        started = time.perf_counter()
+        try:
+            scores = await self.reranker.scores(query, items)
+        except RerankUnavailable:
+            self.metrics.rerank_seconds.labels("error").observe(time.perf_counter() - started)
+            raise
+        self.metrics.rerank_seconds.labels("ok").observe(time.perf_counter() - started)
+        return apply_rerank(kept, scores)
+
+    async def close(self) -> None:
+        if self.reranker is not None:
+            await self.reranker.close()
 
     async def _opensearch(self, coro: Any) -> Any:
         try:
@@ -283,8 +321,13 @@ class SearchService:
             max_chunks_per_document=r.max_chunks_per_document,
             is_latest_final=lambda c: verified[c.version_id].latest_final_version_id == c.version_id,
         )
+        if self.reranker is not None and kept:
+            t4 = time.perf_counter()
+            kept = await self._rerank(request.query, kept, verified)
+            timings["rerank"] = (time.perf_counter() - t4) * 1000
         page = kept[request.offset : request.window]
-        hits = [_hit_json(c, verified[c.version_id], request.explain) for c in page]
+        explain = FusionParams(weights, r.fusion_rrf_k) if request.explain else None
+        hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         timings["total"] = (time.perf_counter() - t0) * 1000
         return SearchResult(hits, request.offset, request.limit, len(kept) > request.window, timings)
 
@@ -318,7 +361,8 @@ class SearchService:
                 seen.add(c.version_id)
                 survivors.append(c)
         page = survivors[request.offset : request.window]
-        hits = [_hit_json(c, verified[c.version_id], request.explain) for c in page]
+        explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
+        hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
 

@@ -3,18 +3,21 @@ children on free ports, an index alias and consumer group of a module's own, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
@@ -175,3 +178,68 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
         for future in admin.delete_consumer_groups([group], request_timeout=30).values():
             with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
                 future.result()
+
+
+class RerankGateway:
+    """A real OpenAI-compatible chat-completions server (aiohttp) on a free port, in a thread of its own.
+
+    It is the external rerank gateway, not one of the stack's services. `mode`:
+    * "reverse": scores passage i (0-based) with i, leaving passage 0 unscored, so the prefix comes back
+      reversed with the fused leader last;
+    * "error": HTTP 500; "garbage": HTTP 200 with a reply that is not the JSON asked for.
+    Every request (headers and JSON body) is kept in `requests`.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.mode = "reverse"
+        self.requests: list[dict[str, Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"headers": dict(request.headers), "body": body})
+        if self.mode == "error":
+            return web.json_response({"error": {"message": "upstream model crashed"}}, status=500)
+        content = "I think passage 2 is best."
+        if self.mode == "reverse":
+            items = json.loads(body["messages"][1]["content"])["passages"]
+            content = json.dumps({"scores": {p["id"]: float(i) for i, p in enumerate(items) if i > 0}})
+        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+
+    def start(self) -> None:
+        started = threading.Event()
+
+        async def run() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", self._handle)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+            started.set()
+
+        def main() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(run())
+            self._loop.run_forever()
+            self._loop.close()
+
+        self._thread = threading.Thread(target=main, name="rerank-gateway", daemon=True)
+        self._thread.start()
+        assert started.wait(30), "rerank gateway did not start"
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            return
+        loop, runner = self._loop, self._runner
+
+        async def shutdown() -> None:
+            if runner is not None:
+                await runner.cleanup()
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        self._thread.join(30)

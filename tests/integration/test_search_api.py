@@ -19,7 +19,7 @@ from ki.db.engine import make_engine
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import Server, SyncWorker, free_port, isolated
+from tests.integration.search_harness import RerankGateway, Server, SyncWorker, free_port, isolated
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -340,3 +340,51 @@ def test_metrics(server: Server, data: Data, settings: Settings) -> None:
         ]
         >= 1
     )
+
+
+def test_rerank_reorders_never_drops_and_fails_loudly(
+    server: Server, data: Data, settings: Settings, isolation: dict[str, str]
+) -> None:
+    bob = token(settings, data, "bob")
+    request = {"query": data.word, "limit": 10, "explain": True}
+    status, fused = server.call("/v1/search", request, bob)
+    assert status == 200 and len(fused["hits"]) == 3
+    order = doc_ids(fused)
+    gateway = RerankGateway()
+    gateway.start()
+    reranking = Server(
+        "search-api-rerank",
+        **isolation,
+        KI_RETRIEVAL__RERANK_ENABLED="true",
+        KI_RETRIEVAL__RERANK_URL=gateway.url,
+        KI_RETRIEVAL__RERANK_MODEL="test-reranker",
+        KI_RERANK_API_KEY="k-123",
+    )
+    reranking.start()
+    try:
+        status, body = reranking.call("/v1/search", request, bob)
+        assert status == 200, body
+        # passage 0 (the fused leader) unscored -> last; the others by their scores 2 and 1
+        assert doc_ids(body) == [order[2], order[1], order[0]]
+        assert [h["score"] for h in body["hits"]] == [2.0, 1.0, fused["hits"][0]["score"]]
+        assert [h["explain"]["rerank_score"] for h in body["hits"]] == [2.0, 1.0, None]
+        assert body["hits"][2]["explain"]["fused_score"] == fused["hits"][0]["score"]
+        sent = gateway.requests[-1]
+        assert sent["headers"]["Authorization"] == "Bearer k-123" and sent["body"]["model"] == "test-reranker"
+        user = json.loads(sent["body"]["messages"][1]["content"])
+        assert user["query"] == data.word and len(user["passages"]) == 3
+        # paging happens after the rerank: page 2 of size 1 is the second reranked hit
+        status, page = reranking.call("/v1/search", {"query": data.word, "limit": 1, "offset": 1}, bob)
+        assert status == 200 and doc_ids(page) == [order[1]] and page["has_more"] is True
+        for mode in ("error", "garbage"):
+            gateway.mode = mode
+            status, body = reranking.call("/v1/search", request, bob)
+            assert status == 503 and body["error"] == "rerank_unavailable", (mode, body)
+        gateway.stop()
+        status, body = reranking.call("/v1/search", request, bob)
+        assert status == 503 and body["error"] == "rerank_unavailable"
+        status, body = reranking.call("/v1/search/filter", {"limit": 5}, bob)
+        assert status == 200  # metadata-only search has no ranking to rerank
+    finally:
+        reranking.stop()
+        gateway.stop()
