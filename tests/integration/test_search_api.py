@@ -31,11 +31,14 @@ class Data:
     word: str
     identifier: str
     project: int
+    project2: int
+    empty_project: int
     docs: dict[str, int]
     versions: dict[str, int]
+    observations: dict[str, int]
     carol_grant: int
     member_ids: list[int]
-    source: int
+    sources: list[int]
 
     def user(self, name: str) -> str:
         return f"{name}-{self.tag}"
@@ -81,40 +84,93 @@ def server(isolation: dict[str, str]) -> Iterator[Server]:
     s.stop()
 
 
+# Who may see what in the `data` world (all documents carry the module's unique word):
+#   bob      a b c        via group team (document allows)
+#   alice    a b          team, but a document deny on c
+#   carol    d            document allow (revoked by a test)
+#   erin     e f          document allows; e executed (boost 1.2), f draft (0.7)
+#   eve      g i          document allows (g in project2, i on object o_deny)
+#   dan      j            same allows as eve plus j, but a project deny on project2 and an object deny on o_deny
+#   ivan     k l          mirrored source-object allows on external objects; in intersect mode only l, which
+#                         also has a local allow; never m (known ACL without a grant for ivan, local allow
+#                         cannot override) nor n (external object without mirrored grants, fails closed)
+#   admin    everything with an active observation; o loses its observation in a test
 @pytest.fixture(scope="module")
 def data(engine: Engine, worker: SyncWorker, server: Server, settings: Settings) -> Iterator[Data]:
     with engine.begin() as conn:
         w = World(conn)
         word = f"zqx{w.tag}"
         identifier = f"4 AZR {int(w.tag, 16) % 90000 + 10000}/23"
-        project = w.project("Suche")
-        source = w.source("local_fs")
+        project, project2, empty_project = w.project("Suche"), w.project("Zweit"), w.project("Leer")
+        source, sharepoint = w.source("local_fs"), w.source("sharepoint")
         obj = w.source_object(source)  # local_fs, no object ACL: delegates to the project boundary
+        o_deny = w.source_object(source)
         docs: dict[str, int] = {}
         versions: dict[str, int] = {}
-        bodies = {
-            "a": TEXT.format(word=word, extra="Lieferung erfolgt am Monatsende"),
-            "b": TEXT.format(word=word, extra="Rücktritt ist ausgeschlossen"),
-            "c": TEXT.format(word=word, extra="Abnahme durch den Käufer"),
-            "d": TEXT.format(word=word, extra="Zahlung binnen vierzehn Tagen"),
-        }
-        for key, body in bodies.items():
+        observations: dict[str, int] = {}
+
+        def add(key: str, extra: str, *, in_project: int = project, at: int = obj, status: str = "final") -> None:
             ids = [identifier] if key == "b" else [f"HRB {key.upper()} {w.tag}"]
-            docs[key] = w.document(project, f"Kaufvertrag {key.upper()} {w.tag}", identifiers=ids)
-            versions[key] = w.version(docs[key], body)
-            w.observe(versions[key], obj)
+            docs[key] = w.document(in_project, f"Kaufvertrag {key.upper()} {w.tag}", identifiers=ids)
+            versions[key] = w.version(docs[key], TEXT.format(word=word, extra=extra), status=status)
+            observations[key] = w.observe(versions[key], at)
+
+        add("a", "Lieferung erfolgt am Monatsende")
+        add("b", "Rücktritt ist ausgeschlossen")
+        add("c", "Abnahme durch den Käufer")
+        add("d", "Zahlung binnen vierzehn Tagen")
+        add("e", "Vertrag ist unterzeichnet", status="executed")
+        add("f", "Entwurf zur Abstimmung", status="draft")
+        add("g", "Mietsache im zweiten Projekt", in_project=project2)
+        add("i", "Objekt mit Sperre", at=o_deny)
+        add("j", "Ohne Sperre")
+        for key in "klmn":
+            known = key != "n"  # n: an external object without a known ACL and without any grant
+            add(key, f"Extern {key}", at=w.source_object(sharepoint, acl_known=known))
+        add("o", "Beobachtung wird entfernt")
+
         team = f"group:team-{w.tag}"
-        w.grant("document", docs["a"], team)
-        w.grant("document", docs["b"], team)
-        w.grant("document", docs["c"], team)
+        for key in "abc":
+            w.grant("document", docs[key], team)
         w.grant("document", docs["c"], f"user:alice-{w.tag}", "deny")  # deny wins over the group allow
         carol_grant = w.grant("document", docs["d"], f"user:carol-{w.tag}")
+        for key in "ef":
+            w.grant("document", docs[key], f"user:erin-{w.tag}")
+        for who, keys in (("eve", "gi"), ("dan", "gij")):
+            for key in keys:
+                w.grant("document", docs[key], f"user:{who}-{w.tag}")
+        w.grant("project", project2, f"user:dan-{w.tag}", "deny")
+        w.grant("source_object", o_deny, f"user:dan-{w.tag}", "deny")
+        ext = {
+            key: conn.execute(
+                text("SELECT source_object_id FROM source_observations WHERE id = :o"), {"o": observations[key]}
+            ).scalar_one()
+            for key in "klmn"
+        }
+        w.grant("source_object", ext["k"], f"user:ivan-{w.tag}")
+        w.grant("source_object", ext["l"], f"user:ivan-{w.tag}")
+        w.grant("source_object", ext["m"], f"user:zed-{w.tag}")
+        for key in "lmn":
+            w.grant("document", docs[key], f"user:ivan-{w.tag}")
         members = [w.member(team, f"user:alice-{w.tag}"), w.member(team, f"user:bob-{w.tag}")]
-        d = Data(w.tag, word, identifier, project, docs, versions, carol_grant, members, source)
+        d = Data(
+            w.tag,
+            word,
+            identifier,
+            project,
+            project2,
+            empty_project,
+            docs,
+            versions,
+            observations,
+            carol_grant,
+            members,
+            [source, sharepoint],
+        )
     admin = mint_token(settings.api, "root", roles=["admin"])
 
     def all_indexed() -> bool:
-        status, body = server.call("/v1/search", {"query": word, "limit": 10}, admin)
+        status, body = server.call("/v1/search", {"query": word, "limit": 50}, admin)
         if status == 503:  # the worker creates the index alias with its first write
             return False
         assert status == 200, body
@@ -126,8 +182,8 @@ def data(engine: Engine, worker: SyncWorker, server: Server, settings: Settings)
     finally:
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM group_memberships WHERE id = ANY(:ids)"), {"ids": members})
-            conn.execute(text("DELETE FROM projects WHERE id = :p"), {"p": project})
-            conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source})
+            conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": [project, project2, empty_project]})
+            conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
 
 
 def token(settings: Settings, data: Data, name: str) -> str:
@@ -388,3 +444,120 @@ def test_rerank_reorders_never_drops_and_fails_loudly(
     finally:
         reranking.stop()
         gateway.stop()
+
+
+def visible(server: Server, data: Data, who: str, path: str = "/v1/search", **extra: Any) -> set[str]:
+    """Keys of the `data` documents a caller finds; `who` is a user name or "admin"."""
+    if who == "admin":
+        bearer = mint_token(load_settings().api, "root", roles=["admin"])
+    else:
+        bearer = mint_token(load_settings().api, data.user(who))
+    body: dict[str, Any] = {"limit": 50, **extra}
+    if path == "/v1/search":
+        body["query"] = data.word
+    status, payload = server.call(path, body, bearer)
+    assert status == 200, payload
+    keys = {v: k for k, v in data.docs.items()}
+    found = [keys.get(h["document_id"], f"foreign:{h['document_id']}") for h in payload["hits"]]
+    assert len(found) == len(set(found)) or path != "/v1/search", found  # ranked search collapses documents
+    return set(found)
+
+
+def test_explain_parts_add_up_to_the_score(server: Server, data: Data, settings: Settings) -> None:
+    status, body = server.call(
+        "/v1/search", {"query": data.word, "limit": 10, "explain": True}, token(settings, data, "erin")
+    )
+    assert status == 200 and {h["document_id"] for h in body["hits"]} == {data.docs["e"], data.docs["f"]}
+    r = settings.retrieval
+    weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+    boosts = {data.docs["e"]: r.version_status_boost["executed"], data.docs["f"]: r.version_status_boost["draft"]}
+    assert boosts[data.docs["e"]] != boosts[data.docs["f"]] != 1.0
+    for hit in body["hits"]:
+        ex = hit["explain"]
+        assert ex["rrf_k"] == r.fusion_rrf_k and ex["rerank_score"] is None
+        assert {"lexical", "semantic"} <= set(ex["ranks"]) and set(ex["rrf_parts"]) == set(ex["ranks"])
+        for leg, rank in ex["ranks"].items():
+            assert ex["weights"][leg] == weights[leg]
+            assert ex["rrf_parts"][leg] == pytest.approx(weights[leg] / (r.fusion_rrf_k + rank), rel=1e-12)
+        assert sum(ex["rrf_parts"].values()) == pytest.approx(ex["rrf_score"], rel=1e-12)
+        assert ex["status_boost"] == boosts[hit["document_id"]]
+        assert ex["rrf_score"] * ex["status_boost"] == pytest.approx(hit["score"], rel=1e-12)
+        assert ex["fused_score"] == hit["score"]
+    assert [h["score"] for h in body["hits"]] == sorted((h["score"] for h in body["hits"]), reverse=True)
+    for leg in ("lexical", "semantic"):  # ranks are positions within one leg: distinct
+        ranks = [h["explain"]["ranks"][leg] for h in body["hits"]]
+        assert len(set(ranks)) == len(ranks)
+
+
+def test_deny_wins_at_project_document_and_source_object_scope(server: Server, data: Data) -> None:
+    assert visible(server, data, "eve") == {"g", "i"}  # the control: the same allows, no deny
+    assert visible(server, data, "dan") == {"j"}  # project deny hides g, object deny hides i
+    assert visible(server, data, "alice") == {"a", "b"}  # document deny hides c
+    assert visible(server, data, "dan", "/v1/search/filter") == {"j"}
+    assert visible(server, data, "alice", "/v1/search/filter", filters={"project_id": data.project}) == {"a", "b"}
+
+
+def test_intersect_mode_needs_a_local_allow_too(server: Server, data: Data, isolation: dict[str, str]) -> None:
+    assert visible(server, data, "ivan") == {"k", "l"}  # sufficient: the mirrored source allow is enough
+    intersect = Server("search-api-intersect", **isolation, KI_SECURITY__SOURCE_ACL_MODE="intersect")
+    intersect.start()
+    try:
+        assert visible(intersect, data, "ivan") == {"l"}
+        assert visible(intersect, data, "ivan", "/v1/search/filter") == {"l"}
+        assert visible(intersect, data, "bob") == {"a", "b", "c"}  # local allows on a local_fs object
+        assert visible(intersect, data, "dan") == {"j"}
+    finally:
+        intersect.stop()
+
+
+def test_external_source_without_mirrored_grants_fails_closed(server: Server, data: Data) -> None:
+    admin = visible(server, data, "admin")
+    assert {"m", "n"} <= admin  # indexed and reachable: only the ACL keeps them from ivan
+    ivan = visible(server, data, "ivan")
+    assert "n" not in ivan  # a local document allow, but the external object has no mirrored grant
+    assert "m" not in ivan  # a known object ACL that grants somebody else; the local allow cannot override
+
+
+def test_admin_without_an_active_observation_sees_nothing(
+    server: Server, worker: SyncWorker, data: Data, iso_settings: Settings, engine: Engine
+) -> None:
+    assert "o" in visible(server, data, "admin")
+    client = OpenSearch(hosts=[iso_settings.opensearch.url], timeout=30)
+    worker.stop()  # the index keeps o's rows from here on
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE source_observations SET deleted_at = now() WHERE id = :o"), {"o": data.observations["o"]}
+            )
+        assert "o" not in visible(server, data, "admin")
+        assert "o" not in visible(server, data, "admin", "/v1/search/filter")
+        client.indices.refresh(index=iso_settings.retrieval.index_name)
+        rows = client.count(
+            index=iso_settings.retrieval.index_name, body={"query": {"term": {"document_id": str(data.docs["o"])}}}
+        )
+        assert rows["count"] > 0  # the index still holds it: SQL alone kept it out
+    finally:
+        worker.start()
+
+
+def test_project_filter_intersects_the_scope(server: Server, data: Data) -> None:
+    for path in ("/v1/search", "/v1/search/filter"):
+        assert visible(server, data, "eve", path, filters={"project_id": [data.project2]}) == {"g"}
+        assert visible(server, data, "eve", path, filters={"project_id": [data.project]}) == {"i"}
+        assert visible(server, data, "eve", path, filters={"project_id": [data.project, data.project2]}) == {"g", "i"}
+        assert visible(server, data, "eve", path, filters={"project_id": [data.empty_project]}) == set()
+        assert visible(server, data, "dan", path, filters={"project_id": [data.project2]}) == set()
+        assert visible(server, data, "admin", path, filters={"project_id": [data.project2]}) == {"g"}
+
+
+def test_window_over_500_is_422_on_every_paged_endpoint(server: Server, data: Data, settings: Settings) -> None:
+    bob = token(settings, data, "bob")
+    for path, body in [
+        ("/v1/search", {"query": data.word}),
+        ("/v1/search/filter", {}),
+        ("/v1/decisions/search", {"query": data.word}),
+    ]:
+        status, payload = server.call(path, {**body, "offset": 401, "limit": 100}, bob)
+        assert status == 422 and payload["error"] == "window_too_deep" and payload["max_window"] == 500, path
+        status, payload = server.call(path, {**body, "offset": 400, "limit": 100}, bob)
+        assert status == 200, (path, payload)
