@@ -168,6 +168,12 @@ class ApiSettings(_Section):
     max_limit: int = Field(100, ge=1, le=500)
     max_filter_values: int = Field(100, ge=1)
     max_concurrent_requests: int = Field(64, ge=1)
+    # Overload: at most this many requests wait for a slot (more: 429), none longer than queue_timeout_s (503).
+    max_queued_requests: int = Field(64, ge=0)
+    queue_timeout_s: float = Field(10.0, gt=0)
+    # A bearer token longer than this is rejected (401) before any decoding (aiohttp itself refuses header
+    # fields over 8190 bytes, hence the ceiling).
+    max_token_bytes: int = Field(4096, ge=256, le=8000)
     embedding_cache_ttl_s: int = Field(600, ge=0)
     embedding_cache_size: int = Field(1024, ge=0)
 

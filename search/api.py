@@ -4,6 +4,7 @@
 `GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
 400 bad input (naming the field), 401 missing/invalid token, 413 body too large, 422 window too deep,
+429 / 503 `overloaded` (admission control, with Retry-After),
 503 OpenSearch or the reranker unavailable (never a partial or silently unreranked answer).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from ki.settings import ApiSettings, Settings
+from search.admission import AdmissionGate, Overloaded
 from search.auth import AuthError, authenticate
 from search.filters import (
     MAX_RANKED_WINDOW,
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_KEY = web.AppKey("search_service", SearchService)
 SETTINGS_KEY = web.AppKey("settings", Settings)
-LIMIT_KEY = web.AppKey("limit", asyncio.Semaphore)
+GATE_KEY = web.AppKey("gate", AdmissionGate)
 _METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
 
 
@@ -54,6 +56,8 @@ async def _body(request: web.Request) -> Any:
         return json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestInvalid("body", f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestInvalid("body", "invalid JSON: nested too deeply") from None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,6 +69,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except AuthError as exc:
         return _error(401, "unauthorized", str(exc))
+    except Overloaded as exc:
+        response = _error(exc.status, "overloaded", exc.message)
+        response.headers["Retry-After"] = "1"
+        return response
     except RequestInvalid as exc:
         return _error(400, "invalid_request", exc.message, field=exc.field)
     except WindowTooDeep as exc:
@@ -96,8 +104,7 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
     async def handler(request: web.Request) -> web.Response:
         principals = _principals(request)
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
-        async with request.app[LIMIT_KEY]:
-            result = await call(request.app[SERVICE_KEY], principals, parsed)
+        result = await call(request.app[SERVICE_KEY], principals, parsed)
         return web.json_response(result.to_json())
 
     return handler
@@ -127,6 +134,19 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
+@web.middleware
+async def admission(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bound the API work in flight and waiting (health, readiness, metrics and the document are exempt)."""
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    try:
+        async with request.app[GATE_KEY].admit():
+            return await handler(request)
+    except Overloaded:
+        request.app[SERVICE_KEY].metrics.rejected.inc()
+        raise
+
+
 def _route(request: web.Request) -> str:
     """The route template, never the raw path (a scanner's random paths must not become label values)."""
     resource = request.match_info.route.resource
@@ -154,10 +174,14 @@ async def instrument(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 def build_app(settings: Settings, service: SearchService) -> web.Application:
-    app = web.Application(middlewares=[instrument, errors], client_max_size=settings.api.max_body_bytes)
+    # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
+    app = web.Application(middlewares=[instrument, errors, admission], client_max_size=settings.api.max_body_bytes)
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
-    app[LIMIT_KEY] = asyncio.Semaphore(settings.api.max_concurrent_requests)
+    api = settings.api
+    gate = app[GATE_KEY] = AdmissionGate(api.max_concurrent_requests, api.max_queued_requests, api.queue_timeout_s)
+    service.metrics.in_flight.set_function(lambda: gate.in_flight)
+    service.metrics.waiting.set_function(lambda: gate.waiting)
     app.router.add_post("/v1/search", search_handler)
     app.router.add_post("/v1/search/filter", filter_handler)
     app.router.add_post("/v1/decisions/search", decisions_handler)

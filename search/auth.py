@@ -4,7 +4,8 @@ Principals: the subject claim becomes `user:<sub>` (kept as is if it already con
 claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
 role claim can never name a user or group). The token must be signed with `api.jwt_algorithm` (HMAC;
 `alg: none` and any other algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and
-`api.jwt_audience`.
+`api.jwt_audience`. Tokens over `api.max_token_bytes` are rejected before decoding; claim values must be
+text PostgreSQL can take (no NUL, valid Unicode, at most 512 characters).
 """
 
 from __future__ import annotations
@@ -15,10 +16,25 @@ from typing import Any
 import jwt
 
 from ki.settings import ApiSettings
+from search.filters import check_text
 
 
 class AuthError(Exception):
     """Missing or invalid credentials (HTTP 401)."""
+
+
+MAX_PRINCIPAL_CHARS = 512
+
+
+def _principal_text(name: str, value: str) -> str:
+    """Claim values become SQL parameters: no NUL, valid Unicode, bounded length (else 401, never 500)."""
+    if len(value) > MAX_PRINCIPAL_CHARS:
+        raise AuthError(f"claim {name!r}: values must be at most {MAX_PRINCIPAL_CHARS} characters")
+    try:
+        check_text(value)
+    except ValueError as exc:
+        raise AuthError(f"claim {name!r}: {exc}") from None
+    return value
 
 
 def _values(claims: dict[str, Any], name: str) -> list[str]:
@@ -29,7 +45,7 @@ def _values(claims: dict[str, Any], name: str) -> list[str]:
         raw = [p for p in raw.replace(",", " ").split() if p]
     if not isinstance(raw, list) or not all(isinstance(v, str) and v.strip() for v in raw):
         raise AuthError(f"claim {name!r} must be a string or a list of non-empty strings")
-    return [v.strip() for v in raw]
+    return [_principal_text(name, v.strip()) for v in raw]
 
 
 def _prefixed(prefix: str, value: str) -> str:
@@ -40,7 +56,7 @@ def principals_from_claims(claims: dict[str, Any], api: ApiSettings) -> list[str
     subject = claims.get(api.subject_claim)
     if not isinstance(subject, str) or not subject.strip():
         raise AuthError(f"claim {api.subject_claim!r} is missing or empty")
-    principals = [_prefixed("user", subject.strip())]
+    principals = [_prefixed("user", _principal_text(api.subject_claim, subject.strip()))]
     principals += [_prefixed("group", g) for g in _values(claims, api.groups_claim)]
     principals += [f"role:{r.removeprefix('role:')}" for r in _values(claims, api.roles_claim)]
     return list(dict.fromkeys(principals))
@@ -60,6 +76,8 @@ def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
         raise AuthError("token expired") from None
     except jwt.InvalidTokenError as exc:
         raise AuthError(f"invalid token: {exc}") from None
+    except (ValueError, TypeError):  # e.g. characters that are not even ASCII; never a 500
+        raise AuthError("invalid token: not a JWT") from None
 
 
 def authenticate(authorization: str | None, api: ApiSettings) -> list[str]:
@@ -69,6 +87,8 @@ def authenticate(authorization: str | None, api: ApiSettings) -> list[str]:
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("authorization header must be 'Bearer <token>'")
+    if len(token.strip()) > api.max_token_bytes:
+        raise AuthError(f"token longer than {api.max_token_bytes} bytes")
     return principals_from_claims(decode_token(token.strip(), api), api)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -66,6 +66,8 @@ class SearchMetrics:
         self.rejected = Counter(
             "ki_api_rejected", "Requests refused before any work because the API was at capacity", registry=r
         )
+        self.in_flight = Gauge("ki_api_requests_in_flight", "API requests being served now", registry=r)
+        self.waiting = Gauge("ki_api_requests_waiting", "API requests waiting for a slot now", registry=r)
         for result in ("hit", "miss"):
             self.embed_cache.labels(result)  # both series exist from the start
 

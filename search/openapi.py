@@ -118,7 +118,8 @@ def _post(summary: str, request: str, response: str, extra: dict[str, Any] | Non
         "401": _err("missing or invalid bearer token"),
         "413": _err("request body too large"),
         "422": _err(f"offset + limit exceeds {MAX_RANKED_WINDOW}"),
-        "503": _err("a backend is unavailable (never a partial answer)"),
+        "429": _err("at capacity: too many requests in flight and waiting; retry later"),
+        "503": _err("a backend is unavailable (never a partial answer), or no capacity within the queue timeout"),
         **(extra or {}),
     }
     return {

@@ -186,7 +186,8 @@ class RerankGateway:
     It is the external rerank gateway, not one of the stack's services. `mode`:
     * "reverse": scores passage i (0-based) with i, leaving passage 0 unscored, so the prefix comes back
       reversed with the fused leader last;
-    * "error": HTTP 500; "garbage": HTTP 200 with a reply that is not the JSON asked for.
+    * "error": HTTP 500; "garbage": HTTP 200 with a reply that is not the JSON asked for;
+    * after `hold()`: requests wait until `release()`, then answer as "reverse".
     Every request (headers and JSON body) is kept in `requests`.
     """
 
@@ -198,14 +199,18 @@ class RerankGateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._released: asyncio.Event | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"headers": dict(request.headers), "body": body})
+        if self.mode == "hold":
+            assert self._released is not None
+            await self._released.wait()
         if self.mode == "error":
             return web.json_response({"error": {"message": "upstream model crashed"}}, status=500)
         content = "I think passage 2 is best."
-        if self.mode == "reverse":
+        if self.mode in ("reverse", "hold"):
             items = json.loads(body["messages"][1]["content"])["passages"]
             content = json.dumps({"scores": {p["id"]: float(i) for i, p in enumerate(items) if i > 0}})
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
@@ -214,6 +219,7 @@ class RerankGateway:
         started = threading.Event()
 
         async def run() -> None:
+            self._released = asyncio.Event()
             app = web.Application()
             app.router.add_post("/v1/chat/completions", self._handle)
             self._runner = web.AppRunner(app)
@@ -230,6 +236,13 @@ class RerankGateway:
         self._thread = threading.Thread(target=main, name="rerank-gateway", daemon=True)
         self._thread.start()
         assert started.wait(30), "rerank gateway did not start"
+
+    def hold(self) -> None:
+        self.mode = "hold"
+
+    def release(self) -> None:
+        assert self._loop is not None and self._released is not None
+        self._loop.call_soon_threadsafe(self._released.set)
 
     def stop(self) -> None:
         if self._loop is None or self._thread is None or not self._thread.is_alive():

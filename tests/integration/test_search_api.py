@@ -7,6 +7,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -561,3 +562,91 @@ def test_window_over_500_is_422_on_every_paged_endpoint(server: Server, data: Da
         assert status == 422 and payload["error"] == "window_too_deep" and payload["max_window"] == 500, path
         status, payload = server.call(path, {**body, "offset": 400, "limit": 100}, bob)
         assert status == 200, (path, payload)
+
+
+HOSTILE_QUERIES = [
+    '{"query": {"match_all": {}}}',
+    '{"bool": {"should": [{"match_all": {}}], "filter": []}}',
+    '"}}, "query": {"match_all": {}}, "x": {"y": "',
+    "*:*",
+    "document_id:* OR project_id:* OR allowed_principals:*",
+    "title:(Kauf* OR Miete~2) AND NOT x^5 [* TO *]",
+    "/.*/",
+    "\\",
+    '"unterminated (a AND OR NOT',
+    "_id:1 || _index:* && !x",
+    "' OR '1'='1",
+    "'; DROP TABLE grants; --",
+    "1; SELECT pg_sleep(30); --",
+    "%' OR 1=1 --",
+    "$(id) `id` ${jndi:ldap://127.0.0.1/x} <script>alert(1)</script>",
+]
+
+
+def test_hostile_queries_are_plain_text(server: Server, data: Data, settings: Settings, engine: Engine) -> None:
+    bob, mallory = token(settings, data, "bob"), token(settings, data, "mallory")
+    mine = {data.docs[k] for k in "abc"}
+    for hostile in HOSTILE_QUERIES:
+        for query in (hostile, f"{hostile} {data.word}"):
+            status, body = server.call("/v1/search", {"query": query, "limit": 50}, bob)
+            assert status == 200, (query, body)
+            assert set(doc_ids(body)) <= mine, query  # never wider than the caller's scope
+            status, body = server.call("/v1/search", {"query": query, "limit": 50}, mallory)
+            assert status == 200 and body["hits"] == [], query
+            status, body = server.call("/v1/decisions/search", {"query": query}, bob)
+            assert status == 200, (query, body)
+            status, body = server.call("/v1/search/filter", {"filters": {"language": [query[:64]]}, "limit": 5}, bob)
+            assert status == 200 and body["hits"] == [], query
+    at_limit = f"{data.word} " + "x" * (settings.api.max_query_chars - len(data.word) - 1)
+    status, body = server.call("/v1/search", {"query": at_limit}, bob)
+    assert status == 200 and len(at_limit) == settings.api.max_query_chars, body
+    status, body = server.call("/v1/search", {"query": "x" * (settings.api.max_query_chars + 1)}, bob)
+    assert status == 400 and body["field"] == "query"
+    with engine.connect() as conn:  # and the tables are all still there
+        assert conn.execute(text("SELECT count(*) FROM grants WHERE document_id = :d"), {"d": data.docs["a"]}).scalar()
+
+
+def test_overload_is_refused_at_once_instead_of_queueing(
+    data: Data, settings: Settings, isolation: dict[str, str]
+) -> None:
+    """One slot, one queue place: a search held at the (real) rerank gateway fills the slot, a second one
+    waits, a third is refused with 429 at once; health and metrics stay available."""
+    bob = token(settings, data, "bob")
+    gateway = RerankGateway()
+    gateway.start()
+    gateway.hold()
+    srv = Server(
+        "search-api-overload",
+        **isolation,
+        KI_RETRIEVAL__RERANK_ENABLED="true",
+        KI_RETRIEVAL__RERANK_URL=gateway.url,
+        KI_API__MAX_CONCURRENT_REQUESTS="1",
+        KI_API__MAX_QUEUED_REQUESTS="1",
+        KI_API__QUEUE_TIMEOUT_S="300",
+    )
+    srv.start()
+
+    def gauge(name: str) -> float:
+        return scrape(srv)[(name, frozenset())]
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(srv.call, "/v1/search", {"query": data.word}, bob)
+            wait_for(lambda: gateway.requests, timeout=120, what="the first search at the gateway")
+            second = pool.submit(srv.call, "/v1/search", {"query": data.word, "limit": 2}, bob)
+            wait_for(lambda: gauge("ki_api_requests_waiting") == 1, timeout=60, what="the second search queued")
+            status, content_type, payload = srv.request("/v1/search", {"query": data.word}, bob)
+            assert status == 429 and content_type.startswith("application/json"), payload
+            assert json.loads(payload)["error"] == "overloaded"
+            assert srv.call("/v1/decisions/search", {"query": data.word}, bob)[0] == 429
+            assert srv.call("/healthz")[0] == 200
+            assert gauge("ki_api_requests_in_flight") == 1 and gauge("ki_api_rejected_total") == 2
+            gateway.release()
+            assert first.result(timeout=120)[0] == 200
+            assert second.result(timeout=120)[0] == 200
+        assert gauge("ki_api_requests_in_flight") == 0 and gauge("ki_api_requests_waiting") == 0
+        assert srv.call("/v1/search", {"query": data.word}, bob)[0] == 200
+    finally:
+        gateway.release()
+        srv.stop()
+        gateway.stop()
