@@ -71,6 +71,8 @@ class RetrievalSettings(_Section):
         for status, boost in self.version_status_boost.items():
             if boost < 0:
                 raise ValueError(f"version_status_boost[{status!r}] must be >= 0, got {boost}")
+        if self.rerank_enabled and not self.rerank_url:
+            raise ValueError("rerank_enabled is true but rerank_url is empty (the gateway's base URL, e.g. .../v1)")
         return self
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ki.settings import RetrievalSettings
+from ki.settings import RetrievalSettings, SettingsError, load_settings
 from search.fusion import Candidate
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, parse_scores, passages, request_body
 
@@ -76,5 +76,8 @@ def test_request_carries_model_query_and_numbered_passages() -> None:
 
 
 def test_enabled_without_url_refuses_to_start() -> None:
+    with pytest.raises(SettingsError, match="retrieval: rerank_enabled is true but rerank_url is empty"):
+        load_settings(environ={"KI_RETRIEVAL__RERANK_ENABLED": "true"})
+    settings = RetrievalSettings.model_construct(rerank_enabled=True, rerank_url="")  # bypassing validation
     with pytest.raises(ValueError, match="rerank_url"):
-        Reranker(RetrievalSettings(rerank_enabled=True))
+        Reranker(settings)
