@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from streams.writer import BulkOp, ExistingRow, IndexWriter
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
-ACCESS_FIELDS = ("allowed_principals", "denied_principals", "access_version")
+PRINCIPAL_FIELDS = ("allowed_principals", "denied_principals")
 
 _IDS = ARRAY(BigInteger)
 
@@ -271,15 +271,28 @@ class Projector:
 
     async def project_versions(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
         stats = stats or SyncStats()
+        await self._until_settled("content", self._project_versions_once, version_ids, stats)
+        return stats
+
+    async def _until_settled(
+        self,
+        path: str,
+        project_once: Callable[[list[int], SyncStats], Awaitable[set[int]]],
+        version_ids: Iterable[int],
+        stats: SyncStats,
+    ) -> None:
+        """Project until no version loses a write race. Rows are read through search, which only sees
+        what the last refresh published; a conflict usually means our read was older than a write we (or
+        another worker) just made, so the index is refreshed before the losers are read again."""
         pending = set(version_ids)
         for _ in range(MAX_CONFLICT_ROUNDS):
             if not pending:
-                return stats
-            conflicts = await self._project_versions_once(sorted(pending), stats)
-            if conflicts:
+                return
+            pending = await project_once(sorted(pending), stats)
+            if pending:
                 stats.conflict_rounds += 1
-                log.info("content: %d version(s) lost a write race; projecting them again", len(conflicts))
-            pending = conflicts
+                log.info("%s: %d version(s) lost a write race; refreshing and projecting again", path, len(pending))
+                await self.writer.refresh()
         raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
 
     def _load_states(self, version_ids: Sequence[int]) -> tuple[dict[int, _State], dict[int, GrantedPrincipals]]:
@@ -370,14 +383,8 @@ class Projector:
     async def project_access(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
         """Rewrite only the principal projection of these versions' rows: no splitting, no embedding."""
         stats = stats or SyncStats()
-        pending = set(version_ids)
-        for _ in range(MAX_CONFLICT_ROUNDS):
-            if not pending:
-                return stats
-            pending = await self._project_access_once(sorted(pending), stats)
-            if pending:
-                stats.conflict_rounds += 1
-        raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
+        await self._until_settled("access", self._project_access_once, version_ids, stats)
+        return stats
 
     def _load_grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
         with self.engine.connect() as conn:
@@ -387,7 +394,7 @@ class Projector:
         started = time.perf_counter()
         # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
         # only be newer than what that seq_no holds, so a conditional write never regresses the row.
-        existing = await self.writer.existing_rows(version_ids, with_source=ACCESS_FIELDS)
+        existing = await self.writer.existing_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
         grants = await asyncio.to_thread(self._load_grants, version_ids)
         stats.timed("read", started)
         ops: list[BulkOp] = []

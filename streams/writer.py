@@ -152,22 +152,32 @@ class IndexWriter:
     # -- reads ---------------------------------------------------------------------------------
 
     async def existing_rows(
-        self, version_ids: Iterable[int], *, with_source: Sequence[str] = ()
+        self, version_ids: Iterable[int], *, with_source: Sequence[str] = (), with_doc_values: Sequence[str] = ()
     ) -> dict[int, dict[str, ExistingRow]]:
-        """Every indexed row of these versions, with the sequence numbers needed for conditional writes."""
+        """Every indexed row of these versions, with the sequence numbers needed for conditional writes.
+
+        `with_source` fields come from `_source` ("*": everything but the vector). `with_doc_values`
+        fields (keyword and numeric fields only) come from doc values instead, which spares decompressing
+        each row's `_source` with its vector: the access-only path reads nothing else."""
         ids = sorted({int(v) for v in version_ids})
         found: dict[int, dict[str, ExistingRow]] = {v: {} for v in ids}
         if not ids:
             return found
-        if "*" in with_source:
-            source_filter: dict[str, Any] = {"excludes": ["embedding"]}
+        if with_doc_values and not with_source:
+            fields: dict[str, Any] = {
+                "_source": False,
+                "docvalue_fields": ["document_version_id", "access_version", *with_doc_values],
+            }
+        elif "*" in with_source:
+            fields = {"_source": {"excludes": ["embedding"]}}
         else:
-            source_filter = {"includes": ["document_version_id", "meta.content_hash", "access_version", *with_source]}
+            included = ["document_version_id", "meta.content_hash", "access_version", *with_source]
+            fields = {"_source": {"includes": included}}
         for start in range(0, len(ids), 1000):
             part = [str(v) for v in ids[start : start + 1000]]
             body = {
                 "query": {"terms": {"document_version_id": part}},
-                "_source": source_filter,
+                **fields,
                 "seq_no_primary_term": True,
                 "size": EXISTING_PAGE,
                 "sort": ["_doc"],
@@ -195,7 +205,12 @@ class IndexWriter:
     @staticmethod
     def _collect(hits: Sequence[dict[str, Any]], found: dict[int, dict[str, ExistingRow]]) -> None:
         for hit in hits:
-            src = hit["_source"]
+            if "_source" in hit:
+                src = hit["_source"]
+            else:  # doc values come as (sorted, de-duplicated) lists; a field without values is absent
+                src = dict(hit.get("fields") or {})
+                for single in ("document_version_id", "access_version"):
+                    src[single] = (src.get(single) or [None])[0]
             row = ExistingRow(
                 doc_id=hit["_id"],
                 seq_no=hit["_seq_no"],
@@ -261,7 +276,8 @@ class IndexWriter:
                 status = int(outcome.get("status", 500))
                 if status < 300 or (op.kind == "delete" and status == 404):
                     result.written += 1
-                elif status == 409:
+                elif status == 409 or (status == 404 and op.kind == "update"):
+                    # 404 on an update: the row was deleted after we read it; both mean "read again".
                     result.conflicts.add(op.group or op.doc_id)
                 elif status in RETRYABLE_STATUS:
                     retry.append(op)

@@ -1,0 +1,286 @@
+"""`ki bench freshness`: commit in PostgreSQL → visible in OpenSearch search results, under sustained load.
+
+The whole real path is measured: PostgreSQL commit → Debezium → Kafka → sync worker → `_bulk` → refresh →
+search. A load thread commits `rate` row changes per second (document-scope grant inserts and deletes on a
+tagged corpus, each one an access-only change of one version). A probe thread commits one more grant on a
+dedicated probe document every `probe_interval` seconds, naming a fresh principal; the main thread polls
+OpenSearch for that principal in `allowed_principals` and records when it first becomes searchable.
+
+Needs a sync worker on this stack: the one already running (its /metrics answers), or one started here.
+Prints progress and one JSON object; the lag percentiles sit next to the refresh interval they are bounded by.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine, text
+
+from ki.db.engine import make_engine
+from ki.settings import REPO_ROOT, Settings
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+class SyncWorker:
+    """The sync worker of this stack: reuse the running one, or run `ki sync run` as a child until `stop()`."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.url = f"http://127.0.0.1:{settings.streams.web_port}/metrics"
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def ensure(self, timeout: float = 120) -> None:
+        if self.answers():
+            _progress("freshness: using the sync worker already running")
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _progress(f"freshness: starting a sync worker (log {self.log_path})")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ki.cli", "sync", "run"],
+            cwd=REPO_ROOT,
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout
+        while not self.answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the sync worker did not come up; see {self.log_path}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def _write_corpus(engine: Engine, docs: int, tag: str) -> tuple[list[int], int, list[int]]:
+    """`docs` one-version documents plus a probe document; returns (document ids, probe doc, version ids)."""
+    with engine.begin() as conn:
+        project = conn.execute(
+            text("INSERT INTO projects (name) VALUES (:n) RETURNING id"), {"n": f"freshness {tag}"}
+        ).scalar_one()
+        source = conn.execute(
+            text("INSERT INTO sources (kind, name) VALUES ('local_fs', :n) RETURNING id"), {"n": f"freshness {tag}"}
+        ).scalar_one()
+        conn.execute(
+            text("INSERT INTO grants (scope, project_id, principal, effect) VALUES ('project', :p, :w, 'allow')"),
+            {"p": project, "w": f"group:freshness-{tag}"},
+        )
+        doc_ids, version_ids = [], []
+        for n in range(docs + 1):
+            doc = conn.execute(
+                text("INSERT INTO documents (project_id, title) VALUES (:p, :t) RETURNING id"),
+                {"p": project, "t": f"Frische-Vertrag {n} {tag}"},
+            ).scalar_one()
+            version = conn.execute(
+                text(
+                    "INSERT INTO document_versions (document_id, version_no, status, text)"
+                    " VALUES (:d, 1, 'draft', :t) RETURNING id"
+                ),
+                {"d": doc, "t": f"Vertrag Nr. {n}: Die Mietsache wird zum Monatsende übergeben. {tag}"},
+            ).scalar_one()
+            obj = conn.execute(
+                text("INSERT INTO source_objects (source_id, external_ref) VALUES (:s, :r) RETURNING id"),
+                {"s": source, "r": f"{tag}-{n}"},
+            ).scalar_one()
+            conn.execute(
+                text("INSERT INTO source_observations (document_version_id, source_object_id) VALUES (:v, :o)"),
+                {"v": version, "o": obj},
+            )
+            doc_ids.append(doc)
+            version_ids.append(version)
+    return doc_ids[:-1], doc_ids[-1], version_ids
+
+
+class _Load(threading.Thread):
+    """Commits `rate` row changes per second in small transactions (one every 50 ms) until stopped."""
+
+    def __init__(self, engine: Engine, doc_ids: list[int], rate: int, tag: str) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.doc_ids, self.rate, self.tag = engine, doc_ids, rate, tag
+        self.stop_event = threading.Event()
+        self.changes = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported by the caller; a dead load thread must not look like low lag
+            self.error = exc
+
+    def _run(self) -> None:
+        tick = 0.05
+        per_tick = max(1, round(self.rate * tick))
+        live: deque[int] = deque()
+        rng = random.Random(7)
+        started = time.monotonic()
+        n = 0
+        while not self.stop_event.is_set():
+            with self.engine.begin() as conn:
+                for _ in range(per_tick):
+                    if len(live) > 200 and rng.random() < 0.5:
+                        conn.execute(text("DELETE FROM grants WHERE id = :g"), {"g": live.popleft()})
+                    else:
+                        n += 1
+                        live.append(
+                            conn.execute(
+                                text(
+                                    "INSERT INTO grants (scope, document_id, principal, effect)"
+                                    " VALUES ('document', :d, :w, 'allow') RETURNING id"
+                                ),
+                                {"d": rng.choice(self.doc_ids), "w": f"user:load-{self.tag}-{n}"},
+                            ).scalar_one()
+                        )
+            self.changes += per_tick
+            # Pace against the start time, so slow commits do not lower the rate unnoticed.
+            behind = started + self.changes / self.rate - time.monotonic()
+            if behind > 0:
+                self.stop_event.wait(behind)
+
+
+def run_freshness_bench(
+    settings: Settings, *, rate: int = 200, seconds: float = 60, docs: int = 200, probe_interval: float = 0.5
+) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    engine = make_engine(settings)
+    search = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    alias = settings.retrieval.index_name
+    worker = SyncWorker(settings, REPO_ROOT / "build" / "bench-freshness-worker.log")
+    worker.ensure()
+    try:
+        _progress(f"freshness: writing {docs} documents (+1 probe) through CDC")
+        doc_ids, probe_doc, version_ids = _write_corpus(engine, docs, tag)
+        deadline = time.monotonic() + 600
+        while True:
+            indexed = _count(search, alias, {"terms": {"document_version_id": [str(v) for v in version_ids]}})
+            _progress(f"  indexed {indexed}/{len(version_ids)} versions")
+            if indexed >= len(version_ids):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the corpus was not indexed within 600 s; is the worker keeping up?")
+            time.sleep(2)
+
+        _progress(f"freshness: {rate} row changes/s for {seconds:.0f} s, a probe every {probe_interval}s")
+        load = _Load(engine, doc_ids, rate, tag)
+        load.start()
+        outstanding: dict[str, float] = {}
+        lags: list[float] = []
+        lost: list[str] = []
+        started = time.monotonic()
+        next_probe = started
+        probes = 0
+        last_report = started
+        while True:
+            now = time.monotonic()
+            if now - started < seconds and now >= next_probe:
+                probes += 1
+                name = f"probe:{tag}-{probes}"
+                with engine.begin() as conn:
+                    conn.execute(
+                        text(
+                            "INSERT INTO grants (scope, document_id, principal, effect)"
+                            " VALUES ('document', :d, :w, 'allow')"
+                        ),
+                        {"d": probe_doc, "w": name},
+                    )
+                outstanding[name] = time.monotonic()  # the commit has returned
+                next_probe += probe_interval
+            if outstanding:
+                visible = _visible(search, alias, list(outstanding))
+                seen_at = time.monotonic()
+                for name in visible:
+                    lags.append(seen_at - outstanding.pop(name))
+            if now - started >= seconds:
+                load.stop_event.set()
+                if not outstanding or now - started > seconds + 60:
+                    lost = sorted(outstanding)
+                    break
+            if now - last_report >= 10:
+                median = statistics.median(lags or [0])
+                _progress(f"  {now - started:.0f}s: {len(lags)} probes seen, p50 so far {median:.2f}s")
+                last_report = now
+            time.sleep(0.02)
+        load.join(30)
+        if load.error:
+            raise RuntimeError(f"the load thread failed: {load.error}")
+        achieved = load.changes / seconds
+        return {
+            "write_rate": {"target_row_changes_per_s": rate, "achieved_row_changes_per_s": round(achieved, 1)},
+            "duration_s": seconds,
+            "refresh_interval": settings.opensearch.refresh_interval,
+            "probes": {"sent": probes, "seen": len(lags), "never_seen_within_60s": len(lost)},
+            "commit_to_visible_s": {
+                "p50": round(_percentile(lags, 50), 3),
+                "p95": round(_percentile(lags, 95), 3),
+                "p99": round(_percentile(lags, 99), 3),
+                "max": round(max(lags), 3),
+            }
+            if lags
+            else None,
+        }
+    finally:
+        worker.stop()
+        engine.dispose()
+
+
+def _count(search: OpenSearch, alias: str, query: dict[str, Any]) -> int:
+    if not search.indices.exists_alias(name=alias):
+        return 0
+    response = search.count(index=alias, body={"query": query})
+    return int(response["count"])
+
+
+def _visible(search: OpenSearch, alias: str, names: list[str]) -> set[str]:
+    """Which of these principals are searchable now (through the normal refresh, never a forced one)."""
+    response = search.search(
+        index=alias,
+        body={
+            "size": 0,
+            "query": {"terms": {"allowed_principals": names}},
+            "aggs": {"names": {"terms": {"field": "allowed_principals", "include": names, "size": len(names)}}},
+        },
+    )
+    return {bucket["key"] for bucket in response["aggregations"]["names"]["buckets"]}
+
+
+def main(settings: Settings, *, rate: int, seconds: float, docs: int) -> int:
+    result = run_freshness_bench(settings, rate=rate, seconds=seconds, docs=docs)
+    out = REPO_ROOT / "build" / "bench" / "freshness.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    _progress(f"freshness: results in {out}")
+    return 0 if result["commit_to_visible_s"] else 1
