@@ -113,9 +113,13 @@ def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.what == "freshness":
+        from streams.freshness import main as bench_freshness
+
+        return bench_freshness(settings, rate=args.rate, seconds=args.seconds, docs=args.docs)
     from streams.bench import main as bench_sync
 
-    return bench_sync(settings, versions=args.versions, paragraphs=args.paragraphs)
+    return bench_sync(settings, versions=args.versions, paragraphs=args.paragraphs, rounds=args.rounds)
 
 
 def _eval(args: argparse.Namespace, settings: Settings) -> int:
@@ -202,9 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.set_defaults(handler=_reconcile)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
-    bench.add_argument("what", choices=["sync"])
-    bench.add_argument("--versions", type=int, default=100)
-    bench.add_argument("--paragraphs", type=int, default=12)
+    bench.add_argument("what", choices=["sync", "freshness"])
+    bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
+    bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
+    bench.add_argument("--rounds", type=int, default=5, help="sync: access-only rounds (median reported)")
+    bench.add_argument("--rate", type=int, default=200, help="freshness: row changes per second")
+    bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
+    bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")
     bench.set_defaults(handler=_bench)
 
     ev = sub.add_parser(
