@@ -145,7 +145,7 @@ class StreamsSettings(_Section):
     dlq_topic: str = "ki.dlq"
     batch_max_events: int = Field(500, ge=1, le=100_000)
     batch_max_bytes: int = Field(5_000_000, ge=1024)
-    batch_linger_ms: int = Field(200, ge=0, le=60_000)
+    batch_linger_ms: int = Field(100, ge=0, le=60_000)
     max_attempts: int = Field(5, ge=1, le=100)
 
 

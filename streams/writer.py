@@ -88,6 +88,17 @@ class ExistingRow:
     source: dict[str, Any]
 
 
+def _interval_seconds(interval: str) -> float:
+    """An OpenSearch time value ("1s", "500ms", "1m") in seconds; -1 (never refresh) as infinity."""
+    value = interval.strip()
+    if value.startswith("-"):
+        return float("inf")
+    for unit, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0)):
+        if value.endswith(unit) and value[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(value[: -len(unit)]) * factor
+    raise ValueError(f"not an OpenSearch time value: {interval!r}")
+
+
 def _encoded_size(lines: list[dict[str, Any]]) -> int:
     return sum(len(json.dumps(line, separators=(",", ":"))) + 1 for line in lines)
 
@@ -100,6 +111,11 @@ class IndexWriter:
         # Writes go to an explicit physical index during a rebuild, otherwise to the alias.
         self.index = index or self.alias
         self.bulk_seconds: list[float] = []
+        # Versions this writer wrote that the index's periodic refresh may not have published yet. Reads
+        # go through search, which only sees refreshed data: reading such a version would hand out an old
+        # seq_no, the conditional write would lose a race against ourselves, and the batch would be redone.
+        self._unpublished: dict[int, float] = {}
+        self._publish_after_s = _interval_seconds(settings.opensearch.refresh_interval) * 1.5
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -147,7 +163,16 @@ class IndexWriter:
         return [old for old in current if old != physical]
 
     async def refresh(self) -> None:
+        started = time.monotonic()
         await self.client.indices.refresh(index=self.index)
+        self._unpublished = {v: t for v, t in self._unpublished.items() if t > started}
+
+    async def _publish_own_writes(self, version_ids: Sequence[int]) -> None:
+        """Refresh first if one of these versions was written by us and may not be searchable yet."""
+        now = time.monotonic()
+        self._unpublished = {v: t for v, t in self._unpublished.items() if now - t < self._publish_after_s}
+        if any(v in self._unpublished for v in version_ids):
+            await self.refresh()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -163,6 +188,7 @@ class IndexWriter:
         found: dict[int, dict[str, ExistingRow]] = {v: {} for v in ids}
         if not ids:
             return found
+        await self._publish_own_writes(ids)
         if with_doc_values and not with_source:
             fields: dict[str, Any] = {
                 "_source": False,
@@ -276,6 +302,8 @@ class IndexWriter:
                 status = int(outcome.get("status", 500))
                 if status < 300 or (op.kind == "delete" and status == 404):
                     result.written += 1
+                    if op.group.isdigit():
+                        self._unpublished[int(op.group)] = time.monotonic()
                 elif status == 409 or (status == 404 and op.kind == "update"):
                     # 404 on an update: the row was deleted after we read it; both mean "read again".
                     result.conflicts.add(op.group or op.doc_id)
