@@ -13,17 +13,13 @@ Prints progress and one JSON object; the lag percentiles sit next to the refresh
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from opensearchpy import OpenSearch
@@ -31,6 +27,7 @@ from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
 from ki.settings import REPO_ROOT, Settings
+from streams.worker_process import SyncWorker
 
 
 def _progress(line: str) -> None:
@@ -40,50 +37,6 @@ def _progress(line: str) -> None:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
-class SyncWorker:
-    """The sync worker of this stack: reuse the running one, or run `ki sync run` as a child until `stop()`."""
-
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{settings.streams.web_port}/metrics"
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url, timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def ensure(self, timeout: float = 120) -> None:
-        if self.answers():
-            _progress("freshness: using the sync worker already running")
-            return
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _progress(f"freshness: starting a sync worker (log {self.log_path})")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "sync", "run"],
-            cwd=REPO_ROOT,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the sync worker did not come up; see {self.log_path}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 def _write_corpus(engine: Engine, docs: int, tag: str) -> tuple[list[int], int, list[int]]:
@@ -179,7 +132,7 @@ def run_freshness_bench(
     search = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
     alias = settings.retrieval.index_name
     worker = SyncWorker(settings, REPO_ROOT / "build" / "bench-freshness-worker.log")
-    worker.ensure()
+    _progress("freshness: " + worker.ensure())
     try:
         _progress(f"freshness: writing {docs} documents (+1 probe) through CDC")
         doc_ids, probe_doc, version_ids = _write_corpus(engine, docs, tag)

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-import os
+import asyncio
+import json
 import shlex
-import sys
+import signal
+import time
+from typing import Any
+
+from aiohttp import ClientSession, web
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
 from ki.demo.generator import DEMO_TAG, demo_data_exists, generate
 from ki.settings import Settings
+from ki.stack.paths import StackPaths
+from search.auth import mint_token
+from streams.status import consumer_lag
+from streams.worker_process import SyncWorker
 
 
 def _progress(line: str) -> None:
@@ -26,17 +37,98 @@ def run_generate(settings: Settings, *, scale: int, seed: int) -> int:
     return 0
 
 
-def example_queries(settings: Settings) -> list[str]:
-    base = f"{settings.opensearch.url}/{settings.retrieval.index_name}/_search?pretty"
-    bm25 = '{"size": 3, "_source": ["title", "identifiers", "status"], "query": {"match": {"text": "fristlose Kündigung Zahlungsverzug"}}}'  # noqa: E501
-    term = '{"size": 3, "_source": ["title", "identifiers"], "query": {"bool": {"filter": [{"term": {"identifiers": "§ 535 BGB"}}]}}}'  # noqa: E501
-    count = f"{settings.opensearch.url}/{settings.retrieval.index_name}/_count?pretty"
-    header = "-H 'Content-Type: application/json'"
+def _demo_user(engine: Engine) -> str:
+    """A partner of the demo firm: sees a lot, but not everything (deny grants and foreign sources apply)."""
+    with engine.connect() as conn:
+        user = conn.execute(
+            text(
+                "SELECT member_principal FROM group_memberships WHERE group_principal = 'group:partner'"
+                " ORDER BY member_principal LIMIT 1"
+            )
+        ).scalar()
+    if not user:
+        raise RuntimeError("no demo partner found; was the demo corpus generated? (`ki demo generate`)")
+    return str(user)
+
+
+def _indexed_versions(search: OpenSearch, alias: str) -> int:
+    if not search.indices.exists_alias(name=alias):
+        return 0
+    body = {"size": 0, "aggs": {"versions": {"cardinality": {"field": "document_version_id"}}}}
+    return int(search.search(index=alias, body=body)["aggregations"]["versions"]["value"])
+
+
+def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 5.0) -> None:
+    """Progress lines until the worker has applied every CDC event (consumer lag 0 on every partition).
+    The worker commits offsets per batch, after OpenSearch acknowledged it, so the indexed version count
+    is what moves while a batch is being embedded."""
+    with engine.connect() as conn:
+        total = conn.execute(
+            text(
+                "SELECT count(*) FROM document_versions v JOIN documents d ON d.id = v.document_id"
+                " WHERE d.deleted_at IS NULL"
+            )  # fmt: skip
+        ).scalar_one()
+    search = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    started = time.monotonic()
+    while True:
+        lags = consumer_lag(settings)
+        behind = sum(p.lag for p in lags)
+        waiting = [p for p in lags if p.committed < 0 and p.end > 0]
+        elapsed = time.monotonic() - started
+        if lags and not behind and not waiting:
+            print(f"ki demo: synced ({elapsed:.0f}s)", flush=True)
+            return
+        indexed = _indexed_versions(search, settings.retrieval.index_name)
+        print(f"ki demo: syncing through CDC: ~{indexed}/{total} versions indexed, {behind} events to go"
+              f" ({elapsed:.0f}s)", flush=True)  # fmt: skip
+        time.sleep(poll_s)
+
+
+def example_requests() -> list[tuple[str, dict[str, Any]]]:
+    """(path, body) pairs that return hits on the demo corpus."""
     return [
-        f"curl -s {shlex.quote(count)}",
-        f"curl -s {shlex.quote(base)} {header} -d {shlex.quote(bm25)}",
-        f"curl -s {shlex.quote(base)} {header} -d {shlex.quote(term)}",
+        ("/v1/search", {"query": "fristlose Kündigung wegen Zahlungsverzug", "limit": 3}),
+        ("/v1/search", {"query": "§ 535 BGB", "limit": 3, "explain": True}),
+        ("/v1/search/filter", {"filters": {"version_status": ["final"]}, "limit": 3}),
     ]
+
+
+def _curl(settings: Settings, token: str, path: str, body: dict[str, Any]) -> str:
+    url = f"http://{settings.api.host}:{settings.api.port}{path}"
+    return (
+        f"curl -s {shlex.quote(url)} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json'"
+        f" -d {shlex.quote(json.dumps(body, ensure_ascii=False))}"
+    )
+
+
+async def _serve(settings: Settings, token: str) -> None:
+    """The search API in the foreground; first prove the example requests return hits."""
+    from search.api import create_app
+
+    runner = web.AppRunner(await create_app(settings), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.api.host, settings.api.port).start()
+    try:
+        base = f"http://{settings.api.host}:{settings.api.port}"
+        headers = {"Authorization": f"Bearer {token}"}
+        print("ki demo: the search API is up; example requests (token valid 24 h):", flush=True)
+        async with ClientSession(headers=headers) as http:
+            for path, body in example_requests():
+                async with http.post(base + path, json=body) as response:
+                    answer = await response.json()
+                hits = answer.get("hits") or []
+                top = hits[0].get("title") if hits else None
+                print(f"\n  {_curl(settings, token, path, body)}", flush=True)
+                print(f"  -> HTTP {response.status}, {len(hits)} hit(s)" + (f", top: {top!r}" if top else ""))
+        print(f"\nki demo: serving on {base} (OpenAPI at {base}/openapi.json); Ctrl-C stops API and worker.")
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = None) -> int:
@@ -46,7 +138,9 @@ def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = 
     code = manager.up(settings)
     if code != 0:
         return code
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops API and worker as Ctrl-C does
     engine = make_engine(settings, pooled=False)
+    worker = SyncWorker(settings, StackPaths.from_settings(settings).log_file("sync-worker"), config=config)
     try:
         if demo_data_exists(engine):
             print(f"ki demo: demo data ({DEMO_TAG}-*) already in PostgreSQL; not generating more "
@@ -55,18 +149,15 @@ def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = 
             summary = generate(engine, scale=scale, seed=seed, progress=_progress)
             for line in summary.lines():
                 print(line)
+        user = _demo_user(engine)
+        print("ki demo: " + worker.ensure(), flush=True)
+        _wait_until_synced(settings, engine)
+        token = mint_token(settings.api, user, ttl_s=86_400)
+        print(f"ki demo: searching as {user} (a partner of the demo firm)")
+        asyncio.run(_serve(settings, token))
+    except KeyboardInterrupt:
+        print("\nki demo: stopping")
     finally:
+        worker.stop()
         engine.dispose()
-    print()
-    print("ki demo: the rows are in PostgreSQL and already queued in Kafka by Debezium.")
-    print("Starting the sync worker (`ki sync run`) in the foreground; Ctrl-C stops it.")
-    print("Watch progress in another shell:   .venv/bin/ki sync status")
-    print("Try these against OpenSearch once chunks arrive:")
-    for query in example_queries(settings):
-        print(f"  {query}")
-    print(flush=True)
-    argv = [sys.executable, "-m", "ki.cli"]
-    if config:
-        argv += ["--config", config]
-    os.execv(sys.executable, [*argv, "sync", "run"])
-    return 0  # pragma: no cover - execv does not return
+    return 0
