@@ -20,14 +20,17 @@ import threading
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
+from ki.plotting import pyplot
 from ki.settings import REPO_ROOT, Settings
 from streams.worker_process import SyncWorker
+from streams.writer import interval_seconds
 
 
 def _progress(line: str) -> None:
@@ -151,6 +154,7 @@ def run_freshness_bench(
         load.start()
         outstanding: dict[str, float] = {}
         lags: list[float] = []
+        samples: list[tuple[float, float]] = []  # (seconds into the run when committed, lag)
         lost: list[str] = []
         started = time.monotonic()
         next_probe = started
@@ -175,7 +179,9 @@ def run_freshness_bench(
                 visible = _visible(search, alias, list(outstanding))
                 seen_at = time.monotonic()
                 for name in visible:
-                    lags.append(seen_at - outstanding.pop(name))
+                    committed_at = outstanding.pop(name)
+                    lags.append(seen_at - committed_at)
+                    samples.append((round(committed_at - started, 3), round(seen_at - committed_at, 3)))
             if now - started >= seconds:
                 load.stop_event.set()
                 if not outstanding or now - started > seconds + 60:
@@ -203,6 +209,7 @@ def run_freshness_bench(
             }
             if lags
             else None,
+            "samples": sorted(samples),
         }
     finally:
         worker.stop()
@@ -229,11 +236,33 @@ def _visible(search: OpenSearch, alias: str, names: list[str]) -> set[str]:
     return {bucket["key"] for bucket in response["aggregations"]["names"]["buckets"]}
 
 
+def _plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Lag of every probe over the run, with the p99 and the refresh-interval + 1 s goal."""
+    plt = pyplot()
+    if plt is None or not result["samples"]:
+        return None
+    xs, ys = zip(*result["samples"], strict=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(xs, ys, marker=".", linestyle="-", linewidth=0.6)
+    ax.axhline(result["commit_to_visible_s"]["p99"], color="tab:red", linestyle="--", label="p99")
+    goal = interval_seconds(result["refresh_interval"]) + 1
+    ax.axhline(goal, color="tab:green", linestyle=":", label="goal: refresh interval + 1 s")
+    rate = result["write_rate"]["achieved_row_changes_per_s"]
+    ax.set(xlabel="seconds into the run", ylabel="commit → visible (s)", title=f"Freshness at {rate} row changes/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(settings: Settings, *, rate: int, seconds: float, docs: int) -> int:
     result = run_freshness_bench(settings, rate=rate, seconds=seconds, docs=docs)
     out = REPO_ROOT / "build" / "bench" / "freshness.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     _progress(f"freshness: results in {out}")
+    chart = _plot(result, out.with_suffix(".png"))
+    _progress(f"freshness: chart in {chart}" if chart else "freshness: matplotlib not installed, no chart")
     return 0 if result["commit_to_visible_s"] else 1

@@ -88,7 +88,7 @@ class ExistingRow:
     source: dict[str, Any]
 
 
-def _interval_seconds(interval: str) -> float:
+def interval_seconds(interval: str) -> float:
     """An OpenSearch time value ("1s", "500ms", "1m") in seconds; -1 (never refresh) as infinity."""
     value = interval.strip()
     if value.startswith("-"):
@@ -115,7 +115,7 @@ class IndexWriter:
         # go through search, which only sees refreshed data: reading such a version would hand out an old
         # seq_no, the conditional write would lose a race against ourselves, and the batch would be redone.
         self._unpublished: dict[int, float] = {}
-        self._publish_after_s = _interval_seconds(settings.opensearch.refresh_interval) * 1.5
+        self._publish_after_s = interval_seconds(settings.opensearch.refresh_interval) * 1.5
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -246,6 +246,21 @@ class IndexWriter:
                 source=src,
             )
             found[int(src["document_version_id"])][row.doc_id] = row
+
+    async def vectors(self, doc_ids: Sequence[str]) -> dict[str, list[float]]:
+        """The stored embedding of these rows (a realtime get); rows that no longer exist are left out."""
+        if not doc_ids:
+            return {}
+        response = await self._with_retries(
+            lambda: self.client.mget(
+                index=self.index, body={"ids": list(doc_ids)}, params={"_source_includes": "embedding"}
+            )
+        )
+        return {
+            doc["_id"]: doc["_source"]["embedding"]
+            for doc in response["docs"]
+            if doc.get("found") and "embedding" in (doc.get("_source") or {})
+        }
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""
