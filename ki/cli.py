@@ -26,9 +26,13 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         "status": manager.status,
         "logs": manager.logs,
         "connect": manager.connect,
+        "stop": manager.stop_service,
+        "start": manager.start_service,
     }[args.action]
     if args.action == "logs":
         return action(settings, service=args.service, lines=args.lines)
+    if args.action in ("stop", "start"):
+        return action(settings, args.service)
     return action(settings)
 
 
@@ -170,10 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     stack = sub.add_parser("stack", help="run the local stack (PostgreSQL, Kafka, Connect+Debezium, OpenSearch)")
     stack.add_argument(
         "action",
-        choices=["up", "down", "status", "logs", "connect"],
-        help="connect: only migrate and register the Debezium connector (for a stack started elsewhere, e.g. compose)",
+        choices=["up", "down", "status", "logs", "connect", "stop", "start"],
+        help="connect: only migrate and register the Debezium connector (for a stack started elsewhere, e.g. compose);"
+        " stop/start: one service only",
     )
-    stack.add_argument("service", nargs="?", help="for logs: postgres, kafka, connect or opensearch")
+    stack.add_argument("service", nargs="?", help="for logs, stop, start: postgres, kafka, connect or opensearch")
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
     stack.set_defaults(handler=_stack)
 

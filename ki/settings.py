@@ -147,6 +147,9 @@ class StreamsSettings(_Section):
     batch_max_bytes: int = Field(5_000_000, ge=1024)
     batch_linger_ms: int = Field(100, ge=0, le=60_000)
     max_attempts: int = Field(5, ge=1, le=100)
+    # How long the broker waits for a silent (crashed) worker before handing its partitions to the others
+    # or to its restarted self; the Faust default (60 s) stalled the sync for a minute after every crash.
+    session_timeout_s: float = Field(10.0, ge=3.0, le=300.0)
 
 
 class SecuritySettings(_Section):

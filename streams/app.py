@@ -47,6 +47,9 @@ def create_app(settings: Settings) -> faust.App:
         topic_allow_declare=False,
         topic_disable_leader=True,
         broker_commit_every=100,
+        # A killed worker's partitions move on after this, not after Faust's 60 s default.
+        broker_session_timeout=settings.streams.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.streams.session_timeout_s / 3),
         broker_commit_interval=1.0,
         stream_wait_empty=False,
     )

@@ -1,9 +1,11 @@
-"""`ki stack up | down | status | logs`: the local stack as a whole.
+"""`ki stack up | down | status | logs`: the local stack as a whole; `ki stack stop | start <service>`: one service.
 
 `up` resolves the pinned artifacts, starts PostgreSQL, Kafka, OpenSearch and Connect in that order
 (skipping any that already run healthy), waits on each one's real health check, applies the schema
 migrations and registers the Debezium connector. A service that cannot start is named with its log
 file, and whatever this `up` started is stopped again. `down` stops in reverse order.
+`stop` / `start` act on a single service and nothing else (no migration, no connector registration),
+so a fault test or an operator can take one component away and bring it back exactly as `up` would.
 """
 
 from __future__ import annotations
@@ -166,6 +168,71 @@ def up(settings: Settings) -> int:
     return 0
 
 
+# -- one service -------------------------------------------------------------------------------
+
+
+def _one_service(settings: Settings, paths: StackPaths, name: str | None, action: str) -> Service | None:
+    for svc in build_services(settings, paths):
+        if svc.name == name:
+            return svc
+    names = ", ".join(kind.name for kind in SERVICE_TYPES)
+    _fail(f"{action}: name one of {names}" + (f" (not {name!r})" if name else ""))
+    return None
+
+
+def _report_stop(svc: Service, result: tuple[int, bool] | None, began: float) -> None:
+    if result is None:
+        _say(f"{svc.name}: not running")
+        return
+    pid, clean = result
+    how = "stopped" if clean else f"killed (no exit {STOP_TIMEOUT_S:.0f}s after {svc.stop_signal.name})"
+    _say(f"{svc.name}: {how} (pid {pid}) in {time.monotonic() - began:.1f}s")
+
+
+def stop_service(settings: Settings, name: str | None) -> int:
+    """Stop one service the way `down` would (its stop signal, SIGKILL after the deadline)."""
+    paths = StackPaths.from_settings(settings)
+    svc = _one_service(settings, paths, name, "stop")
+    if svc is None:
+        return 2
+    with _exclusive(paths):
+        began = time.monotonic()
+        try:
+            result = svc.stop(STOP_TIMEOUT_S)
+        except OSError as exc:
+            _fail(f"{svc.name}: cannot stop: {exc}")
+            return 1
+        _report_stop(svc, result, began)
+    return 0
+
+
+def start_service(settings: Settings, name: str | None) -> int:
+    """Start one service (if it is not running) and wait until it is healthy, as `up` would."""
+    paths = StackPaths.from_settings(settings)
+    svc = _one_service(settings, paths, name, "start")
+    if svc is None:
+        return 2
+    with _exclusive(paths):
+        try:
+            java = find_java(settings)
+            runtime = Runtime(java=java, artifacts=resolve_artifacts(paths, java, _say))
+        except StackError as exc:
+            _fail(str(exc))
+            return 1
+        launched: list[Service] = []
+        try:
+            _bring_up(svc, runtime, settings.stack.start_timeout_s, f"[{svc.name}]", launched)
+        except StackError as exc:
+            _say()
+            _fail(f"{svc.name} failed: {exc} (log: {svc.log_file})")
+            _stop_all(launched)
+            return 1
+        except BaseException:
+            _stop_all(launched)
+            raise
+    return 0
+
+
 # -- down, status, logs ---------------------------------------------------------------------------
 
 
@@ -181,12 +248,7 @@ def down(settings: Settings) -> int:
                 _fail(f"{svc.name}: cannot stop: {exc}")
                 code = 1
                 continue
-            if result is None:
-                _say(f"{svc.name}: not running")
-            else:
-                pid, clean = result
-                how = "stopped" if clean else f"killed (no exit {STOP_TIMEOUT_S:.0f}s after {svc.stop_signal.name})"
-                _say(f"{svc.name}: {how} (pid {pid}) in {time.monotonic() - began:.1f}s")
+            _report_stop(svc, result, began)
     return code
 
 

@@ -23,7 +23,8 @@ from streams.sync import Projector
 from streams.topics import cdc_topics
 from streams.writer import IndexWriter, make_client
 from tests.conftest import wait_for
-from tests.integration.test_sync import LONG_TEXT, Worker, make_world
+from tests.integration.sync_harness import Worker, dump
+from tests.integration.test_sync import LONG_TEXT, make_world
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -39,21 +40,6 @@ def engine(settings: Settings) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def search(settings: Settings) -> OpenSearch:
     return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
-
-
-def dump(search: OpenSearch, index: str, document_ids: set[int]) -> dict[str, dict]:
-    """Every row of these documents: id -> all fields (vectors rounded, so float noise can't differ)."""
-    search.indices.refresh(index=index)
-    response = search.search(
-        index=index,
-        body={"query": {"terms": {"document_id": sorted(str(d) for d in document_ids)}}, "size": 10_000},
-    )
-    out = {}
-    for hit in response["hits"]["hits"]:
-        source = hit["_source"]
-        source["embedding"] = [round(x, 5) for x in source["embedding"]]
-        out[hit["_id"]] = source
-    return out
 
 
 def wait_until_replayable(settings: Settings, version_ids: set[int]) -> None:

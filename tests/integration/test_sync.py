@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -17,8 +12,9 @@ from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from tests.conftest import wait_for
+from tests.integration.sync_harness import Worker
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -28,63 +24,6 @@ LONG_TEXT = "\n".join(
     f"unverzüglich anzuzeigen. Die Kaution beträgt {i} Monatsmieten und wird verzinst." * 3
     for i in range(12)
 )
-
-
-class Worker:
-    """`ki sync run` as a real child process."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = REPO_ROOT / "build" / "sync-worker.log"
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "sync", "run"],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            wait_for(self._metrics_ready, timeout=120, what="the sync worker's /metrics")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _metrics_ready(self) -> bool:
-        assert self.process and self.process.poll() is None, f"worker exited; see {self.log_path}"
-        try:
-            return "ki_sync_events_total" in self.metrics_text()
-        except OSError:
-            return False
-
-    def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.settings.streams.web_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.read().decode()
-
-    def counter(self, name: str) -> float:
-        total = 0.0
-        for line in self.metrics_text().splitlines():
-            if re.match(rf"^{name}(\{{.*\}})? ", line):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @pytest.fixture(scope="module")

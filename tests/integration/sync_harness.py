@@ -1,0 +1,263 @@
+"""What the sync, rebuild and fault tests share: the worker as a child process, index dumps, a clean
+rebuild of a test's documents to compare the live index with, consumer-group offsets, and "wait until
+everything committed in PostgreSQL has been applied"."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import ConsumerGroupState
+from confluent_kafka.admin import AdminClient
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine, text
+
+from ki.embedding import create_embedder
+from ki.settings import REPO_ROOT, Settings
+from ki.stack.manager import start_service, stop_service
+from streams.replay import read_topics
+from streams.status import consumer_lag
+from streams.sync import Projector
+from streams.writer import IndexWriter, make_client
+from tests.conftest import wait_for
+
+Offsets = dict[tuple[str, int], int]
+
+
+class Worker:
+    """`ki sync run` as a real child process. Several can run side by side (one consumer group) when
+    each gets its own `web_port`."""
+
+    def __init__(self, settings: Settings, *, name: str = "sync-worker", web_port: int | None = None) -> None:
+        self.settings = settings
+        self.web_port = web_port or settings.streams.web_port
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = REPO_ROOT / "build" / f"{name}.log"
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to be ready."""
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KI_STREAMS__WEB_PORT": str(self.web_port)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log, env=env
+        )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        try:
+            wait_for(self._metrics_ready, timeout=timeout, what="the sync worker's /metrics")
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self) -> None:
+        self.spawn()
+        self.wait_ready()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _metrics_ready(self) -> bool:
+        assert self.alive, f"worker exited; see {self.log_path}"
+        try:
+            return "ki_sync_events_total" in self.metrics_text()
+        except OSError:
+            return False
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def counter(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if re.match(rf"^{name}(\{{.*\}})? ", line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.alive:
+            assert self.process is not None
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+# -- stack services ----------------------------------------------------------------------------------
+
+
+def stop(settings: Settings, service: str) -> None:
+    assert stop_service(settings, service) == 0, f"`ki stack stop {service}` failed"
+
+
+def start(settings: Settings, service: str) -> None:
+    assert start_service(settings, service) == 0, f"`ki stack start {service}` failed"
+
+
+# -- index contents ---------------------------------------------------------------------------------
+
+
+def dump(search: OpenSearch, index: str, document_ids: Iterable[int]) -> dict[str, dict]:
+    """Every row of these documents: id -> all fields (vectors rounded, so float noise can't differ)."""
+    search.indices.refresh(index=index)
+    response = search.search(
+        index=index,
+        body={"query": {"terms": {"document_id": sorted(str(d) for d in document_ids)}}, "size": 10_000},
+    )
+    out = {}
+    for hit in response["hits"]["hits"]:
+        source = hit["_source"]
+        source["embedding"] = [round(x, 5) for x in source["embedding"]]
+        out[hit["_id"]] = source
+    return out
+
+
+def without_history(rows: Mapping[str, dict]) -> dict[str, dict]:
+    """Rows without `access_version`: it counts how often a row's projection changed, so the live index
+    (which saw every change) and a rebuild (which projects once) legitimately differ there. Rows carry
+    no timestamps; every other field must be equal."""
+    return {row_id: {k: v for k, v in row.items() if k != "access_version"} for row_id, row in rows.items()}
+
+
+def rebuilt_rows(settings: Settings, engine: Engine, search: OpenSearch, document_ids: set[int]) -> dict[str, dict]:
+    """A clean rebuild of these documents, exactly as `ki rebuild` makes one (replay the CDC topics,
+    resolve the dirty keys, project from PostgreSQL into a fresh physical index), restricted to the
+    test's documents so its cost does not grow with whatever else the stack holds."""
+    index = f"ki-fault-rebuild-{uuid.uuid4().hex[:10]}"
+    with engine.connect() as conn:
+        ours = {
+            row.id
+            for row in conn.execute(
+                text("SELECT id FROM document_versions WHERE document_id = ANY(:d)"), {"d": sorted(document_ids)}
+            )
+        }
+
+    async def rebuild() -> None:
+        client = make_client(settings)
+        try:
+            writer = IndexWriter(client, settings, index=index)
+            await writer.create_physical(index)
+            keys, *_ = await asyncio.to_thread(read_topics, settings, progress=lambda _line: None)
+            projector = Projector(settings, engine, writer, create_embedder(settings))
+            content, access = await asyncio.to_thread(projector._resolve, keys)
+            replayed = (content | access) & ours
+            assert replayed == ours, f"versions missing from the CDC topics: {sorted(ours - replayed)[:10]}"
+            await projector.project_versions(sorted(replayed))
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(rebuild())
+        return dump(search, index, document_ids)
+    finally:
+        search.indices.delete(index=index, ignore=[404])
+
+
+def assert_index_equals_rebuild(
+    settings: Settings, engine: Engine, search: OpenSearch, document_ids: set[int]
+) -> dict[str, dict]:
+    """The live rows of these documents equal a clean rebuild's: same ids (nothing lost, nothing extra,
+    no duplicates) and the same fields. Returns the live rows."""
+    live = dump(search, settings.retrieval.index_name, document_ids)
+    rebuilt = rebuilt_rows(settings, engine, search, document_ids)
+    assert rebuilt, "the rebuild produced no rows for the test's documents"
+    missing, extra = sorted(rebuilt.keys() - live.keys()), sorted(live.keys() - rebuilt.keys())
+    assert not missing and not extra, f"rows missing from the live index: {missing[:10]}, extra: {extra[:10]}"
+    live_cmp, rebuilt_cmp = without_history(live), without_history(rebuilt)
+    differing = sorted(row_id for row_id in live_cmp if live_cmp[row_id] != rebuilt_cmp[row_id])
+    assert not differing, (
+        f"{len(differing)} row(s) differ from the rebuild, e.g. {differing[0]}: "
+        f"{_field_diff(live_cmp[differing[0]], rebuilt_cmp[differing[0]])}"
+    )
+    return live
+
+
+def _field_diff(live: dict, rebuilt: dict, prefix: str = "") -> str:
+    parts = []
+    for name in sorted(k for k in live.keys() | rebuilt.keys() if live.get(k) != rebuilt.get(k)):
+        a, b = live.get(name), rebuilt.get(name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            parts.append(_field_diff(a, b, f"{prefix}{name}."))
+        else:
+            parts.append(f"{prefix}{name}: live {str(a)[:80]!r} != rebuilt {str(b)[:80]!r}")
+    return "; ".join(parts)
+
+
+# -- Kafka and the replication slot -----------------------------------------------------------------
+
+
+def committed_offsets(settings: Settings) -> Offsets:
+    """The worker group's committed offset per CDC partition (-1: none yet)."""
+    return {(p.topic, p.partition): p.committed for p in consumer_lag(settings)}
+
+
+def end_offsets(settings: Settings) -> Offsets:
+    return {(p.topic, p.partition): p.end for p in consumer_lag(settings)}
+
+
+def group_state(settings: Settings) -> ConsumerGroupState:
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    group = settings.streams.app_id
+    described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    return described.state
+
+
+def group_members(settings: Settings) -> int:
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    group = settings.streams.app_id
+    return len(admin.describe_consumer_groups([group], request_timeout=10)[group].result().members)
+
+
+def current_wal_lsn(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one())
+
+
+def slot_confirmed_past(engine: Engine, slot: str, lsn: str) -> bool:
+    """Debezium has confirmed (published to Kafka and flushed its offsets) everything up to `lsn`."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT confirmed_flush_lsn >= CAST(:lsn AS pg_lsn) FROM pg_replication_slots "
+                    "WHERE slot_name = :slot"
+                ),
+                {"lsn": lsn, "slot": slot},
+            ).scalar()
+        )
+
+
+def wait_until_synced(settings: Settings, engine: Engine, *, timeout: float = 240) -> None:
+    """Everything committed in PostgreSQL so far is in Kafka (the slot confirmed past the current WAL
+    position) and the worker group has committed every CDC partition up to its end."""
+    lsn = current_wal_lsn(engine)
+    wait_for(
+        lambda: slot_confirmed_past(engine, settings.connect.slot_name, lsn),
+        timeout=timeout,
+        interval=1.0,
+        what=f"Debezium to confirm WAL up to {lsn}",
+    )
+
+    def drained() -> list | None:
+        lags = consumer_lag(settings)
+        behind = [p for p in lags if p.end > 0 and p.lag]
+        return None if behind else lags or None
+
+    wait_for(drained, timeout=timeout, interval=1.0, what="the worker group to commit every CDC partition to its end")
