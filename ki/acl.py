@@ -4,7 +4,8 @@ Both query-scope compilation (search) and the principal projection (sync) use th
 else decides access. The rules (`version_predicate` of the reference spec):
 
 * Caller principals are trimmed and lower-cased, passed through aliases (table `principal_aliases` and
-  `security.aliases`), then expanded with mirrored group memberships (transitively).
+  `security.aliases`, alias -> principal; the caller keeps its own principals and gains every target,
+  transitively across both sources), then expanded with mirrored group memberships (transitively).
 * A version is only ever visible through an *active* source observation (admins included).
 * Administrators (`security.admin_principals`, matched before group expansion so a mirrored group can
   never make somebody an admin) bypass grants.
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, TextClause, bindparam, text
+from sqlalchemy import BindParameter, Connection, TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Boolean, Text
 
@@ -70,9 +72,17 @@ _EXPAND_SQL = text(
     WITH RECURSIVE aliased(principal) AS (
         SELECT unnest(CAST(:principals AS text[]))
         UNION
-        SELECT lower(btrim(pa.principal))
-        FROM principal_aliases pa
-        WHERE lower(btrim(pa.alias)) = ANY(CAST(:principals AS text[]))
+        SELECT t.target
+        FROM aliased a
+        CROSS JOIN LATERAL (
+            SELECT lower(btrim(pa.principal)) AS target
+            FROM principal_aliases pa
+            WHERE lower(btrim(pa.alias)) = a.principal
+            UNION ALL
+            SELECT c.target
+            FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
+            WHERE c.alias = a.principal
+        ) t
     ),
     expanded(principal) AS (
         SELECT principal FROM aliased
@@ -83,20 +93,33 @@ _EXPAND_SQL = text(
     )
     SELECT principal, principal IN (SELECT principal FROM aliased) AS direct FROM expanded
     """
-).bindparams(_PRINCIPALS)
+).bindparams(_PRINCIPALS, bindparam("alias_keys", type_=ARRAY(Text)), bindparam("alias_targets", type_=ARRAY(Text)))
 
 
 def resolve_caller(conn: Connection, raw_principals: Iterable[object], security: SecuritySettings) -> Caller:
-    """Normalise, alias and group-expand a caller's principals in SQL."""
-    base = set(normalize_principals(raw_principals))
-    config_aliases = {normalize_principal(k): normalize_principal(v) for k, v in security.aliases.items()}
-    base |= {config_aliases[p] for p in base if config_aliases.get(p)}  # type: ignore[misc]
+    """Normalise, alias (transitively, through the table and the configured aliases) and group-expand a
+    caller's principals in SQL. Admin is decided on the aliased principals, before group expansion."""
+    base = normalize_principals(raw_principals)
     if not base:
         return Caller(frozenset())
-    rows = conn.execute(_EXPAND_SQL, {"principals": sorted(base)}).all()
+    config_aliases = sorted(_config_aliases(security.aliases))
+    rows = conn.execute(
+        _EXPAND_SQL,
+        {
+            "principals": sorted(base),
+            "alias_keys": [alias for alias, _ in config_aliases],
+            "alias_targets": [target for _, target in config_aliases],
+        },
+    ).all()
     direct = {row.principal for row in rows if row.direct}
     admins = normalize_principals(security.admin_principals)
     return Caller(frozenset(row.principal for row in rows), is_admin=bool(direct & admins))
+
+
+def _config_aliases(aliases: Mapping[str, str]) -> set[tuple[str, str]]:
+    """`security.aliases` as normalised (alias, principal) pairs; blank entries are dropped."""
+    pairs = {(normalize_principal(alias), normalize_principal(principal)) for alias, principal in aliases.items()}
+    return {(a, p) for a, p in pairs if a and p}
 
 
 # The version predicate as one set-based statement. :principals are the caller's effective principals.
@@ -157,7 +180,11 @@ def _visible_sql(narrow_by: tuple[str, ...]) -> TextClause:
     """One statement per narrowing combination, so each gets its own plan (a generic `$1 IS NULL OR`
     plan would scan everything even when re-verifying twenty versions)."""
     statement = text(_VISIBLE_TEMPLATE.format(narrowing="\n      ".join(_NARROWING[n] for n in narrow_by)))
-    params = [_PRINCIPALS, bindparam("is_admin", type_=Boolean), bindparam("intersect", type_=Boolean)]
+    params: list[BindParameter[Any]] = [
+        _PRINCIPALS,
+        bindparam("is_admin", type_=Boolean),
+        bindparam("intersect", type_=Boolean),
+    ]
     params += [bindparam(n, type_=ARRAY(BigInteger)) for n in narrow_by]
     return statement.bindparams(*params)
 

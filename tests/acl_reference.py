@@ -1,0 +1,266 @@
+"""A pure-Python reference evaluator of the reference spec's `version_predicate` (the test oracle).
+
+Written from the spec ("Scope compilation"), not from the SQL in `ki/acl.py`, and kept deliberately
+naive: plain loops over plain rows, one small function per rule, no cleverness that could share a bug
+with the set-based SQL. The property tests (`tests/integration/test_acl_properties.py`) assert that
+`ki.acl.resolve_caller` + `ki.acl.visible_versions` agree with it on random worlds.
+
+The rules, in the order they are applied:
+
+1. Normalisation: a principal is trimmed and case-folded (`str.strip().lower()`); anything that is not a
+   non-empty string after that is dropped.
+2. Aliases: the caller's principals are passed through the aliases of the `principal_aliases` table and of
+   `security.aliases` (both map alias -> principal, both normalised on both sides). The caller keeps its own
+   principals and gains every alias target, transitively (a chain a -> b -> c gives {a, b, c}, whichever
+   of the two sources each link comes from).
+3. Administrators: the caller is an administrator when one of its *aliased* principals (before group
+   expansion, so membership in a mirrored group never makes anybody an admin) is in
+   `security.admin_principals` (normalised).
+4. Groups: the aliased principals are expanded with mirrored group memberships, transitively
+   (member -> group -> group ...; cycles terminate).
+5. A version is only ever visible when its document is not deleted and it has at least one *active*
+   (not deleted) source observation. Admins need nothing more: they bypass grants, allow and deny alike.
+6. Deny wins: a deny grant matching any of the caller's principals on the document's project, on the
+   document, or on a source object the version is actively observed at excludes the version.
+7. An active observation is *accessible* when
+   - its object is on a `local_fs` source and has no known ACL (`acl_known` false): the object delegates to
+     the project boundary, so a local allow (on the project or the document) is needed;
+   - otherwise (the object carries a known ACL, or it lives on an external source): an allow grant on that
+     source object is needed. A local allow never overrides it, and an external object without mirrored
+     grants fails closed.
+8. Visible = not denied and at least one accessible active observation; with
+   `source_acl_mode = "intersect"` a local (project or document) allow is additionally required.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+LOCAL_FS = "local_fs"
+SCOPES = ("project", "document", "source_object")
+EFFECTS = ("allow", "deny")
+MODES = ("sufficient", "intersect")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The world: plain rows, ids are whatever the caller chooses
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Document:
+    id: int
+    project_id: int
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class Version:
+    id: int
+    document_id: int
+
+
+@dataclass(frozen=True)
+class Source:
+    id: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    id: int
+    source_id: int
+    acl_known: bool = False
+
+
+@dataclass(frozen=True)
+class Observation:
+    version_id: int
+    object_id: int
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class Grant:
+    scope: str  # project | document | source_object
+    target: int  # the id of the project, document or source object
+    principal: str  # as stored (not normalised)
+    effect: str = "allow"
+
+
+@dataclass(frozen=True)
+class Membership:
+    group: str
+    member: str
+
+
+@dataclass(frozen=True)
+class Alias:
+    alias: str
+    principal: str
+
+
+@dataclass(frozen=True)
+class World:
+    projects: tuple[int, ...] = ()
+    documents: tuple[Document, ...] = ()
+    versions: tuple[Version, ...] = ()
+    sources: tuple[Source, ...] = ()
+    objects: tuple[SourceObject, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    grants: tuple[Grant, ...] = ()
+    memberships: tuple[Membership, ...] = ()
+    aliases: tuple[Alias, ...] = ()
+
+
+class SecurityLike(Protocol):
+    """The `security.*` settings the rules read (`ki.settings.SecuritySettings` fits)."""
+
+    @property
+    def source_acl_mode(self) -> str: ...
+    @property
+    def admin_principals(self) -> list[str] | tuple[str, ...]: ...
+    @property
+    def aliases(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Security:
+    source_acl_mode: str = "sufficient"
+    admin_principals: tuple[str, ...] = ("role:admin", "system:admin")
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Caller:
+    principals: frozenset[str]
+    is_admin: bool = False
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules 1-4: who is calling
+# ---------------------------------------------------------------------------------------------------
+
+
+def normalize(raw: object) -> str | None:
+    """Rule 1: trimmed and case-folded; None for anything that is not a non-empty string."""
+    if not isinstance(raw, str):
+        return None
+    value = raw.strip().lower()
+    return value or None
+
+
+def _closure(start: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:
+    """Everything reachable from `start` by repeatedly applying `step` (terminates on cycles)."""
+    seen = set(start)
+    todo = list(seen)
+    while todo:
+        for nxt in step(todo.pop()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _edges(pairs: Iterable[tuple[object, object]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, b in pairs:
+        na, nb = normalize(a), normalize(b)
+        if na and nb:
+            out.setdefault(na, set()).add(nb)
+    return out
+
+
+def resolve(world: World, raw_principals: Iterable[object], security: SecurityLike) -> Caller:
+    """Rules 1-4: normalise, alias (transitively, both sources), decide admin, expand groups."""
+    base = {p for p in (normalize(r) for r in raw_principals) if p}
+    alias_targets = _edges([(a.alias, a.principal) for a in world.aliases] + list(security.aliases.items()))
+    aliased = _closure(base, lambda p: alias_targets.get(p, ()))
+    admins = {p for p in (normalize(a) for a in security.admin_principals) if p}
+    groups_of = _edges((m.member, m.group) for m in world.memberships)
+    expanded = _closure(aliased, lambda p: groups_of.get(p, ()))
+    return Caller(frozenset(expanded), is_admin=bool(aliased & admins))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules 5-8: which versions the caller sees
+# ---------------------------------------------------------------------------------------------------
+
+
+def visible(world: World, caller: Caller, security: SecurityLike) -> frozenset[int]:
+    """The ids of every version of `world` the resolved `caller` may see."""
+    return frozenset(v for v, why in verdicts(world, caller, security).items() if why in SEEN)
+
+
+#: Which rule decided a version's fate; the first two mean visible.
+ADMIN, GRANTED = "visible: admin", "visible: granted"
+SEEN = (ADMIN, GRANTED)
+DELETED_DOCUMENT = "hidden: document deleted"
+NOT_OBSERVED = "hidden: no active observation"
+DENIED = "hidden: denied"
+NOT_ACCESSIBLE = "hidden: no accessible observation"
+NO_LOCAL_ALLOW = "hidden: intersect without a local allow"
+
+
+def verdicts(world: World, caller: Caller, security: SecurityLike) -> dict[int, str]:
+    """For every version of `world`, the rule that decided it (one of the constants above)."""
+    lookup = _Lookup(world, caller)
+    return {v.id: _verdict(lookup, caller, security, v) for v in world.versions}
+
+
+class _Lookup:
+    """Plain dictionaries over the world (so large worlds stay linear), and the caller's matching grants."""
+
+    def __init__(self, world: World, caller: Caller) -> None:
+        self.documents = {d.id: d for d in world.documents}
+        self.objects = {o.id: o for o in world.objects}
+        self.kinds = {s.id: s.kind for s in world.sources}
+        self.observations: dict[int, list[Observation]] = {}
+        for o in world.observations:
+            self.observations.setdefault(o.version_id, []).append(o)
+        self.caller_grants = {
+            (g.effect, g.scope, g.target) for g in world.grants if normalize(g.principal) in caller.principals
+        }
+
+    def granted(self, effect: str, scope: str, target: int) -> bool:
+        """Does a grant of `effect` on (`scope`, `target`) match one of the caller's principals?"""
+        return (effect, scope, target) in self.caller_grants
+
+
+def _verdict(lookup: _Lookup, caller: Caller, security: SecurityLike, version: Version) -> str:
+    document = lookup.documents[version.document_id]
+    granted = lookup.granted
+
+    # Rule 5: deleted documents and versions without an active observation are invisible to everybody.
+    if document.deleted:
+        return DELETED_DOCUMENT
+    active = [o for o in lookup.observations.get(version.id, []) if not o.deleted]
+    if not active:
+        return NOT_OBSERVED
+    if caller.is_admin:
+        return ADMIN
+
+    # Rule 6: deny wins at project, document and actively observed source-object scope.
+    if granted("deny", "project", document.project_id) or granted("deny", "document", document.id):
+        return DENIED
+    if any(granted("deny", "source_object", o.object_id) for o in active):
+        return DENIED
+
+    # Rule 7: at least one accessible active observation.
+    local_allow = granted("allow", "project", document.project_id) or granted("allow", "document", document.id)
+
+    def accessible(observation: Observation) -> bool:
+        obj = lookup.objects[observation.object_id]
+        if lookup.kinds[obj.source_id] == LOCAL_FS and not obj.acl_known:
+            return local_allow  # delegates to the project boundary
+        return granted("allow", "source_object", obj.id)  # the source ACL decides; fails closed without grants
+
+    if not any(accessible(o) for o in active):
+        return NOT_ACCESSIBLE
+
+    # Rule 8: intersect additionally needs a local allow.
+    if security.source_acl_mode == "intersect" and not local_allow:
+        return NO_LOCAL_ALLOW
+    return GRANTED
