@@ -227,62 +227,74 @@ def visible_versions(
     return [VisibleVersion(r.version_id, r.document_id, r.project_id) for r in rows]
 
 
-_PROJECTION_SQL = text(
+# Grants that apply to each version: project, document, and actively observed source objects.
+_APPLICABLE_SQL = text(
     """
-    WITH RECURSIVE target AS (
+    WITH target AS (
         SELECT dv.id AS version_id, d.id AS document_id, d.project_id
         FROM document_versions dv JOIN documents d ON d.id = dv.document_id
         WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
-    ),
-    applicable(version_id, principal, effect) AS (
-        SELECT t.version_id, lower(btrim(g.principal)), g.effect
-        FROM target t
-        JOIN grants g ON (g.scope = 'project' AND g.project_id = t.project_id)
-                      OR (g.scope = 'document' AND g.document_id = t.document_id)
-        UNION
-        SELECT t.version_id, lower(btrim(g.principal)), g.effect
-        FROM target t
-        JOIN source_observations o ON o.document_version_id = t.version_id AND o.deleted_at IS NULL
-        JOIN grants g ON g.scope = 'source_object' AND g.source_object_id = o.source_object_id
-    ),
-    with_members(version_id, principal, effect) AS (
-        SELECT version_id, principal, effect FROM applicable
-        UNION
-        SELECT m.version_id, lower(btrim(gm.member_principal)), m.effect
-        FROM with_members m
-        JOIN group_memberships gm ON lower(btrim(gm.group_principal)) = m.principal
-    ),
-    with_aliases AS (
-        SELECT version_id, principal, effect FROM with_members
-        UNION
-        SELECT m.version_id, lower(btrim(pa.alias)), m.effect
-        FROM with_members m JOIN principal_aliases pa ON lower(btrim(pa.principal)) = m.principal
     )
-    SELECT version_id, effect, array_agg(DISTINCT principal ORDER BY principal) AS principals
-    FROM with_aliases
-    GROUP BY version_id, effect
+    SELECT t.version_id, lower(btrim(g.principal)) AS principal, g.effect
+    FROM target t JOIN grants g ON g.scope = 'project' AND g.project_id = t.project_id
+    UNION
+    SELECT t.version_id, lower(btrim(g.principal)), g.effect
+    FROM target t JOIN grants g ON g.scope = 'document' AND g.document_id = t.document_id
+    UNION
+    SELECT t.version_id, lower(btrim(g.principal)), g.effect
+    FROM target t
+    JOIN source_observations o ON o.document_version_id = t.version_id AND o.deleted_at IS NULL
+    JOIN grants g ON g.scope = 'source_object' AND g.source_object_id = o.source_object_id
     """
 ).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
+
+# Everyone a granted principal stands for: itself, its group members (transitively) and their aliases.
+_STANDS_FOR_SQL = text(
+    """
+    WITH RECURSIVE members(root, principal) AS (
+        SELECT p, p FROM unnest(CAST(:principals AS text[])) AS p
+        UNION
+        SELECT m.root, lower(btrim(gm.member_principal))
+        FROM members m JOIN group_memberships gm ON lower(btrim(gm.group_principal)) = m.principal
+    )
+    SELECT root, principal FROM members
+    UNION
+    SELECT m.root, lower(btrim(pa.alias))
+    FROM members m JOIN principal_aliases pa ON lower(btrim(pa.principal)) = m.principal
+    """
+).bindparams(_PRINCIPALS)
 
 
 def version_projections(
     conn: Connection, version_ids: Iterable[int], security: SecuritySettings
 ) -> dict[int, GrantedPrincipals]:
     """The principal projection of each version: who is granted (allow) and who is denied, with group
-    members and aliases of those principals included. Versions without grants get empty tuples."""
+    members and aliases of those principals included. Versions without grants get empty tuples.
+
+    Each distinct granted principal is expanded once (not once per version it is granted on): a fan-out
+    over thousands of versions usually names only a handful of groups."""
     ids = sorted({int(v) for v in version_ids})
     if not ids:
         return {}
-    found: dict[int, dict[str, set[str]]] = {v: {"allow": set(), "deny": set()} for v in ids}
-    for row in conn.execute(_PROJECTION_SQL, {"version_ids": ids}):
-        found[row.version_id][row.effect].update(row.principals)
-    config_aliases = _reverse_aliases(security.aliases)
+    granted: dict[int, dict[str, set[str]]] = {v: {"allow": set(), "deny": set()} for v in ids}
+    for row in conn.execute(_APPLICABLE_SQL, {"version_ids": ids}):
+        granted[row.version_id][row.effect].add(row.principal)
+    roots = sorted({p for sets in granted.values() for names in sets.values() for p in names})
+    stands_for: dict[str, set[str]] = {}
+    if roots:
+        for row in conn.execute(_STANDS_FOR_SQL, {"principals": roots}):
+            stands_for.setdefault(row.root, set()).add(row.principal)
+    reverse_config = _reverse_aliases(security.aliases)
+
+    def expand(names: set[str]) -> tuple[str, ...]:
+        out: set[str] = set()
+        for name in names:
+            out |= stands_for.get(name, {name})
+        return _with_config_aliases(out, reverse_config)
+
     return {
-        v: GrantedPrincipals(
-            allowed_principals=_with_config_aliases(sets["allow"], config_aliases),
-            denied_principals=_with_config_aliases(sets["deny"], config_aliases),
-        )
-        for v, sets in found.items()
+        v: GrantedPrincipals(allowed_principals=expand(sets["allow"]), denied_principals=expand(sets["deny"]))
+        for v, sets in granted.items()
     }
 
 
