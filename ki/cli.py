@@ -116,7 +116,48 @@ def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report is not None else 1
 
 
+def _int_list(flag: str, value: str, low: int) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise CliError(f"{flag} must be comma-separated integers, got {value!r}") from None
+    if any(v < low for v in values):
+        raise CliError(f"{flag} values must be at least {low}")
+    return values
+
+
+def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from search.bench import DEFAULT_SCALE, BenchError, BenchOptions
+    from search.bench import main as bench_search
+
+    for flag, value in (("--scale", args.scale), ("--requests", args.requests), ("--rounds", args.rounds)):
+        if value is not None and value < 1:
+            raise CliError(f"{flag} must be at least 1")
+    concurrency = _int_list("--concurrency", args.concurrency, 1)
+    if not concurrency:
+        raise CliError("--concurrency needs at least one level")
+    options = BenchOptions(
+        scale=args.scale or DEFAULT_SCALE,
+        seed=args.seed,
+        concurrency=concurrency,
+        rounds=args.rounds,
+        requests=args.requests,
+        scope_sizes=_int_list("--scope-sizes", args.scope_sizes, 1),
+        out_dir=Path(args.out) if args.out else BenchOptions().out_dir,
+        config=args.config,
+        command="ki " + " ".join(sys.argv[1:]),
+    )
+    try:
+        return bench_search(settings, options)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.what == "search":
+        return _bench_search(args, settings)
     if args.what == "freshness":
         from streams.freshness import main as bench_freshness
 
@@ -211,13 +252,20 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.set_defaults(handler=_reconcile)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
-    bench.add_argument("what", choices=["sync", "freshness"])
+    bench.add_argument("what", choices=["sync", "freshness", "search"])
     bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
     bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
-    bench.add_argument("--rounds", type=int, default=5, help="sync: access-only rounds (median reported)")
+    bench.add_argument("--rounds", type=int, default=5, help="sync, search: rounds (median reported)")
     bench.add_argument("--rate", type=int, default=200, help="freshness: row changes per second")
     bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
     bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")
+    bench.add_argument("--scale", type=int, help="search: demo corpus versions (default 1000, ~6.4k chunks)")
+    bench.add_argument("--seed", type=int, default=7, help="search: demo corpus and query-mix seed")
+    bench.add_argument("--concurrency", default="1,8,32", help="search: comma-separated concurrency levels")
+    bench.add_argument("--requests", type=int, default=160, help="search: requests per side and round")
+    bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
+                       help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
+    bench.add_argument("--out", help="search: output folder (default build/bench)")
     bench.set_defaults(handler=_bench)
 
     ev = sub.add_parser(

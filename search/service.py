@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,15 @@ from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
 from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
-from search.legs import SOURCE_EXCLUDES, LegError, active_legs, build_leg_bodies, leg_depth, run_legs
+from search.legs import (
+    SOURCE_EXCLUDES,
+    LegError,
+    LegName,
+    active_legs,
+    build_leg_bodies,
+    leg_depth,
+    run_legs,
+)
 from search.metrics import SearchMetrics
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
@@ -124,13 +132,20 @@ _CITATION_SQL = text(
 
 
 def reverify(
-    conn: Connection, raw_principals: Sequence[str], settings: Settings, version_ids: Sequence[int]
+    conn: Connection,
+    raw_principals: Sequence[str],
+    settings: Settings,
+    version_ids: Sequence[int],
+    caller: Caller | None = None,
 ) -> dict[int, VerifiedVersion]:
-    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only)."""
+    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only).
+
+    `caller` is the caller as resolved (aliases, groups) at scope compilation of the same request, if
+    any; grants, observations and rows are always read afresh here."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
-    caller = resolve_caller(conn, raw_principals, settings.security)
+    caller = caller or resolve_caller(conn, raw_principals, settings.security)
     visible = {v.version_id: v for v in visible_versions(conn, caller, settings.security, version_ids=ids)}
     if not visible:
         return {}
@@ -223,19 +238,24 @@ class SearchService:
     # --- steps ---------------------------------------------------------------------------------
 
     async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
+        return (await self._compile_scope(principals, project_ids))[0]
+
+    async def _compile_scope(
+        self, principals: Sequence[str], project_ids: Sequence[int] | None
+    ) -> tuple[CompiledScope, Caller]:
         security, max_terms = self.settings.security, self.settings.opensearch.max_terms_count
 
-        def run(conn: Connection) -> CompiledScope:
-            caller: Caller = resolve_caller(conn, principals, security)
-            return compile_scope(conn, caller, security, project_ids=project_ids, max_terms_count=max_terms)
+        def run(conn: Connection) -> tuple[CompiledScope, Caller]:
+            caller = resolve_caller(conn, principals, security)
+            return compile_scope(conn, caller, security, project_ids=project_ids, max_terms_count=max_terms), caller
 
         started = time.perf_counter()
         async with self.engine.connect() as conn:
-            scope = await conn.run_sync(run)
+            scope, caller = await conn.run_sync(run)
         self.metrics.scope_seconds.observe(time.perf_counter() - started)
         self.metrics.scope_documents.observe(len(scope.document_ids))
         self.metrics.scope_projects.observe(len(scope.project_ids))
-        return scope
+        return scope, caller
 
     async def embed_query(self, query: str) -> list[float]:
         key = EmbeddingCache.key(self.embedder.signature, query)
@@ -249,9 +269,11 @@ class SearchService:
         self.cache.put(key, vector)
         return vector
 
-    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
+    async def _reverify(
+        self, principals: Sequence[str], version_ids: Sequence[int], caller: Caller | None = None
+    ) -> dict[int, VerifiedVersion]:
         async with self.engine.connect() as conn:
-            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
+            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids, caller))
 
     async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
         """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
@@ -279,31 +301,63 @@ class SearchService:
         except (OSConnectionError, TransportError) as exc:
             raise SearchUnavailable(f"OpenSearch error: {exc}") from exc
 
+    def leg_weights(self) -> dict[str, float]:
+        r = self.settings.retrieval
+        return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+
+    def plan_legs(
+        self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None
+    ) -> dict[LegName, dict[str, Any]]:
+        """The `_msearch` bodies of one ranked search (also what `ki bench search` sends raw as its baseline).
+
+        A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only trail the
+        ranking with score 0 (this is how `ki eval` measures one leg alone)."""
+        strict = strict_filter(scope, metadata_clauses(request.filters))
+        legs_on = active_legs(self.leg_weights())
+        return build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+
     # --- public --------------------------------------------------------------------------------
 
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
-        scope = await self.compile_scope(principals, request.filters.project_id)
-        return await self.search_in_scope(principals, request, scope, started=started)
+        # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
+        vector = None
+        if "semantic" in active_legs(self.leg_weights()):
+            vector = asyncio.ensure_future(self.embed_query(request.query))
+        try:
+            scope, caller = await self._compile_scope(principals, request.filters.project_id)
+        except BaseException:
+            if vector is not None:
+                vector.cancel()
+            raise
+        return await self.search_in_scope(principals, request, scope, started=started, caller=caller, vector=vector)
 
     async def search_in_scope(
-        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope, *, started: float | None = None
+        self,
+        principals: Sequence[str],
+        request: SearchRequest,
+        scope: CompiledScope,
+        *,
+        started: float | None = None,
+        caller: Caller | None = None,
+        vector: Awaitable[list[float]] | None = None,
     ) -> SearchResult:
-        """Steps 2-8 for an already compiled scope (the re-verify still checks SQL afresh)."""
+        """Steps 2-8 for an already compiled scope (the re-verify still checks grants in SQL afresh).
+
+        `caller`: as resolved for the scope (else resolved again); `vector`: the query vector being
+        computed (else embedded here). Timings: `embed` is the wait for the vector after the scope."""
         t0 = started if started is not None else time.perf_counter()
         timings: dict[str, float] = {}
         t = time.perf_counter()
         timings["scope"] = (t - t0) * 1000
-        strict = strict_filter(scope, metadata_clauses(request.filters))
         r = self.settings.retrieval
-        weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
-        # A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only
-        # trail the ranking with score 0 (this is how `ki eval` measures one leg alone).
-        legs_on = active_legs(weights)
-        vector = await self.embed_query(request.query) if "semantic" in legs_on else None
+        weights = self.leg_weights()
+        if vector is None and "semantic" in active_legs(weights):
+            vector = self.embed_query(request.query)
+        query_vector = await vector if vector is not None else None
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t) * 1000
-        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+        bodies = self.plan_legs(request, scope, query_vector)
         run = await self._opensearch(run_legs(self.client, self.index, bodies))
         t2 = time.perf_counter()
         timings["msearch"] = (t2 - t1) * 1000
@@ -311,10 +365,12 @@ class SearchService:
             self.metrics.msearch_seconds.observe(t2 - t1)
             self.metrics.observe_legs(run.took_ms)
         fused = apply_boost(rrf(run.hits, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
-        verified = await self._reverify(principals, [c.version_id for c in fused])
-        survivors = [c for c in fused if self._matches(c, verified)]
         t3 = time.perf_counter()
-        timings["reverify"] = (t3 - t2) * 1000
+        timings["fuse"] = (t3 - t2) * 1000
+        verified = await self._reverify(principals, [c.version_id for c in fused], caller)
+        survivors = [c for c in fused if self._matches(c, verified)]
+        t4 = time.perf_counter()
+        timings["reverify"] = (t4 - t3) * 1000
         kept = collapse(
             survivors,
             per_document=r.collapse_per_document,
@@ -322,9 +378,9 @@ class SearchService:
             is_latest_final=lambda c: verified[c.version_id].latest_final_version_id == c.version_id,
         )
         if self.reranker is not None and kept:
-            t4 = time.perf_counter()
+            t5 = time.perf_counter()
             kept = await self._rerank(request.query, kept, verified)
-            timings["rerank"] = (time.perf_counter() - t4) * 1000
+            timings["rerank"] = (time.perf_counter() - t5) * 1000
         page = kept[request.offset : request.window]
         explain = FusionParams(weights, r.fusion_rrf_k) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]

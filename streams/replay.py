@@ -9,7 +9,7 @@ import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -177,16 +177,21 @@ async def rebuild(settings: Settings, progress: Progress = _print_progress) -> s
         engine.dispose()
 
 
-async def backfill(settings: Settings, progress: Progress = _print_progress) -> SyncStats:
-    """Project every version straight from PostgreSQL (for topics without history)."""
+async def backfill(
+    settings: Settings, progress: Progress = _print_progress, version_ids: Iterable[int] | None = None
+) -> SyncStats:
+    """Project every version (or only `version_ids`) straight from PostgreSQL (for topics without history)."""
     embedder = create_embedder(settings)
     client = make_client(settings)
     engine = make_engine(settings)
     try:
         writer = IndexWriter(client, settings)
         await writer.ensure_index(embedder.signature)
-        with engine.connect() as conn:
-            ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
+        if version_ids is not None:
+            ids = set(version_ids)
+        else:
+            with engine.connect() as conn:
+                ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
         return await _project_in_batches(Projector(settings, engine, writer, embedder), ids, progress, "backfill")
     finally:
         await client.close()

@@ -1,0 +1,78 @@
+"""Pure parts of `ki bench search`: percentiles, the deterministic query mix, CLI validation."""
+
+import re
+
+import pytest
+
+from ki.cli import main
+from ki.demo.generator import run_label
+from search.bench import _label_prefix, percentile, query_mix, summarize, vocabulary
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_summarize_reports_ms_and_throughput() -> None:
+    figures = summarize([0.010, 0.020, 0.030, 0.040], wall_s=0.05)
+    assert figures["requests"] == 4
+    assert figures["p50_ms"] == 20.0 and figures["p99_ms"] == 40.0 and figures["mean_ms"] == 25.0
+    assert figures["throughput_rps"] == 80.0
+
+
+IDENTIFIERS = ["2 BvR 1234/19", "VI ZR 12/20", "§ 823 BGB", "§ 535 BGB", "Art. 6 DSGVO", "V-2021-00042"]
+
+
+def test_query_mix_is_deterministic_and_mixed() -> None:
+    first = query_mix(7, IDENTIFIERS, doc_type_id=5)
+    assert first == query_mix(7, list(reversed(IDENTIFIERS)), doc_type_id=5)
+    assert first != query_mix(8, IDENTIFIERS, doc_type_id=5)
+    texts = [b["query"] for b in first]
+    assert len(texts) == 16
+    assert sum(1 for t in texts if re.search(r"BvR|ZR", t)) == 2, "two Aktenzeichen"
+    assert sum(1 for t in texts if t.startswith(("§", "Art."))) == 2, "two statute references"
+    with_filters = [b for b in first if "filters" in b]
+    assert 0 < len(with_filters) < len(first)
+    assert {"doc_type": [5]} in [b["filters"] for b in with_filters]
+    assert all(b["limit"] == 10 for b in first)
+
+
+def test_query_mix_without_aktenzeichen_fills_up_with_other_identifiers() -> None:
+    texts = [b["query"] for b in query_mix(7, ["§ 823 BGB", "V-2021-00001", "V-2022-00002"], doc_type_id=None)]
+    assert "§ 823 BGB" in texts and "V-2021-00001" in texts and "V-2022-00002" in texts
+    assert all("doc_type" not in b.get("filters", {}) for b in query_mix(7, [], doc_type_id=None))
+
+
+def test_vocabulary_has_content_words_only() -> None:
+    words = vocabulary()
+    assert words == sorted(words) and len(words) > 50
+    assert all(len(w) >= 5 and "{" not in w for w in words)
+    assert "Pflichtverletzung" in words
+
+
+def test_label_prefix_matches_the_demo_generator() -> None:
+    assert run_label(7, 1000).startswith(_label_prefix(7, 1000) + "-")
+    assert _label_prefix(7, 1000) == "ki-demo-s7-n1000"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--scale", "0"], "--scale must be at least 1"),
+        (["--requests", "0"], "--requests must be at least 1"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--concurrency", "1,x"], "--concurrency must be comma-separated integers"),
+        (["--concurrency", "0,8"], "--concurrency values must be at least 1"),
+        (["--concurrency", ""], "--concurrency needs at least one level"),
+        (["--scope-sizes", "100,-1"], "--scope-sizes values must be at least 1"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "search", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ki: ") and message in err and len(err.splitlines()) == 1
