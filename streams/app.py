@@ -116,30 +116,39 @@ def create_app(settings: Settings) -> faust.App:
         max_events = settings.streams.batch_max_events
         linger = settings.streams.batch_linger_ms / 1000
         async for events in stream.take_events(max_events, within=linger):
-            keys = DirtyKeys()
-            newest_commit_ms: int | None = None
-            for event in events:
-                message = event.message
-                try:
-                    decoded = decode(message.topic, message.key, message.value)
-                    event_keys = dirty_keys(decoded)
-                except (PoisonEvent, ValueError, TypeError) as exc:
-                    await send_to_dlq(event, f"undecodable: {exc}")
-                    continue
-                if isinstance(decoded, ChangeEvent):
-                    metrics.EVENTS.labels(table=decoded.table, op=decoded.op).inc()
-                    if decoded.source.ts_ms and not decoded.source.snapshot:
-                        newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
-                elif isinstance(decoded, Tombstone):
-                    metrics.EVENTS.labels(table=decoded.table, op="tombstone").inc()
-                keys.update(event_keys)
+            # take_events acks the batch when it moves on, and also when the worker stops mid-batch: closing
+            # the generator acks events that were never applied, and Faust commits acked offsets on its way
+            # out. A worker stopped (SIGTERM) while its batch waited for OpenSearch lost that batch (found by
+            # the fault tests). So the acks are held back until the batch is applied or dead-lettered.
+            _hold_acks(events)
+            await process(events)
+            _release_acks(app, events)
+
+    async def process(events: list[Any]) -> None:
+        keys = DirtyKeys()
+        newest_commit_ms: int | None = None
+        for event in events:
+            message = event.message
             try:
-                await apply_until_done(keys)
-            except Exception as exc:
-                for event in events:
-                    await send_to_dlq(event, f"cannot be applied: {type(exc).__name__}: {exc}")
-            if newest_commit_ms:
-                metrics.FRESHNESS.observe(max(0.0, time.time() - newest_commit_ms / 1000))
+                decoded = decode(message.topic, message.key, message.value)
+                event_keys = dirty_keys(decoded)
+            except (PoisonEvent, ValueError, TypeError) as exc:
+                await send_to_dlq(event, f"undecodable: {exc}")
+                continue
+            if isinstance(decoded, ChangeEvent):
+                metrics.EVENTS.labels(table=decoded.table, op=decoded.op).inc()
+                if decoded.source.ts_ms and not decoded.source.snapshot:
+                    newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
+            elif isinstance(decoded, Tombstone):
+                metrics.EVENTS.labels(table=decoded.table, op="tombstone").inc()
+            keys.update(event_keys)
+        try:
+            await apply_until_done(keys)
+        except Exception as exc:
+            for event in events:
+                await send_to_dlq(event, f"cannot be applied: {type(exc).__name__}: {exc}")
+        if newest_commit_ms:
+            metrics.FRESHNESS.observe(max(0.0, time.time() - newest_commit_ms / 1000))
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
@@ -147,6 +156,20 @@ def create_app(settings: Settings) -> faust.App:
         return self.bytes(generate_latest(), content_type="text/plain")
 
     return app
+
+
+def _hold_acks(events: Any) -> None:
+    """Mark the messages acknowledged without telling the consumer: take_events' own ack becomes a no-op,
+    so their offsets cannot become safe to commit before `_release_acks`."""
+    for event in events:
+        event.message.acked = True
+
+
+def _release_acks(app: faust.App, events: Any) -> None:
+    """The real acknowledgement: the consumer may now commit these offsets."""
+    for event in events:
+        event.message.acked = False
+        event.message.ack(app.consumer)
 
 
 app = create_app(get_settings())

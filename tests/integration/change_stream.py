@@ -97,6 +97,11 @@ class ChangeStream:
             raise AssertionError(f"the change stream failed: {self.error!r}") from self.error
         return self.counts
 
+    def stop_when_done(self, timeout: float = 60) -> Counter[str]:
+        """For a stream with a `limit`: wait until all its changes committed, then stop."""
+        self._thread.join(timeout)
+        return self.stop()
+
     def wait_for_more(self, changes: int, timeout: float = 120) -> None:
         """Block until `changes` more changes have committed (e.g. after a service came back)."""
         target = self.committed + changes

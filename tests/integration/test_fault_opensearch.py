@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 
 from ki.db.engine import make_engine
 from ki.settings import Settings
+from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, make_fault_world
 from tests.integration.sync_harness import (
     Worker,
@@ -89,3 +90,37 @@ def test_opensearch_down_for_30_s_pauses_the_sync_without_committing_and_loses_n
         worker.stop()
     assert_index_equals_rebuild(settings, engine, search, world.documents)
     assert counts["content edit"] and counts["grant added"] and counts["member joined"]
+
+
+def test_a_worker_stopped_while_opensearch_is_down_commits_nothing_it_did_not_apply(
+    engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    """SIGTERM (a deploy, a scale-down) while the batch waits for OpenSearch: Faust's batching acked the
+    batch on the way out and committed it on stop, so the change was lost. Now it stays uncommitted and
+    the next worker applies it."""
+    world = make_fault_world(engine, documents=2)
+    worker = Worker(settings, name="fault-opensearch-worker")
+    worker.start()
+    try:
+        wait_until_synced(settings, engine)
+        stop(settings, "opensearch")
+        try:
+            bound = end_offsets(settings)
+            retries_before = worker.counter("ki_sync_retries_total")
+            ChangeStream(engine, world, seed=61, limit=5).start().stop_when_done()
+            wait_for(
+                lambda: worker.counter("ki_sync_retries_total") > retries_before,
+                timeout=60,
+                what="the worker to fail on the missing OpenSearch and back off",
+            )
+            worker.stop()
+            assert worker.process is not None and worker.process.returncode is not None
+            early = {tp: (c, bound.get(tp, 0)) for tp, c in committed_offsets(settings).items() if c > bound.get(tp, 0)}
+            assert not early, f"a stopping worker committed events it never applied: {early}"
+        finally:
+            start(settings, "opensearch")
+        worker.start()  # its successor
+        wait_until_synced(settings, engine)
+    finally:
+        worker.stop()
+    assert_index_equals_rebuild(settings, engine, search, world.documents)
