@@ -3,9 +3,12 @@
 Both query-scope compilation (search) and the principal projection (sync) use this module; nothing
 else decides access. The rules (`version_predicate` of the reference spec):
 
-* Caller principals are trimmed and lower-cased, passed through aliases (table `principal_aliases` and
-  `security.aliases`, alias -> principal; the caller keeps its own principals and gains every target,
-  transitively across both sources), then expanded with mirrored group memberships (transitively).
+* Caller principals are trimmed and lower-cased (`normalize_principal`; in SQL the same definition is
+  the function `ki_principal(text)` of migration 0003, so stored grants, memberships and aliases are
+  compared exactly as callers are, for every script and every kind of whitespace), passed through
+  aliases (table `principal_aliases` and `security.aliases`, alias -> principal; the caller keeps its
+  own principals and gains every target, transitively across both sources), then expanded with
+  mirrored group memberships (transitively).
 * A version is only ever visible through an *active* source observation (admins included).
 * Administrators (`security.admin_principals`, matched before group expansion so a mirrored group can
   never make somebody an admin) bypass grants.
@@ -22,7 +25,7 @@ else decides access. The rules (`version_predicate` of the reference spec):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +37,11 @@ from ki.settings import SecuritySettings
 
 
 def normalize_principal(raw: object) -> str | None:
-    """Trimmed, lower-cased principal; None for anything that is not a non-empty string."""
+    """Trimmed (`str.strip()`), lower-cased (`str.lower()`, full Unicode case mapping) principal; None for
+    anything that is not a non-empty string. The Python twin of SQL's `ki_principal(x)` (which trims the
+    same characters and lower-cases with the ICU root collation): equal on every code point, and in
+    final-sigma context on every code point Python's Unicode database knows (checked by
+    `tests/integration/test_acl_properties.py`). The ACL itself normalises only in SQL (`resolve_caller`)."""
     if not isinstance(raw, str):
         return None
     value = raw.strip().lower()
@@ -69,105 +76,136 @@ _PRINCIPALS = bindparam("principals", type_=ARRAY(Text))
 
 _EXPAND_SQL = text(
     """
-    WITH RECURSIVE aliased(principal) AS (
-        SELECT unnest(CAST(:principals AS text[]))
+    WITH RECURSIVE config_aliases(alias, target) AS (
+        SELECT ki_principal(c.alias), ki_principal(c.target)
+        FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
+    ),
+    aliased(principal) AS (
+        SELECT ki_principal(raw) FROM unnest(CAST(:principals AS text[])) AS raw
         UNION
         SELECT t.target
         FROM aliased a
         CROSS JOIN LATERAL (
-            SELECT lower(btrim(pa.principal)) AS target
+            SELECT ki_principal(pa.principal) AS target
             FROM principal_aliases pa
-            WHERE lower(btrim(pa.alias)) = a.principal
+            WHERE ki_principal(pa.alias) = a.principal
             UNION ALL
-            SELECT c.target
-            FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
-            WHERE c.alias = a.principal
+            SELECT c.target FROM config_aliases c WHERE c.alias = a.principal
         ) t
     ),
     expanded(principal) AS (
         SELECT principal FROM aliased
         UNION
-        SELECT lower(btrim(gm.group_principal))
+        SELECT ki_principal(gm.group_principal)
         FROM group_memberships gm
-        JOIN expanded e ON lower(btrim(gm.member_principal)) = e.principal
+        JOIN expanded e ON ki_principal(gm.member_principal) = e.principal
     )
-    SELECT principal, principal IN (SELECT principal FROM aliased) AS direct FROM expanded
+    -- A blank (NULL) principal reached through a link matches nothing and is dropped here, not in the
+    -- recursion, where an IS NOT NULL filter would make the planner scan a whole index.
+    SELECT principal,
+           principal IN (SELECT principal FROM aliased WHERE principal IS NOT NULL)
+           AND principal IN (SELECT ki_principal(x) FROM unnest(CAST(:admins AS text[])) AS x) AS admin
+    FROM expanded
+    WHERE principal IS NOT NULL
     """
-).bindparams(_PRINCIPALS, bindparam("alias_keys", type_=ARRAY(Text)), bindparam("alias_targets", type_=ARRAY(Text)))
+).bindparams(
+    _PRINCIPALS,
+    bindparam("alias_keys", type_=ARRAY(Text)),
+    bindparam("alias_targets", type_=ARRAY(Text)),
+    bindparam("admins", type_=ARRAY(Text)),
+)
 
 
 def resolve_caller(conn: Connection, raw_principals: Iterable[object], security: SecuritySettings) -> Caller:
     """Normalise, alias (transitively, through the table and the configured aliases) and group-expand a
-    caller's principals in SQL. Admin is decided on the aliased principals, before group expansion."""
-    base = normalize_principals(raw_principals)
+    caller's principals in SQL. Admin is decided on the aliased principals, before group expansion.
+
+    Everything is normalised by `ki_principal` in SQL (callers, configured aliases and admins as well as
+    the stored rows), so the ACL compares with one definition even where Python's Unicode database and
+    PostgreSQL's ICU differ (code points newer than Python's, next to a final sigma)."""
+    base = sorted({r for r in raw_principals if isinstance(r, str) and r.strip()})
     if not base:
         return Caller(frozenset())
-    config_aliases = sorted(_config_aliases(security.aliases))
-    rows = conn.execute(
-        _EXPAND_SQL,
-        {
-            "principals": sorted(base),
-            "alias_keys": [alias for alias, _ in config_aliases],
-            "alias_targets": [target for _, target in config_aliases],
-        },
-    ).all()
-    direct = {row.principal for row in rows if row.direct}
-    admins = normalize_principals(security.admin_principals)
-    return Caller(frozenset(row.principal for row in rows), is_admin=bool(direct & admins))
+    params = {"principals": base, "admins": _strings(security.admin_principals), **_config_alias_params(security)}
+    rows = conn.execute(_EXPAND_SQL, params).all()
+    return Caller(frozenset(row.principal for row in rows), is_admin=any(row.admin for row in rows))
 
 
-def _config_aliases(aliases: Mapping[str, str]) -> set[tuple[str, str]]:
-    """`security.aliases` as normalised (alias, principal) pairs; blank entries are dropped."""
-    pairs = {(normalize_principal(alias), normalize_principal(principal)) for alias, principal in aliases.items()}
-    return {(a, p) for a, p in pairs if a and p}
+def expand_principals(conn: Connection, principals: Iterable[object], security: SecuritySettings) -> frozenset[str]:
+    """Everything a caller holding `principals` would hold after aliasing and group expansion (as
+    `resolve_caller`). The sync fan-out uses it: a grant's projection names a principal exactly when the
+    grant's principal is in that principal's expansion, so a changed alias or membership of P affects the
+    versions granted to `expand_principals({P})`."""
+    return resolve_caller(conn, principals, security).principals
+
+
+def _strings(values: Iterable[object]) -> list[str]:
+    return sorted({v for v in values if isinstance(v, str)})
+
+
+def _config_alias_params(security: SecuritySettings) -> dict[str, list[str]]:
+    """`security.aliases` as raw (alias, principal) arrays; SQL normalises them (blank ones match nothing)."""
+    pairs = sorted((a, p) for a, p in security.aliases.items() if isinstance(a, str) and isinstance(p, str))
+    return {"alias_keys": [alias for alias, _ in pairs], "alias_targets": [target for _, target in pairs]}
 
 
 # The version predicate as one set-based statement. :principals are the caller's effective principals.
 # The caller's grants are few, so they are read once (expression index on the normalised principal) and
-# split into six small id sets; every candidate observation is then hash-joined against them and the
-# verdict aggregated per version. No correlated subquery runs per candidate row, so the cost grows
-# linearly with the number of candidate observations (see `ki bench scope`).
-_VISIBLE_TEMPLATE = """
+# split into six small id sets. Every candidate observation is tested against them with `IN (SELECT ...)`
+# inside an expression, which PostgreSQL always runs as a hashed subplan: O(1) per row whatever the
+# estimates (as LEFT JOINs, a misestimated one-row CTE made the planner nest-loop 10k observations
+# against 1.5k allowed objects: 1 s instead of tens of ms). The verdict is aggregated per version, so the
+# cost grows linearly with the number of candidate observations (see `ki bench scope`).
+_CANDIDATES_TEMPLATE = """
     WITH caller_grants AS MATERIALIZED (
         SELECT g.scope, g.effect, g.project_id, g.document_id, g.source_object_id
         FROM grants g
-        WHERE lower(btrim(g.principal)) = ANY(CAST(:principals AS text[]))
+        WHERE ki_principal(g.principal) = ANY(CAST(:principals AS text[]))
     ),
-    allow_project AS (SELECT DISTINCT project_id AS id FROM caller_grants
-                      WHERE effect = 'allow' AND scope = 'project'),
-    allow_document AS (SELECT DISTINCT document_id AS id FROM caller_grants
-                       WHERE effect = 'allow' AND scope = 'document'),
-    allow_object AS (SELECT DISTINCT source_object_id AS id FROM caller_grants
+    allow_project AS (SELECT project_id AS id FROM caller_grants WHERE effect = 'allow' AND scope = 'project'),
+    allow_document AS (SELECT document_id AS id FROM caller_grants WHERE effect = 'allow' AND scope = 'document'),
+    allow_object AS (SELECT source_object_id AS id FROM caller_grants
                      WHERE effect = 'allow' AND scope = 'source_object'),
-    deny_project AS (SELECT DISTINCT project_id AS id FROM caller_grants
-                     WHERE effect = 'deny' AND scope = 'project'),
-    deny_document AS (SELECT DISTINCT document_id AS id FROM caller_grants
-                      WHERE effect = 'deny' AND scope = 'document'),
-    deny_object AS (SELECT DISTINCT source_object_id AS id FROM caller_grants
-                    WHERE effect = 'deny' AND scope = 'source_object')
-    SELECT dv.id AS version_id, d.id AS document_id, d.project_id
-    FROM documents d
-    JOIN document_versions dv ON dv.document_id = d.id
-    JOIN source_observations o ON o.document_version_id = dv.id AND o.deleted_at IS NULL
-    JOIN source_objects so ON so.id = o.source_object_id
-    JOIN sources s ON s.id = so.source_id
-    LEFT JOIN allow_project ap ON ap.id = d.project_id
-    LEFT JOIN allow_document ad ON ad.id = d.id
-    LEFT JOIN allow_object ao ON ao.id = o.source_object_id
-    LEFT JOIN deny_object dob ON dob.id = o.source_object_id
-    WHERE d.deleted_at IS NULL
-      {narrowing}
-      AND (CAST(:is_admin AS boolean) OR (
-            NOT EXISTS (SELECT 1 FROM deny_project x WHERE x.id = d.project_id)
-        AND NOT EXISTS (SELECT 1 FROM deny_document x WHERE x.id = d.id)
-        AND (NOT CAST(:intersect AS boolean) OR ap.id IS NOT NULL OR ad.id IS NOT NULL)))
-    GROUP BY dv.id, d.id, d.project_id
-    HAVING CAST(:is_admin AS boolean) OR (
-        NOT bool_or(dob.id IS NOT NULL)
-        AND bool_or(CASE WHEN s.kind = 'local_fs' AND NOT so.acl_known
-                         THEN ap.id IS NOT NULL OR ad.id IS NOT NULL  -- delegates to the project boundary
-                         ELSE ao.id IS NOT NULL                       -- known or external ACL decides
-                    END))
+    deny_project AS (SELECT project_id AS id FROM caller_grants WHERE effect = 'deny' AND scope = 'project'),
+    deny_document AS (SELECT document_id AS id FROM caller_grants WHERE effect = 'deny' AND scope = 'document'),
+    deny_object AS (SELECT source_object_id AS id FROM caller_grants WHERE effect = 'deny' AND scope = 'source_object'),
+    candidates AS (  -- every active observation of a live version that no project/document rule excludes
+        SELECT dv.id AS version_id, d.id AS document_id, d.project_id, o.id AS observation_id,
+               o.source_object_id,
+               o.source_object_id IN (SELECT id FROM deny_object) AS object_denied,
+               CASE WHEN s.kind = 'local_fs' AND NOT so.acl_known  -- delegates to the project boundary
+                    THEN d.project_id IN (SELECT id FROM allow_project) OR d.id IN (SELECT id FROM allow_document)
+                    ELSE o.source_object_id IN (SELECT id FROM allow_object)  -- known or external ACL decides
+               END AS accessible
+        FROM documents d
+        JOIN document_versions dv ON dv.document_id = d.id
+        JOIN source_observations o ON o.document_version_id = dv.id AND o.deleted_at IS NULL
+        JOIN source_objects so ON so.id = o.source_object_id
+        JOIN sources s ON s.id = so.source_id
+        WHERE d.deleted_at IS NULL
+          {narrowing}
+          AND (CAST(:is_admin AS boolean) OR (
+                NOT (d.project_id IN (SELECT id FROM deny_project))
+            AND NOT (d.id IN (SELECT id FROM deny_document))
+            AND (NOT CAST(:intersect AS boolean)
+                 OR d.project_id IN (SELECT id FROM allow_project) OR d.id IN (SELECT id FROM allow_document))))
+    ),
+    verdicts AS (
+        SELECT version_id, document_id, project_id
+        FROM candidates
+        GROUP BY version_id, document_id, project_id
+        HAVING CAST(:is_admin AS boolean) OR (NOT bool_or(object_denied) AND bool_or(accessible))
+    )
+"""
+
+_VISIBLE_SELECT = "SELECT version_id, document_id, project_id FROM verdicts"
+
+# Citable observations: active and accessible, of a visible version (admins: every active observation).
+_OBSERVATIONS_SELECT = """
+    SELECT c.version_id, c.observation_id, c.source_object_id
+    FROM candidates c
+    WHERE (CAST(:is_admin AS boolean) OR c.accessible)
+      AND c.version_id IN (SELECT version_id FROM verdicts)
 """
 
 _NARROWING = {
@@ -176,10 +214,11 @@ _NARROWING = {
 }
 
 
-def _visible_sql(narrow_by: tuple[str, ...]) -> TextClause:
+def _visible_sql(narrow_by: tuple[str, ...], select: str = _VISIBLE_SELECT) -> TextClause:
     """One statement per narrowing combination, so each gets its own plan (a generic `$1 IS NULL OR`
     plan would scan everything even when re-verifying twenty versions)."""
-    statement = text(_VISIBLE_TEMPLATE.format(narrowing="\n      ".join(_NARROWING[n] for n in narrow_by)))
+    narrowing = "\n          ".join(_NARROWING[n] for n in narrow_by)
+    statement = text(_CANDIDATES_TEMPLATE.format(narrowing=narrowing) + select)
     params: list[BindParameter[Any]] = [
         _PRINCIPALS,
         bindparam("is_admin", type_=Boolean),
@@ -193,6 +232,7 @@ _VISIBLE_SQL = {
     narrow_by: _visible_sql(narrow_by)
     for narrow_by in [(), ("project_ids",), ("version_ids",), ("project_ids", "version_ids")]
 }
+_OBSERVATIONS_SQL = _visible_sql(("version_ids",), _OBSERVATIONS_SELECT)
 
 
 @dataclass(frozen=True)
@@ -227,6 +267,32 @@ def visible_versions(
     return [VisibleVersion(r.version_id, r.document_id, r.project_id) for r in rows]
 
 
+@dataclass(frozen=True)
+class VisibleObservation:
+    version_id: int
+    observation_id: int
+    source_object_id: int
+
+
+def visible_observations(
+    conn: Connection, caller: Caller, security: SecuritySettings, version_ids: Sequence[int]
+) -> list[VisibleObservation]:
+    """The observations a caller may cite, per source object: active and *accessible* to the caller (the
+    rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
+    never cited, even when the version is visible through another object. Admins: every active
+    observation of a visible version. Fails closed."""
+    if caller.is_anonymous or not version_ids:
+        return []
+    params = {
+        "principals": sorted(caller.principals),
+        "is_admin": caller.is_admin,
+        "intersect": security.source_acl_mode == "intersect",
+        "version_ids": sorted({int(v) for v in version_ids}),
+    }
+    rows = conn.execute(_OBSERVATIONS_SQL, params).all()
+    return [VisibleObservation(r.version_id, r.observation_id, r.source_object_id) for r in rows]
+
+
 # Grants that apply to each version: project, document, and actively observed source objects.
 _APPLICABLE_SQL = text(
     """
@@ -235,34 +301,48 @@ _APPLICABLE_SQL = text(
         FROM document_versions dv JOIN documents d ON d.id = dv.document_id
         WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
     )
-    SELECT t.version_id, lower(btrim(g.principal)) AS principal, g.effect
+    SELECT t.version_id, ki_principal(g.principal) AS principal, g.effect
     FROM target t JOIN grants g ON g.scope = 'project' AND g.project_id = t.project_id
     UNION
-    SELECT t.version_id, lower(btrim(g.principal)), g.effect
+    SELECT t.version_id, ki_principal(g.principal), g.effect
     FROM target t JOIN grants g ON g.scope = 'document' AND g.document_id = t.document_id
     UNION
-    SELECT t.version_id, lower(btrim(g.principal)), g.effect
+    SELECT t.version_id, ki_principal(g.principal), g.effect
     FROM target t
     JOIN source_observations o ON o.document_version_id = t.version_id AND o.deleted_at IS NULL
     JOIN grants g ON g.scope = 'source_object' AND g.source_object_id = o.source_object_id
     """
 ).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
 
-# Everyone a granted principal stands for: itself, its group members (transitively) and their aliases.
+# Everyone a granted principal stands for: the reverse of `resolve_caller`. Its group members
+# (transitively), then everybody whose alias chain (table and configured aliases, transitively) reaches
+# one of them. A caller holding any of these principals resolves to the granted one.
 _STANDS_FOR_SQL = text(
     """
     WITH RECURSIVE members(root, principal) AS (
         SELECT p, p FROM unnest(CAST(:principals AS text[])) AS p
         UNION
-        SELECT m.root, lower(btrim(gm.member_principal))
-        FROM members m JOIN group_memberships gm ON lower(btrim(gm.group_principal)) = m.principal
+        SELECT m.root, ki_principal(gm.member_principal)
+        FROM members m JOIN group_memberships gm ON ki_principal(gm.group_principal) = m.principal
+    ),
+    aliases(root, principal) AS (
+        SELECT root, principal FROM members
+        UNION
+        SELECT a.root, t.alias
+        FROM aliases a
+        CROSS JOIN LATERAL (
+            SELECT ki_principal(pa.alias) AS alias
+            FROM principal_aliases pa
+            WHERE ki_principal(pa.principal) = a.principal
+            UNION ALL
+            SELECT ki_principal(c.alias)
+            FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
+            WHERE ki_principal(c.target) = a.principal
+        ) t
     )
-    SELECT root, principal FROM members
-    UNION
-    SELECT m.root, lower(btrim(pa.alias))
-    FROM members m JOIN principal_aliases pa ON lower(btrim(pa.principal)) = m.principal
+    SELECT root, principal FROM aliases WHERE principal IS NOT NULL
     """
-).bindparams(_PRINCIPALS)
+).bindparams(_PRINCIPALS, bindparam("alias_keys", type_=ARRAY(Text)), bindparam("alias_targets", type_=ARRAY(Text)))
 
 
 def version_projections(
@@ -278,37 +358,21 @@ def version_projections(
         return {}
     granted: dict[int, dict[str, set[str]]] = {v: {"allow": set(), "deny": set()} for v in ids}
     for row in conn.execute(_APPLICABLE_SQL, {"version_ids": ids}):
-        granted[row.version_id][row.effect].add(row.principal)
+        if row.principal is not None:  # a blank principal (e.g. only a tab) matches nobody
+            granted[row.version_id][row.effect].add(row.principal)
     roots = sorted({p for sets in granted.values() for names in sets.values() for p in names})
     stands_for: dict[str, set[str]] = {}
     if roots:
-        for row in conn.execute(_STANDS_FOR_SQL, {"principals": roots}):
+        for row in conn.execute(_STANDS_FOR_SQL, {"principals": roots, **_config_alias_params(security)}):
             stands_for.setdefault(row.root, set()).add(row.principal)
-    reverse_config = _reverse_aliases(security.aliases)
 
     def expand(names: set[str]) -> tuple[str, ...]:
         out: set[str] = set()
         for name in names:
             out |= stands_for.get(name, {name})
-        return _with_config_aliases(out, reverse_config)
+        return tuple(sorted(out))
 
     return {
         v: GrantedPrincipals(allowed_principals=expand(sets["allow"]), denied_principals=expand(sets["deny"]))
         for v, sets in granted.items()
     }
-
-
-def _reverse_aliases(aliases: Mapping[str, str]) -> dict[str, set[str]]:
-    reverse: dict[str, set[str]] = {}
-    for alias, principal in aliases.items():
-        a, p = normalize_principal(alias), normalize_principal(principal)
-        if a and p:
-            reverse.setdefault(p, set()).add(a)
-    return reverse
-
-
-def _with_config_aliases(principals: set[str], reverse: dict[str, set[str]]) -> tuple[str, ...]:
-    out = set(principals)
-    for p in principals:
-        out |= reverse.get(p, set())
-    return tuple(sorted(out))

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Text
 
-from ki.acl import GrantedPrincipals, version_projections
+from ki.acl import GrantedPrincipals, expand_principals, version_projections
 from ki.embedding import Embedder
 from ki.settings import Settings
 from projections.dirty import DirtyKeys
@@ -67,20 +67,9 @@ _RESOLVE_CONTENT = _sql(
 
 _RESOLVE_ACCESS = _sql(
     """
-    WITH RECURSIVE containing(principal) AS (
-        SELECT unnest(CAST(:principals AS text[]))
-        UNION
-        SELECT lower(btrim(gm.group_principal)) FROM group_memberships gm
-        JOIN containing c ON lower(btrim(gm.member_principal)) = c.principal
-    ),
-    named AS (
-        SELECT principal FROM containing
-        UNION SELECT lower(btrim(pa.principal)) FROM principal_aliases pa
-              WHERE lower(btrim(pa.alias)) IN (SELECT principal FROM containing)
-    ),
-    touched_grants AS (
+    WITH touched_grants AS (
         SELECT project_id, document_id, source_object_id FROM grants
-        WHERE lower(btrim(principal)) IN (SELECT principal FROM named)
+        WHERE ki_principal(principal) = ANY(CAST(:principals AS text[]))
     ),
     touched_projects AS (
         SELECT unnest(CAST(:projects AS bigint[])) AS id
@@ -241,7 +230,11 @@ class Projector:
                     for row in conn.execute(
                         _RESOLVE_ACCESS,
                         {
-                            "principals": sorted(keys.access_principals),
+                            # A changed alias or membership of P changes the projection of every
+                            # grant to a principal P resolves to (ki.acl.version_projections).
+                            "principals": sorted(
+                                expand_principals(conn, keys.access_principals, self.settings.security)
+                            ),
                             "projects": sorted(keys.access_projects),
                             "documents": sorted(keys.access_documents),
                             "objects": sorted(keys.access_source_objects),

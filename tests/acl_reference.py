@@ -7,8 +7,9 @@ with the set-based SQL. The property tests (`tests/integration/test_acl_properti
 
 The rules, in the order they are applied:
 
-1. Normalisation: a principal is trimmed and case-folded (`str.strip().lower()`); anything that is not a
-   non-empty string after that is dropped.
+1. Normalisation: a principal is trimmed and case-folded (`str.strip().lower()`: every `str.isspace()`
+   character, full Unicode lower-casing, so "İ" becomes "i̇" and a final "Σ" becomes "ς"); anything that is
+   not a non-empty string after that is dropped.
 2. Aliases: the caller's principals are passed through the aliases of the `principal_aliases` table and of
    `security.aliases` (both map alias -> principal, both normalised on both sides). The caller keeps its own
    principals and gains every alias target, transitively (a chain a -> b -> c gives {a, b, c}, whichever
@@ -30,6 +31,13 @@ The rules, in the order they are applied:
      grants fails closed.
 8. Visible = not denied and at least one accessible active observation; with
    `source_acl_mode = "intersect"` a local (project or document) allow is additionally required.
+9. Citations are per source object: an observation may be cited when its version is visible and the
+   observation itself is active and accessible (rule 7); admins may cite every active observation of a
+   visible version.
+
+Besides visibility, `projection` gives who the principal projection of a version (`allowed_principals`,
+`denied_principals`) should name: every principal that, held alone, resolves (rules 1-4) to a principal
+of an allow (deny) grant applying to the version (project, document, actively observed source object).
 """
 
 from __future__ import annotations
@@ -229,6 +237,74 @@ class _Lookup:
         return (effect, scope, target) in self.caller_grants
 
 
+def _local_allow(lookup: _Lookup, document: Document) -> bool:
+    return lookup.granted("allow", "project", document.project_id) or lookup.granted("allow", "document", document.id)
+
+
+def _accessible(lookup: _Lookup, document: Document, observation: Observation) -> bool:
+    """Rule 7 for one observation."""
+    obj = lookup.objects[observation.object_id]
+    if lookup.kinds[obj.source_id] == LOCAL_FS and not obj.acl_known:
+        return _local_allow(lookup, document)  # delegates to the project boundary
+    return lookup.granted("allow", "source_object", obj.id)  # the source ACL decides; fails closed without grants
+
+
+def citable(world: World, caller: Caller, security: SecurityLike) -> frozenset[int]:
+    """Rule 9: the positions (in `world.observations`) of the observations the caller may cite."""
+    lookup = _Lookup(world, caller)
+    seen = visible(world, caller, security)
+    versions = {v.id: v for v in world.versions}
+    out = set()
+    for i, o in enumerate(world.observations):
+        if o.deleted or o.version_id not in seen:
+            continue
+        document = lookup.documents[versions[o.version_id].document_id]
+        if caller.is_admin or _accessible(lookup, document, o):
+            out.add(i)
+    return frozenset(out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The principal projection
+# ---------------------------------------------------------------------------------------------------
+
+
+def vocabulary(world: World, security: SecurityLike) -> frozenset[str]:
+    """Every normalised principal the world and the settings name."""
+    raw: list[object] = [g.principal for g in world.grants]
+    raw += [p for m in world.memberships for p in (m.group, m.member)]
+    raw += [p for a in world.aliases for p in (a.alias, a.principal)]
+    raw += [p for pair in security.aliases.items() for p in pair]
+    return frozenset(p for p in (normalize(r) for r in raw) if p)
+
+
+def projection(world: World, security: SecurityLike) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
+    """Per version: (allowed, denied) principals, i.e. every principal that held alone resolves to the
+    principal of an allow (deny) grant applying to the version."""
+    resolved = {p: resolve(world, [p], security).principals for p in vocabulary(world, security)}
+    documents = {d.id: d for d in world.documents}
+    out = {}
+    for v in world.versions:
+        document = documents[v.document_id]
+        objects = {o.object_id for o in world.observations if o.version_id == v.id and not o.deleted}
+        applies = {("project", document.project_id), ("document", document.id)}
+        applies |= {("source_object", o) for o in objects}
+        sides = []
+        for effect in EFFECTS:
+            granted = {
+                p
+                for p in (
+                    normalize(g.principal)
+                    for g in world.grants
+                    if g.effect == effect and (g.scope, g.target) in applies
+                )
+                if p
+            }
+            sides.append(frozenset(p for p, holds in resolved.items() if holds & granted))
+        out[v.id] = (sides[0], sides[1])
+    return out
+
+
 def _verdict(lookup: _Lookup, caller: Caller, security: SecurityLike, version: Version) -> str:
     document = lookup.documents[version.document_id]
     granted = lookup.granted
@@ -249,15 +325,8 @@ def _verdict(lookup: _Lookup, caller: Caller, security: SecurityLike, version: V
         return DENIED
 
     # Rule 7: at least one accessible active observation.
-    local_allow = granted("allow", "project", document.project_id) or granted("allow", "document", document.id)
-
-    def accessible(observation: Observation) -> bool:
-        obj = lookup.objects[observation.object_id]
-        if lookup.kinds[obj.source_id] == LOCAL_FS and not obj.acl_known:
-            return local_allow  # delegates to the project boundary
-        return granted("allow", "source_object", obj.id)  # the source ACL decides; fails closed without grants
-
-    if not any(accessible(o) for o in active):
+    local_allow = _local_allow(lookup, document)
+    if not any(_accessible(lookup, document, o) for o in active):
         return NOT_ACCESSIBLE
 
     # Rule 8: intersect additionally needs a local allow.

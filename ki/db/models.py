@@ -152,8 +152,9 @@ def _nonblank(column: str) -> CheckConstraint:
 
 
 def _normalized_index(table: str, column: str) -> Index:
-    """Principals are compared trimmed and lower-cased (`ki.acl.normalize_principal`); index that form."""
-    return Index(f"ix_{table}_{column}_normalized", func.lower(func.btrim(sql_text(column))))
+    """Principals are compared as `ki_principal(x)` (SQL twin of `ki.acl.normalize_principal`, migration
+    0003); index that form."""
+    return Index(f"ix_{table}_{column}_folded", func.ki_principal(sql_text(column)))
 
 
 # --------------------------------------------------------------------------------------------------

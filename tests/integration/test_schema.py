@@ -91,7 +91,7 @@ def _seed_source_object(conn: Connection) -> int:
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
     assert current_revision(db_settings) is None
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0002"
+    assert current_revision(db_settings) == "0003"
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
@@ -162,7 +162,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settin
     assert current_revision(db_settings) is None
 
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0002"
+    assert current_revision(db_settings) == "0003"
     with engine.connect() as conn:
         assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
 

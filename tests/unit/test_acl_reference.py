@@ -63,6 +63,14 @@ def test_normalize_trims_and_casefolds_and_drops_non_principals() -> None:
     assert normalize(42) is None
 
 
+def test_normalize_folds_every_script_and_trims_every_kind_of_whitespace() -> None:
+    assert normalize("\u3000User:JÜRGEN\t\xa0") == "user:jürgen"
+    assert normalize("İ") == "i\u0307"  # full case mapping: two code points, as str.lower() and ICU
+    assert normalize("ΟΔΟΣ") == "οδος"  # final sigma in context
+    assert normalize("ẞ") == "ß"
+    assert normalize("\t\u2028") is None
+
+
 def test_grant_and_caller_match_after_normalisation_on_both_sides() -> None:
     w = world(11, grants=(Grant("project", 1, "  GROUP:Legal "),))
     assert sees(w, "group:legal  ")
@@ -277,3 +285,42 @@ def test_visible_covers_every_version_of_a_world() -> None:
         grants=(Grant("project", 1, "u"), Grant("project", 2, "u"), Grant("document", 10, "u", "deny")),
     )
     assert visible(w, resolve(w, ["u"], SUFFICIENT), SUFFICIENT) == {200}
+
+
+# --- rule 9: citations per source object ----------------------------------------------------------------
+
+
+def test_citation_omits_an_inaccessible_object_of_a_visible_version() -> None:
+    # Visible through local object 11 (project allow); sharepoint object 21 has no mirrored grant.
+    w = world(11, 21, grants=(Grant("project", 1, "u"),))
+    caller = resolve(w, ["u"], SUFFICIENT)
+    assert visible(w, caller, SUFFICIENT) == {100}
+    assert ref.citable(w, caller, SUFFICIENT) == {0}
+
+
+def test_citations_of_an_invisible_version_are_empty_even_where_an_object_is_accessible() -> None:
+    w = world(21, 12, grants=(Grant("source_object", 21, "u"), Grant("source_object", 12, "u", "deny")))
+    caller = resolve(w, ["u"], SUFFICIENT)
+    assert ref.citable(w, caller, SUFFICIENT) == set()
+
+
+def test_admin_may_cite_every_active_observation() -> None:
+    w = replace(world(11, 21), observations=(Observation(100, 11), Observation(100, 21), Observation(100, 12, True)))
+    caller = resolve(w, ["role:admin"], SUFFICIENT)
+    assert ref.citable(w, caller, SUFFICIENT) == {0, 1}
+
+
+# --- the principal projection ---------------------------------------------------------------------------
+
+
+def test_projection_names_members_and_alias_chains_of_granted_principals() -> None:
+    w = world(
+        21,
+        grants=(Grant("project", 1, "Group:A"), Grant("source_object", 21, "u3", "deny"), Grant("project", 2, "x")),
+        memberships=(Membership("group:a", "group:b"), Membership("group:b", "u1")),
+        aliases=(Alias("u2", "u1"), Alias("u4", "u3")),
+    )
+    security = Security(aliases={"u0": "u2"})
+    allowed, denied = ref.projection(w, security)[100]
+    assert allowed == {"group:a", "group:b", "u1", "u2", "u0"}
+    assert denied == {"u3", "u4"}
