@@ -120,29 +120,38 @@ class IndexWriter:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def ensure_index(self, embedding_signature: str) -> str:
-        """Create the physical index behind the alias if needed; check and extend a live one."""
-        wanted = index_body(self.settings)
-        physical = physical_index_name(self.settings, embedding_signature)
-        if not await self.client.indices.exists(index=physical):
-            await self.create_physical(physical)
-        live = (await self.client.indices.get_mapping(index=physical))[physical]["mappings"]
-        problem = dimension_mismatch(live, self.settings.retrieval.embedding_dimensions)
-        if problem:
-            raise IndexSchemaError(problem)
-        extra = missing_fields(live, wanted["mappings"])
-        if extra:
-            log.info("adding %d missing mapped field(s) to %s: %s", len(extra), physical, sorted(extra))
-            await self.client.indices.put_mapping(index=physical, body={"properties": extra})
-        if not await self.client.indices.exists_alias(name=self.alias):
+        """The index behind the alias, checked and extended; a fresh one behind the alias if there is none.
+
+        After `ki rebuild` the alias points at a generation of the physical index (`…--{generation}`):
+        that index is the live one, so it is checked, never shadowed by a new empty index."""
+        expected = physical_index_name(self.settings, embedding_signature)
+        if await self.client.indices.exists_alias(name=self.alias):
+            targets = sorted((await self.client.indices.get_alias(name=self.alias)).keys())
+        else:
+            if not await self.client.indices.exists(index=expected):
+                await self.create_physical(expected)
             await self.client.indices.update_aliases(
-                body={"actions": [{"add": {"index": physical, "alias": self.alias}}]}
+                body={"actions": [{"add": {"index": expected, "alias": self.alias}}]}
             )
-        # The alias may still point at an index built with another analyzer: never write into it.
-        for target, body in (await self.client.indices.get_mapping(index=self.alias)).items():
-            problem = analyzer_mismatch(body["mappings"], self.settings.retrieval.text_analyzer)
+            targets = [expected]
+        wanted = index_body(self.settings)["mappings"]
+        for target in targets:
+            if target != expected and not target.startswith(expected + "--"):
+                raise IndexSchemaError(
+                    f"alias {self.alias} points at {target}, built for another embedding or analyzer than"
+                    f" these settings ({expected}); run `ki rebuild` to build and swap in a matching index"
+                )
+            live = (await self.client.indices.get_mapping(index=target))[target]["mappings"]
+            problem = dimension_mismatch(live, self.settings.retrieval.embedding_dimensions) or analyzer_mismatch(
+                live, self.settings.retrieval.text_analyzer
+            )
             if problem:
                 raise IndexSchemaError(f"{target}: {problem}")
-        return physical
+            extra = missing_fields(live, wanted)
+            if extra:
+                log.info("adding %d missing mapped field(s) to %s: %s", len(extra), target, sorted(extra))
+                await self.client.indices.put_mapping(index=target, body={"properties": extra})
+        return targets[0]
 
     async def create_physical(self, physical: str) -> None:
         try:
