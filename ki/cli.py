@@ -67,7 +67,8 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         ensure_topics(settings)
         from streams.app import app
 
-        sys.argv = ["ki sync", "worker", "--loglevel", args.loglevel]
+        # Faust spells "warning" as "warn".
+        sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
         app.main()
         return 0
     from streams.status import print_status
