@@ -212,17 +212,17 @@ def end_offsets(settings: Settings) -> Offsets:
     return {(p.topic, p.partition): p.end for p in consumer_lag(settings)}
 
 
-def group_state(settings: Settings) -> ConsumerGroupState:
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-    group = settings.streams.app_id
-    described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
-    return described.state
+class GroupWatch:
+    """The worker group as the broker's group coordinator sees it (one admin client, for fast polling)."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.group = settings.streams.app_id
+        self.admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
 
-def group_members(settings: Settings) -> int:
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-    group = settings.streams.app_id
-    return len(admin.describe_consumer_groups([group], request_timeout=10)[group].result().members)
+    def state(self) -> tuple[ConsumerGroupState, int]:
+        """(group state, number of members)."""
+        described = self.admin.describe_consumer_groups([self.group], request_timeout=10)[self.group].result()
+        return described.state, len(described.members)
 
 
 def current_wal_lsn(engine: Engine) -> str:

@@ -4,7 +4,8 @@ Injected: `ki stack stop opensearch` while a change stream writes ~20 row change
 `ki stack start opensearch`. Observed: the worker stays up, retries with backoff, and the consumer
 group's committed offsets never pass the log end taken the moment OpenSearch went away (nothing written
 after that can have been applied); once OpenSearch is back every change is applied and the index equals a
-clean rebuild. Takes ~100 s on the 2-core reference machine (30 s of it the outage, ~25 s the restart).
+clean rebuild. A second test stops (SIGTERM) the worker during an outage: it must commit nothing it did not
+apply. Takes ~105 s + ~75 s on the 2-core reference machine (each restart of OpenSearch ~25-35 s).
 """
 
 from __future__ import annotations
