@@ -1,0 +1,28 @@
+"""`ki stack stop|start <service>`: a missing or unknown service name is one readable line and exit 2,
+before anything is locked or touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ki.settings import REPO_ROOT
+from streams.sync import _drops_fields
+
+
+@pytest.mark.parametrize(("action", "service"), [("stop", "bogus"), ("start", None), ("stop", "")])
+def test_one_service_commands_name_the_services_on_a_bad_name(action: str, service: str | None) -> None:
+    argv = [sys.executable, "-m", "ki.cli", "stack", action] + ([service] if service is not None else [])
+    result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "postgres, kafka, opensearch, connect" in lines[0], result.stderr
+
+
+def test_a_row_that_loses_a_nested_field_needs_a_full_replace() -> None:
+    old = {"text": "a", "meta": {"kind": "chunk", "source_object_id": "7"}}
+    assert _drops_fields(old, {"text": "a", "meta": {"kind": "chunk"}})
+    assert _drops_fields(old, {"meta": {"kind": "chunk", "source_object_id": "7"}})
+    assert not _drops_fields(old, {"text": "b", "meta": {"kind": "chunk", "source_object_id": "8", "locus": "§ 1"}})
