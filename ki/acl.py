@@ -202,7 +202,7 @@ _VISIBLE_SELECT = "SELECT version_id, document_id, project_id FROM verdicts"
 
 # Citable observations: active and accessible, of a visible version (admins: every active observation).
 _OBSERVATIONS_SELECT = """
-    SELECT c.version_id, c.observation_id, c.source_object_id
+    SELECT c.version_id, c.document_id, c.project_id, c.observation_id, c.source_object_id
     FROM candidates c
     WHERE (CAST(:is_admin AS boolean) OR c.accessible)
       AND c.version_id IN (SELECT version_id FROM verdicts)
@@ -270,6 +270,8 @@ def visible_versions(
 @dataclass(frozen=True)
 class VisibleObservation:
     version_id: int
+    document_id: int
+    project_id: int
     observation_id: int
     source_object_id: int
 
@@ -280,7 +282,9 @@ def visible_observations(
     """The observations a caller may cite, per source object: active and *accessible* to the caller (the
     rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
     never cited, even when the version is visible through another object. Admins: every active
-    observation of a visible version. Fails closed."""
+    observation of a visible version. Fails closed. The versions named are exactly the visible ones among
+    `version_ids` (a visible version always has a citable observation), so this can replace
+    `visible_versions` where citations are needed."""
     if caller.is_anonymous or not version_ids:
         return []
     params = {
@@ -290,7 +294,10 @@ def visible_observations(
         "version_ids": sorted({int(v) for v in version_ids}),
     }
     rows = conn.execute(_OBSERVATIONS_SQL, params).all()
-    return [VisibleObservation(r.version_id, r.observation_id, r.source_object_id) for r in rows]
+    return [
+        VisibleObservation(r.version_id, r.document_id, r.project_id, r.observation_id, r.source_object_id)
+        for r in rows
+    ]
 
 
 # Grants that apply to each version: project, document, and actively observed source objects.

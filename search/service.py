@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import BigInteger
 
-from ki.acl import Caller, resolve_caller, visible_versions
+from ki.acl import Caller, resolve_caller, visible_observations
 from ki.embedding import Embedder
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
@@ -119,14 +119,10 @@ class SearchResult:
 _CITATION_SQL = text(
     """
     SELECT dv.id AS version_id, d.id AS document_id, d.project_id, d.title, dv.version_no,
-           d.latest_final_version_id,
-           COALESCE(array_agg(DISTINCT o.source_object_id ORDER BY o.source_object_id)
-                    FILTER (WHERE o.source_object_id IS NOT NULL), '{}') AS source_object_ids
+           d.latest_final_version_id
     FROM document_versions dv
     JOIN documents d ON d.id = dv.document_id
-    LEFT JOIN source_observations o ON o.document_version_id = dv.id AND o.deleted_at IS NULL
     WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
-    GROUP BY dv.id, d.id
     """
 ).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
 
@@ -140,19 +136,24 @@ def reverify(
 ) -> dict[int, VerifiedVersion]:
     """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only).
 
+    A citation lists only the source objects the caller may access (`ki.acl.visible_observations`): a
+    version visible through one object never cites another object the caller has no grant for.
     `caller` is the caller as resolved (aliases, groups) at scope compilation of the same request, if
     any; grants, observations and rows are always read afresh here."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
     caller = caller or resolve_caller(conn, raw_principals, settings.security)
-    visible = {v.version_id: v for v in visible_versions(conn, caller, settings.security, version_ids=ids)}
+    visible: dict[int, tuple[int, int]] = {}  # version -> (document, project)
+    objects: dict[int, set[int]] = {}  # version -> citable source objects
+    for o in visible_observations(conn, caller, settings.security, ids):
+        visible[o.version_id] = (o.document_id, o.project_id)
+        objects.setdefault(o.version_id, set()).add(o.source_object_id)
     if not visible:
         return {}
     out: dict[int, VerifiedVersion] = {}
     for row in conn.execute(_CITATION_SQL, {"version_ids": sorted(visible)}):
-        v = visible[row.version_id]
-        if (row.document_id, row.project_id) != (v.document_id, v.project_id):
+        if (row.document_id, row.project_id) != visible[row.version_id]:
             continue
         out[row.version_id] = VerifiedVersion(
             row.version_id,
@@ -161,7 +162,7 @@ def reverify(
             row.title,
             row.version_no,
             row.latest_final_version_id,
-            tuple(int(s) for s in row.source_object_ids),
+            tuple(sorted(objects[row.version_id])),
         )
     return out
 

@@ -321,7 +321,9 @@ def check(engine: Engine, case: Case) -> None:
             assert len(observations) == len(want), "an observation is listed twice"
             object_of = dict(zip(ids.observations, [o.object_id for o in world.observations], strict=True))
             version_of = dict(zip(ids.observations, [o.version_id for o in world.observations], strict=True))
+            assert {o.version_id for o in observations} == {ids.versions[v] for v in expected} & asked
             for o in observations:
+                assert belongs[o.version_id] == (o.document_id, o.project_id)
                 assert local_version[o.version_id] == version_of[o.observation_id]
                 assert ids.objects[object_of[o.observation_id]] == o.source_object_id
 

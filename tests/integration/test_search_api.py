@@ -519,6 +519,36 @@ def test_external_source_without_mirrored_grants_fails_closed(server: Server, da
     assert "m" not in ivan  # a known object ACL that grants somebody else; the local allow cannot override
 
 
+def citation_objects(server: Server, data: Data, bearer: str, key: str) -> list[int]:
+    status, body = server.call("/v1/search", {"query": data.word, "limit": 50}, bearer)
+    assert status == 200, body
+    hits = [h for h in body["hits"] if h["document_id"] == data.docs[key]]
+    assert len(hits) == 1, body
+    return list(hits[0]["citation"]["source_object_ids"])
+
+
+def test_citation_omits_an_object_the_caller_cannot_access(
+    server: Server, data: Data, settings: Settings, engine: Engine
+) -> None:
+    """k stays visible to ivan through its mirrored allow on one sharepoint object; a second, inaccessible
+    object observing the same version (no mirrored grant) must not appear in ivan's citation."""
+    with engine.begin() as conn:
+        granted = conn.execute(
+            text("SELECT source_object_id FROM source_observations WHERE id = :o"), {"o": data.observations["k"]}
+        ).scalar_one()
+        hidden = World(conn).source_object(data.sources[1], acl_known=True)
+        observation = World(conn).observe(data.versions["k"], hidden)
+    try:
+        ivan = mint_token(settings.api, data.user("ivan"))
+        admin = mint_token(settings.api, "root", roles=["admin"])
+        assert citation_objects(server, data, ivan, "k") == [granted]
+        assert sorted(citation_objects(server, data, admin, "k")) == sorted([granted, hidden])  # admins: all
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM source_observations WHERE id = :o"), {"o": observation})
+            conn.execute(text("DELETE FROM source_objects WHERE id = :s"), {"s": hidden})
+
+
 def test_admin_without_an_active_observation_sees_nothing(
     server: Server, worker: SyncWorker, data: Data, iso_settings: Settings, engine: Engine
 ) -> None:
