@@ -62,7 +62,7 @@ def make_fault_world(engine: Engine, documents: int = 24) -> FaultWorld:
         return FaultWorld(w.tag, project, versions, groups, users)
 
 
-Change = Callable[[Connection], None]
+Change = Callable[[Connection], object]
 
 
 class ChangeStream:
