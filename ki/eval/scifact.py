@@ -17,7 +17,16 @@ from pathlib import Path
 from ki.eval.metrics import Qrels
 from ki.settings import REPO_ROOT
 
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "scifact"
+
+def _default_data_dir() -> Path:
+    """`shared/data/scifact` beside the repository or above it (a clone elsewhere on the same machine
+    still finds the shared folder at its usual place); `--data` overrides it."""
+    candidates = [parent / "shared" / "data" / "scifact" for parent in REPO_ROOT.parents]
+    candidates.append(Path("/work/shared/data/scifact"))
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+DEFAULT_DATA_DIR = _default_data_dir()
 _PART = re.compile(r"^corpus\.part(\d+)of(\d+)\.jsonl$")
 
 
