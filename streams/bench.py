@@ -16,13 +16,15 @@ import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 
 from ki.db.engine import make_engine
 from ki.embedding import create_embedder
-from ki.settings import Settings
+from ki.plotting import pyplot
+from ki.settings import REPO_ROOT, Settings
 from streams.sync import Projector
 from streams.writer import BulkOp, IndexWriter, make_client
 
@@ -150,6 +152,10 @@ async def run_sync_bench(
                 "median": round(statistics.median(ratios), 3),
                 "per_round": [round(x, 3) for x in ratios],
             },
+            "per_round_chunks_per_s": {
+                "access_only": [round(x, 1) for x in ours_rates],
+                "raw_bulk": [round(x, 1) for x in raw_rates],
+            },
         }
     finally:
         await client.indices.delete(index=index, ignore=(404,))
@@ -201,7 +207,33 @@ def _merge(a: Any, b: Any) -> Any:
     return a
 
 
+def _plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Access-only vs raw `_bulk` rate per round, with the medians."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    ours = result["per_round_chunks_per_s"]["access_only"]
+    raw = result["per_round_chunks_per_s"]["raw_bulk"]
+    rounds = range(1, len(ours) + 1)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.4
+    ax.bar([r - width / 2 for r in rounds], ours, width, label="access-only reindex (ours)")
+    ax.bar([r + width / 2 for r in rounds], raw, width, label="raw _bulk partial update")
+    ratio = result["access_only_vs_raw_bulk"]["median"]
+    ax.set(xlabel="round", ylabel="chunks/s", title=f"Access-only reindex vs raw _bulk (median ratio {ratio})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(settings: Settings, versions: int, paragraphs: int, rounds: int = 5) -> int:
     result = asyncio.run(run_sync_bench(settings, versions=versions, paragraphs=paragraphs, rounds=rounds))
+    out = REPO_ROOT / "build" / "bench" / "sync.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    chart = _plot(result, out.with_suffix(".png"))
+    _progress(f"bench sync: results in {out}" + (f", chart in {chart}" if chart else " (no matplotlib: no chart)"))
     return 0
