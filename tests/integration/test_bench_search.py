@@ -88,7 +88,7 @@ def test_every_level_has_both_sides_with_ordered_percentiles(run: dict[str, Any]
             assert figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"]
             assert len(level["latencies_ms"][side]) == ROUNDS * figures["requests_per_round"]
             assert figures["hits_per_request_p50"] > 0, f"{side}: the callers must find something"
-        for ratio in ("ratio_p50", "ratio_p99", "ratio_throughput"):
+        for ratio in ("ratio_p50", "ratio_p99", "ratio_mean", "ratio_throughput"):
             assert _positive(level[ratio]), ratio
         assert len(level["per_round"]) == ROUNDS
         assert {"scope", "embed", "msearch", "fuse", "reverify", "total", "outside_service"} <= set(
