@@ -2,10 +2,11 @@
 observations (`ki.acl.visible_observations`) and the principal projection (`ki.acl.version_projections`)
 equal the pure-Python reference evaluator of the spec (`tests/acl_reference.py`) on random worlds.
 
-Every example writes its world into the real PostgreSQL inside one transaction and rolls it back, so
-nothing reaches CDC and nothing leaks between examples. The database may hold other data (a demo corpus,
-other tests' worlds): results are narrowed to the world's projects or versions, and every principal
-carries a per-run tag so no foreign grant, membership or alias can match.
+The worlds, their writing and their reading live in `tests/integration/acl_worlds.py` (shared with the
+authorisation soak). Every example writes its world into the real PostgreSQL inside one transaction and
+rolls it back, so nothing reaches CDC and nothing leaks between examples. The database may hold other
+data (a demo corpus, other tests' worlds): results are narrowed to the world's projects or versions, and
+every principal carries a per-run tag so no foreign grant, membership or alias can match.
 
 Principals are generated in random case, with non-ASCII letters whose lower-casing is special ("İ" ->
 "i̇", final "Σ" -> "ς", "ẞ" -> "ß", "Ü" -> "ü") and surrounded by odd whitespace (tab, no-break space,
@@ -21,33 +22,23 @@ version -- so the projection agrees with `resolve_caller`, alias chains and nest
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 import unicodedata
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, Engine, Row, Table, insert, text
+from sqlalchemy import Connection, Engine, text
 
 from ki.acl import normalize_principal, resolve_caller, version_projections, visible_observations, visible_versions
-from ki.db import models as m
 from ki.db.engine import make_engine
 from ki.settings import SecuritySettings, Settings
 from tests import acl_reference as ref
+from tests.integration.acl_worlds import TAG, Case, cases, read_world, write
 
 pytestmark = pytest.mark.stack
 
-TAG = uuid.uuid4().hex[:8]
-NAMES = ("u1", "jürgen", "g1", "gruppe-οδοσ", "boss", "İrem", "straẞe")
-# str.isspace() characters beyond the ASCII space: PostgreSQL's btrim() alone trims none of them.
-ODD_SPACE = ("\t", "\n", "\xa0", "\u3000", "\u2009", "\u2028", "\x1c", "\x85")
-KINDS = ("local_fs", "local_fs", "sharepoint", "dms")
-NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 
 EXAMPLES = settings(
     max_examples=250,
@@ -63,208 +54,6 @@ def engine(settings: Settings) -> Iterator[Engine]:
     eng = make_engine(settings, pool_size=2)
     yield eng
     eng.dispose()
-
-
-# ---------------------------------------------------------------------------------------------------
-# Strategies
-# ---------------------------------------------------------------------------------------------------
-
-rarely = st.sampled_from([False] * 5 + [True])
-
-
-@st.composite
-def principals(draw: st.DrawFn) -> str:
-    """One of a few tagged principals, in random case with random surrounding whitespace; rarely blank
-    apart from whitespace that is not a space (the database's CHECK only rejects spaces)."""
-    space = st.lists(st.sampled_from((" ", " ", *ODD_SPACE)), max_size=2).map("".join)
-    if draw(st.integers(0, 19)) == 0:
-        return draw(st.sampled_from(ODD_SPACE)) + draw(space)
-    name = f"acl{TAG}:{draw(st.sampled_from(NAMES))}"
-    upper = draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
-    cased = "".join(c.upper() if u else c for c, u in zip(name, upper, strict=True))
-    return draw(space) + cased + draw(space)
-
-
-@dataclass(frozen=True)
-class Case:
-    world: ref.World
-    security: SecuritySettings
-    caller: tuple[object, ...]
-    narrow_versions: tuple[int, ...]
-    narrow_projects: tuple[int, ...]
-
-
-@st.composite
-def cases(draw: st.DrawFn, mode: str) -> Case:
-    n_projects = draw(st.integers(1, 3))
-    documents = tuple(
-        ref.Document(i, draw(st.integers(1, n_projects)), deleted=draw(rarely))
-        for i in range(1, draw(st.integers(1, 5)) + 1)
-    )
-    versions: list[ref.Version] = []
-    for d in documents:
-        versions += [ref.Version(len(versions) + 1, d.id) for _ in range(draw(st.integers(1, 3)))]
-    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3))
-    sources = tuple(ref.Source(i, k) for i, k in enumerate(kinds, 1))
-    objects = tuple(
-        ref.SourceObject(i, draw(st.integers(1, len(sources))), acl_known=draw(st.booleans()))
-        for i in range(1, draw(st.integers(1, 5)) + 1)
-    )
-    observations = tuple(
-        ref.Observation(v.id, draw(st.integers(1, len(objects))), deleted=draw(rarely))
-        for v in versions
-        for _ in range(draw(st.sampled_from([0, 1, 1, 2, 3])))
-    )
-    targets = {"project": n_projects, "document": len(documents), "source_object": len(objects)}
-    grants = tuple(
-        ref.Grant(
-            scope,
-            draw(st.integers(1, targets[scope])),
-            draw(principals()),
-            draw(st.sampled_from(["allow"] * 3 + ["deny"])),
-        )
-        for scope in [draw(st.sampled_from(ref.SCOPES)) for _ in range(draw(st.integers(2, 16)))]
-    )
-    memberships = tuple(
-        ref.Membership(g, mb)
-        for g, mb in draw(st.lists(st.tuples(principals(), principals()), max_size=8, unique=True))
-    )
-    aliases = tuple(
-        ref.Alias(a, p)
-        for a, p in draw(st.lists(st.tuples(principals(), principals()), max_size=4, unique_by=lambda t: t[0]))
-    )
-    security = SecuritySettings(
-        source_acl_mode=mode,
-        admin_principals=draw(st.lists(principals(), max_size=2)),
-        aliases=draw(st.dictionaries(principals(), principals(), max_size=3)),
-    )
-    junk = st.sampled_from(["   ", "", None, 7, "\t\u3000"])
-    caller = tuple(draw(st.lists(st.one_of(principals(), principals(), principals(), junk), min_size=1, max_size=4)))
-    world = ref.World(
-        projects=tuple(range(1, n_projects + 1)),
-        documents=documents,
-        versions=tuple(versions),
-        sources=sources,
-        objects=objects,
-        observations=observations,
-        grants=grants,
-        memberships=memberships,
-        aliases=aliases,
-    )
-    version_ids = [v.id for v in versions]
-    return Case(
-        world,
-        security,
-        caller,
-        narrow_versions=tuple(draw(st.lists(st.sampled_from(version_ids), max_size=len(version_ids), unique=True))),
-        narrow_projects=tuple(draw(st.lists(st.integers(1, n_projects), min_size=1, unique=True))),
-    )
-
-
-# ---------------------------------------------------------------------------------------------------
-# Writing a world
-# ---------------------------------------------------------------------------------------------------
-
-
-def _table(model: type[m.Base]) -> Table:
-    return m.Base.metadata.tables[model.__tablename__]
-
-
-def _ids(conn: Connection, table: Table, rows: list[dict[str, object]]) -> list[int]:
-    if not rows:
-        return []
-    result = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True), rows)
-    return [row.id for row in result]
-
-
-@dataclass(frozen=True)
-class Written:
-    """Database ids of a written world, keyed by its local ids."""
-
-    projects: dict[int, int]
-    documents: dict[int, int]
-    versions: dict[int, int]
-    objects: dict[int, int]
-    observations: list[int]  # database ids, in the order of `world.observations`
-
-
-def write(conn: Connection, world: ref.World) -> Written:
-    def mapping(local: list[int], db: list[int]) -> dict[int, int]:
-        return dict(zip(local, db, strict=True))
-
-    projects = mapping(
-        list(world.projects), _ids(conn, _table(m.Project), [{"name": f"acl {TAG}"} for _ in world.projects])
-    )
-    documents = mapping(
-        [d.id for d in world.documents],
-        _ids(
-            conn,
-            _table(m.Document),
-            [
-                {"project_id": projects[d.project_id], "title": "d", "deleted_at": NOW if d.deleted else None}
-                for d in world.documents
-            ],
-        ),
-    )
-    version_no: dict[int, int] = {}
-    version_rows = []
-    for v in world.versions:
-        version_no[v.document_id] = version_no.get(v.document_id, 0) + 1
-        version_rows.append(
-            {"document_id": documents[v.document_id], "version_no": version_no[v.document_id], "status": "final"}
-        )
-    versions = mapping([v.id for v in world.versions], _ids(conn, _table(m.DocumentVersion), version_rows))
-    sources = mapping(
-        [s.id for s in world.sources],
-        _ids(conn, _table(m.Source), [{"kind": s.kind, "name": f"acl {TAG}"} for s in world.sources]),
-    )
-    objects = mapping(
-        [o.id for o in world.objects],
-        _ids(
-            conn,
-            _table(m.SourceObject),
-            [
-                {"source_id": sources[o.source_id], "external_ref": f"acl-{TAG}-{o.id}", "acl_known": o.acl_known}
-                for o in world.objects
-            ],
-        ),
-    )
-    observations = _ids(
-        conn,
-        _table(m.SourceObservation),
-        [
-            {
-                "document_version_id": versions[o.version_id],
-                "source_object_id": objects[o.object_id],
-                "deleted_at": NOW if o.deleted else None,
-            }
-            for o in world.observations
-        ],
-    )
-    targets = {"project": projects, "document": documents, "source_object": objects}
-    _ids(
-        conn,
-        _table(m.Grant),
-        [
-            {
-                "scope": g.scope,
-                "project_id": None,
-                "document_id": None,
-                "source_object_id": None,
-                m.GRANT_SCOPE_COLUMNS[g.scope]: targets[g.scope][g.target],
-                "principal": g.principal,
-                "effect": g.effect,
-            }
-            for g in world.grants
-        ],
-    )
-    _ids(
-        conn,
-        _table(m.GroupMembership),
-        [{"source_id": None, "group_principal": g.group, "member_principal": g.member} for g in world.memberships],
-    )
-    _ids(conn, _table(m.PrincipalAlias), [{"alias": a.alias, "principal": a.principal} for a in world.aliases])
-    return Written(projects, documents, versions, objects, observations)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,52 +230,6 @@ def write_large(conn: Connection, member: str, team: str) -> int:
     ):
         conn.execute(text(sql), p)
     return project
-
-
-def read_world(conn: Connection, project: int) -> ref.World:
-    """One project's rows, read back from PostgreSQL for the reference (memberships and aliases: all)."""
-
-    def rows(sql: str) -> list[Row[Any]]:
-        return list(conn.execute(text(sql), {"p": project}))
-
-    documents = "SELECT id FROM documents WHERE project_id = :p"
-    versions = f"SELECT id FROM document_versions WHERE document_id IN ({documents})"
-    objects = f"SELECT source_object_id FROM source_observations WHERE document_version_id IN ({versions})"
-    return ref.World(
-        projects=(project,),
-        documents=tuple(
-            ref.Document(r.id, r.project_id, r.deleted_at is not None)
-            for r in rows("SELECT id, project_id, deleted_at FROM documents WHERE project_id = :p")
-        ),
-        versions=tuple(
-            ref.Version(r.id, r.document_id)
-            for r in rows(f"SELECT id, document_id FROM document_versions WHERE id IN ({versions})")
-        ),
-        sources=tuple(ref.Source(r.id, r.kind) for r in rows("SELECT id, kind FROM sources")),
-        objects=tuple(
-            ref.SourceObject(r.id, r.source_id, r.acl_known)
-            for r in rows(f"SELECT id, source_id, acl_known FROM source_objects WHERE id IN ({objects})")
-        ),
-        observations=tuple(
-            ref.Observation(r.document_version_id, r.source_object_id, r.deleted_at is not None)
-            for r in rows(
-                "SELECT document_version_id, source_object_id, deleted_at FROM source_observations "
-                f"WHERE document_version_id IN ({versions})"
-            )
-        ),
-        grants=tuple(
-            ref.Grant(r.scope, r.target, r.principal, r.effect)
-            for r in rows(
-                "SELECT scope, COALESCE(project_id, document_id, source_object_id) AS target, principal, effect "
-                f"FROM grants WHERE project_id = :p OR document_id IN ({documents}) OR source_object_id IN ({objects})"
-            )
-        ),
-        memberships=tuple(
-            ref.Membership(r.group_principal, r.member_principal)
-            for r in rows("SELECT group_principal, member_principal FROM group_memberships")
-        ),
-        aliases=tuple(ref.Alias(r.alias, r.principal) for r in rows("SELECT alias, principal FROM principal_aliases")),
-    )
 
 
 def test_a_caller_who_sees_more_than_twenty_thousand_versions(
