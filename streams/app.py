@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
 import time
 from typing import Any
 
@@ -27,9 +29,13 @@ from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.sync import Projector
 from streams.topics import cdc_topics
-from streams.writer import IndexWriter, is_transient, make_client
+from streams.writer import IndexSchemaError, IndexWriter, is_transient, make_client
 
 log = logging.getLogger(__name__)
+
+
+# Exit status of a worker whose settings do not fit the live index.
+EXIT_INDEX_MISMATCH = 3
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -95,6 +101,14 @@ def create_app(settings: Settings) -> faust.App:
                 stats = await proj.apply(keys)
                 metrics.record_sync(stats)
                 return
+            except IndexSchemaError as exc:
+                # The settings do not fit the live index (dimension, embedder, analyzer): no batch can ever
+                # apply, and dead-lettering them all would empty the stream. Stop hard, acking nothing, so
+                # the operator runs `ki rebuild` (or fixes the settings) and the worker resumes where it was.
+                log.critical("index does not match the settings: %s", exc)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_INDEX_MISMATCH)
             except Exception as exc:
                 attempt += 1
                 transient = is_transient(exc)

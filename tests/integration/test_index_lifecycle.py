@@ -4,16 +4,25 @@ never shadowed by a new empty index, and a foreign or mismatched index is refuse
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opensearchpy import OpenSearch
+from sqlalchemy import text
 
-from ki.settings import Settings
+from ki.db.engine import make_engine
+from ki.settings import REPO_ROOT, Settings
 from projections.mapping import index_body, physical_index_name
+from streams.app import EXIT_INDEX_MISMATCH
+from streams.status import consumer_lag
 from streams.writer import IndexSchemaError, IndexWriter, make_client
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -90,3 +99,43 @@ def test_a_dimension_mismatch_is_refused(isolated: Settings) -> None:
     search.indices.create(index=physical_index_name(isolated, SIGNATURE), body=index_body(other))
     with pytest.raises(IndexSchemaError, match="rebuild"):
         ensure(isolated)
+
+
+def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothing(isolated: Settings) -> None:
+    search = OpenSearch(hosts=[isolated.opensearch.url])
+    foreign = physical_index_name(isolated, "another-embedder-384")
+    search.indices.create(index=foreign, body=index_body(isolated))
+    search.indices.update_aliases(
+        body={"actions": [{"add": {"index": foreign, "alias": isolated.retrieval.index_name}}]}
+    )
+    engine = make_engine(isolated, pooled=False)
+    try:
+        with engine.begin() as conn:  # at least one event for the worker to try
+            conn.execute(text("INSERT INTO projects (name) VALUES (:n)"), {"n": isolated.retrieval.index_name})
+    finally:
+        engine.dispose()
+    group = isolated.retrieval.index_name
+    log_path = REPO_ROOT / "build" / f"{group}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "KI_RETRIEVAL__INDEX_NAME": group,
+        "KI_STREAMS__APP_ID": group,  # a group of its own, reading the topics from the start
+        "KI_STREAMS__WEB_PORT": str(port),
+    }
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        try:
+            code = wait_for(lambda: worker.poll(), timeout=180, what="the mismatched worker to stop")
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert code == EXIT_INDEX_MISMATCH
+    assert "ki rebuild" in log_path.read_text()
+    as_group = isolated.model_copy(update={"streams": isolated.streams.model_copy(update={"app_id": group})})
+    committed = [p.committed for p in consumer_lag(as_group)]
+    assert committed and all(c < 0 for c in committed), "it must not commit what it never applied"
