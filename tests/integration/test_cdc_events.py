@@ -4,13 +4,11 @@ topic as Debezium `c`, `u`, `d` and then a tombstone, keyed by primary key."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
 from ki.db.models import CAPTURED_TABLES
 from ki.settings import Settings
 from projections.cdc import topic_name
@@ -33,13 +31,6 @@ UPDATES = {
     "source_observations": ("deleted_at", "now()"),
     "grants": ("effect", "'deny'"),
 }
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
 
 
 def test_every_captured_table_is_covered() -> None:

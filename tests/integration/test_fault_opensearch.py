@@ -11,13 +11,11 @@ apply. Takes ~105 s + ~75 s on the 2-core reference machine (each restart of Ope
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from ki.db.engine import make_engine
 from ki.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, make_fault_world
@@ -34,18 +32,6 @@ from tests.integration.sync_harness import (
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
 OUTAGE_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
-def search(settings: Settings) -> OpenSearch:
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
 
 
 def test_opensearch_down_for_30_s_pauses_the_sync_without_committing_and_loses_nothing(

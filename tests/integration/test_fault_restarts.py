@@ -17,7 +17,6 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from ki.db.engine import make_engine
 from ki.settings import Settings
 from ki.stack.connector import Connector
 from tests.conftest import wait_for
@@ -25,18 +24,6 @@ from tests.integration.change_stream import ChangeStream, FaultWorld, make_fault
 from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, start, stop, wait_until_synced
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
-def search(settings: Settings) -> OpenSearch:
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
 
 
 @pytest.fixture(scope="module")

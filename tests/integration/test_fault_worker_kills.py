@@ -15,14 +15,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from ki.db.engine import make_engine
 from ki.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, make_fault_world
@@ -32,18 +30,6 @@ pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
 KILLS = 10
 REBALANCING = (ConsumerGroupState.PREPARING_REBALANCING, ConsumerGroupState.COMPLETING_REBALANCING)
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
-def search(settings: Settings) -> OpenSearch:
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
 
 
 @pytest.fixture

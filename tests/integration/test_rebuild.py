@@ -6,14 +6,12 @@ import asyncio
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from ki.db.engine import make_engine
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
 from projections.cdc import PoisonEvent, decode
@@ -28,18 +26,6 @@ from tests.integration.test_sync import LONG_TEXT, make_world
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
-def search(settings: Settings) -> OpenSearch:
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
 
 
 def wait_until_replayable(settings: Settings, version_ids: set[int]) -> None:

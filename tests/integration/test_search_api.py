@@ -16,7 +16,6 @@ from opensearchpy import OpenSearch
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
 from tests.conftest import wait_for
@@ -49,13 +48,6 @@ TEXT = (
     "Der Verkäufer übergibt dem Käufer die Sache frei von Sach- und Rechtsmängeln. Stichwort {word}. "
     "Die Gewährleistung richtet sich nach den gesetzlichen Vorschriften, {extra}."
 )
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
 
 
 @pytest.fixture(scope="module")

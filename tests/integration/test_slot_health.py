@@ -14,24 +14,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
 from ki.settings import REPO_ROOT, Settings
 from tests.conftest import wait_for
 from tests.integration.sync_harness import Worker, current_wal_lsn, end_offsets, slot_confirmed_past
 
 pytestmark = pytest.mark.stack
-
-
-@pytest.fixture(scope="module")
-def engine(settings: Settings) -> Iterator[Engine]:
-    eng = make_engine(settings)
-    yield eng
-    eng.dispose()
 
 
 def confirmed_flush_lsn(engine: Engine, slot: str) -> str:

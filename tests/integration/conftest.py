@@ -1,0 +1,24 @@
+"""Fixtures shared by the tests against the real stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine
+
+from ki.db.engine import make_engine
+from ki.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def engine(settings: Settings) -> Iterator[Engine]:
+    eng = make_engine(settings)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def search(settings: Settings) -> OpenSearch:
+    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
