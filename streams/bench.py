@@ -25,6 +25,7 @@ from ki.db.engine import make_engine
 from ki.embedding import create_embedder
 from ki.plotting import pyplot
 from ki.settings import REPO_ROOT, Settings
+from streams.bench_corpus import write_corpus
 from streams.sync import Projector
 from streams.writer import BulkOp, IndexWriter, make_client
 
@@ -40,47 +41,19 @@ def _progress(line: str) -> None:
 
 
 def _write_corpus(settings: Settings, versions: int, paragraphs: int) -> tuple[int, list[int]]:
-    tag = uuid.uuid4().hex[:8]
-    engine = make_engine(settings, pooled=False)
     body = "\n".join(PARAGRAPH.format(i=i) for i in range(paragraphs))
-    with engine.begin() as conn:
-        project = conn.execute(
-            text("INSERT INTO projects (name) VALUES (:n) RETURNING id"), {"n": f"bench {tag}"}
-        ).scalar_one()
-        source = conn.execute(
-            text("INSERT INTO sources (kind, name) VALUES ('local_fs', :n) RETURNING id"), {"n": f"bench {tag}"}
-        ).scalar_one()
-        conn.execute(
-            text(
-                "INSERT INTO grants (scope, project_id, principal, effect)"
-                " VALUES ('project', :p, 'group:bench', 'allow')"
-            ),
-            {"p": project},
+    engine = make_engine(settings, pooled=False)
+    try:
+        corpus = write_corpus(
+            engine,
+            label=f"bench {uuid.uuid4().hex[:8]}",
+            docs=versions,
+            text_of=lambda n: f"Vertrag Nr. {n}\n{body}",
+            principal="group:bench",
         )
-        ids = []
-        for n in range(versions):
-            doc = conn.execute(
-                text("INSERT INTO documents (project_id, title) VALUES (:p, :t) RETURNING id"),
-                {"p": project, "t": f"Bench-Vertrag {n} {tag}"},
-            ).scalar_one()
-            version = conn.execute(
-                text(
-                    "INSERT INTO document_versions (document_id, version_no, status, text) "
-                    "VALUES (:d, 1, 'draft', :t) RETURNING id"
-                ),
-                {"d": doc, "t": f"Vertrag Nr. {n}\n{body}"},
-            ).scalar_one()
-            obj = conn.execute(
-                text("INSERT INTO source_objects (source_id, external_ref) VALUES (:s, :r) RETURNING id"),
-                {"s": source, "r": f"{tag}-{n}"},
-            ).scalar_one()
-            conn.execute(
-                text("INSERT INTO source_observations (document_version_id, source_object_id) VALUES (:v, :o)"),
-                {"v": version, "o": obj},
-            )
-            ids.append(version)
-    engine.dispose()
-    return project, ids
+    finally:
+        engine.dispose()
+    return corpus.project, corpus.version_ids
 
 
 async def run_sync_bench(

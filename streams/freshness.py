@@ -29,6 +29,7 @@ from sqlalchemy import Engine, text
 from ki.db.engine import make_engine
 from ki.plotting import pyplot
 from ki.settings import REPO_ROOT, Settings
+from streams.bench_corpus import write_corpus
 from streams.worker_process import SyncWorker
 from streams.writer import interval_seconds
 
@@ -44,41 +45,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _write_corpus(engine: Engine, docs: int, tag: str) -> tuple[list[int], int, list[int]]:
     """`docs` one-version documents plus a probe document; returns (document ids, probe doc, version ids)."""
-    with engine.begin() as conn:
-        project = conn.execute(
-            text("INSERT INTO projects (name) VALUES (:n) RETURNING id"), {"n": f"freshness {tag}"}
-        ).scalar_one()
-        source = conn.execute(
-            text("INSERT INTO sources (kind, name) VALUES ('local_fs', :n) RETURNING id"), {"n": f"freshness {tag}"}
-        ).scalar_one()
-        conn.execute(
-            text("INSERT INTO grants (scope, project_id, principal, effect) VALUES ('project', :p, :w, 'allow')"),
-            {"p": project, "w": f"group:freshness-{tag}"},
-        )
-        doc_ids, version_ids = [], []
-        for n in range(docs + 1):
-            doc = conn.execute(
-                text("INSERT INTO documents (project_id, title) VALUES (:p, :t) RETURNING id"),
-                {"p": project, "t": f"Frische-Vertrag {n} {tag}"},
-            ).scalar_one()
-            version = conn.execute(
-                text(
-                    "INSERT INTO document_versions (document_id, version_no, status, text)"
-                    " VALUES (:d, 1, 'draft', :t) RETURNING id"
-                ),
-                {"d": doc, "t": f"Vertrag Nr. {n}: Die Mietsache wird zum Monatsende übergeben. {tag}"},
-            ).scalar_one()
-            obj = conn.execute(
-                text("INSERT INTO source_objects (source_id, external_ref) VALUES (:s, :r) RETURNING id"),
-                {"s": source, "r": f"{tag}-{n}"},
-            ).scalar_one()
-            conn.execute(
-                text("INSERT INTO source_observations (document_version_id, source_object_id) VALUES (:v, :o)"),
-                {"v": version, "o": obj},
-            )
-            doc_ids.append(doc)
-            version_ids.append(version)
-    return doc_ids[:-1], doc_ids[-1], version_ids
+    corpus = write_corpus(
+        engine,
+        label=f"freshness {tag}",
+        docs=docs + 1,
+        text_of=lambda n: f"Vertrag Nr. {n}: Die Mietsache wird zum Monatsende übergeben. {tag}",
+        principal=f"group:freshness-{tag}",
+    )
+    return corpus.document_ids[:-1], corpus.document_ids[-1], corpus.version_ids
 
 
 class _Load(threading.Thread):
