@@ -38,7 +38,7 @@ the SQL re-verify can drop them), and queries whose answer depends on `source_ac
 the worker must catch up (the index's projection equals the reference's for every version) and a final
 round of queries is checked the same way.
 
-Marked `faults` (long; `pytest -m faults tests/integration/test_authorisation_soak.py`).
+Marked `faults` (long; part of `make test`; alone: `pytest -m faults tests/integration/test_authorisation_soak.py`).
 `KI_SOAK_ITERATIONS` (default 400) sets the number of queries, `KI_SOAK_SEED` (default 6) the worlds,
 callers and changes (which change lands between which queries still depends on timing). The default run
 takes ~40 s on a warm stack on the 2-core machine.
