@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from ki.settings import Settings
 from tests.conftest import wait_for
-from tests.integration.sync_harness import Worker
+from tests.integration.sync_harness import Worker, wait_until_synced
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -43,20 +43,6 @@ def rows_of(search: OpenSearch, settings: Settings, field: str, value: int) -> d
         body={"query": {"term": {field: str(value)}}, "size": 1000, "_source": {"excludes": ["embedding"]}},
     )
     return {hit["_id"]: hit["_source"] for hit in response["hits"]["hits"]}
-
-
-def wait_idle(worker: Worker) -> None:
-    """Until the worker has applied everything queued: every partition's consumer lag is 0."""
-
-    def idle() -> bool:
-        lags = [
-            float(line.rsplit(" ", 1)[1])
-            for line in worker.metrics_text().splitlines()
-            if line.startswith("ki_sync_consumer_lag{")
-        ]
-        return bool(lags) and not any(lags)
-
-    wait_for(idle, timeout=300, interval=1.0, what="the worker to drain its backlog")
 
 
 def make_world(engine: Engine) -> dict[str, int]:
@@ -114,7 +100,7 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     assert "Mietvertrag" not in sample["text"]  # the context header is embedded, never stored
 
     # Edit one paragraph: only the chunks that contain it are embedded again.
-    wait_idle(worker)  # other tests' events still queued would be embedded too and skew the count
+    wait_until_synced(settings, engine)  # other tests' queued events would be embedded too and skew the count
     embedded_before = worker.counter("ki_sync_rows_embedded_total")
     old_hashes = {i: r["meta"]["content_hash"] for i, r in rows.items()}
     edited = LONG_TEXT.replace("Absatz 7:", "Absatz 7 (geändert):")
@@ -132,7 +118,7 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     assert embedded == len(changed)
 
     # Access-only changes: projection rewritten, nothing embedded.
-    wait_idle(worker)
+    wait_until_synced(settings, engine)
     embedded_before = worker.counter("ki_sync_rows_embedded_total")
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM group_memberships WHERE id = :m"), {"m": ids["member"]})
