@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -45,6 +46,8 @@ def create_app(settings: Settings) -> faust.App:
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
+        # Faust creates its data directory even with in-memory tables; keep it out of the working directory.
+        datadir=str(Path(settings.stack.home).expanduser() / "faust" / settings.streams.app_id),
         web_port=settings.streams.web_port,
         web_bind="127.0.0.1",
         web_transport="tcp://",
