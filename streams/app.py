@@ -40,14 +40,17 @@ EXIT_INDEX_MISMATCH = 3
 
 
 def create_app(settings: Settings) -> faust.App:
+    # Faust creates its data directory even with in-memory tables (without parents): keep it out of
+    # the working directory.
+    datadir = Path(settings.stack.home).expanduser() / "faust" / settings.streams.app_id
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         settings.streams.app_id,
         broker=[f"kafka://{server}" for server in settings.kafka.bootstrap_servers.split(",")],
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
-        # Faust creates its data directory even with in-memory tables; keep it out of the working directory.
-        datadir=str(Path(settings.stack.home).expanduser() / "faust" / settings.streams.app_id),
+        datadir=str(datadir),
         web_port=settings.streams.web_port,
         web_bind="127.0.0.1",
         web_transport="tcp://",

@@ -175,6 +175,7 @@ def _merge(a: Any, b: Any) -> Any:
     a.versions_projected += b.versions_projected
     a.rows_written += b.rows_written
     a.rows_embedded += b.rows_embedded
+    a.rows_reused += b.rows_reused
     for stage, seconds in b.seconds.items():
         a.seconds[stage] = a.seconds.get(stage, 0.0) + seconds
     return a

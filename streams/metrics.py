@@ -19,6 +19,9 @@ VERSIONS = Counter("ki_sync_versions_projected_total", "versions whose rows were
 ACCESS_VERSIONS = Counter("ki_sync_access_versions_total", "versions whose projection was re-checked")
 ROWS_WRITTEN = Counter("ki_sync_rows_written_total", "index rows written")
 ROWS_EMBEDDED = Counter("ki_sync_rows_embedded_total", "index rows whose text was embedded")
+ROWS_REUSED = Counter(
+    "ki_sync_rows_vector_reused_total", "index rows given the stored vector of an identical embedded string"
+)
 ACCESS_ROWS = Counter("ki_sync_access_rows_updated_total", "rows whose principal projection was rewritten")
 BULK_SECONDS = Histogram("ki_sync_stage_seconds", "time per sync stage and batch", ["stage"])
 FRESHNESS = Histogram(
@@ -35,6 +38,7 @@ def record_sync(stats: Any) -> None:
     ACCESS_VERSIONS.inc(stats.access_versions)
     ROWS_WRITTEN.inc(stats.rows_written)
     ROWS_EMBEDDED.inc(stats.rows_embedded)
+    ROWS_REUSED.inc(stats.rows_reused)
     ACCESS_ROWS.inc(stats.access_rows_updated)
     for stage, seconds in stats.seconds.items():
         BULK_SECONDS.labels(stage=stage).observe(seconds)

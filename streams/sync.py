@@ -128,6 +128,7 @@ class SyncStats:
     rows_written: int = 0
     rows_deleted: int = 0
     rows_embedded: int = 0
+    rows_reused: int = 0  # rows given a stored vector of the same embedded string instead of embedding
     access_rows_updated: int = 0
     conflict_rounds: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -322,13 +323,7 @@ class Projector:
                 planned.append((version_id, row, old))
             stats.versions_projected += 1
 
-        vectors: dict[str, list[float]] = {}
-        if to_embed:
-            started = time.perf_counter()
-            embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in to_embed])
-            vectors = {row.id: vector for row, vector in zip(to_embed, embedded, strict=True)}
-            stats.rows_embedded += len(to_embed)
-            stats.timed("embed", started)
+        vectors = await self._vectors_for(to_embed, stats)
 
         replace: list[tuple[int, IndexRow, ExistingRow]] = []
         for version_id, row, old in planned:
@@ -363,6 +358,26 @@ class Projector:
         stats.timed("write", started)
         stats.rows_written += result.written
         return {int(group) for group in result.conflicts} | lost
+
+    async def _vectors_for(self, rows: Sequence[IndexRow], stats: SyncStats) -> dict[str, list[float]]:
+        """A vector for each row: each distinct embedded string once, and none whose vector the index holds."""
+        if not rows:
+            return {}
+        distinct: dict[str, IndexRow] = {}
+        for row in rows:
+            distinct.setdefault(row.content_hash, row)
+        started = time.perf_counter()
+        by_hash = await self.writer.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
+        stats.timed("reuse", started)
+        fresh = [row for digest, row in distinct.items() if digest not in by_hash]
+        if fresh:
+            started = time.perf_counter()
+            embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in fresh])
+            by_hash.update((row.content_hash, vector) for row, vector in zip(fresh, embedded, strict=True))
+            stats.timed("embed", started)
+        stats.rows_embedded += len(fresh)
+        stats.rows_reused += len(rows) - len(fresh)
+        return {row.id: by_hash[row.content_hash] for row in rows}
 
     def _rows_for(
         self, state: _State, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]

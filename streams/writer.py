@@ -271,6 +271,47 @@ class IndexWriter:
             if doc.get("found") and "embedding" in (doc.get("_source") or {})
         }
 
+    async def reusable_vectors(
+        self, document_ids: Iterable[str], content_hashes: Iterable[str]
+    ) -> dict[str, list[float]]:
+        """Stored vectors of these documents' rows whose embedded string has one of `content_hashes`.
+
+        One index holds one embedding signature, so a row with the same content hash carries exactly the
+        vector the embedder would return: a new version that repeats its predecessor's paragraphs, or a
+        paragraph that moved to another chunk ordinal, is not embedded again. Best effort: a row that
+        is not searchable yet, or changed after the search, is simply embedded."""
+        wanted = set(content_hashes)
+        documents = sorted({str(d) for d in document_ids})
+        if not wanted or not documents:
+            return {}
+        body = {
+            "query": {"terms": {"document_id": documents}},
+            "_source": {"includes": ["meta.content_hash"]},
+            "size": EXISTING_PAGE,
+        }
+        response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
+        holder: dict[str, str] = {}  # content hash -> one row id that had it
+        for hit in response["hits"]["hits"]:
+            digest = ((hit.get("_source") or {}).get("meta") or {}).get("content_hash")
+            if digest in wanted:
+                holder.setdefault(digest, hit["_id"])
+        if not holder:
+            return {}
+        response = await self._with_retries(
+            lambda: self.client.mget(
+                index=self.index,
+                body={"ids": sorted(set(holder.values()))},
+                params={"_source_includes": "embedding,meta.content_hash"},
+            )
+        )
+        found: dict[str, list[float]] = {}
+        for doc in response["docs"]:
+            source = doc.get("_source") or {}
+            digest = (source.get("meta") or {}).get("content_hash")
+            if doc.get("found") and digest in wanted and "embedding" in source:
+                found[digest] = source["embedding"]  # checked again: the row may have changed since the search
+        return found
+
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""
         terms = sorted({str(v) for v in values})

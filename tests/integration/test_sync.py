@@ -172,6 +172,49 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     )
 
 
+def test_a_new_version_reuses_the_vectors_of_paragraphs_it_repeats(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    """Draft -> final -> executed mostly repeat the text: only the new chunks are embedded."""
+    with engine.begin() as conn:
+        w = World(conn)
+        doc = w.document(w.project(), f"Kaufvertrag {w.tag}")
+        first = w.version(doc, LONG_TEXT, status="draft")
+    first_rows = wait_for(
+        lambda: rows_of(search, settings, "document_version_id", first), timeout=90, what="version 1 indexed"
+    )
+    wait_until_synced(settings, engine)
+    embedded_before = worker.counter("ki_sync_rows_embedded_total")
+    reused_before = worker.counter("ki_sync_rows_vector_reused_total")
+
+    appended = LONG_TEXT + "\nAbsatz 12: Ergänzend gilt der Nachtrag vom 1. März über die Stellplätze."
+    with engine.begin() as conn:
+        second = World(conn).version(doc, appended, version_no=2, status="final")
+    second_rows = wait_for(
+        lambda: rows_of(search, settings, "document_version_id", second), timeout=90, what="version 2 indexed"
+    )
+    wait_until_synced(settings, engine)
+    embedded = worker.counter("ki_sync_rows_embedded_total") - embedded_before
+    reused = worker.counter("ki_sync_rows_vector_reused_total") - reused_before
+
+    old_hashes = {r["meta"]["content_hash"] for r in first_rows.values()}
+    repeated = [i for i, r in second_rows.items() if r["meta"]["content_hash"] in old_hashes]
+    new = [i for i, r in second_rows.items() if r["meta"]["content_hash"] not in old_hashes]
+    assert repeated and new  # the appended paragraph changes the tail chunk (and the profile row) only
+    assert reused == len(repeated)
+    assert embedded == len(new)
+
+    # A reused vector is the very vector of the first version's row with the same embedded string.
+    def vector(doc_id: str) -> tuple[str, list[float]]:
+        got = search.get(index=settings.retrieval.index_name, id=doc_id, _source_includes="embedding,meta")
+        return got["_source"]["meta"]["content_hash"], got["_source"]["embedding"]
+
+    first_by_hash = dict(vector(i) for i in first_rows)
+    for doc_id in repeated:
+        digest, embedding = vector(doc_id)
+        assert embedding == first_by_hash[digest]
+
+
 def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
     worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
 ) -> None:
