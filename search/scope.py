@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from ki.acl import Caller, visible_versions
+from ki.acl import Caller, visible_scope
 from ki.settings import SecuritySettings
 
 MATCH_NONE: dict[str, Any] = {"match_none": {}}
@@ -77,8 +77,8 @@ def compile_scope(
     """Every project and document holding at least one version the caller may see (fails closed)."""
     if caller.is_anonymous:
         return CompiledScope.of((), (), max_terms_count)
-    visible = visible_versions(conn, caller, security, project_ids=project_ids)
-    return CompiledScope.of((v.project_id for v in visible), (v.document_id for v in visible), max_terms_count)
+    projects, documents = visible_scope(conn, caller, security, project_ids=project_ids)
+    return CompiledScope(projects, documents, max_terms_count)  # already sorted and distinct
 
 
 def strict_filter(scope: CompiledScope, metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -18,12 +18,10 @@ from typing import Any
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
-from sqlalchemy import Connection, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.types import BigInteger
 
-from ki.acl import Caller, resolve_caller, visible_observations
+from ki.acl import Caller, VisibleObservation, resolve_caller, visible_observations
 from ki.embedding import Embedder
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
@@ -116,17 +114,6 @@ class SearchResult:
         }
 
 
-_CITATION_SQL = text(
-    """
-    SELECT dv.id AS version_id, d.id AS document_id, d.project_id, d.title, dv.version_no,
-           d.latest_final_version_id
-    FROM document_versions dv
-    JOIN documents d ON d.id = dv.document_id
-    WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
-    """
-).bindparams(bindparam("version_ids", type_=ARRAY(BigInteger)))
-
-
 def reverify(
     conn: Connection,
     raw_principals: Sequence[str],
@@ -144,27 +131,17 @@ def reverify(
     if not ids:
         return {}
     caller = caller or resolve_caller(conn, raw_principals, settings.security)
-    visible: dict[int, tuple[int, int]] = {}  # version -> (document, project)
+    first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
     for o in visible_observations(conn, caller, settings.security, ids):
-        visible[o.version_id] = (o.document_id, o.project_id)
+        first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
-    if not visible:
-        return {}
-    out: dict[int, VerifiedVersion] = {}
-    for row in conn.execute(_CITATION_SQL, {"version_ids": sorted(visible)}):
-        if (row.document_id, row.project_id) != visible[row.version_id]:
-            continue
-        out[row.version_id] = VerifiedVersion(
-            row.version_id,
-            row.document_id,
-            row.project_id,
-            row.title,
-            row.version_no,
-            row.latest_final_version_id,
-            tuple(sorted(objects[row.version_id])),
+    return {
+        v: VerifiedVersion(
+            v, o.document_id, o.project_id, o.title, o.version_no, o.latest_final_version_id, tuple(sorted(objects[v]))
         )
-    return out
+        for v, o in first.items()
+    }
 
 
 @dataclass(frozen=True)

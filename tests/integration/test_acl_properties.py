@@ -23,6 +23,7 @@ version -- so the projection agrees with `resolve_caller`, alias chains and nest
 from __future__ import annotations
 
 import time
+import typing
 import unicodedata
 from collections.abc import Iterator
 
@@ -31,7 +32,15 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, text
 
-from ki.acl import normalize_principal, resolve_caller, version_projections, visible_observations, visible_versions
+from ki.acl import (
+    Driver,
+    normalize_principal,
+    resolve_caller,
+    version_projections,
+    visible_observations,
+    visible_scope,
+    visible_versions,
+)
 from ki.db.engine import make_engine
 from ki.settings import SecuritySettings, Settings
 from tests import acl_reference as ref
@@ -82,22 +91,38 @@ def check(engine: Engine, case: Case) -> None:
             assert caller.principals == expected_caller.principals
             assert caller.is_admin == expected_caller.is_admin
 
-            def sql(projects: tuple[int, ...] | None, versions: tuple[int, ...] | None) -> set[int]:
+            def sql(
+                projects: tuple[int, ...] | None, versions: tuple[int, ...] | None, driver: Driver = "auto"
+            ) -> set[int]:
                 rows = visible_versions(
                     conn,
                     caller,
                     case.security,
                     project_ids=None if projects is None else [ids.projects[p] for p in projects],
                     version_ids=None if versions is None else [ids.versions[v] for v in versions],
+                    driver=driver,
                 )
                 assert all(belongs[r.version_id] == (r.document_id, r.project_id) for r in rows)
                 assert len(rows) == len({r.version_id for r in rows}), "a version is listed twice"
                 return {local_version[r.version_id] for r in rows}
 
-            assert sql(world.projects, None) == expected
-            assert sql(case.narrow_projects, None) == expected & in_projects
+            # Both drivers (starting from all versions, or from those the caller's grants reach) agree.
+            for driver in typing.get_args(Driver):
+                assert sql(world.projects, None, driver) == expected
+                assert sql(case.narrow_projects, None, driver) == expected & in_projects
             assert sql(None, case.narrow_versions) == expected & set(case.narrow_versions)
             assert sql(case.narrow_projects, case.narrow_versions) == expected & in_projects & set(case.narrow_versions)
+
+            # The search scope: the same decision, aggregated to sorted, distinct project and document ids.
+            for driver in typing.get_args(Driver):
+                for narrow, versions in ((None, expected), (case.narrow_projects, expected & in_projects)):
+                    narrow_ids = None if narrow is None else [ids.projects[p] for p in narrow]
+                    projects, documents = visible_scope(
+                        conn, caller, case.security, project_ids=narrow_ids, driver=driver
+                    )
+                    db_versions = [ids.versions[v] for v in versions]
+                    assert projects == tuple(sorted({belongs[v][1] for v in db_versions}))
+                    assert documents == tuple(sorted({belongs[v][0] for v in db_versions}))
 
             # Citations: per source object, narrowed to the versions asked about.
             citable = ref.citable(world, expected_caller, case.security)

@@ -14,9 +14,9 @@ like `ki.acl.normalize_principal` returning None.
 
 The function is IMMUTABLE so that it can be indexed, and deliberately not STRICT: PostgreSQL inlines a
 non-strict SQL function (NULLIF is not strict), so queries run the bare expression instead of a function
-call per row (2.5x faster on the projection's grant read); a NULL argument still gives NULL. Strictly, its result depends on the ICU version:
-after an ICU upgrade that changes case mappings, `REINDEX` the `*_folded` indexes (PostgreSQL also warns
-about the collation version mismatch).
+call per row (2.5x faster on the projection's grant read); a NULL argument still gives NULL. Strictly,
+its result depends on the ICU version: after an ICU upgrade that changes case mappings, `REINDEX` the
+`*_folded` indexes (PostgreSQL also warns about the collation version mismatch).
 """
 
 from __future__ import annotations
