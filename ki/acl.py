@@ -25,6 +25,7 @@ else decides access. The rules (`version_predicate` of the reference spec):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -272,17 +273,19 @@ def _visible_sql(narrow_by: tuple[str, ...], select: str = _VISIBLE_SELECT, *, r
     return statement.bindparams(*params)
 
 
-# Only documents and objects fan out little; a project can hold most of the corpus, and then starting
-# from the reached versions (nested loops) costs more than the direct hash joins. This estimate (planner
-# statistics only, no row reads) says whether the caller's project allows reach under a quarter of the
-# documents on average; tables never analysed give false: the direct driver, the safe default. A wrong
-# guess costs time, never a different answer.
+# Starting from the reached versions pays off only when they are a small part of the corpus; for a
+# caller who reaches most of it, the direct hash joins are cheaper than the nested loops. This estimate
+# (planner statistics and the caller's allow grants, no other rows read) puts a project allow at the
+# average project's size and a document or object allow at one document, and says whether the total
+# is under a quarter of the documents. Tables never analysed give false: the direct driver, the safe
+# default. A wrong guess costs time, never a different answer.
 _NARROW_GRANTS_SQL = text(
     """
-    SELECT (SELECT count(*) FROM grants g
-            WHERE ki_principal(g.principal) = ANY(CAST(:principals AS text[]))
-              AND g.scope = 'project' AND g.effect = 'allow')
-           * greatest(d.reltuples, 0) / greatest(p.reltuples, 1) < greatest(d.reltuples, 0) / 4 AS narrow
+    SELECT coalesce((SELECT sum(CASE WHEN g.scope = 'project'
+                                     THEN greatest(d.reltuples, 0) / greatest(p.reltuples, 1) ELSE 1 END)
+                     FROM grants g
+                     WHERE ki_principal(g.principal) = ANY(CAST(:principals AS text[])) AND g.effect = 'allow'), 0)
+           < greatest(d.reltuples, 0) / 4 AS narrow
     FROM pg_class d, pg_class p
     WHERE d.oid = 'documents'::regclass AND p.oid = 'projects'::regclass
     """
@@ -306,6 +309,12 @@ _SCOPE_SQL = {
 
 Driver = Literal["auto", "direct", "reachable"]
 
+# The driver choice is only a plan hint (both drivers give the same answer), so it is remembered per
+# principal set for a while instead of costing every search a grant read.
+DRIVER_HINT_TTL_S = 60.0
+_DRIVER_HINTS_MAX = 10_000
+_DRIVER_HINTS: dict[tuple[str, ...], tuple[bool, float]] = {}
+
 
 def _driven_by_grants(conn: Connection, caller: Caller, narrow_by: tuple[str, ...], driver: Driver) -> bool:
     """Start from the versions the caller's grants reach? Not for admins (they reach everything), not
@@ -315,7 +324,16 @@ def _driven_by_grants(conn: Connection, caller: Caller, narrow_by: tuple[str, ..
         return False
     if driver == "reachable":
         return True
-    return bool(conn.execute(_NARROW_GRANTS_SQL, {"principals": sorted(caller.principals)}).scalar())
+    key = tuple(sorted(caller.principals))
+    now = time.monotonic()
+    hint = _DRIVER_HINTS.get(key)
+    if hint is not None and now - hint[1] < DRIVER_HINT_TTL_S:
+        return hint[0]
+    narrow = bool(conn.execute(_NARROW_GRANTS_SQL, {"principals": list(key)}).scalar())
+    if len(_DRIVER_HINTS) >= _DRIVER_HINTS_MAX:
+        _DRIVER_HINTS.clear()
+    _DRIVER_HINTS[key] = (narrow, now)
+    return narrow
 
 
 def _caller_params(caller: Caller, security: SecuritySettings) -> dict[str, object]:

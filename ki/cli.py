@@ -146,6 +146,7 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
         rounds=args.rounds,
         requests=args.requests,
         scope_sizes=_int_list("--scope-sizes", args.scope_sizes, 1),
+        index_missing=not args.no_indexing,
         out_dir=Path(args.out) if args.out else BenchOptions().out_dir,
         config=args.config,
         command="ki " + " ".join(sys.argv[1:]),
@@ -261,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
     bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")
     bench.add_argument("--scale", type=int, help="search: demo corpus versions (default 1000, ~6.4k chunks)")
+    bench.add_argument(
+        "--no-indexing",
+        action="store_true",
+        help="search: measure the index as it is; corpus versions not indexed yet stay out",
+    )
     bench.add_argument("--seed", type=int, default=7, help="search: demo corpus and query-mix seed")
     bench.add_argument("--concurrency", default="1,8,32", help="search: comma-separated concurrency levels")
     bench.add_argument("--requests", type=int, default=160, help="search: requests per side and round")

@@ -115,6 +115,7 @@ class BenchOptions:
     scope_sizes: tuple[int, ...] = DEFAULT_SCOPE_SIZES
     scope_repeats: int = 5
     callers: int = 4
+    index_missing: bool = True  # False: measure the index as it is (versions not indexed yet are absent)
     out_dir: Path = REPO_ROOT / "build" / "bench"
     config: str | None = None
     command: str = "ki bench search"
@@ -135,6 +136,7 @@ class Corpus:
     index_s: float = 0.0
     versions_indexed_now: int = 0
     rows_embedded_now: int = 0
+    versions_not_indexed: int = 0
 
 
 _LABELS_SQL = text(
@@ -184,8 +186,11 @@ def _corpus_rows(engine: Engine, label: str) -> tuple[list[int], int]:
     return [r.version_id for r in rows], len({r.document_id for r in rows})
 
 
-async def ensure_corpus(settings: Settings, engine: Engine, seed: int, scale: int) -> Corpus:
-    """Reuse or generate the corpus, then index the versions the index does not hold yet (backfill path)."""
+async def ensure_corpus(
+    settings: Settings, engine: Engine, seed: int, scale: int, *, index_missing: bool = True
+) -> Corpus:
+    """Reuse or generate the corpus, then index the versions the index does not hold yet (backfill path;
+    not with `index_missing=False`, which measures a partly indexed corpus as it is)."""
     from streams.replay import backfill
 
     label = await asyncio.to_thread(find_corpus, engine, seed, scale)
@@ -212,7 +217,10 @@ async def ensure_corpus(settings: Settings, engine: Engine, seed: int, scale: in
     finally:
         await client.close()
     missing = sorted(set(version_ids) - indexed)
-    if missing:
+    corpus.versions_not_indexed = 0 if index_missing else len(missing)
+    if missing and not index_missing:
+        _progress(f"bench search: {len(missing)} of {len(version_ids)} versions not indexed; measuring the index as is")
+    elif missing:
         _progress(f"bench search: indexing {len(missing)} version(s) straight from PostgreSQL (backfill path)")
         started = time.perf_counter()
         stats = await backfill(settings, progress=lambda line: _progress(f"  {line}"), version_ids=missing)
@@ -785,7 +793,7 @@ async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[st
     engine = make_engine(settings)
     embedder = await asyncio.to_thread(create_embedder, settings)
     versions = await _versions(settings, engine, embedder)
-    corpus = await ensure_corpus(settings, engine, options.seed, options.scale)
+    corpus = await ensure_corpus(settings, engine, options.seed, options.scale, index_missing=options.index_missing)
     index = settings.retrieval.index_name
 
     # The service in-process, for planning the raw side's bodies (the child process serves the API side).
@@ -857,6 +865,7 @@ async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[st
             "generate_s": round(corpus.generate_s, 1),
             "index_s": round(corpus.index_s, 1),
             "versions_indexed_now": corpus.versions_indexed_now,
+            "versions_not_indexed": corpus.versions_not_indexed,
             "rows_embedded_now": corpus.rows_embedded_now,
         },
         "callers": [
