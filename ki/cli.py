@@ -20,7 +20,8 @@ class CliError(RuntimeError):
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from ki.stack import manager
 
-    action: Callable[..., int] = {
+    # Annotated: the commands' signatures differ, so mypy would otherwise infer the values as plain `function`.
+    actions: dict[str, Callable[..., int]] = {
         "up": manager.up,
         "down": manager.down,
         "status": manager.status,
@@ -28,7 +29,8 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         "connect": manager.connect,
         "stop": manager.stop_service,
         "start": manager.start_service,
-    }[args.action]
+    }
+    action = actions[args.action]
     if args.action == "logs":
         return action(settings, service=args.service, lines=args.lines)
     if args.action in ("stop", "start"):

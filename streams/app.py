@@ -69,8 +69,9 @@ def create_app(settings: Settings) -> faust.App:
     dlq = app.topic(settings.streams.dlq_topic, key_type=bytes, value_type=bytes, internal=False)
     state: dict[str, Any] = {}
 
+    # Signature as mode's handler type wants it: sender positional-only, `signal=` always passed by keyword.
     @app.on_after_configured.connect
-    def _configure_logging(app: faust.App, **_: Any) -> None:  # pragma: no cover - wiring
+    def _configure_logging(app: faust.App, /, *_: Any, signal: Any, **__: Any) -> None:  # pragma: no cover - wiring
         logging.getLogger("opensearch").setLevel(logging.WARNING)
 
     async def projector() -> Projector:
@@ -135,7 +136,8 @@ def create_app(settings: Settings) -> faust.App:
     async def cdc(stream: faust.StreamT) -> None:
         max_events = settings.streams.batch_max_events
         linger = settings.streams.batch_linger_ms / 1000
-        async for events in stream.take_events(max_events, within=linger):
+        # take_events exists on faust.Stream at runtime but is missing from the StreamT stub.
+        async for events in stream.take_events(max_events, within=linger):  # type: ignore[attr-defined]
             # take_events acks the batch when it moves on, and also when the worker stops mid-batch: closing
             # the generator acks events that were never applied, and Faust commits acked offsets on its way
             # out. A worker stopped (SIGTERM) while its batch waited for OpenSearch lost that batch (found by

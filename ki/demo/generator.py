@@ -23,14 +23,15 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, bindparam, insert, select, text
+from sqlalchemy import Engine, Table, bindparam, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ki.db.models import (
     CLAUSE_TYPE,
     DOC_TYPE,
+    Base,
     Document,
     DocumentVersion,
     Grant,
@@ -704,7 +705,13 @@ class GenerationSummary:
         ]
 
 
-def _insert_returning(conn: Any, table: Any, rows: list[Row]) -> list[int]:
+def _table(model: type[Base]) -> Table:
+    # Every model is declared with a `__tablename__`, so `__table__` is a `Table`; the stubs only promise the
+    # wider `FromClause`, which `insert()` does not accept.
+    return cast(Table, model.__table__)
+
+
+def _insert_returning(conn: Any, table: Table, rows: list[Row]) -> list[int]:
     if not rows:
         return []
     stmt = insert(table).returning(table.c.id, sort_by_parameter_order=True)
@@ -712,7 +719,7 @@ def _insert_returning(conn: Any, table: Any, rows: list[Row]) -> list[int]:
 
 
 def _ensure_ontology(conn: Any) -> dict[str, int]:
-    nodes = OntologyNode.__table__
+    nodes = _table(OntologyNode)
     ids: dict[str, int] = {}
     for row in ontology_rows():
         parent = ids.get(row["parent_key"]) if row["parent_key"] else None
@@ -727,26 +734,26 @@ def _ensure_ontology(conn: Any) -> dict[str, int]:
 
 def _write_setup(conn: Any, plan: SetupPlan, summary: GenerationSummary) -> SetupIds:
     ontology = _ensure_ontology(conn)
-    project_ids = _insert_returning(conn, Project.__table__, plan.projects)
+    project_ids = _insert_returning(conn, _table(Project), plan.projects)
     matter_ids = [
-        _insert_returning(conn, Matter.__table__, [{**m, "project_id": pid} for m in rows])
+        _insert_returning(conn, _table(Matter), [{**m, "project_id": pid} for m in rows])
         for pid, rows in zip(project_ids, plan.matters, strict=True)
     ]
     kinds = list(plan.sources)
-    source_ids = dict(zip(kinds, _insert_returning(conn, Source.__table__, [plan.sources[k] for k in kinds]),
+    source_ids = dict(zip(kinds, _insert_returning(conn, _table(Source), [plan.sources[k] for k in kinds]),
                           strict=True))  # fmt: skip
     conn.execute(
-        insert(GroupMembership.__table__),
+        insert(_table(GroupMembership)),
         [{"source_id": source_ids[k], "group_principal": g, "member_principal": m} for k, g, m in plan.memberships],
     )
     aliases = conn.execute(
-        pg_insert(PrincipalAlias.__table__)
+        pg_insert(_table(PrincipalAlias))
         .on_conflict_do_nothing(index_elements=["alias"])
-        .returning(PrincipalAlias.__table__.c.id),
+        .returning(_table(PrincipalAlias).c.id),
         plan.aliases,
     ).all()
     conn.execute(
-        insert(Grant.__table__),
+        insert(_table(Grant)),
         [
             {"scope": "project", "project_id": project_ids[p], "principal": who, "effect": effect}
             for p, who, effect in plan.project_grants
@@ -768,11 +775,11 @@ _SET_LATEST = text(
 
 
 def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary: GenerationSummary) -> None:
-    doc_ids = _insert_returning(conn, Document.__table__, [b.document for b in batch])
+    doc_ids = _insert_returning(conn, _table(Document), [b.document for b in batch])
     version_rows: list[Row] = []
     for doc_id, bundle in zip(doc_ids, batch, strict=True):
         version_rows += [{**v, "document_id": doc_id} for v in bundle.versions]
-    version_ids = _insert_returning(conn, DocumentVersion.__table__, version_rows)
+    version_ids = _insert_returning(conn, _table(DocumentVersion), version_rows)
 
     object_rows: list[Row] = []
     for bundle in batch:
@@ -780,7 +787,7 @@ def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary:
             {"source_id": ids.sources[o["source_kind"]], "external_ref": o["external_ref"], "acl_known": o["acl_known"]}
             for o in bundle.source_objects
         ]
-    object_ids = _insert_returning(conn, SourceObject.__table__, object_rows)
+    object_ids = _insert_returning(conn, _table(SourceObject), object_rows)
 
     observations: list[Row] = []
     grants: list[Row] = []
@@ -789,36 +796,37 @@ def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary:
     now = dt.datetime.now(dt.UTC)
     v_off = o_off = 0
     for doc_id, bundle in zip(doc_ids, batch, strict=True):
-        for v, obj, active in bundle.observations:
+        for version_index, object_index, active in bundle.observations:
             observations.append(
                 {
-                    "document_version_id": version_ids[v_off + v],
-                    "source_object_id": object_ids[o_off + obj],
+                    "document_version_id": version_ids[v_off + version_index],
+                    "source_object_id": object_ids[o_off + object_index],
                     "deleted_at": None if active else now,
                 }
             )
-        for scope, obj, who, effect in bundle.grants:
+        for scope, grant_object, who, effect in bundle.grants:
             row: Row = {"scope": scope, "principal": who, "effect": effect}
             if scope == "document":
                 row["document_id"] = doc_id
             else:
-                row["source_object_id"] = object_ids[o_off + obj]  # type: ignore[operator]
+                assert grant_object is not None, "object grants always carry an object index"
+                row["source_object_id"] = object_ids[o_off + grant_object]
             grants.append(row)
         if bundle.latest_final_index is not None:
             latest_docs.append(doc_id)
             latest_versions.append(version_ids[v_off + bundle.latest_final_index])
-        for v in bundle.versions:
-            summary.statuses[v["status"]] = summary.statuses.get(v["status"], 0) + 1
-            summary.text_chars += len(v["text"])
+        for version in bundle.versions:
+            summary.statuses[version["status"]] = summary.statuses.get(version["status"], 0) + 1
+            summary.text_chars += len(version["text"])
         v_off += len(bundle.versions)
         o_off += len(bundle.source_objects)
 
-    conn.execute(insert(SourceObservation.__table__), observations)
+    conn.execute(insert(_table(SourceObservation)), observations)
     # Uniform keys per executemany: document grants and object grants go separately.
     for scope in ("document", "source_object"):
         rows = [g for g in grants if g["scope"] == scope]
         if rows:
-            conn.execute(insert(Grant.__table__), rows)
+            conn.execute(insert(_table(Grant)), rows)
     if latest_docs:
         conn.execute(_SET_LATEST, {"doc_ids": latest_docs, "version_ids": latest_versions})
 
