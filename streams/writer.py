@@ -425,5 +425,5 @@ def make_client(settings: Settings) -> AsyncOpenSearch:
         hosts=[settings.opensearch.url],
         timeout=settings.opensearch.timeout_s,
         max_retries=0,  # retries are ours: we also retry 429s and count them
-        http_compress=True,
+        http_compress=settings.opensearch.http_compress,
     )
