@@ -141,3 +141,23 @@ def test_rolled_back_scope_rows_left_nothing_behind(run: dict[str, Any], setting
     finally:
         engine.dispose()
     assert left == 0
+
+
+def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
+    """`--no-indexing`: a corpus whose versions are not indexed yet is reported, not backfilled."""
+    import asyncio
+
+    from ki.db.engine import make_engine
+    from search.bench import ensure_corpus
+
+    alias = f"ki-bench-search-noindex-{uuid.uuid4().hex[:8]}"
+    isolated = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})})
+    engine = make_engine(isolated, pooled=False)
+    try:
+        corpus = asyncio.run(ensure_corpus(isolated, engine, seed=29, scale=5, index_missing=False))
+    finally:
+        engine.dispose()
+    assert len(corpus.version_ids) == 5
+    assert corpus.versions_not_indexed == 5 and corpus.versions_indexed_now == 0
+    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    assert not client.indices.exists_alias(name=alias), "nothing may have been indexed"
