@@ -28,7 +28,7 @@ from search.decisions import DecisionPage, search_decisions
 from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
 from search.legs import (
-    SOURCE_EXCLUDES,
+    SOURCE_INCLUDES,
     LegError,
     LegName,
     active_legs,
@@ -375,7 +375,7 @@ class SearchService:
         body = {
             "size": leg_depth(request.window),
             "track_total_hits": False,
-            "_source": {"excludes": SOURCE_EXCLUDES},
+            "_source": {"includes": SOURCE_INCLUDES},
             "query": {"bool": {"filter": [strict]}},
             "sort": [
                 {"doc_date": {"order": "desc", "missing": "_last"}},

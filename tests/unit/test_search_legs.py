@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.legs import LegError, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
+from search.legs import SOURCE_INCLUDES, LegError, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
 from search.scope import MATCH_NONE, CompiledScope, strict_filter
 
 
@@ -39,7 +39,8 @@ def test_every_leg_carries_the_strict_filter_and_knn_prefilters() -> None:
     assert list(bodies) == ["lexical", "semantic", "identifier"]
     for body in bodies.values():
         assert body["size"] == 60
-        assert body["_source"] == {"excludes": ["embedding"]}
+        assert body["_source"] == {"includes": SOURCE_INCLUDES}
+        assert not {"embedding", "allowed_principals", "denied_principals"} & set(SOURCE_INCLUDES)
     assert bodies["lexical"]["query"] == {
         "bool": {"must": [{"match": {"text": {"query": "2 BvR 1234/19"}}}], "filter": [strict]}
     }
