@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,13 +22,7 @@ from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
 
 from ki.settings import REPO_ROOT, Settings
-from tests.conftest import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port, wait_for
 
 
 class Child:

@@ -26,18 +26,19 @@ from streams.replay import read_topics
 from streams.status import consumer_lag
 from streams.sync import Projector
 from streams.writer import IndexWriter, make_client
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 Offsets = dict[tuple[str, int], int]
 
 
 class Worker:
-    """`ki sync run` as a real child process. Several can run side by side (one consumer group) when
-    each gets its own `web_port`."""
+    """`ki sync run` as a real child process. Several can run side by side (one consumer group): each
+    gets a free `web_port` of its own unless one is given (a worker another module just stopped may
+    still hold the configured port, and the new one would exit on the bind)."""
 
     def __init__(self, settings: Settings, *, name: str = "sync-worker", web_port: int | None = None) -> None:
         self.settings = settings
-        self.web_port = web_port or settings.streams.web_port
+        self.web_port = web_port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
 

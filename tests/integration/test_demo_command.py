@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,15 +16,9 @@ import urllib.request
 import pytest
 
 from ki.settings import REPO_ROOT, Settings
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.stack
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker_answers(settings: Settings) -> bool:
@@ -38,7 +31,7 @@ def _worker_answers(settings: Settings) -> bool:
 
 def test_demo_serves_example_requests_with_hits_and_stops_cleanly(settings: Settings) -> None:
     assert not _worker_answers(settings), "another sync worker is running; the demo would reuse it"
-    port = _free_port()
+    port = free_port()
     log_path = REPO_ROOT / "build" / "demo-command.log"
     log_path.parent.mkdir(exist_ok=True)
     with log_path.open("wb") as log:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -22,7 +21,7 @@ from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag
 from streams.writer import IndexSchemaError, IndexWriter, make_client
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -117,9 +116,7 @@ def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothin
     group = isolated.retrieval.index_name
     log_path = REPO_ROOT / "build" / f"{group}.log"
     log_path.parent.mkdir(exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "KI_RETRIEVAL__INDEX_NAME": group,

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, text
 
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
-from tests.conftest import wait_for
-from tests.integration.search_harness import RerankGateway, Server, SyncWorker, free_port, isolated
+from tests.conftest import free_port, wait_for
+from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
