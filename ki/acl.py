@@ -159,10 +159,11 @@ def _config_alias_params(security: SecuritySettings) -> dict[str, list[str]]:
 # cost grows linearly with the number of candidate observations.
 #
 # Which observations are candidates: a non-admin caller can only see a version that one of their allow
-# grants reaches (a project or document allow, or an allow on an object observing it), so the unnarrowed
-# statement starts from those versions (`{driver}` = _REACHABLE_DRIVER) and its cost follows the caller's
-# scope, not the corpus (100 visible documents among 16k versions: ~250 ms -> a few ms). Admins, and
-# statements narrowed to a few versions, start from the versions table (_DIRECT_DRIVER).
+# grants reaches (a project or document allow, or an allow on an object observing it). When those grants
+# reach a small part of the corpus (`_NARROW_GRANTS_SQL`), the statement starts from the reached versions
+# (`{driver}` = _REACHABLE_DRIVER) and its cost follows the caller's scope, not the corpus (100 visible
+# documents in a database of 112k observations: 245 -> 10 ms). Everyone else, admins, and statements
+# narrowed to a few versions start from the documents and versions tables (_DIRECT_DRIVER).
 _CANDIDATES_TEMPLATE = """
     WITH caller_grants AS MATERIALIZED (
         SELECT g.scope, g.effect, g.project_id, g.document_id, g.source_object_id
@@ -322,7 +323,7 @@ _DRIVER_HINTS: dict[tuple[str, ...], tuple[bool, float]] = {}
 
 def _driven_by_grants(conn: Connection, caller: Caller, narrow_by: tuple[str, ...], driver: Driver) -> bool:
     """Start from the versions the caller's grants reach? Not for admins (they reach everything), not
-    when narrowed to versions (already few), and only when the project allows reach a small part.
+    when narrowed to versions (already few), and only when the allow grants reach a small part.
     `driver` forces one (both give the same answer; the property tests check each)."""
     if caller.is_admin or "version_ids" in narrow_by or driver == "direct":
         return False
