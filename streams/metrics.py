@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from ki.db.engine import make_engine
 from ki.settings import Settings
 from streams import status
 
@@ -44,14 +47,42 @@ def record_sync(stats: Any) -> None:
         BULK_SECONDS.labels(stage=stage).observe(seconds)
 
 
+class _LagReader:
+    """What a scrape needs to read lag, kept between scrapes: the broker clients and a one-connection
+    PostgreSQL pool. Dropped after a failure, so the next scrape starts with fresh connections."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.probe = status.LagProbe(settings)
+        self.engine = make_engine(settings, pool_size=1, max_overflow=0)
+
+    def close(self) -> None:
+        self.probe.close()
+        self.engine.dispose()
+
+
+_reader: _LagReader | None = None
+_reader_lock = threading.Lock()
+
+
 def update_lag(settings: Settings) -> None:
     """Consumer lag per partition as the broker sees it (log end - committed offset of our group), and the
-    WAL the replication slot retains. Blocking: call it from a thread. Failures leave the old values."""
+    WAL the replication slot retains. Blocking: call it from a thread. Failures leave the old values; a
+    scrape that finds another one reading skips the reading (its values are as fresh)."""
+    global _reader
+    if not _reader_lock.acquire(blocking=False):
+        return
     try:
-        for p in status.consumer_lag(settings):
+        reader = _reader = _reader or _LagReader(settings)
+        for p in reader.probe.read():
             CONSUMER_LAG.labels(topic=p.topic, partition=str(p.partition)).set(p.lag)
-        retained = status.slot_retained_bytes(settings)
+        retained = status.slot_retained_bytes(settings, reader.engine)
         if retained is not None:
             SLOT_RETAINED.set(retained)
     except Exception as exc:  # a scrape must not fail because Kafka or PostgreSQL is briefly away
         log.warning("metrics: lag not updated: %s", exc)
+        if _reader is not None:
+            with contextlib.suppress(Exception):  # closing a broken client is best effort
+                _reader.close()
+            _reader = None
+    finally:
+        _reader_lock.release()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
 from ki.settings import Settings
@@ -26,46 +26,68 @@ class PartitionLag:
         return max(0, self.end - max(self.committed, 0))
 
 
-def consumer_lag(settings: Settings) -> list[PartitionLag]:
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
-    metadata = admin.list_topics(timeout=10)
-    partitions = [
-        TopicPartition(topic, p)
-        for topic in cdc_topics(settings)
-        if topic in metadata.topics
-        for p in metadata.topics[topic].partitions
-    ]
-    if not partitions:
-        return []
-    request = [ConsumerGroupTopicPartitions(settings.streams.app_id, partitions)]
-    committed = {
-        (tp.topic, tp.partition): tp.offset
-        for tp in admin.list_consumer_group_offsets(request)[settings.streams.app_id].result().topic_partitions
-    }
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "ki-status-probe"})
-    try:
+class LagProbe:
+    """Reads consumer lag per partition: log end (a consumer's watermarks) minus the group's committed
+    offset (the admin API). The two broker clients stay open between reads, so a worker answering a
+    `/metrics` scrape every few seconds does not connect anew each time. Not thread-safe: one reader."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        servers = settings.kafka.bootstrap_servers
+        self._admin = AdminClient({"bootstrap.servers": servers})
+        self._consumer = Consumer({"bootstrap.servers": servers, "group.id": "ki-status-probe"})
+
+    def read(self) -> list[PartitionLag]:
+        group = self.settings.streams.app_id
+        metadata = self._admin.list_topics(timeout=10)
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in cdc_topics(self.settings)
+            if topic in metadata.topics
+            for p in metadata.topics[topic].partitions
+        ]
+        if not partitions:
+            return []
+        request = [ConsumerGroupTopicPartitions(group, partitions)]
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in self._admin.list_consumer_group_offsets(request)[group].result().topic_partitions
+        }
         out = []
         for tp in partitions:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            _low, high = self._consumer.get_watermark_offsets(tp, timeout=10)
             out.append(PartitionLag(tp.topic, tp.partition, committed.get((tp.topic, tp.partition), -1), high))
         return out
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def consumer_lag(settings: Settings) -> list[PartitionLag]:
+    """One reading, with clients opened and closed for it (CLI and one-off callers)."""
+    probe = LagProbe(settings)
+    try:
+        return probe.read()
     finally:
-        consumer.close()
+        probe.close()
 
 
-def slot_retained_bytes(settings: Settings) -> int | None:
-    engine = make_engine(settings, pooled=False)
+_SLOT_RETAINED_SQL = text(
+    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
+    "WHERE slot_name = :slot"
+)
+
+
+def slot_retained_bytes(settings: Settings, engine: Engine | None = None) -> int | None:
+    """WAL the replication slot holds back; through `engine` if given (kept by the caller), else one-shot."""
+    own = engine is None
+    engine = engine or make_engine(settings, pooled=False)
     try:
         with engine.connect() as conn:
-            return conn.execute(
-                text(
-                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots "
-                    "WHERE slot_name = :slot"
-                ),
-                {"slot": settings.connect.slot_name},
-            ).scalar()
+            return conn.execute(_SLOT_RETAINED_SQL, {"slot": settings.connect.slot_name}).scalar()
     finally:
-        engine.dispose()
+        if own:
+            engine.dispose()
 
 
 def print_status(settings: Settings) -> int:
