@@ -64,6 +64,7 @@ from ki.demo.generator import (
     users,
 )
 from ki.embedding import Embedder, create_embedder
+from ki.plotting import pyplot, save_figure
 from ki.settings import REPO_ROOT, Settings
 from search.auth import decode_token, mint_token, principals_from_claims
 from search.filters import SearchRequest, parse_search_request
@@ -923,12 +924,8 @@ async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[st
 
 def plot(result: dict[str, Any], path: Path) -> str | None:
     """Latency CDFs per concurrency (API vs raw) and scope compile time; None if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib is not installed (pip install -e '.[bench]'); no plot written"
     levels = result["levels"]
     scope = result.get("scope_compilation") or {}
@@ -958,10 +955,7 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
         ax.legend(fontsize=8)
     corpus = result["corpus"]
     fig.suptitle(f"ki bench search: {corpus['chunks']} chunks, {result['machine']['cpus']} shared cores", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return None
 
 

@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from ki.db.engine import make_engine
 from ki.embedding import create_embedder
-from ki.plotting import pyplot
+from ki.plotting import pyplot, save_figure
 from ki.settings import REPO_ROOT, Settings
 from streams.bench_corpus import write_corpus
 from streams.sync import Projector
@@ -196,10 +196,7 @@ def _plot(result: dict[str, Any], path: Path) -> Path | None:
     ratio = result["access_only_vs_raw_bulk"]["median"]
     ax.set(xlabel="round", ylabel="chunks/s", title=f"Access-only reindex vs raw _bulk (median ratio {ratio})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(settings: Settings, versions: int, paragraphs: int, rounds: int = 5) -> int:

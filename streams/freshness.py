@@ -27,7 +27,7 @@ from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from ki.db.engine import make_engine
-from ki.plotting import pyplot
+from ki.plotting import pyplot, save_figure
 from ki.settings import REPO_ROOT, Settings
 from streams.bench_corpus import write_corpus
 from streams.worker_process import SyncWorker
@@ -224,10 +224,7 @@ def _plot(result: dict[str, Any], path: Path) -> Path | None:
     rate = result["write_rate"]["achieved_row_changes_per_s"]
     ax.set(xlabel="seconds into the run", ylabel="commit → visible (s)", title=f"Freshness at {rate} row changes/s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(settings: Settings, *, rate: int, seconds: float, docs: int) -> int:

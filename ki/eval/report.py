@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ki.eval.metrics import METRICS
+from ki.plotting import pyplot, save_figure
 
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
@@ -109,10 +110,8 @@ def write_plot(
 ) -> None:
     """Left: nDCG@10 of every mode next to the published systems (grey), best on top.
     Right: recall@100 and MRR@10 per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    assert plt is not None, "callers check that matplotlib is installed"
 
     modes = list(results)
     colours = {mode: f"C{n}" for n, mode in enumerate(modes)}
@@ -138,7 +137,4 @@ def write_plot(
     right.set_ylim(0, 1.1)
     right.legend(loc="lower right", fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)

@@ -81,13 +81,18 @@ def test_missing_mapped_fields_are_added_to_the_live_index(isolated: Settings) -
     assert "identifiers_text" in search.indices.get_mapping(index=physical)[physical]["mappings"]["properties"]
 
 
-def test_an_alias_on_an_index_for_another_embedder_is_refused(isolated: Settings) -> None:
+def alias_an_index_for_another_embedder(isolated: Settings) -> None:
+    """The live alias points at an index built for a different embedding signature."""
     search = OpenSearch(hosts=[isolated.opensearch.url])
     foreign = physical_index_name(isolated, "another-embedder-384")
     search.indices.create(index=foreign, body=index_body(isolated))
     search.indices.update_aliases(
         body={"actions": [{"add": {"index": foreign, "alias": isolated.retrieval.index_name}}]}
     )
+
+
+def test_an_alias_on_an_index_for_another_embedder_is_refused(isolated: Settings) -> None:
+    alias_an_index_for_another_embedder(isolated)
     with pytest.raises(IndexSchemaError, match="ki rebuild"):
         ensure(isolated)
 
@@ -101,12 +106,7 @@ def test_a_dimension_mismatch_is_refused(isolated: Settings) -> None:
 
 
 def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothing(isolated: Settings) -> None:
-    search = OpenSearch(hosts=[isolated.opensearch.url])
-    foreign = physical_index_name(isolated, "another-embedder-384")
-    search.indices.create(index=foreign, body=index_body(isolated))
-    search.indices.update_aliases(
-        body={"actions": [{"add": {"index": foreign, "alias": isolated.retrieval.index_name}}]}
-    )
+    alias_an_index_for_another_embedder(isolated)
     engine = make_engine(isolated, pooled=False)
     try:
         with engine.begin() as conn:  # at least one event for the worker to try
