@@ -298,7 +298,7 @@ class SearchService:
             return self.gate.default_mode
         if requested != "lexical" and self.settings.retrieval.weight_semantic <= 0:
             raise SemanticUnavailable(
-                f"mode {requested!r} needs the semantic leg, which is switched off here (retrieval.weight_semantic is 0)"
+                f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
             )
         return requested
 

@@ -328,7 +328,8 @@ def test_every_indexed_text_is_normalised():
         text=unicodedata.normalize("NFD", TEXT).replace("Miete", "Mie\u00adte"),
         notable_clauses=(NotableClause(clause_type_id=31, locus="§\u00a04", text="Ku\u0308ndigungsfrist."),),
     )
-    document = replace(DOC, title="Mietvertrag Hauptstra\u00dfe 1\u00a0(A\u0308nderung)", identifiers=("§\u00a0535 BGB",))
+    title = "Mietvertrag Hauptstra\u00dfe 1\u00a0(A\u0308nderung)"
+    document = replace(DOC, title=title, identifiers=("§\u00a0535 BGB",))
     rows = rows_for(document, decomposed, doc_type_label="Mietvertra\u0308ge", matter_title="Mu\u0308ller")
     for row in rows:
         for text in (row.source["text"], row.embed_input, *row.source["identifiers"]):
