@@ -265,7 +265,7 @@ class Resolver:
             return str(javac)
         found = shutil.which("javac")
         if found is None:
-            raise StackError(f"artifacts: no javac in {self.java.home} or on PATH (a JDK is needed to build ki-analysis-icu)")
+            raise StackError(f"artifacts: no javac in {self.java.home} or on PATH (ki-analysis-icu is compiled)")
         return found
 
     def _compile(self, module: OpenSearchModule, target: Path, server_lib: Path) -> None:
