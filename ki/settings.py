@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ki.analysis import ANALYSIS_KINDS, check_analysis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
@@ -26,6 +29,18 @@ class SettingsError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class TextAnalysis(_Section):
+    """OpenSearch's index `analysis` shape: named definitions of char filters, tokenizers, filters, analyzers."""
+
+    char_filter: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    tokenizer: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    filter: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    analyzer: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def as_map(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {kind: getattr(self, kind) for kind in ANALYSIS_KINDS}
 
 
 class RetrievalSettings(_Section):
@@ -59,10 +74,12 @@ class RetrievalSettings(_Section):
     # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
     rerank_api_key_env: str = "KI_RERANK_API_KEY"
     graph_rag_enabled: bool = False
+    # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)
     # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
     # settings shows hybrid >= lexical (search.evidence). Relative paths start at the repository root.
     evidence_dir: str = Field("benchmarks", min_length=1)
+    text_analysis: TextAnalysis = TextAnalysis()
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalSettings:
@@ -76,6 +93,7 @@ class RetrievalSettings(_Section):
                 raise ValueError(f"version_status_boost[{status!r}] must be >= 0, got {boost}")
         if self.rerank_enabled and not self.rerank_url:
             raise ValueError("rerank_enabled is true but rerank_url is empty (the gateway's base URL, e.g. .../v1)")
+        check_analysis(self.text_analyzer, self.text_analysis.as_map())
         return self
 
 
@@ -234,7 +252,10 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError as exc:
-                if get_origin(field_info.annotation) in (dict, list):
+                annotation = field_info.annotation
+                if get_origin(annotation) in (dict, list) or (
+                    isinstance(annotation, type) and issubclass(annotation, BaseModel)
+                ):
                     raise SettingsError(f"{name}: {section}.{field} must be JSON ({exc.msg})") from None
         overrides.setdefault(section, {})[field] = value
     return overrides
@@ -244,6 +265,10 @@ def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err["loc"]) or "<root>"
     msg = err["msg"].removeprefix("Value error, ")
+    # A section-level check names the field itself ("text_analyzer: …"): join it onto the key.
+    field, sep, rest = msg.partition(": ")
+    if sep and re.fullmatch(r"[a-z_][a-z0-9_]*(\.[^\s.]+)*", field):
+        key, msg = f"{key}.{field}", rest
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"config error: {key}: {msg}{more}"
 

@@ -2,16 +2,19 @@
 
 `retrieval.index_name` is the alias that readers and writers use; the physical index behind it
 is named after the index signature — the embedding signature (model + dimension) plus the text
-analyzer — so vectors from two models, or text analysed two ways, never share one index, and a
-rebuild can fill a fresh index before the alias swaps.
+analyzer (and, for an analyzer defined in `retrieval.text_analysis`, a hash of its definition) — so
+vectors from two models, or text analysed two ways, never share one index, and a rebuild can fill a
+fresh index before the alias swaps.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from ki.analysis import analysis_digest, comparable, used_analysis
 from ki.settings import Settings
 
 KEYWORD_FIELDS: tuple[str, ...] = (
@@ -74,18 +77,36 @@ def index_body(settings: Settings) -> dict[str, Any]:
     it per request instead.
     """
     opensearch = settings.opensearch
+    index: dict[str, Any] = {
+        "number_of_shards": opensearch.number_of_shards,
+        "number_of_replicas": opensearch.number_of_replicas,
+        "refresh_interval": opensearch.refresh_interval,
+        "knn": True,
+        "max_terms_count": opensearch.max_terms_count,
+    }
+    analysis = text_analysis(settings)
+    if analysis:
+        index["analysis"] = analysis
     return {
-        "settings": {
-            "index": {
-                "number_of_shards": opensearch.number_of_shards,
-                "number_of_replicas": opensearch.number_of_replicas,
-                "refresh_interval": opensearch.refresh_interval,
-                "knn": True,
-                "max_terms_count": opensearch.max_terms_count,
-            }
-        },
+        "settings": {"index": index},
         "mappings": {"dynamic": False, "properties": mapping_properties(settings)},
     }
+
+
+def text_analysis(settings: Settings) -> dict[str, Any]:
+    """The analysis definitions the `text` analyzer uses, for the index settings ({} for a built-in)."""
+    retrieval = settings.retrieval
+    return used_analysis(retrieval.text_analyzer, retrieval.text_analysis.as_map())
+
+
+def analyzer_signature(settings: Settings) -> str:
+    """The analyzer part of the index signature: `german`, or `name@{hash8}` for a defined analyzer.
+
+    The hash covers the name plus every definition the analyzer uses (canonical JSON, key order and
+    `3` vs `"3"` do not matter), so a changed filter yields another index name, never a reused index."""
+    analyzer = settings.retrieval.text_analyzer
+    used = text_analysis(settings)
+    return f"{analyzer}@{analysis_digest(analyzer, used)}" if used else analyzer
 
 
 def _slug(value: str) -> str:
@@ -103,11 +124,13 @@ def index_signature(settings: Settings, embedding_signature: str) -> str:
     """What a physical index is bound to: the embedding signature and the analyzer of `text`.
 
     BM25 statistics of text analysed by two analyzers are not comparable (stems vs. words), so a
-    changed `retrieval.text_analyzer` needs a fresh index exactly like a changed embedding model.
+    changed `retrieval.text_analyzer` — or a changed definition of it — needs a fresh index exactly
+    like a changed embedding model. A built-in analyzer keeps its bare name (`…+german`), so indices
+    built before analyzers could be defined keep their names.
     """
     if not embedding_signature.strip():
         raise ValueError("embedding_signature must not be empty")
-    return f"{embedding_signature}+{settings.retrieval.text_analyzer}"
+    return f"{embedding_signature}+{analyzer_signature(settings)}"
 
 
 def physical_index_name(settings: Settings, embedding_signature: str, generation: str | int | None = None) -> str:
@@ -188,20 +211,69 @@ def dimension_mismatch(live_mapping: Mapping[str, Any], wanted_dim: int) -> str 
     )
 
 
-def analyzer_mismatch(live_mapping: Mapping[str, Any], wanted_analyzer: str) -> str | None:
+def live_analysis(live_settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`index.analysis` of a GET `_settings` response for one index, an index body, or its `settings`."""
+    node: Any = live_settings
+    if len(node) == 1 and "settings" not in node and "index" not in node:
+        (node,) = node.values()
+    node = node.get("settings", node)
+    node = node.get("index", node)
+    analysis = node.get("analysis", {}) if isinstance(node, Mapping) else {}
+    return analysis if isinstance(analysis, Mapping) else {}
+
+
+def _live_used(analyzer: str, analysis: Mapping[str, Any]) -> dict[str, Any]:
+    """What the live index defines for `analyzer`, in the shape of `used_analysis`."""
+    definition = analysis.get("analyzer", {}).get(analyzer)
+    if definition is None:
+        return {}
+    used: dict[str, Any] = {"analyzer": {analyzer: definition}}
+    for kind in ("char_filter", "tokenizer", "filter"):
+        refs = definition.get(kind) or []
+        refs = [refs] if isinstance(refs, str) else refs
+        defined = analysis.get(kind, {})
+        picked = {ref: defined[ref] for ref in refs if ref in defined}
+        if picked:
+            used[kind] = picked
+    return used
+
+
+def analyzer_mismatch(
+    live_mapping: Mapping[str, Any],
+    wanted_analyzer: str,
+    wanted_analysis: Mapping[str, Any] | None = None,
+    live_settings: Mapping[str, Any] | None = None,
+) -> str | None:
     """A message telling the operator to rebuild when the live `text` analyzer differs, else None.
 
     Writing with one analyzer into an index built with another would mix two vocabularies in one
-    BM25 field; the mapping cannot be changed in place, so the only fix is a rebuild.
+    BM25 field; the mapping cannot be changed in place, so the only fix is a rebuild. With
+    `live_settings` (GET `_settings` of the index) the analyzer's *definition* is compared too:
+    `wanted_analysis` is what it should use (`text_analysis(settings)`, {} for a built-in).
     """
     text_field = _properties_of(live_mapping).get("text")
     if not text_field:
         return None  # no text field yet: missing_fields adds it
     live = text_field.get("analyzer", "standard")  # OpenSearch's default when none is named
-    if live == wanted_analyzer:
-        return None
-    return (
-        f"live index analyses `text` with {live!r} but retrieval.text_analyzer is {wanted_analyzer!r}; "
+    hint = (
         "text analysed two ways cannot share one BM25 field: run `ki rebuild` to build a fresh index "
         "with the current analyzer and swap the alias"
     )
+    if live != wanted_analyzer:
+        return f"live index analyses `text` with {live!r} but retrieval.text_analyzer is {wanted_analyzer!r}; {hint}"
+    if live_settings is None:
+        return None
+    have = _live_used(live, live_analysis(live_settings))
+    if comparable(have) == comparable(wanted_analysis or {}):
+        return None
+    return (
+        f"live index defines the analyzer {live!r} of `text` otherwise than retrieval.text_analysis "
+        f"(live {_short(have)}, wanted {_short(wanted_analysis or {})}); {hint}"
+    )
+
+
+def _short(used: Mapping[str, Any]) -> str:
+    if not used:
+        return "built-in"
+    text = json.dumps(comparable(used), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text if len(text) <= 300 else text[:297] + "..."

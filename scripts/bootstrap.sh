@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything ki-sidecar needs on a fresh Debian machine: system packages (PostgreSQL 15,
-# a Java 17 runtime, Maven, unzip) and the Python virtual environment in .venv.
+# a Java 17 JDK, Maven, unzip) and the Python virtual environment in .venv.
 # Idempotent: a second run only checks. The Maven artifacts are resolved later by `ki stack up`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,8 @@ need_apt=()
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v unzip >/dev/null || need_apt+=(unzip)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-client-15)
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+# A JDK, not only a runtime: `ki stack up` compiles the small ICU analysis module (ki/stack/icu).
+command -v javac >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing system packages: ${need_apt[*]}"
   sudo_cmd=""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ki.analysis import canonical, used_analysis
 from ki.settings import REPO_ROOT, RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
 
@@ -61,11 +62,8 @@ def _digest(value: Any, length: int) -> str:
 
 def analyzer_definition(retrieval: RetrievalSettings) -> dict[str, Any]:
     """The analyzer by name, its custom definition if any, and the normalisation rules' version."""
-    return {
-        "text_analyzer": retrieval.text_analyzer,
-        "text_analysis": getattr(retrieval, "text_analysis", None) or {},
-        "normalisation": NORMALISATION_VERSION,
-    }
+    used = used_analysis(retrieval.text_analyzer, retrieval.text_analysis.as_map())
+    return {"text_analyzer": retrieval.text_analyzer, "text_analysis": canonical(used), "normalisation": NORMALISATION_VERSION}
 
 
 def analyzer_hash(retrieval: RetrievalSettings) -> str:

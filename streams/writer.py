@@ -27,6 +27,7 @@ from projections.mapping import (
     index_body,
     missing_fields,
     physical_index_name,
+    text_analysis,
 )
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,9 @@ class IndexWriter:
                     f" these settings ({expected}); run `ki rebuild` to build and swap in a matching index"
                 )
             live = (await self.client.indices.get_mapping(index=target))[target]["mappings"]
+            live_settings = (await self.client.indices.get_settings(index=target))[target]
             problem = dimension_mismatch(live, self.settings.retrieval.embedding_dimensions) or analyzer_mismatch(
-                live, self.settings.retrieval.text_analyzer
+                live, self.settings.retrieval.text_analyzer, text_analysis(self.settings), live_settings
             )
             if problem:
                 raise IndexSchemaError(f"{target}: {problem}")

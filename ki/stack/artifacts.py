@@ -6,8 +6,10 @@ fully cached run only reads three marker files (no Maven).
 
 OpenSearch is assembled, because no complete distribution is served as a Maven artifact: the
 integ-test-zip (server + transport module only), the `lang-painless` and `analysis-common` modules
-dropped into `modules/<name>/` with the plugin descriptor we write, and the k-NN plugin zip unpacked
-into `plugins/opensearch-knn/`.
+dropped into `modules/<name>/` with the plugin descriptor we write, the `ki-analysis-icu` module
+(ICU analysis: OpenSearch's `analysis-icu` plugin is not served as a Maven artifact, so a small plugin
+of ours, `icu/KiIcuAnalysisPlugin.java`, is compiled against Lucene's ICU module and ICU4J), and the
+k-NN plugin zip unpacked into `plugins/opensearch-knn/`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ki.stack.paths import StackPaths
 from ki.stack.process import START_MARKER
 
 MANIFEST = Path(__file__).with_name("artifacts.xml")
+ICU_SOURCE = Path(__file__).with_name("icu") / "KiIcuAnalysisPlugin.java"
 MARKER = ".ki-resolved"
 #: Bump when the assembly below changes in a way the manifest digest cannot see.
 ASSEMBLY_REVISION = "1"
@@ -48,6 +51,8 @@ class OpenSearchModule:
     classname: str
     extended_plugins: tuple[str, ...] = ()
     security_policy: str = ""
+    #: Java source compiled (against the server's lib/ and the profile's jars) into `<name>.jar`.
+    source: Path | None = None
 
 
 OPENSEARCH_MODULES: tuple[OpenSearchModule, ...] = (
@@ -68,6 +73,12 @@ OPENSEARCH_MODULES: tuple[OpenSearchModule, ...] = (
         profile="opensearch-analysis-common",
         classname="org.opensearch.analysis.common.CommonAnalysisPlugin",
         extended_plugins=("lang-painless",),
+    ),
+    OpenSearchModule(
+        name="ki-analysis-icu",
+        profile="opensearch-analysis-icu",
+        classname="ki.analysis.icu.KiIcuAnalysisPlugin",
+        source=ICU_SOURCE,
     ),
 )
 KNN_PLUGIN = "opensearch-knn"
@@ -143,7 +154,9 @@ class Resolver:
         self.java = java
         self.report = report
         self.versions = pinned_versions()
-        self.digest = hashlib.sha256(MANIFEST.read_bytes() + ASSEMBLY_REVISION.encode()).hexdigest()
+        self.digest = hashlib.sha256(
+            MANIFEST.read_bytes() + ASSEMBLY_REVISION.encode() + ICU_SOURCE.read_bytes()
+        ).hexdigest()
         self.log_file = paths.log_file("artifacts")
 
     def resolve(self) -> Artifacts:
@@ -238,12 +251,46 @@ class Resolver:
             )
         finally:
             shutil.rmtree(download, ignore_errors=True)
+        lucene = staging / "lib" / f"lucene-core-{v['lucene.version']}.jar"
+        if not lucene.is_file():
+            found = sorted(p.name for p in (staging / "lib").glob("lucene-core-*.jar"))
+            raise StackError(f"artifacts: lucene.version {v['lucene.version']} is not the server's Lucene ({found})")
         for module in OPENSEARCH_MODULES:
-            self._install_module(module, staging / "modules" / module.name)
+            self._install_module(module, staging / "modules" / module.name, staging / "lib")
         _readable_by_all(staging)
 
-    def _install_module(self, module: OpenSearchModule, target: Path) -> None:
+    def _javac(self) -> str:
+        javac = self.java.home / "bin" / "javac"
+        if javac.is_file():
+            return str(javac)
+        found = shutil.which("javac")
+        if found is None:
+            raise StackError(f"artifacts: no javac in {self.java.home} or on PATH (ki-analysis-icu is compiled)")
+        return found
+
+    def _compile(self, module: OpenSearchModule, target: Path, server_lib: Path) -> None:
+        assert module.source is not None
+        classes = target.with_name(target.name + ".classes")
+        shutil.rmtree(classes, ignore_errors=True)
+        argv = [self._javac(), "--release", "11", "-Xlint:-options", "-nowarn", "-d", str(classes),
+                "-cp", f"{server_lib}/*{os.pathsep}{target}/*", str(module.source)]  # fmt: skip
+        with open(self.log_file, "ab") as log:
+            log.write(f"\n{START_MARKER} {' '.join(argv)}\n".encode())
+            log.flush()
+            result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False)
+        try:
+            if result.returncode != 0:
+                raise StackError(f"artifacts: compiling {module.source.name} failed (log: {self.log_file})")
+            with zipfile.ZipFile(target / f"{module.name}.jar", "w", zipfile.ZIP_DEFLATED) as jar:
+                for path in sorted(classes.rglob("*.class")):
+                    jar.write(path, path.relative_to(classes).as_posix())
+        finally:
+            shutil.rmtree(classes, ignore_errors=True)
+
+    def _install_module(self, module: OpenSearchModule, target: Path, server_lib: Path) -> None:
         self._mvn_copy(module.profile, target)
+        if module.source is not None:
+            self._compile(module, target, server_lib)
         if not _jar_has_class(target, module.classname):
             raise StackError(f"artifacts: {module.name}: class {module.classname} not found in its jars")
         version = self.versions["opensearch.version"]
