@@ -242,7 +242,7 @@ class SearchService:
         if cached is not None:
             return cached
         loop = asyncio.get_running_loop()
-        vectors = await loop.run_in_executor(None, self.embedder.embed, [query])
+        vectors = await loop.run_in_executor(None, self.embedder.embed_queries, [query])
         vector = [float(x) for x in vectors[0]]
         self.cache.put(key, vector)
         return vector

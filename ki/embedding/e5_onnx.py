@@ -46,6 +46,7 @@ import os
 import struct
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -305,13 +306,26 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+# (path, size, mtime_ns) of cache files whose digest was checked in this process: a replaced or
+# rewritten file has another mtime and is checked again.
+_CHECKED: set[tuple[str, int, int]] = set()
+_CHECKED_LOCK = threading.Lock()
+
+
 def _is_valid(model: Path, digest_file: Path) -> bool:
-    if not model.is_file() or not digest_file.is_file():
-        return False
     try:
-        return digest_file.read_text().split()[0] == _sha256(model)
+        stat = model.stat()
+        expected = digest_file.read_text().split()[0]
     except (OSError, IndexError):
         return False
+    key = (str(model), stat.st_size, stat.st_mtime_ns)
+    with _CHECKED_LOCK:
+        if key in _CHECKED:
+            return True
+        if expected != _sha256(model):
+            return False
+        _CHECKED.add(key)
+        return True
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

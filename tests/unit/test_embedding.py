@@ -6,6 +6,7 @@ import json
 import math
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,6 +26,12 @@ def cos(a: list[float], b: list[float]) -> float:
 # ----------------------------------------------------------------------------------------------------
 # local model
 # ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def e5_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache per test session: multilingual-e5-small is converted once, here."""
+    return tmp_path_factory.mktemp("models")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +92,7 @@ def test_local_truncates_to_max_tokens(local: LocalEmbedder) -> None:
     assert local.token_count(long_text) == 256
     # Text beyond the cut does not change the vector.
     assert np.allclose(local.embed([long_text])[0], local.embed([long_text + " Ganz anderer Schluss."])[0])
-    short = LocalEmbedder(batch_size=4, max_tokens=16)
+    short = LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=16)
     assert short.token_count(long_text) == 16
     assert short.signature == local.signature
 
@@ -100,7 +107,7 @@ def test_local_empty_string_gives_the_models_unit_vector(local: LocalEmbedder) -
 
 
 def test_local_counts_calls_and_texts() -> None:
-    embedder = LocalEmbedder(batch_size=2)
+    embedder = LocalEmbedder("all-MiniLM-L6-v2", batch_size=2)
     assert embedder.stats.snapshot() == (0, 0, 0)
     assert embedder.embed([]) == []  # no-op, not counted
     assert embedder.stats.snapshot() == (0, 0, 0)
@@ -125,7 +132,7 @@ def test_local_rejects_bad_input_and_settings(local: LocalEmbedder) -> None:
 
 
 def test_local_rejects_a_zero_vector(local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
-    embedder = LocalEmbedder(batch_size=4)
+    embedder = LocalEmbedder("all-MiniLM-L6-v2", batch_size=4)
     monkeypatch.setattr(embedder, "_embed_batch", lambda texts: np.zeros((len(texts), 384), np.float32))
     with pytest.raises(EmbeddingError, match="all zeros"):
         embedder.embed(["a"])
@@ -208,8 +215,13 @@ def _settings(**embedding: Any) -> Settings:
     )
 
 
-def test_factory_builds_the_configured_provider() -> None:
-    local = create_embedder(_settings())
+def test_factory_builds_the_configured_provider(e5_cache_dir: Path) -> None:
+    default = create_embedder(_settings(model_cache_dir=str(e5_cache_dir)))
+    assert isinstance(default, LocalEmbedder)
+    assert default.signature == "multilingual-e5-small-384"
+    assert default.max_tokens == 512
+    assert default.model_path.parent == e5_cache_dir
+    local = create_embedder(_settings(model="all-MiniLM-L6-v2", max_tokens=256))
     assert isinstance(local, LocalEmbedder)
     assert local.signature == "all-minilm-l6-v2-384"
     remote = create_embedder(
@@ -225,9 +237,11 @@ def test_factory_builds_the_configured_provider() -> None:
     assert remote.dimensions == 1536
 
 
-def test_factory_rejects_dimension_mismatch_for_local_model() -> None:
+def test_factory_rejects_dimension_mismatch_for_local_model(e5_cache_dir: Path) -> None:
     with pytest.raises(EmbeddingError, match="rebuild"):
-        create_embedder(_settings(embedding_dimensions=1536))
+        create_embedder(_settings(embedding_dimensions=1536, model_cache_dir=str(e5_cache_dir)))
+    with pytest.raises(EmbeddingError, match="rebuild"):
+        create_embedder(_settings(embedding_dimensions=1536, model="all-MiniLM-L6-v2"))
 
 
 def test_factory_requires_url_for_openai() -> None:
