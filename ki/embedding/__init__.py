@@ -171,9 +171,7 @@ class BaseEmbedder:
     _dimensions: int
     _signature: str
 
-    def __init__(
-        self, *, batch_size: int, max_tokens: int, query_prefix: str = "", passage_prefix: str = ""
-    ) -> None:
+    def __init__(self, *, batch_size: int, max_tokens: int, query_prefix: str = "", passage_prefix: str = "") -> None:
         if batch_size < 1:
             raise EmbeddingError(f"embedding batch_size must be >= 1, got {batch_size}")
         if max_tokens < 1:

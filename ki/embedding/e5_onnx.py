@@ -239,8 +239,13 @@ def build_onnx(weights: E5Weights) -> Any:
 
     # attention bias: 0 for real tokens, -1e9 for padding, shape [B,1,1,S]
     mask = node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    bias = node("Mul", [node("Sub", [const("one_f32", np.array(1.0, np.float32)), mask]),
-                        const("neg_big", np.array(-1e9, np.float32))])
+    bias = node(
+        "Mul",
+        [
+            node("Sub", [const("one_f32", np.array(1.0, np.float32)), mask]),
+            const("neg_big", np.array(-1e9, np.float32)),
+        ],
+    )
     bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], dtype=np.int64))])
     scale = const("attn_scale", np.array(1.0 / np.sqrt(head_dim), np.float32))
     half = const("half", np.array(0.5, np.float32))
@@ -257,7 +262,9 @@ def build_onnx(weights: E5Weights) -> Any:
         context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge_heads])
         x = layer_norm(node("Add", [linear(context, p + ".ao", h, h), x]), p + ".aln")
         inner = linear(x, p + ".fi", ffn, h)
-        gelu = node("Mul", [node("Mul", [inner, half]), node("Add", [node("Erf", [node("Mul", [inner, inv_sqrt2])]), one])])
+        gelu = node(
+            "Mul", [node("Mul", [inner, half]), node("Add", [node("Erf", [node("Mul", [inner, inv_sqrt2])]), one])]
+        )
         x = layer_norm(node("Add", [linear(gelu, p + ".fo", h, ffn), x]), p + ".oln")
 
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
@@ -413,7 +420,7 @@ def ensure_model(
         with contextlib.suppress(FileNotFoundError):
             digest_file.unlink()  # the model is about to change; its old digest must not vouch for it
         try:
-            convert(source, model, log=lambda msg: out.write(msg + "\n"))
+            convert(source, model, log=lambda msg: print(msg, file=out))
         except BaseException:
             out.write("failed\n")
             raise
