@@ -735,3 +735,26 @@ def test_http_connection_refused_is_retried_then_fails() -> None:
 
 def test_stats_type() -> None:
     assert EmbedStats().snapshot() == (0, 0, 0)
+
+
+def test_http_prefixes_token_estimate_and_truncation_count(peer: Peer) -> None:
+    plain = http_embedder(peer, max_tokens=8)
+    plain.embed(["doc"])
+    plain.embed_queries(["frage"])
+    assert [r["body"]["input"] for r in peer.requests] == [["doc"], ["frage"]]  # no prefixes by default
+    assert plain.max_tokens == 8
+    # ceil(utf-8 bytes / 3) + 2 special tokens; "ü" is two bytes
+    assert plain.count_tokens("") == 2
+    assert plain.count_tokens("abc") == 3
+    assert plain.count_tokens("abcd") == 4
+    assert plain.count_tokens("über") == 4  # 5 bytes
+    assert plain.stats.truncated == 0
+    plain.embed(["x" * 18, "x" * 19])  # estimates 8 and 9 against a window of 8
+    assert plain.stats.truncated == 1
+
+    peer.requests.clear()
+    e5_like = http_embedder(peer, query_prefix="query: ", passage_prefix="passage: ")
+    e5_like.embed(["Kaution"])
+    e5_like.embed_queries(["Kaution?"])
+    assert [r["body"]["input"] for r in peer.requests] == [["passage: Kaution"], ["query: Kaution?"]]
+    assert e5_like.count_tokens("Kaution") == plain.count_tokens("passage: Kaution")
