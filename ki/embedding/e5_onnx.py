@@ -43,6 +43,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -349,6 +350,15 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def _remove_stale_builds(cache_dir: Path, older_than_s: float = 3600.0) -> None:
+    """Work directories of builds that were killed (a live build finishes in well under a minute)."""
+    now = time.time()
+    for work in cache_dir.glob(".e5-build-*"):
+        with contextlib.suppress(OSError):
+            if now - work.stat().st_mtime > older_than_s:
+                shutil.rmtree(work, ignore_errors=True)
+
+
 def convert(source: Path, destination: Path, *, log: Callable[[str], None] | None = None) -> None:
     """``source`` (``E5S1``) -> int8 ONNX at ``destination`` (written via a temp file + rename)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -411,6 +421,7 @@ def ensure_model(
     with _exclusive(model.with_name(model.name + ".lock")):
         if _is_valid(model, digest_file):  # another process built it while we waited
             return model
+        _remove_stale_builds(cache_dir)
         actual = _sha256(source)
         if actual != source_sha256:
             raise E5FormatError(f"{source} has sha256 {actual}, expected {source_sha256}; reinstall the pinned package")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -398,8 +399,13 @@ def test_e5_cache_rebuilds_a_corrupt_or_unverified_file(
     assert fake.calls == 3
 
     model.unlink()
+    stale, fresh = cache / ".e5-build-killed", cache / ".e5-build-running"
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (0, 0))
     e5_onnx.ensure_model(source, sha, cache)
     assert fake.calls == 4
+    assert not stale.exists() and fresh.exists()  # only work directories of long-dead builds are removed
 
 
 def test_e5_cache_refuses_a_source_with_the_wrong_sha256(
