@@ -150,17 +150,26 @@ class OpenSearchSettings(_Section):
 
 class EmbeddingSettings(_Section):
     provider: Literal["local", "openai"] = "local"
-    model: str = "all-MiniLM-L6-v2"
+    # local provider: "multilingual-e5-small" (German capable) or "all-MiniLM-L6-v2" (English);
+    # openai provider: the remote model's name
+    model: str = "multilingual-e5-small"
     batch_size: int = Field(32, ge=1, le=2048)
-    max_tokens: int = Field(256, ge=8, le=8192)
+    # the embedding window in tokens (prefix and special tokens included); longer texts are cut
+    max_tokens: int = Field(512, ge=8, le=8192)
     url: str = ""
     api_key_env: str = "KI_EMBEDDING_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
     # local provider: onnxruntime intra-op threads (0 = one per CPU core)
     threads: int = Field(0, ge=0, le=256)
+    # local provider: where models converted on first use are cached (multilingual-e5-small)
+    model_cache_dir: str = "~/.cache/ki-sidecar/models"
     # openai provider: send `dimensions` (= retrieval.embedding_dimensions) with each request
     send_dimensions: bool = False
+    # openai provider: prepended to queries / documents (e.g. "query: " / "passage: " for e5 models);
+    # the local models bring their own
+    query_prefix: str = ""
+    passage_prefix: str = ""
 
 
 class StreamsSettings(_Section):

