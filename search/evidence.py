@@ -63,7 +63,11 @@ def _digest(value: Any, length: int) -> str:
 def analyzer_definition(retrieval: RetrievalSettings) -> dict[str, Any]:
     """The analyzer by name, its custom definition if any, and the normalisation rules' version."""
     used = used_analysis(retrieval.text_analyzer, retrieval.text_analysis.as_map())
-    return {"text_analyzer": retrieval.text_analyzer, "text_analysis": canonical(used), "normalisation": NORMALISATION_VERSION}
+    return {
+        "text_analyzer": retrieval.text_analyzer,
+        "text_analysis": canonical(used),
+        "normalisation": NORMALISATION_VERSION,
+    }
 
 
 def analyzer_hash(retrieval: RetrievalSettings) -> str:

@@ -25,6 +25,7 @@ from sqlalchemy.types import BigInteger, Text
 from ki.acl import GrantedPrincipals, expand_principals, version_projections
 from ki.embedding import Embedder
 from ki.settings import Settings
+from projections.chunking import TokenBudget
 from projections.dirty import DirtyKeys
 from projections.rows import (
     AccessProjection,
@@ -34,7 +35,6 @@ from projections.rows import (
     VersionState,
     build_rows,
 )
-from projections.chunking import TokenBudget
 from streams.writer import BulkOp, ExistingRow, IndexWriter
 
 log = logging.getLogger(__name__)
