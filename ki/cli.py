@@ -67,8 +67,9 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         from streams.topics import ensure_topics
 
         ensure_topics(settings)
-        from streams.app import app
+        from streams.app import create_app
 
+        app = create_app(settings)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
         app.main()
