@@ -197,4 +197,3 @@ def _release_acks(app: faust.App, events: Any) -> None:
     for event in events:
         event.message.acked = False
         event.message.ack(app.consumer)
-

@@ -256,15 +256,15 @@ def resolve_dataset(
         code = language.strip().lower()
         if not _LANGUAGE_CODE.match(code):
             raise DataError(f"--language {language!r}: expected an ISO 639 code such as de or en")
-        return Dataset(resolved_name, code, "--language", root)
+        return Dataset(resolved_name, code, "--language", root.resolve())
     readme = root / "README.md"
     hint = language_hint(readme.read_text(encoding="utf-8")) if readme.is_file() else None
     if hint:
-        return Dataset(resolved_name, hint, "README", root)
+        return Dataset(resolved_name, hint, "README", root.resolve())
     guessed = guess_language(f"{d.title} {d.text}" for d in corpus[:200])
     if guessed:
-        return Dataset(resolved_name, guessed, "corpus", root)
-    return Dataset(resolved_name, DEFAULT_LANGUAGE, "default", root)
+        return Dataset(resolved_name, guessed, "corpus", root.resolve())
+    return Dataset(resolved_name, DEFAULT_LANGUAGE, "default", root.resolve())
 
 
 def train_qrels_path(root: Path) -> Path | None:

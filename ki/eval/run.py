@@ -499,9 +499,12 @@ def _machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine()}
 
 
-def out_stem(name: str, limit_docs: int | None, queries: int | None) -> str:
-    """`<name>` for a whole data set, `<name>-docsN[-qM]` for a subset run (never overwrites the other)."""
+def out_stem(name: str, limit_docs: int | None, queries: int | None, analyzer: str | None = None) -> str:
+    """`<name>` for a whole data set with the configured analyzer; `-<analyzer>` for another analyzer,
+    `-docsN`, `-qM` for a subset run, so no run overwrites another's report."""
     parts = [re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "dataset"]
+    if analyzer:
+        parts.append(re.sub(r"[^A-Za-z0-9._-]+", "-", analyzer))
     if limit_docs is not None:
         parts.append(f"docs{limit_docs}")
     if queries is not None:
@@ -693,7 +696,8 @@ async def evaluate_dataset(
         title += f"\nsubset run: an easier task than the full set, which ranks all {data.corpus_size:,} documents"
     table = report.format_table(results, data.baselines, title=title)
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_stem(dataset.name, options.limit_docs, options.queries)
+    stem = out_stem(dataset.name, options.limit_docs, options.queries,
+                    analyzer if analyzer != settings.retrieval.text_analyzer else None)  # fmt: skip
     json_path = options.out_dir / f"{stem}.json"
     diff_path = options.out_dir / f"{stem}.queries.jsonl"
     plot_path: Path | None = options.out_dir / f"{stem}.png"
