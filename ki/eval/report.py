@@ -56,14 +56,14 @@ def _fmt(value: float | None) -> str:
 
 
 def format_table(results: Mapping[str, Mapping[str, float]], baselines: Sequence[Baseline], *, title: str) -> str:
-    """Our rows (one per mode, in the given order) above the published baselines."""
+    """Our rows (one per mode, in the given order) above the reference figures of the data set README."""
     rows: list[tuple[str, str, str, str]] = [("system", "nDCG@10", "recall@100", "MRR@10")]
     for mode, metrics in results.items():
         rows.append(
             (f"ki {mode}", _fmt(metrics.get("ndcg@10")), _fmt(metrics.get("recall@100")), _fmt(metrics.get("mrr@10")))
         )
     if baselines:
-        rows.append(("published (README)", "", "", ""))
+        rows.append(("reference (data set README)", "", "", ""))
         rows += [(f"  {b.system}", _fmt(b.ndcg10), _fmt(b.recall100), "—") for b in baselines]
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     lines = [title]
@@ -82,7 +82,7 @@ def markdown_table(results: Mapping[str, Mapping[str, float]], baselines: Sequen
         figures = " | ".join(_fmt(m.get(name)) for name in METRICS)
         lines.append(f"| **ki {mode}** | {figures} |")
     for b in baselines:
-        lines.append(f"| {b.system} (published) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | — |")
+        lines.append(f"| {b.system} (README) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | — |")
     return "\n".join(lines)
 
 
@@ -169,7 +169,7 @@ def write_plot(
     bars = left.barh([r[0] for r in rows], [r[1] for r in rows], color=[r[2] for r in rows])
     left.bar_label(bars, labels=[f"{r[1]:.3f}" for r in rows], fontsize=8, padding=2)
     left.set_xlim(0, 1.0)
-    left.set_xlabel("nDCG@10 (grey: published, from the data set README)")
+    left.set_xlabel("nDCG@10 (grey: reference figures from the data set README)")
     left.tick_params(axis="y", labelsize=8)
 
     others = [m for m in METRICS if m != "ndcg@10"]

@@ -135,7 +135,7 @@ def test_tables_list_our_modes_then_the_baselines():
     assert "BM25 (paper)" in text and "0.908" in text and "—" in text
     md = report.markdown_table(results, report.parse_baselines(README))
     assert "| **ki lexical** | 0.500 | 0.750 | 0.250 |" in md
-    assert "| dense (published) | 0.645 | — | — |" in md
+    assert "| dense (README) | 0.645 | — | — |" in md
 
 
 def test_tuning_grid_and_tie_breaks():
