@@ -793,6 +793,10 @@ async def evaluate_dataset(
         },  # fmt: skip
     }
     report.write_json(json_path, record)
+    progress(
+        f"eval: database, connector, slot and index of {key} stay for a re-run; "
+        f"`ki eval --data {dataset.path} --drop` with the same --name / --limit-docs removes them"
+    )
     return record
 
 
