@@ -203,7 +203,8 @@ def _alive(pid: int) -> bool:
 
 
 class EvalWorker:
-    """`ki --config <eval config> sync run` as a child; its pid file lets a later run find an orphan."""
+    """`ki --config <eval config> sync run` as a child; its pid file lets a later run find a worker
+    whose parent was killed, and adopt it (same settings) or stop it (other settings)."""
 
     def __init__(self, target: EvalTarget, log_path: Path) -> None:
         self.target = target
@@ -212,10 +213,12 @@ class EvalWorker:
         self.config_path = target.state_dir / "worker-config.json"
         self.pid_path = target.state_dir / "worker.json"
         self.process: subprocess.Popen[bytes] | None = None
+        self.adopted: int | None = None  # pid of an earlier run's worker this run took over
+        self.port = self.settings.streams.web_port
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.settings.streams.web_port}/metrics"
+        return f"http://127.0.0.1:{self.port}/metrics"
 
     def answering(self) -> bool:
         try:
@@ -230,24 +233,30 @@ class EvalWorker:
     def _recorded(self) -> dict[str, Any] | None:
         try:
             record = json.loads(self.pid_path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, ValueError):
             return None
         return record if isinstance(record, dict) and _alive(int(record.get("pid", 0))) else None
+
+    def adopt(self) -> int | None:
+        """Take over an earlier run's worker of this eval if it runs with these settings and answers."""
+        record = self._recorded()
+        if record is None or record.get("app_id") != self.settings.streams.app_id:
+            return None
+        port, self.port = self.port, int(record.get("port", 0))
+        if not self.answering():
+            self.port = port
+            return None
+        self.adopted = int(record["pid"])
+        return self.adopted
 
     def stop_orphan(self) -> int | None:
         """An earlier run's worker of this eval key still running (its parent was killed): stop it."""
         record = self._recorded()
         if record is None:
+            self.pid_path.unlink(missing_ok=True)
             return None
         pid = int(record["pid"])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _terminate(pid)
         self.pid_path.unlink(missing_ok=True)
         return pid
 
@@ -260,22 +269,23 @@ class EvalWorker:
             self.process = subprocess.Popen(
                 self.command(), cwd=workdir, stdout=log, stderr=log, env=child_env(self.config_path)
             )
-        self.pid_path.write_text(json.dumps({"pid": self.process.pid, "app_id": self.settings.streams.app_id}))
+        self.pid_path.write_text(
+            json.dumps({"pid": self.process.pid, "app_id": self.settings.streams.app_id, "port": self.port})
+        )
         deadline = time.monotonic() + timeout_s
         while not self.answering():
             self.check_alive()
             if time.monotonic() > deadline:
                 self.stop()
-                raise IsolationError(
-                    f"the eval sync worker did not come up within {timeout_s:.0f}s; see {self.log_path}"
-                )
+                raise IsolationError(f"the eval sync worker did not come up in {timeout_s:.0f}s; see {self.log_path}")
             time.sleep(0.5)  # polling interval of a deadline loop
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
-            raise IsolationError(
-                f"the eval sync worker exited with code {self.process.returncode}; see {self.log_path}"
-            )
+            code = self.process.returncode
+            raise IsolationError(f"the eval sync worker exited with code {code}; see {self.log_path}")
+        if self.adopted is not None and not _alive(self.adopted):
+            raise IsolationError(f"the adopted eval sync worker (pid {self.adopted}) exited; see {self.log_path}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -285,7 +295,23 @@ class EvalWorker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)
+        if self.adopted is not None:
+            _terminate(self.adopted)
         self.pid_path.unlink(missing_ok=True)
+
+
+def _terminate(pid: int, timeout_s: float = 60.0) -> None:
+    """SIGTERM (Faust commits its offsets on the way out), SIGKILL after `timeout_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if it happens to be our child
+        time.sleep(0.2)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 # --- drop ----------------------------------------------------------------------------------------

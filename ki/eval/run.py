@@ -830,6 +830,10 @@ def _start_worker(
     if options.worker == "external":
         progress(f"eval: waiting for an external sync worker; run: ki --config {worker.config_path} sync run")
         return None
+    adopted = worker.adopt()
+    if adopted:
+        progress(f"eval: an earlier run's eval worker (pid {adopted}, same settings) is still indexing; using it")
+        return worker
     orphan = worker.stop_orphan()
     if orphan:
         progress(f"eval: stopped an earlier run's eval worker (pid {orphan})")

@@ -361,3 +361,47 @@ def test_output_names_carry_the_data_set_and_the_subset():
     assert out_stem("xquad-de", None, None) == "xquad-de"
     assert out_stem("xquad-de", 100, 20) == "xquad-de-docs100-q20"
     assert out_stem("my set/1", None, None, "standard") == "my-set-1-standard"
+
+
+_FAKE_WORKER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ki_sync_events_total 0")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_otherwise(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    base = Settings.model_validate({"stack": {"home": str(tmp_path)}})
+    target = isolation.make_target(base, "k_1", analyzer="german", embedding_signature="e", web_port=1)
+    port = isolation.free_port()
+    fake = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER, str(port)])
+    try:
+        target.state_dir.mkdir(parents=True)
+        record = {"pid": fake.pid, "app_id": target.settings.streams.app_id, "port": port}
+        (target.state_dir / "worker.json").write_text(json.dumps(record))
+        worker = isolation.EvalWorker(target, tmp_path / "w.log")
+        deadline = time.monotonic() + 20
+        while worker.adopt() is None:  # the fake needs a moment to listen
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert worker.adopted == fake.pid and worker.port == port
+        worker.check_alive()
+        # Another settings variant of the same eval key does not adopt it; stop_orphan ends it.
+        other = isolation.make_target(base, "k_1", analyzer="standard", embedding_signature="e", web_port=1)
+        stranger = isolation.EvalWorker(other, tmp_path / "w.log")
+        assert stranger.adopt() is None
+        assert stranger.stop_orphan() == fake.pid
+        assert fake.wait(10) is not None
+        assert not (target.state_dir / "worker.json").exists()
+        assert stranger.stop_orphan() is None
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+            fake.wait()
