@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def _hits(client: OpenSearch, alias: str, word: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     out = tmp_path_factory.mktemp("eval")
     marker = f"Isolationsmarker{uuid.uuid4().hex[:10]}"
     _write_marker(settings, marker)  # in the main database's CDC stream while the eval runs
@@ -80,8 +81,9 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
     path = out / "mietrecht-mini.json"
     assert path.is_file(), f"no JSON written; stdout:\n{done.stdout}"
     record = json.loads(path.read_text())
-    return {"record": record, "stdout": done.stdout, "stderr": done.stderr, "out": out, "marker": marker,
-            "seconds": seconds}  # fmt: skip
+    yield {"record": record, "stdout": done.stdout, "stderr": done.stderr, "out": out, "marker": marker,
+           "seconds": seconds}  # fmt: skip
+    _ki("eval", "--data", str(DATA), "--drop", timeout=300)  # whatever a failed test left (a no-op after the drop test)
 
 
 def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
