@@ -60,6 +60,9 @@ class RetrievalSettings(_Section):
     rerank_api_key_env: str = "KI_RERANK_API_KEY"
     graph_rag_enabled: bool = False
     text_analyzer: str = Field("german", min_length=1)
+    # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
+    # settings shows hybrid >= lexical (search.evidence). Relative paths start at the repository root.
+    evidence_dir: str = Field("benchmarks", min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalSettings:

@@ -10,6 +10,7 @@ emoji ZWJ sequence.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -21,6 +22,18 @@ class Chunk:
     start: int
     end: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    """The embedder's window: `count_tokens(s)` is what the model sees for `s` as a document (prefix
+    and special tokens included, no truncation); a string fits when that is at most `max_tokens`."""
+
+    count_tokens: Callable[[str], int]
+    max_tokens: int
+
+    def fits(self, embed_input: str) -> bool:
+        return self.count_tokens(embed_input) <= self.max_tokens
 
 
 # Characters that must stay attached to the character before them.
@@ -68,13 +81,44 @@ def _safe_start(text: str, start: int, floor: int) -> int:
     return start
 
 
-def split_text(text: str, chunk_chars: int, overlap_chars: int) -> list[Chunk]:
+def _fitting_end(text: str, start: int, end: int, floor: int, fits: Callable[[str], bool]) -> int:
+    """The longest window end in (floor, end) whose window `text[start:cut]` fits, by bisection.
+
+    Each probed limit is cut like an ordinary window (newline, then whitespace, then a safe hard
+    cut, in the probed window's second half). If not even the shortest window fits (one enormous
+    token run), the shortest is taken: the embedder truncates it and the eval counts it as truncated.
+    """
+
+    def cut_at(limit: int) -> int:
+        earliest = max(floor, start + (limit - start) // 2)
+        return _find_cut(text, earliest, limit) if limit - earliest > 1 else limit
+
+    best = floor + 1
+    lo, hi = floor + 1, end  # every limit >= hi is known not to fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        cut = cut_at(mid)
+        if fits(text[start:cut]):
+            best, lo = max(best, cut), mid + 1
+        else:
+            hi = mid
+    return best
+
+
+def split_text(
+    text: str, chunk_chars: int, overlap_chars: int, fits: Callable[[str], bool] | None = None
+) -> list[Chunk]:
     """Split `text` into windows of at most `chunk_chars` code points.
 
     Consecutive windows share `overlap_chars` characters (a little more when the overlap start is
     moved back to a cluster boundary). Together the windows cover the whole text; windows that
     would hold only whitespace are dropped, and ordinals stay consecutive. Deterministic: the
     same input gives the same chunks.
+
+    `fits`, if given, says whether a window's text fits the embedder (its caller counts the
+    model's tokens, header and prefix included; chunking itself stays free of any tokenizer). A
+    window that does not fit is cut shorter — still preferring newlines and spaces — until it does,
+    so `chunk_chars` is an upper bound and the token window the real limit.
     """
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be >= 1, got {chunk_chars}")
@@ -95,6 +139,9 @@ def split_text(text: str, chunk_chars: int, overlap_chars: int) -> list[Chunk]:
     while True:
         limit = start + chunk_chars
         end = length if limit >= length else _find_cut(text, start + min_advance, limit)
+        if fits is not None and not fits(text[start:end]):
+            # Token-dense text (numbers, citations, foreign words): shorter windows, still past the overlap.
+            end = _fitting_end(text, start, end, start + overlap_chars, fits)
         window = text[start:end]
         if not window.isspace():
             chunks.append(Chunk(ordinal=len(chunks), start=start, end=end, text=window))

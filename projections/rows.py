@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any, Literal
 
 from ki.settings import RetrievalSettings
-from projections.chunking import split_text
+from projections.chunking import TokenBudget, split_text
+from projections.text import normalise_text
 
 VersionStatus = Literal["draft", "final", "executed", "unknown"]
 ChunkKind = Literal["chunk", "profile", "clause"]
@@ -163,6 +164,21 @@ def _clean_identifiers(identifiers: Iterable[str]) -> list[str]:
     return list(seen)
 
 
+def _normalised(document: DocumentState) -> DocumentState:
+    return replace(
+        document,
+        title=normalise_text(document.title),
+        identifiers=tuple(normalise_text(i) for i in document.identifiers),
+    )
+
+
+def _normalised_version(version: VersionState) -> VersionState:
+    clauses = tuple(
+        replace(c, locus=normalise_text(c.locus), text=normalise_text(c.text)) for c in version.notable_clauses
+    )
+    return replace(version, text=normalise_text(version.text), notable_clauses=clauses)
+
+
 def context_header(title: str, doc_type_label: str | None, matter_title: str | None) -> str:
     """One line joining the title, the document type label and the matter title."""
     parts = (" ".join(p.split()) for p in (title, doc_type_label or "", matter_title or ""))
@@ -207,16 +223,23 @@ def build_rows(
     settings: RetrievalSettings,
     matter_reference: str | None = None,
     source_object_id: str | None = None,
+    token_budget: TokenBudget | None = None,
 ) -> list[IndexRow]:
     """All index rows of `version`, in order: profile (if any), body chunks, clauses.
 
     A deleted document has no rows. The profile row exists only for the document's latest final
     version; clause rows only for final/executed versions; each behind its settings switch.
+    Every text is normalised first (`projections.text`); with a `token_budget`, body chunks are cut so
+    that their embedding input (header included) fits the embedder's window.
     """
     if version.document_id != document.id:
         raise ValueError(f"version {version.id} belongs to document {version.document_id}, not {document.id}")
     if document.deleted_at is not None:
         return []
+    document, version = _normalised(document), _normalised_version(version)
+    doc_type_label = normalise_text(doc_type_label) if doc_type_label else doc_type_label
+    matter_title = normalise_text(matter_title) if matter_title else matter_title
+    matter_reference = normalise_text(matter_reference) if matter_reference else matter_reference
 
     identifiers = _clean_identifiers(document.identifiers)
     ancestors = list(dict.fromkeys(str(a) for a in doc_type_ancestors))
@@ -275,7 +298,8 @@ def build_rows(
         # The profile already names title, type and matter; a header would only repeat them.
         rows.append(make_row("profile", PROFILE_ORDINAL, profile, profile))
 
-    for chunk in split_text(version.text, settings.chunk_chars, settings.chunk_overlap_chars):
+    fits = (lambda window: token_budget.fits(contextualized(window))) if token_budget is not None else None
+    for chunk in split_text(version.text, settings.chunk_chars, settings.chunk_overlap_chars, fits):
         rows.append(make_row("chunk", chunk.ordinal, chunk.text, contextualized(chunk.text)))
 
     if settings.clause_embeddings and version.status in CLAUSE_STATUSES:

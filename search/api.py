@@ -3,7 +3,8 @@
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /healthz`, `GET /readyz`,
 `GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
-400 bad input (naming the field), 401 missing/invalid token, 413 body too large, 422 window too deep,
+400 bad input (naming the field), 409 `semantic_unavailable` (a `mode` needing vectors where the
+semantic leg is off), 401 missing/invalid token, 413 body too large, 422 window too deep,
 429 / 503 `overloaded` (admission control, with Retry-After),
 503 OpenSearch or the reranker unavailable (never a partial or silently unreranked answer).
 """
@@ -33,7 +34,7 @@ from search.filters import (
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
 from search.rerank import RerankUnavailable
-from search.service import SearchService, SearchUnavailable
+from search.service import SearchService, SearchUnavailable, SemanticUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return response
     except RequestInvalid as exc:
         return _error(400, "invalid_request", exc.message, field=exc.field)
+    except SemanticUnavailable as exc:
+        return _error(409, "semantic_unavailable", str(exc), field="mode")
     except WindowTooDeep as exc:
         return _error(422, "window_too_deep", str(exc), field="offset", max_window=MAX_RANKED_WINDOW)
     except SearchUnavailable as exc:
@@ -205,6 +208,7 @@ async def create_app(settings: Settings) -> web.Application:
     engine = make_async_engine(settings, isolation_level="AUTOCOMMIT")
     client = make_client(settings)
     service = SearchService(settings, engine, client, embedder)
+    log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
     app = build_app(settings, service)
 
     async def close(_: web.Application) -> None:

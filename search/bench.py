@@ -312,7 +312,8 @@ def query_mix(seed: int, identifiers: Sequence[str], doc_type_id: int | None) ->
         filters[4] = {"doc_type": [doc_type_id]}
     bodies = []
     for i, query in enumerate(texts):
-        body: dict[str, Any] = {"query": query, "limit": LIMIT}
+        # Hybrid explicitly: the benchmark measures the full path, whatever the evidence gate defaults to.
+        body: dict[str, Any] = {"query": query, "limit": LIMIT, "mode": "hybrid"}
         chosen = filters[i % len(filters)]
         if chosen:
             body["filters"] = chosen

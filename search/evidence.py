@@ -1,19 +1,42 @@
-"""What a measured figure is bound to: the data, the embedder, the analyzer and the ranking settings.
+"""Evidence-gated hybrid search: the semantic leg runs by default only where a measurement says it helps.
 
-A report (`ki eval`) carries `binding_for(...)` and its `binding_hash`; two figures are comparable
-only if their bindings agree on what the comparison does not vary. Hashes are sha256 over canonical
-JSON (sorted keys, no whitespace), cut to a short hex prefix.
+A weak semantic leg fused with equal weight can push the right document down (on German text an
+English embedder did exactly that). So the service does not assume hybrid is better: `ki eval` writes
+reports, each bound by hashes to what it measured —
+
+* `dataset_sha256`: the corpus, query and judgment files;
+* `embedding_signature`: model + dimension (the index is bound to it too);
+* `analyzer_hash`: the analysis chain and the text normalisation rules (what the lexical leg sees);
+* `ranking_hash`: fusion weights, `rrf_k`, status boosts, chunking and collapse settings (what turns
+  the legs into a ranking) —
+
+and the service loads the reports from `retrieval.evidence_dir` at start-up. Semantic is on by default
+only when at least one report matches the service's own embedding signature, analyzer and ranking
+hashes, and no matching report shows hybrid below lexical (nDCG@10). Otherwise the default is
+keyword-only and every response says why. A request's explicit `mode` is always honoured.
+
+Pure apart from `load_reports`, which only reads files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
-from ki.settings import Settings
+from ki.settings import REPO_ROOT, RetrievalSettings, Settings
+from projections.text import NORMALISATION_VERSION
 
-#: The retrieval settings that decide the ranking of an index built with a given analyzer and embedder.
+log = logging.getLogger(__name__)
+
+Mode = Literal["hybrid", "lexical", "semantic"]
+MODES: tuple[Mode, ...] = ("hybrid", "lexical", "semantic")
+
+# What decides a ranking besides the index contents; any change invalidates a report.
 RANKING_FIELDS: tuple[str, ...] = (
     "fusion_rrf_k",
     "weight_lexical",
@@ -28,40 +51,138 @@ RANKING_FIELDS: tuple[str, ...] = (
     "collapse_per_document",
     "max_chunks_per_document",
 )
+METRIC = "ndcg@10"
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+def _digest(value: Any, length: int) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:length]
 
 
-def short_hash(value: Any, length: int = 12) -> str:
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()[:length]
-
-
-def analyzer_definition(settings: Settings) -> dict[str, Any]:
-    """The analyzer of the `text` field: `retrieval.text_analyzer`, plus `retrieval.text_analysis`
-    (custom analysis chain) where the settings have it."""
-    retrieval = settings.retrieval
-    definition: dict[str, Any] = {"text_analyzer": retrieval.text_analyzer}
-    analysis = getattr(retrieval, "text_analysis", None)
-    if analysis is not None:
-        definition["text_analysis"] = analysis.model_dump(mode="json") if hasattr(analysis, "model_dump") else analysis
-    return definition
-
-
-def ranking_settings(settings: Settings) -> dict[str, Any]:
-    dumped = settings.retrieval.model_dump(mode="json")
-    return {name: dumped[name] for name in RANKING_FIELDS}
-
-
-def binding_for(settings: Settings, embedding_signature: str, dataset_sha256: str) -> dict[str, Any]:
+def analyzer_definition(retrieval: RetrievalSettings) -> dict[str, Any]:
+    """The analyzer by name, its custom definition if any, and the normalisation rules' version."""
     return {
-        "dataset_sha256": dataset_sha256,
-        "embedding_signature": embedding_signature,
-        "analyzer_hash": short_hash(analyzer_definition(settings)),
-        "ranking_hash": short_hash(ranking_settings(settings)),
+        "text_analyzer": retrieval.text_analyzer,
+        "text_analysis": getattr(retrieval, "text_analysis", None) or {},
+        "normalisation": NORMALISATION_VERSION,
     }
 
 
-def binding_hash(binding: dict[str, Any]) -> str:
-    return short_hash(binding, 16)
+def analyzer_hash(retrieval: RetrievalSettings) -> str:
+    return _digest(analyzer_definition(retrieval), 12)
+
+
+def ranking_hash(retrieval: RetrievalSettings) -> str:
+    return _digest({name: getattr(retrieval, name) for name in RANKING_FIELDS}, 12)
+
+
+def binding_for(settings: Settings, embedding_signature: str, dataset_sha256: str) -> dict[str, str]:
+    """What a report was measured with; `binding_hash` of it goes into the report beside it."""
+    return {
+        "dataset_sha256": dataset_sha256,
+        "embedding_signature": embedding_signature,
+        "analyzer_hash": analyzer_hash(settings.retrieval),
+        "ranking_hash": ranking_hash(settings.retrieval),
+    }
+
+
+def binding_hash(binding: dict[str, str]) -> str:
+    return _digest(binding, 16)
+
+
+@dataclass(frozen=True)
+class EvidenceReport:
+    """The part of a `ki eval` report the gate reads."""
+
+    path: str
+    dataset: str
+    binding: dict[str, str]
+    lexical: float
+    hybrid: float
+
+    def matches(self, settings: Settings, embedding_signature: str) -> bool:
+        b = self.binding
+        return (
+            b.get("embedding_signature") == embedding_signature
+            and b.get("analyzer_hash") == analyzer_hash(settings.retrieval)
+            and b.get("ranking_hash") == ranking_hash(settings.retrieval)
+        )
+
+
+class ReportInvalid(ValueError):
+    """A file that claims to be an eval report but cannot be used as evidence."""
+
+
+def parse_report(path: str, data: Any) -> EvidenceReport | None:
+    """The report in `data`, None when it is no eval report (other benchmarks share the folder).
+
+    Raises `ReportInvalid` when it has a binding that does not verify (edited by hand) or lacks the
+    lexical / hybrid figures."""
+    if not isinstance(data, dict) or "binding" not in data:
+        return None
+    binding = data.get("binding")
+    if not isinstance(binding, dict) or data.get("binding_hash") != binding_hash(binding):
+        raise ReportInvalid(f"{path}: binding_hash does not match its binding (edited after `ki eval` wrote it?)")
+    try:
+        lexical = float(data["results"]["lexical"][METRIC])
+        hybrid = float(data["results"]["hybrid"][METRIC])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportInvalid(f"{path}: no lexical and hybrid {METRIC} in results ({exc})") from None
+    dataset = data.get("dataset")
+    name = dataset.get("name") if isinstance(dataset, dict) else dataset
+    return EvidenceReport(path, str(name or Path(path).stem), {k: str(v) for k, v in binding.items()}, lexical, hybrid)
+
+
+def resolve_dir(directory: str) -> Path:
+    path = Path(directory).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def load_reports(directory: str) -> list[EvidenceReport]:
+    """Every usable report in `directory` (`*.json`, not recursive); unusable ones are logged and skipped."""
+    folder = resolve_dir(directory)
+    if not folder.is_dir():
+        return []
+    reports: list[EvidenceReport] = []
+    for file in sorted(folder.glob("*.json")):
+        try:
+            report = parse_report(str(file), json.loads(file.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError, ReportInvalid) as exc:
+            log.warning("evidence: ignoring %s: %s", file, exc)
+            continue
+        if report is not None:
+            reports.append(report)
+    return reports
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The default mode and the sentence that explains it (in every response and in `explain`)."""
+
+    default_mode: Mode
+    reason: str
+    reports: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"default_mode": self.default_mode, "reason": self.reason, "reports": list(self.reports)}
+
+
+def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_signature: str) -> GateDecision:
+    """Hybrid by default iff a matching report exists and none of the matching ones has hybrid < lexical."""
+    r = settings.retrieval
+    if r.weight_semantic <= 0:
+        return GateDecision("lexical", "the semantic leg is switched off (retrieval.weight_semantic is 0)")
+    matching = [rep for rep in reports if rep.matches(settings, embedding_signature)]
+    if not matching:
+        return GateDecision(
+            "lexical",
+            f"no evaluation report matches these settings (embedding {embedding_signature}, analyzer "
+            f"{analyzer_hash(r)}, ranking {ranking_hash(r)}): keyword-only until `ki eval` shows hybrid helps",
+        )
+    names = tuple(rep.dataset for rep in matching)
+    worse = [rep for rep in matching if rep.hybrid < rep.lexical]
+    if worse:
+        detail = ", ".join(f"{w.dataset} {w.hybrid:.3f} < {w.lexical:.3f}" for w in worse)
+        return GateDecision("lexical", f"hybrid ranked below lexical ({METRIC}) on {detail}: keyword-only", names)
+    detail = ", ".join(f"{m.dataset} {m.hybrid:.3f} >= {m.lexical:.3f}" for m in matching)
+    return GateDecision("hybrid", f"hybrid ranked at least as well as lexical ({METRIC}) on {detail}", names)

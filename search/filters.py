@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ki.settings import ApiSettings
+from projections.text import normalise_text
 
 MAX_RANKED_WINDOW = 500
 #: Ids are PostgreSQL bigints; a larger number is bad input, not a database error.
@@ -152,13 +153,19 @@ def _check_query(value: str, info: ValidationInfo, blank_hint: str) -> str:
     limit = _api(info).max_query_chars
     if len(value) > limit:
         raise ValueError(f"at most {limit} characters allowed, got {len(value)}")
-    return check_text(value)
+    # The same normalisation as every indexed text (NFC, soft hyphens, space variants...).
+    return normalise_text(check_text(value))
 
 
 class SearchRequest(_Paged):
     """`POST /v1/search`: ranked hybrid search."""
 
     query: str = Field(..., description="query text; a pasted identifier is matched by the identifier leg")
+    mode: Literal["hybrid", "lexical", "semantic"] | None = Field(
+        None,
+        description="legs to run: hybrid (lexical + semantic + identifier), lexical (lexical + identifier) or "
+        "semantic only; default: what the evaluation reports support (see the response's `mode`)",
+    )
 
     @field_validator("query")
     @classmethod

@@ -40,6 +40,7 @@ _EXPLAIN = {
     "type": "object",
     "description": "score = sum(rrf_parts) * status_boost (replaced by rerank_score when the hit was reranked)",
     "properties": {
+        "mode": {"type": "string", "enum": ["hybrid", "lexical", "semantic"], "description": "the legs that ran"},
         "ranks": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "0-based per leg"},
         "weights": {"type": "object", "additionalProperties": {"type": "number"}},
         "rrf_k": {"type": "integer"},
@@ -101,6 +102,23 @@ def _page(item: str) -> dict[str, Any]:
     }
 
 
+_MODE = {
+    "type": "object",
+    "description": "which legs ran: the request's `mode`, else the evidence gate's default, and why",
+    "properties": {
+        "used": {"type": "string", "enum": ["hybrid", "lexical", "semantic"]},
+        "requested": {"type": "string", "enum": ["hybrid", "lexical", "semantic"], "nullable": True},
+        "reason": {"type": "string"},
+    },
+}
+
+
+def _ranked_page(item: str) -> dict[str, Any]:
+    page = _page(item)
+    page["properties"]["mode"] = {"$ref": "#/components/schemas/Mode"}
+    return page
+
+
 def _err(description: str) -> dict[str, Any]:
     return {
         "description": description,
@@ -116,6 +134,7 @@ def _post(summary: str, request: str, response: str, extra: dict[str, Any] | Non
         },
         "400": _err("invalid input; `field` names the offending field"),
         "401": _err("missing or invalid bearer token"),
+        "409": _err("`mode` needs the semantic leg, which is switched off on this service"),
         "413": _err("request body too large"),
         "422": _err(f"offset + limit exceeds {MAX_RANKED_WINDOW}"),
         "429": _err("at capacity: too many requests in flight and waiting; retry later"),
@@ -146,7 +165,9 @@ def openapi_document() -> dict[str, Any]:
         Citation=_CITATION,
         Explain=_EXPLAIN,
         Hit=_HIT,
-        SearchResponse=_page("Hit"),
+        Mode=_MODE,
+        SearchResponse=_ranked_page("Hit"),
+        FilterResponse=_page("Hit"),
         Decision=_DECISION,
         DecisionResponse=_page("Decision"),
     )
@@ -160,7 +181,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/search/filter": _post(
                 "Metadata-only search (doc_date descending, one hit per version, score 0)",
                 "FilterRequest",
-                "SearchResponse",
+                "FilterResponse",
             ),
             "/v1/decisions/search": _post(
                 "Decision records by token overlap; only those whose document and evidence the caller may see",

@@ -25,6 +25,7 @@ from ki.acl import Caller, VisibleObservation, resolve_caller, visible_observati
 from ki.embedding import Embedder
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
+from search.evidence import Mode, decide, load_reports
 from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
 from search.legs import (
@@ -43,6 +44,10 @@ from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
 
 class SearchUnavailable(RuntimeError):
     """OpenSearch could not answer (unreachable, timed out, or returned an error)."""
+
+
+class SemanticUnavailable(ValueError):
+    """The request asked for a mode with the semantic leg, but this service has no query vectors to give."""
 
 
 class EmbeddingCache:
@@ -103,15 +108,19 @@ class SearchResult:
     limit: int
     has_more: bool
     timings_ms: dict[str, float] = field(default_factory=dict)
+    mode: dict[str, Any] | None = None  # ranked search: which legs ran and why
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "hits": self.hits,
             "offset": self.offset,
             "limit": self.limit,
             "has_more": self.has_more,
             "timings_ms": self.timings_ms,
         }
+        if self.mode is not None:
+            out["mode"] = self.mode
+        return out
 
 
 def reverify(
@@ -150,11 +159,13 @@ class FusionParams:
 
     weights: dict[str, float]
     rrf_k: int
+    mode: str | None = None
 
 
 def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
     rrf_score = sum(c.parts.values())
     return {
+        "mode": params.mode,
         "ranks": dict(c.ranks),
         "weights": {leg: params.weights[leg] for leg in c.ranks},
         "rrf_k": params.rrf_k,
@@ -212,6 +223,8 @@ class SearchService:
         self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
+        # Decided once at start-up from the evaluation reports (see search.evidence).
+        self.gate = decide(load_reports(settings.retrieval.evidence_dir), settings, embedder.signature)
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -242,7 +255,7 @@ class SearchService:
         if cached is not None:
             return cached
         loop = asyncio.get_running_loop()
-        vectors = await loop.run_in_executor(None, self.embedder.embed, [query])
+        vectors = await loop.run_in_executor(None, self.embedder.embed_queries, [query])
         vector = [float(x) for x in vectors[0]]
         self.cache.put(key, vector)
         return vector
@@ -279,8 +292,27 @@ class SearchService:
         except (OSConnectionError, TransportError) as exc:
             raise SearchUnavailable(f"OpenSearch error: {exc}") from exc
 
-    def leg_weights(self) -> dict[str, float]:
+    def resolve_mode(self, requested: Mode | None) -> Mode:
+        """The request's mode if it names one (always honoured), else the evidence gate's default."""
+        if requested is None:
+            return self.gate.default_mode
+        if requested != "lexical" and self.settings.retrieval.weight_semantic <= 0:
+            raise SemanticUnavailable(
+                f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
+            )
+        return requested
+
+    def mode_json(self, requested: Mode | None, used: Mode) -> dict[str, Any]:
+        reason = self.gate.reason if requested is None else f"requested {requested!r}"
+        return {"used": used, "requested": requested, "reason": reason}
+
+    def leg_weights(self, mode: Mode = "hybrid") -> dict[str, float]:
+        """Weights of the legs `mode` runs; a leg weighted 0 is not run."""
         r = self.settings.retrieval
+        if mode == "lexical":
+            return {"lexical": r.weight_lexical, "semantic": 0.0, "identifier": r.weight_identifier}
+        if mode == "semantic":
+            return {"lexical": 0.0, "semantic": r.weight_semantic, "identifier": 0.0}
         return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
 
     def plan_legs(
@@ -291,7 +323,7 @@ class SearchService:
         A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only trail the
         ranking with score 0 (this is how `ki eval` measures one leg alone)."""
         strict = strict_filter(scope, metadata_clauses(request.filters))
-        legs_on = active_legs(self.leg_weights())
+        legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
         return build_leg_bodies(request.query, vector, strict, request.window, legs_on)
 
     # --- public --------------------------------------------------------------------------------
@@ -300,7 +332,7 @@ class SearchService:
         started = time.perf_counter()
         # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
         vector = None
-        if "semantic" in active_legs(self.leg_weights()):
+        if "semantic" in active_legs(self.leg_weights(self.resolve_mode(request.mode))):
             vector = asyncio.ensure_future(self.embed_query(request.query))
         try:
             scope, caller = await self._compile_scope(principals, request.filters.project_id)
@@ -329,7 +361,8 @@ class SearchService:
         t = time.perf_counter()
         timings["scope"] = (t - t0) * 1000
         r = self.settings.retrieval
-        weights = self.leg_weights()
+        mode = self.resolve_mode(request.mode)
+        weights = self.leg_weights(mode)
         if vector is None and "semantic" in active_legs(weights):
             vector = self.embed_query(request.query)
         query_vector = await vector if vector is not None else None
@@ -360,10 +393,11 @@ class SearchService:
             kept = await self._rerank(request.query, kept, verified)
             timings["rerank"] = (time.perf_counter() - t5) * 1000
         page = kept[request.offset : request.window]
-        explain = FusionParams(weights, r.fusion_rrf_k) if request.explain else None
+        explain = FusionParams(weights, r.fusion_rrf_k, mode) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         timings["total"] = (time.perf_counter() - t0) * 1000
-        return SearchResult(hits, request.offset, request.limit, len(kept) > request.window, timings)
+        mode_info = self.mode_json(request.mode, mode)
+        return SearchResult(hits, request.offset, request.limit, len(kept) > request.window, timings, mode_info)
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""

@@ -34,6 +34,7 @@ from projections.rows import (
     VersionState,
     build_rows,
 )
+from projections.chunking import TokenBudget
 from streams.writer import BulkOp, ExistingRow, IndexWriter
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,8 @@ class Projector:
         self.engine = engine
         self.writer = writer
         self.embedder = embedder
+        # Body chunks are cut to the embedder's window (its own tokenizer counts; projections stay pure).
+        self.token_budget = TokenBudget(embedder.count_tokens, embedder.max_tokens)
 
     # -- resolution ----------------------------------------------------------------------------
 
@@ -405,6 +408,7 @@ class Projector:
             access=access,
             settings=self.settings.retrieval,
             source_object_id=str(state.source_object_id) if state.source_object_id is not None else None,
+            token_budget=self.token_budget,
         )
 
     # -- access-only path ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ behind retains WAL forever).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -40,7 +41,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from ki.settings import Settings, with_overrides
-from search.evidence import analyzer_definition, short_hash
+from search.evidence import analyzer_definition
 
 Progress = Callable[[str], None]
 
@@ -62,16 +63,17 @@ class IsolationError(RuntimeError):
 
 
 def index_settings_hash(settings: Settings, embedding_signature: str) -> str:
-    """8 hex over what an index is built with: analyzer definition, embedding signature, chunking."""
+    """8 hex over what an index is built with: the analyzer definition (analyzer, custom analysis,
+    text normalisation version), the embedding signature and window (chunks are cut to it), chunking."""
     retrieval = settings.retrieval.model_dump(mode="json")
-    return short_hash(
-        {
-            "analyzer": analyzer_definition(settings),
-            "embedding_signature": embedding_signature,
-            "chunking": {name: retrieval[name] for name in INDEX_FIELDS if name in retrieval},
-        },
-        8,
-    )
+    basis = {
+        "analyzer": analyzer_definition(settings.retrieval),
+        "embedding_signature": embedding_signature,
+        "embedding_max_tokens": settings.embedding.max_tokens,
+        "chunking": {name: retrieval[name] for name in INDEX_FIELDS if name in retrieval},
+    }
+    canonical = json.dumps(basis, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:8]
 
 
 @dataclass(frozen=True)

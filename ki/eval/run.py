@@ -114,8 +114,9 @@ class Projection:
     chunk_inputs: tuple[str, ...]  # the body chunks' embedding inputs
 
 
-def project(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str) -> Projection:
-    """The index rows the projection builds for these documents (the pure projection itself)."""
+def project(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str, token_budget: Any = None) -> Projection:
+    """The index rows the projection builds for these documents (the pure projection itself; with the
+    worker's `token_budget`, body chunks are cut to the embedder's window exactly as it cuts them)."""
     from projections.rows import AccessProjection, DocumentState, VersionState, build_rows
 
     access = AccessProjection((), (), 0)
@@ -134,10 +135,20 @@ def project(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str) -
             matter_title=None,
             access=access,
             settings=settings.retrieval,
+            token_budget=token_budget,
         )
         total += len(rows)
         inputs += [row.embed_input for row in rows if row.chunk_kind == "chunk"]
     return Projection(total, len(inputs), tuple(inputs))
+
+
+def token_budget(embedder: Any) -> Any:
+    """The sync worker's chunk budget for this embedder (None where the embedder cannot count tokens)."""
+    from projections.chunking import TokenBudget
+
+    if hasattr(embedder, "count_tokens") and getattr(embedder, "max_tokens", None):
+        return TokenBudget(embedder.count_tokens, embedder.max_tokens)
+    return None
 
 
 def expected_rows(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str = "de") -> int:
@@ -432,6 +443,7 @@ async def run_queries(
     concurrency: int,
     scope: Any = None,
     label: str = "",
+    mode: Mode | None = None,
     progress: Progress | None = _progress,
 ) -> ModeRun:
     """Each query through the search service; ranked corpus ids per query and which legs contributed."""
@@ -445,6 +457,8 @@ async def run_queries(
     async def one(qid: str, query: str) -> None:
         nonlocal done
         body = {"query": query, "limit": limit, "filters": {"project_id": [project_id]}, "explain": True}
+        if mode is not None:
+            body["mode"] = mode  # explicit: the service's evidence-gated default must not pick the legs
         try:
             request = parse_search_request(body, service.settings.api)
         except RequestInvalid as exc:
@@ -631,7 +645,7 @@ async def evaluate_dataset(
             postgres_version = str(conn.execute(text("SHOW server_version")).scalar_one())
     finally:
         engine.dispose()
-    projection = project(data.docs, es, dataset.language)
+    projection = project(data.docs, es, dataset.language, token_budget(embedder))
     client = make_client(es)
     try:
         opensearch_info = await client.info()
@@ -646,12 +660,12 @@ async def evaluate_dataset(
             details: dict[str, dict[str, Any]] = {}
             runs: dict[str, dict[str, list[str]]] = {}
 
-            async def measure(label: str, run_settings: Settings) -> None:
+            async def measure(label: str, run_settings: Settings, mode: Mode) -> None:
                 service = SearchService(run_settings, async_engine, client, embedder)
                 service.cache = cache  # one query vector per query across modes
                 mode_run = await run_queries(
                     service, principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
-                    limit=EVAL_LIMIT, concurrency=options.concurrency, label=label, progress=progress,
+                    limit=EVAL_LIMIT, concurrency=options.concurrency, label=label, mode=mode, progress=progress,
                 )  # fmt: skip
                 runs[label] = mode_run.run
                 scores = evaluate(mode_run.run, data.judged.qrels)
@@ -671,7 +685,7 @@ async def evaluate_dataset(
                 }
 
             for mode in MODES:
-                await measure(mode, mode_settings(es, mode))
+                await measure(mode, mode_settings(es, mode), mode)
             tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None
             if options.tune:
@@ -680,7 +694,7 @@ async def evaluate_dataset(
                                                   loaded, options, progress)  # fmt: skip
                 tuned = {"weight_lexical": best.weight_lexical, "weight_semantic": best.weight_semantic,
                          "fusion_rrf_k": best.rrf_k}  # fmt: skip
-                await measure("hybrid-tuned", mode_settings(es, "hybrid", best))
+                await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
         finally:
             await async_engine.dispose()
     finally:
@@ -881,7 +895,7 @@ async def _tune(
         service.cache = cache
         mode_run = await run_queries(
             service, principals, train_queries, project_id=loaded.project_id, documents=loaded.documents,
-            limit=TUNE_LIMIT, concurrency=options.concurrency, scope=scope, progress=None,
+            limit=TUNE_LIMIT, concurrency=options.concurrency, scope=scope, mode="hybrid", progress=None,
         )  # fmt: skip
         score = evaluate(mode_run.run, train_qrels)["ndcg@10"]
         scored.append((config, score))

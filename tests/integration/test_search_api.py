@@ -356,7 +356,7 @@ def test_metrics(server: Server, data: Data, settings: Settings) -> None:
     query = f"{data.word} Metriken {uuid.uuid4().hex[:6]}"  # a query vector nobody has cached yet
     before = scrape(server)
     for _ in range(2):
-        assert server.call("/v1/search", {"query": query}, bob)[0] == 200
+        assert server.call("/v1/search", {"query": query, "mode": "hybrid"}, bob)[0] == 200
     assert server.call("/v1/search", {"query": query})[0] == 401
     assert server.call("/v1/search", {"query": query, "limit": 0}, bob)[0] == 400
     after = scrape(server)
@@ -457,9 +457,8 @@ def visible(server: Server, data: Data, who: str, path: str = "/v1/search", **ex
 
 
 def test_explain_parts_add_up_to_the_score(server: Server, data: Data, settings: Settings) -> None:
-    status, body = server.call(
-        "/v1/search", {"query": data.word, "limit": 10, "explain": True}, token(settings, data, "erin")
-    )
+    request = {"query": data.word, "limit": 10, "explain": True, "mode": "hybrid"}
+    status, body = server.call("/v1/search", request, token(settings, data, "erin"))
     assert status == 200 and {h["document_id"] for h in body["hits"]} == {data.docs["e"], data.docs["f"]}
     r = settings.retrieval
     weights = {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
@@ -672,3 +671,64 @@ def test_overload_is_refused_at_once_instead_of_queueing(
         gateway.release()
         srv.stop()
         gateway.stop()
+
+
+def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
+    isolation: dict[str, str], data: Data, settings: Settings, iso_settings: Settings, tmp_path_factory
+) -> None:
+    from ki.embedding import create_embedder
+    from search.evidence import binding_for, binding_hash
+
+    erin = token(settings, data, "erin")
+    reports = tmp_path_factory.mktemp("evidence")
+    signature = create_embedder(iso_settings).signature
+
+    def legs(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+        status, answer = srv.call("/v1/search", {"query": data.word, "explain": True, **body}, erin)
+        assert status == 200, answer
+        assert answer["hits"], answer
+        return answer["mode"], set().union(*(h["explain"]["ranks"] for h in answer["hits"]))
+
+    # No report for these settings: keyword-only by default, and the response says why.
+    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__EVIDENCE_DIR=str(reports))
+    srv.start()
+    try:
+        mode, ran = legs(srv, {})
+        assert mode["used"] == "lexical" and mode["requested"] is None and "no evaluation report" in mode["reason"]
+        assert "semantic" not in ran
+        mode, ran = legs(srv, {"mode": "hybrid"})
+        assert mode == {"used": "hybrid", "requested": "hybrid", "reason": "requested 'hybrid'"} and "semantic" in ran
+        mode, ran = legs(srv, {"mode": "semantic"})
+        assert mode["used"] == "semantic" and ran == {"semantic"}
+        status, answer = srv.call("/v1/search", {"query": data.word, "mode": "fuzzy"}, erin)
+        assert status == 400 and answer["field"] == "mode"
+    finally:
+        srv.stop()
+
+    # A report bound to exactly these settings that shows hybrid >= lexical: hybrid by default.
+    binding = binding_for(iso_settings, signature, "0" * 64)
+    record = {
+        "dataset": {"name": "tiny-de"},
+        "binding": binding,
+        "binding_hash": binding_hash(binding),
+        "results": {"lexical": {"ndcg@10": 0.5}, "hybrid": {"ndcg@10": 0.6}},
+    }
+    (reports / "tiny-de.json").write_text(json.dumps(record))
+    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__EVIDENCE_DIR=str(reports))
+    srv.start()
+    try:
+        mode, ran = legs(srv, {})
+        assert mode["used"] == "hybrid" and "tiny-de 0.600 >= 0.500" in mode["reason"] and "semantic" in ran
+    finally:
+        srv.stop()
+
+    # The semantic leg switched off: a mode that needs it is a typed 409 naming the field.
+    srv = Server("search-api-no-semantic", **isolation, KI_RETRIEVAL__WEIGHT_SEMANTIC="0")
+    srv.start()
+    try:
+        status, answer = srv.call("/v1/search", {"query": data.word, "mode": "semantic"}, erin)
+        assert status == 409 and answer["error"] == "semantic_unavailable" and answer["field"] == "mode"
+        mode, ran = legs(srv, {"mode": "lexical"})
+        assert mode["used"] == "lexical" and "semantic" not in ran
+    finally:
+        srv.stop()

@@ -120,3 +120,50 @@ def test_deterministic_and_well_formed_on_random_text():
         chunks = split_text(text, chunk_chars, overlap)
         assert chunks == split_text(text, chunk_chars, overlap)
         assert_well_formed(text, chunks, chunk_chars)
+
+
+# --- cutting to the embedder's token window ----------------------------------------------------
+
+
+def _word_tokens(text: str) -> int:
+    """A stand-in tokenizer: one token per word plus two special tokens."""
+    return len(text.split()) + 2
+
+
+def test_windows_fit_the_token_budget_and_cover_the_text():
+    from projections.chunking import TokenBudget
+
+    rng = random.Random(7)
+    words = ["Kündigung", "§", "573", "Abs.", "2", "BGB", "Mieter", "Vermieter", "Frist", "1.2.2024"]
+    text = " ".join(rng.choice(words) for _ in range(3000))
+    budget = TokenBudget(_word_tokens, 80)
+    chunks = split_text(text, 1200, 120, fits=budget.fits)
+    assert_well_formed(text, chunks, 1200)
+    assert all(budget.fits(c.text) for c in chunks)
+    # Without the budget the same windows would overflow it: the budget is what cut them.
+    assert not all(budget.fits(c.text) for c in split_text(text, 1200, 120))
+    # Windows stay long: the budget is used, not a few words per chunk.
+    assert min(_word_tokens(c.text) for c in chunks[:-1]) >= 40
+
+
+def test_token_budget_keeps_overlap_and_prefers_word_boundaries():
+    from projections.chunking import TokenBudget
+
+    text = " ".join(f"Wort{i}" for i in range(400))
+    chunks = split_text(text, 1000, 50, fits=TokenBudget(_word_tokens, 60).fits)
+    assert_well_formed(text, chunks, 1000)
+    for prev, nxt in zip(chunks, chunks[1:], strict=False):
+        assert prev.end - nxt.start >= 50  # the overlap survives the shorter windows
+        assert text[prev.end - 1] == " " or prev.end == len(text)  # cut after a space, not inside a word
+
+
+def test_text_that_never_fits_still_terminates_with_short_windows():
+    text = "x" * 500  # one "word": the stand-in counts 3 tokens for any window of it
+    chunks = split_text(text, 200, 20, fits=lambda window: False)
+    assert_well_formed(text, chunks, 200)
+    assert all(c.end - c.start <= 21 for c in chunks)
+
+
+def test_windows_that_fit_are_unchanged_by_the_budget():
+    text = "Ein kurzer Satz. " * 200
+    assert split_text(text, 300, 30, fits=lambda window: True) == split_text(text, 300, 30)

@@ -318,3 +318,42 @@ def test_access_update_touches_only_principal_fields():
         "access_version": 5,
     }
     assert updates[0].doc is not updates[1].doc
+
+
+def test_every_indexed_text_is_normalised():
+    import unicodedata
+
+    decomposed = replace(
+        FINAL,
+        text=unicodedata.normalize("NFD", TEXT).replace("Miete", "Mie\u00adte"),
+        notable_clauses=(NotableClause(clause_type_id=31, locus="§\u00a04", text="Ku\u0308ndigungsfrist."),),
+    )
+    title = "Mietvertrag Hauptstra\u00dfe 1\u00a0(A\u0308nderung)"
+    document = replace(DOC, title=title, identifiers=("§\u00a0535 BGB",))
+    rows = rows_for(document, decomposed, doc_type_label="Mietvertra\u0308ge", matter_title="Mu\u0308ller")
+    for row in rows:
+        for text in (row.source["text"], row.embed_input, *row.source["identifiers"]):
+            assert unicodedata.is_normalized("NFC", text)
+            assert "\u00ad" not in text and "\u00a0" not in text
+    assert by_kind(rows, "chunk")[0].source["text"] == TEXT[: len(by_kind(rows, "chunk")[0].source["text"])]
+    assert by_kind(rows, "clause")[0].source["meta"]["locus"] == "§ 4"
+    assert "Mietvertrag Hauptstraße 1 (Änderung) | Mietverträge | Müller" in by_kind(rows, "chunk")[0].embed_input
+    # The decomposed and the composed spelling of the same document give the same rows.
+    composed = rows_for(
+        replace(document, title="Mietvertrag Hauptstraße 1 (Änderung)", identifiers=("§ 535 BGB",)),
+        replace(decomposed, text=TEXT, notable_clauses=(NotableClause(31, "§ 4", "Kündigungsfrist."),)),
+        doc_type_label="Mietverträge",
+        matter_title="Müller",
+    )
+    assert [(r.id, r.source, r.embed_input) for r in rows] == [(r.id, r.source, r.embed_input) for r in composed]
+
+
+def test_body_chunks_fit_the_token_budget_with_their_header():
+    from projections.chunking import TokenBudget
+
+    budget = TokenBudget(lambda s: len(s.split()) + 2, 40)
+    rows = rows_for(settings=RetrievalSettings(chunk_chars=1200, chunk_overlap_chars=60), token_budget=budget)
+    chunks = by_kind(rows, "chunk")
+    unbounded = by_kind(rows_for(settings=RetrievalSettings(chunk_chars=1200, chunk_overlap_chars=60)), "chunk")
+    assert len(chunks) > len(unbounded)
+    assert all(budget.fits(r.embed_input) for r in chunks)  # header + text, as embedded

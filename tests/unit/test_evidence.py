@@ -1,0 +1,113 @@
+"""The evidence gate (search.evidence): binding hashes, report parsing, the default-mode decision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ki.settings import load_settings
+from search.evidence import (
+    EvidenceReport,
+    ReportInvalid,
+    analyzer_hash,
+    binding_for,
+    binding_hash,
+    decide,
+    load_reports,
+    parse_report,
+    ranking_hash,
+)
+
+SIGNATURE = "multilingual-e5-small-384"
+
+
+def settings(**retrieval):
+    env = {f"KI_RETRIEVAL__{k.upper()}": (v if isinstance(v, str) else json.dumps(v)) for k, v in retrieval.items()}
+    return load_settings(environ=env)
+
+
+def report_json(s, *, lexical=0.50, hybrid=0.55, signature=SIGNATURE, dataset="gesetze-headings-dev"):
+    binding = binding_for(s, signature, "ab" * 32)
+    return {
+        "dataset": {"name": dataset, "language": "de"},
+        "binding": binding,
+        "binding_hash": binding_hash(binding),
+        "results": {"lexical": {"ndcg@10": lexical}, "semantic": {"ndcg@10": 0.4}, "hybrid": {"ndcg@10": hybrid}},
+    }
+
+
+def reports(s, *items):
+    return [parse_report(f"r{i}.json", item) for i, item in enumerate(items)]
+
+
+def test_hashes_change_with_what_they_bind():
+    base = settings()
+    assert analyzer_hash(base.retrieval) != analyzer_hash(settings(text_analyzer="english").retrieval)
+    assert ranking_hash(base.retrieval) != ranking_hash(settings(weight_semantic=0.5).retrieval)
+    assert ranking_hash(base.retrieval) != ranking_hash(settings(fusion_rrf_k=20).retrieval)
+    assert ranking_hash(base.retrieval) != ranking_hash(settings(chunk_chars=900).retrieval)
+    # Settings that do not change a ranking do not invalidate reports.
+    assert ranking_hash(base.retrieval) == ranking_hash(settings(rerank_timeout_s=5).retrieval)
+    assert analyzer_hash(base.retrieval) == analyzer_hash(settings(index_name="other").retrieval)
+
+
+def test_hybrid_by_default_when_a_matching_report_shows_it_helps():
+    s = settings()
+    decision = decide(reports(s, report_json(s)), s, SIGNATURE)
+    assert decision.default_mode == "hybrid"
+    assert "gesetze-headings-dev 0.550 >= 0.500" in decision.reason
+
+
+def test_keyword_only_without_a_matching_report():
+    s = settings()
+    decision = decide([], s, SIGNATURE)
+    assert decision.default_mode == "lexical" and "no evaluation report matches" in decision.reason
+    # Reports for another embedder, analyzer or ranking do not count.
+    other = [
+        report_json(s, signature="all-minilm-l6-v2-384"),
+        report_json(settings(text_analyzer="english")),
+        report_json(settings(weight_semantic=0.3)),
+    ]
+    assert decide(reports(s, *other), s, SIGNATURE).default_mode == "lexical"
+
+
+def test_one_matching_report_where_hybrid_loses_turns_semantic_off():
+    s = settings()
+    found = reports(s, report_json(s), report_json(s, lexical=0.94, hybrid=0.90, dataset="xquad-de"))
+    decision = decide(found, s, SIGNATURE)
+    assert decision.default_mode == "lexical"
+    assert "xquad-de 0.900 < 0.940" in decision.reason
+
+
+def test_semantic_weight_zero_means_keyword_only_whatever_the_reports():
+    s = settings(weight_semantic=0)
+    assert decide(reports(s, report_json(s)), s, SIGNATURE).default_mode == "lexical"
+
+
+def test_a_report_edited_by_hand_is_refused():
+    s = settings()
+    data = report_json(s)
+    data["binding"]["ranking_hash"] = ranking_hash(settings(weight_semantic=0.2).retrieval)
+    with pytest.raises(ReportInvalid, match="binding_hash"):
+        parse_report("edited.json", data)
+
+
+def test_other_benchmark_files_are_not_reports():
+    assert parse_report("sync.json", {"rounds": []}) is None
+    assert parse_report("list.json", [1, 2]) is None
+
+
+def test_load_reports_reads_a_folder_and_skips_what_it_cannot_use(tmp_path: Path):
+    s = settings()
+    (tmp_path / "gesetze.json").write_text(json.dumps(report_json(s)))
+    (tmp_path / "sync.json").write_text(json.dumps({"rounds": []}))
+    (tmp_path / "broken.json").write_text("{not json")
+    bad = report_json(s)
+    bad["binding_hash"] = "0" * 16
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    found = load_reports(str(tmp_path))
+    assert [type(r) for r in found] == [EvidenceReport]
+    assert found[0].dataset == "gesetze-headings-dev"
+    assert load_reports(str(tmp_path / "missing")) == []
