@@ -32,6 +32,7 @@ from ki.eval import beir
 from ki.eval.run import load_into_postgres
 from ki.settings import REPO_ROOT, Settings
 from ki.stack.http import request_json
+from search.evidence import parse_report
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -113,6 +114,8 @@ def test_tuning_binding_truncation_and_the_query_diff(run: dict) -> None:
     assert binding["dataset_sha256"] == record["dataset"]["sha256"]
     assert binding["embedding_signature"] == record["settings"]["embedding_signature"]
     assert len(record["binding_hash"]) == 16
+    evidence = parse_report("mietrecht-mini.json", record)  # what the search service's evidence gate reads
+    assert evidence is not None and evidence.dataset == "mietrecht-mini" and evidence.binding == binding
     share = record["truncated_chunk_share"]
     assert 0.0 <= share["value"] <= 1.0 and share["chunks"] == record["corpus"]["body_chunks"] and share["method"]
     diff_path = Path(record["files"]["query_diff"])
