@@ -405,3 +405,21 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
         if fake.poll() is None:
             fake.kill()
             fake.wait()
+
+
+def test_expected_rows_cut_chunks_to_the_workers_token_budget_like_the_worker():
+    from ki.eval.run import project, token_budget
+
+    class Words:
+        max_tokens = 40
+
+        def count_tokens(self, text):
+            return len(text.split()) + 2
+
+    doc = beir.CorpusDoc("1", "Titel", "Wort " * 200)  # 1,000 characters: one chunk by characters
+    settings = Settings()
+    plain = project([doc], settings, "de")
+    cut = project([doc], settings, "de", token_budget(Words()))
+    assert plain.chunks == 1 and cut.chunks > 1 and cut.rows == cut.chunks + 1  # + the profile row
+    assert all(Words().count_tokens(t) <= Words.max_tokens for t in cut.chunk_inputs)
+    assert token_budget(object()) is None
