@@ -21,6 +21,7 @@ class Baseline:
     ndcg10: float
     recall100: float | None
     source: str
+    mrr10: float | None = None
 
 
 def _cells(line: str) -> list[str]:
@@ -39,6 +40,7 @@ def parse_baselines(readme: str) -> list[Baseline]:
         if header[:3] != ["system", "ndcg@10", "recall@100"] or "source" not in header:
             continue
         source_at = header.index("source")
+        mrr_at = header.index("mrr@10") if "mrr@10" in header else None
         for row in lines[i + 2 :]:  # skip the |---| line
             if not row.strip().startswith("|"):
                 break
@@ -46,7 +48,8 @@ def parse_baselines(readme: str) -> list[Baseline]:
             if len(cells) <= source_at or not _NUMBER.match(cells[1]):
                 continue
             recall = float(cells[2]) if _NUMBER.match(cells[2]) else None
-            out.append(Baseline(cells[0], float(cells[1]), recall, cells[source_at]))
+            mrr = float(cells[mrr_at]) if mrr_at is not None and _NUMBER.match(cells[mrr_at]) else None
+            out.append(Baseline(cells[0], float(cells[1]), recall, cells[source_at], mrr))
         break
     return out
 
@@ -64,7 +67,7 @@ def format_table(results: Mapping[str, Mapping[str, float]], baselines: Sequence
         )
     if baselines:
         rows.append(("reference (data set README)", "", "", ""))
-        rows += [(f"  {b.system}", _fmt(b.ndcg10), _fmt(b.recall100), "—") for b in baselines]
+        rows += [(f"  {b.system}", _fmt(b.ndcg10), _fmt(b.recall100), _fmt(b.mrr10)) for b in baselines]
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     lines = [title]
     for n, row in enumerate(rows):
@@ -82,7 +85,7 @@ def markdown_table(results: Mapping[str, Mapping[str, float]], baselines: Sequen
         figures = " | ".join(_fmt(m.get(name)) for name in METRICS)
         lines.append(f"| **ki {mode}** | {figures} |")
     for b in baselines:
-        lines.append(f"| {b.system} (README) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | — |")
+        lines.append(f"| {b.system} (README) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | {_fmt(b.mrr10)} |")
     return "\n".join(lines)
 
 

@@ -632,6 +632,8 @@ async def evaluate_dataset(
         f"document loaded; eval key {key}, index {es.retrieval.index_name} (analyzer {analyzer!r})"
     )
 
+    if options.analyzer is None and dataset.language == "en" and analyzer == "german":
+        progress("eval: note: the configured analyzer 'german' on an English data set; --analyzer english matches it")
     # -- own database + connector -> own worker -> own index --------------------------------------------
     await asyncio.to_thread(isolation.ensure_world, target, progress)
     principals = authenticate(f"Bearer {mint_token(es.api, EVAL_SUBJECT, ttl_s=24 * 3600)}", es.api)

@@ -117,6 +117,14 @@ def test_parse_baselines_reads_the_published_table():
     assert report.parse_baselines("no table here") == []
 
 
+def test_reference_tables_with_an_mrr_column_and_bold_figures():
+    readme = (
+        "| system | nDCG@10 | recall@100 | MRR@10 | source |\n| --- | --- | --- | --- | --- |\n"
+        "| BM25 | **0.4928** | **0.8170** | **0.4456** | measured here |\n"
+    )
+    assert report.parse_baselines(readme) == [report.Baseline("BM25", 0.4928, 0.817, "measured here", 0.4456)]
+
+
 def test_the_real_readme_has_the_published_baselines():
     readme = beir.DEFAULT_DATA_DIR / "README.md"
     if not readme.is_file():
