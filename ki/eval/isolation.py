@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -330,6 +331,7 @@ def drop(target: EvalTarget, progress: Progress) -> list[str]:
     removed += _drop_postgres(target)
     removed += _drop_kafka(target)
     removed += _drop_indexes(target)
+    removed += _drop_local_state(target)
     for line in removed:
         progress(f"eval: dropped {line}")
     if not removed:
@@ -413,6 +415,18 @@ def _drop_kafka(target: EvalTarget) -> list[str]:
             with contextlib.suppress(Exception):
                 future.result()
                 removed.append(f"consumer group {name}")
+    return removed
+
+
+def _drop_local_state(target: EvalTarget) -> list[str]:
+    """The worker's config file (it holds secrets), pid file and working folder, and Faust's data folders."""
+    removed: list[str] = []
+    faust = Path(target.base.stack.home).expanduser() / "faust"
+    folders = [target.state_dir, *(faust.glob(f"{target.group_prefix}*") if faust.is_dir() else [])]
+    for folder in folders:
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(f"folder {folder}")
     return removed
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -186,6 +187,7 @@ def test_a_rerun_resumes_and_drop_removes_everything(run: dict, settings: Settin
         engine.dispose()
     status, _ = request_json("GET", f"{settings.connect.url.rstrip('/')}/connectors/{iso['connector']}")
     assert status == 404
+    assert not (Path(settings.stack.home).expanduser() / "eval" / iso["key"]).exists()  # config file with secrets
 
 
 def test_the_e2e_stays_small(run: dict) -> None:
@@ -249,3 +251,4 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
             for future in admin.delete_topics(mine, request_timeout=30).values():
                 future.result()
         admin.delete_consumer_groups([f"ki-test-config-{tag}"], request_timeout=30)
+        shutil.rmtree(Path(settings.stack.home).expanduser() / "faust" / f"ki-test-config-{tag}", ignore_errors=True)
