@@ -327,6 +327,29 @@ def _kafka_lag(settings: Settings) -> int | None:
         return None
 
 
+def dlq_events(settings: Settings) -> int | None:
+    """Events in the eval's own dead-letter topic (None: not readable)."""
+    try:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "ki-eval-dlq-probe"})
+        try:
+            meta = consumer.list_topics(settings.streams.dlq_topic, timeout=10).topics.get(settings.streams.dlq_topic)
+            if meta is None or meta.error is not None:
+                return 0
+            total = 0
+            for partition in meta.partitions:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(settings.streams.dlq_topic, partition), timeout=10
+                )
+                total += high - low
+            return total
+        finally:
+            consumer.close()
+    except Exception:  # noqa: BLE001 - a probe for a progress check, never the reason to stop
+        return None
+
+
 class RateWindow:
     """Rows per second over the last `window_s` seconds (an ETA from the recent pace, not the average
     since the start, which a slow warm-up or a resumed run would skew)."""
@@ -374,6 +397,7 @@ async def wait_indexed(
     alias = settings.retrieval.index_name
     started = time.monotonic()
     first = count = await indexed_rows(client, alias)
+    dead_before = await asyncio.to_thread(dlq_events, settings)
     window = RateWindow()
     window.add(started, count)
     last_report = started
@@ -390,6 +414,12 @@ async def wait_indexed(
             last_report = now
             lag = await asyncio.to_thread(_kafka_lag, settings)
             progress(progress_line(count, expected, window.rate(), lag))
+            dead = await asyncio.to_thread(dlq_events, settings)
+            if dead is not None and dead_before is not None and dead > dead_before:
+                raise EvalError(
+                    f"the eval sync worker dead-lettered {dead - dead_before} events to {settings.streams.dlq_topic}: "
+                    "the index cannot become complete (see the worker log)"
+                )
         await asyncio.sleep(1.0)  # polling interval of a deadline loop
         count = await indexed_rows(client, alias)
         window.add(time.monotonic(), count)
