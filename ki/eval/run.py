@@ -738,8 +738,10 @@ async def evaluate_dataset(
         f"{dataset.name} ({dataset.language}) test: {len(data.judged.qrels)} queries over {len(data.docs)} "
         f"documents ({rows} index rows, analyzer {analyzer!r}, {embedder.signature})"
     )
-    if len(data.docs) < data.corpus_size or len(data.chosen) < data.test_size:
+    if len(data.docs) < data.corpus_size:
         title += f"\nsubset run: an easier task than the full set, which ranks all {data.corpus_size:,} documents"
+    elif len(data.chosen) < data.test_size:
+        title += f"\nsubset run: {len(data.chosen)} of the {data.test_size:,} test queries"
     table = report.format_table(results, data.baselines, title=title)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_stem(dataset.name, options.limit_docs, options.queries,
