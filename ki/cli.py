@@ -67,8 +67,9 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         from streams.topics import ensure_topics
 
         ensure_topics(settings)
-        from streams.app import app
+        from streams.app import create_app
 
+        app = create_app(settings)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
         app.main()
@@ -188,9 +189,13 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
     data = Path(args.data) if args.data else None
     if data is not None and not data.is_dir():
         raise CliError(f"--data {data}: no such directory")
+    if args.drop and args.fresh:
+        raise CliError("--drop and --fresh exclude each other (--fresh drops, then runs)")
     defaults = EvalOptions()
     options = EvalOptions(
         data_dir=data or defaults.data_dir,
+        name=args.name,
+        language=args.language,
         out_dir=Path(args.out) if args.out else defaults.out_dir,
         limit_docs=args.limit_docs,
         queries=args.queries,
@@ -202,7 +207,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         batch_docs=args.batch_docs,
         concurrency=args.concurrency,
         fresh=args.fresh,
-        config=args.config,
+        drop=args.drop,
         argv=tuple(sys.argv[1:]),
     )
     try:
@@ -278,21 +283,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(handler=_bench)
 
     ev = sub.add_parser(
-        "eval", help="retrieval quality on BEIR SciFact through the real CDC path (nDCG@10, recall@100, MRR@10)"
+        "eval",
+        help="retrieval quality on a labelled BEIR data set through the real CDC path, isolated from the main index "
+        "(nDCG@10, recall@100, MRR@10)",
     )
-    ev.add_argument("--data", help="the SciFact folder (default: ../shared/data/scifact next to the repo)")
+    ev.add_argument("--data", help="a BEIR folder (default: SciFact, ../shared/data/scifact next to the repo)")
+    ev.add_argument("--name", help="data set name for labels, files and the eval database (default: folder name)")
+    ev.add_argument("--language", help="language of the documents, e.g. de (default: README `language:` line, "
+                    "else guessed from the corpus, else de)")  # fmt: skip
     ev.add_argument("--limit-docs", type=int, help="load only N documents, those judged relevant first")
     ev.add_argument("--queries", type=int, help="evaluate only the first N test queries")
-    ev.add_argument("--tune", action="store_true", help="grid-search fusion weights / rrf_k on the train split")
-    ev.add_argument("--analyzer", default="english", help="text analyzer of the eval index (default: english)")
-    ev.add_argument("--out", help="output folder for JSON and PNG (default: build/eval)")
+    ev.add_argument("--tune", action="store_true",
+                    help="grid-search semantic weight / rrf_k on the train split (needs qrels/train.tsv)")  # fmt: skip
+    ev.add_argument("--analyzer", help="text analyzer of the eval index (default: retrieval.text_analyzer)")
+    ev.add_argument("--out", help="output folder for JSON, per-query diff and PNG (default: build/eval)")
     ev.add_argument("--worker", choices=["auto", "external"], default="auto",
                     help="auto: start the eval sync worker as a child process; external: you run it")  # fmt: skip
-    ev.add_argument("--worker-port", type=int, help="the eval worker's web port (default: streams.web_port + 1)")
-    ev.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the index (default 3600)")
+    ev.add_argument("--worker-port", type=int, help="the eval worker's web port (default: a free port)")
+    ev.add_argument("--timeout", type=float, default=3600.0,
+                    help="seconds to wait for the index (default 3600); a re-run resumes")  # fmt: skip
     ev.add_argument("--batch-docs", type=int, default=250, help="documents per PostgreSQL transaction")
     ev.add_argument("--concurrency", type=int, default=4, help="queries in flight at once")
-    ev.add_argument("--fresh", action="store_true", help="load into a new project even if the documents are loaded")
+    ev.add_argument("--fresh", action="store_true",
+                    help="drop this eval's database, connector, slot, topics and indexes first, then run")  # fmt: skip
+    ev.add_argument("--drop", action="store_true",
+                    help="only drop this eval's database, connector, slot, topics, groups and indexes")  # fmt: skip
     ev.set_defaults(handler=_eval)
 
     demo = sub.add_parser("demo", help="stack up + demo corpus (if none yet) + sync worker; or `demo generate`")

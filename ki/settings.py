@@ -306,6 +306,26 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
         raise SettingsError(_one_line(exc)) from None
 
 
+def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> Settings:
+    """`settings` with single fields replaced, validated like a config file (`model_copy(update=...)`
+    would skip validation, so a typo'd or out-of-range override would slip through).
+
+    `overrides` maps section -> field -> value; an unknown section or field is an error too."""
+    data = settings.model_dump(mode="json")
+    for section, fields in overrides.items():
+        current = data.get(section)
+        if not isinstance(current, dict):
+            raise SettingsError(f"config error: unknown settings section {section!r}")
+        unknown = sorted(set(fields) - set(current))
+        if unknown:
+            raise SettingsError(f"config error: unknown setting {section}.{unknown[0]}")
+        current.update(fields)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_one_line(exc)) from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """Process-wide settings, loaded once."""

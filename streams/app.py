@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 
 from ki.db.engine import make_engine
 from ki.embedding import create_embedder
-from ki.settings import Settings, get_settings
+from ki.settings import Settings
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
@@ -40,6 +40,11 @@ EXIT_INDEX_MISMATCH = 3
 
 
 def create_app(settings: Settings) -> faust.App:
+    """The worker's app, built from the settings of the process that runs it (`ki --config X sync run`,
+    `$KI_CONFIG`, `KI_*` overrides): app id / consumer group, brokers, topics, DLQ, web port, index.
+
+    There is deliberately no module-level app: one built at import time would use the default
+    settings whatever `--config` said."""
     # Faust creates its data directory even with in-memory tables (without parents): keep it out of
     # the working directory.
     datadir = Path(settings.stack.home).expanduser() / "faust" / settings.streams.app_id
@@ -192,6 +197,3 @@ def _release_acks(app: faust.App, events: Any) -> None:
     for event in events:
         event.message.acked = False
         event.message.ack(app.consumer)
-
-
-app = create_app(get_settings())

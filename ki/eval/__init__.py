@@ -1,8 +1,12 @@
-"""`ki eval`: retrieval quality on BEIR SciFact, measured through the real CDC path and search service.
+"""`ki eval`: retrieval quality on a labelled BEIR data set, measured through the real CDC path and
+search service, in a database / connector / worker / index of its own.
 
 * `metrics` — nDCG@k, recall@k, MRR@k (pure);
-* `scifact` — reading the data set and choosing a subset (pure apart from reading files);
-* `report` — published baselines, the printed table, the JSON record and the bar chart;
-* `tuning` — the leg-weight / `rrf_k` grid searched on the train split only (pure);
-* `run` — loading PostgreSQL, the sync worker, waiting for the index, running the queries.
+* `beir` — reading a BEIR folder, its name and language, choosing a subset, hashing the files;
+* `report` — reference figures from the data set README, the printed table, the JSON record, the
+  per-query diff and the bar chart;
+* `tuning` — the semantic-weight / `rrf_k` grid searched on the train split only (pure);
+* `isolation` — the eval's own database, connector, slot, topics, consumer group, index and worker;
+  dropping them;
+* `run` — loading PostgreSQL, waiting for the index, running the queries, the report.
 """

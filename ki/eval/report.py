@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ki.eval.metrics import METRICS
+from ki.eval.metrics import METRICS, ndcg_at_k
 from ki.plotting import pyplot, save_figure
 
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
@@ -21,6 +21,7 @@ class Baseline:
     ndcg10: float
     recall100: float | None
     source: str
+    mrr10: float | None = None
 
 
 def _cells(line: str) -> list[str]:
@@ -28,23 +29,27 @@ def _cells(line: str) -> list[str]:
 
 
 def parse_baselines(readme: str) -> list[Baseline]:
-    """Rows of the markdown table whose header reads `system | nDCG@10 | recall@100 | source`.
+    """Rows of the first markdown table whose header reads `system | nDCG@10 | recall@100 | [MRR@10 |] source`.
 
-    A dash (or anything not a number) in the recall column means "not published" (None)."""
+    A dash (or anything not a number) in the recall column means "not published" (None); bold
+    figures (`**0.49**`) are read as numbers."""
     lines = readme.splitlines()
     out: list[Baseline] = []
     for i, line in enumerate(lines):
         header = [c.lower() for c in _cells(line)] if line.strip().startswith("|") else []
-        if header[:4] != ["system", "ndcg@10", "recall@100", "source"]:
+        if header[:3] != ["system", "ndcg@10", "recall@100"] or "source" not in header:
             continue
+        source_at = header.index("source")
+        mrr_at = header.index("mrr@10") if "mrr@10" in header else None
         for row in lines[i + 2 :]:  # skip the |---| line
             if not row.strip().startswith("|"):
                 break
-            cells = _cells(row)
-            if len(cells) < 4 or not _NUMBER.match(cells[1]):
+            cells = [c.strip("*") for c in _cells(row)]
+            if len(cells) <= source_at or not _NUMBER.match(cells[1]):
                 continue
             recall = float(cells[2]) if _NUMBER.match(cells[2]) else None
-            out.append(Baseline(cells[0], float(cells[1]), recall, cells[3]))
+            mrr = float(cells[mrr_at]) if mrr_at is not None and _NUMBER.match(cells[mrr_at]) else None
+            out.append(Baseline(cells[0], float(cells[1]), recall, cells[source_at], mrr))
         break
     return out
 
@@ -54,15 +59,15 @@ def _fmt(value: float | None) -> str:
 
 
 def format_table(results: Mapping[str, Mapping[str, float]], baselines: Sequence[Baseline], *, title: str) -> str:
-    """Our rows (one per mode, in the given order) above the published baselines."""
+    """Our rows (one per mode, in the given order) above the reference figures of the data set README."""
     rows: list[tuple[str, str, str, str]] = [("system", "nDCG@10", "recall@100", "MRR@10")]
     for mode, metrics in results.items():
         rows.append(
             (f"ki {mode}", _fmt(metrics.get("ndcg@10")), _fmt(metrics.get("recall@100")), _fmt(metrics.get("mrr@10")))
         )
     if baselines:
-        rows.append(("published (README)", "", "", ""))
-        rows += [(f"  {b.system}", _fmt(b.ndcg10), _fmt(b.recall100), "—") for b in baselines]
+        rows.append(("reference (data set README)", "", "", ""))
+        rows += [(f"  {b.system}", _fmt(b.ndcg10), _fmt(b.recall100), _fmt(b.mrr10)) for b in baselines]
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     lines = [title]
     for n, row in enumerate(rows):
@@ -80,8 +85,52 @@ def markdown_table(results: Mapping[str, Mapping[str, float]], baselines: Sequen
         figures = " | ".join(_fmt(m.get(name)) for name in METRICS)
         lines.append(f"| **ki {mode}** | {figures} |")
     for b in baselines:
-        lines.append(f"| {b.system} (published) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | — |")
+        lines.append(f"| {b.system} (README) | {_fmt(b.ndcg10)} | {_fmt(b.recall100)} | {_fmt(b.mrr10)} |")
     return "\n".join(lines)
+
+
+def first_relevant_rank(ranked: Sequence[str], judgments: Mapping[str, int]) -> int | None:
+    """1-based rank of the first relevant document in `ranked` (None: not retrieved)."""
+    for rank, doc in enumerate(dict.fromkeys(ranked), start=1):
+        if judgments.get(doc, 0) > 0:
+            return rank
+    return None
+
+
+def query_diff(
+    lexical: Mapping[str, Sequence[str]],
+    hybrid: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    queries: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """The test queries where hybrid's nDCG@10 is below lexical's, biggest loss first (then query id):
+    id, text, both nDCG@10 and the rank of the first relevant document in each mode."""
+    out: list[dict[str, Any]] = []
+    for qid, judgments in qrels.items():
+        lex = ndcg_at_k(lexical.get(qid, ()), judgments, 10)
+        hyb = ndcg_at_k(hybrid.get(qid, ()), judgments, 10)
+        if hyb < lex:
+            out.append(
+                {
+                    "query_id": qid,
+                    "text": queries.get(qid, ""),
+                    "ndcg@10_lexical": round(lex, 6),
+                    "ndcg@10_hybrid": round(hyb, 6),
+                    "loss": round(lex - hyb, 6),
+                    "rank_lexical": first_relevant_rank(lexical.get(qid, ()), judgments),
+                    "rank_hybrid": first_relevant_rank(hybrid.get(qid, ()), judgments),
+                    "relevant": sorted(doc for doc, gain in judgments.items() if gain > 0),
+                }
+            )
+    out.sort(key=lambda row: (-row["loss"], row["query_id"]))
+    return out
+
+
+def write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    tmp.replace(path)
 
 
 def write_json(path: Path, record: Mapping[str, Any]) -> None:
@@ -123,7 +172,7 @@ def write_plot(
     bars = left.barh([r[0] for r in rows], [r[1] for r in rows], color=[r[2] for r in rows])
     left.bar_label(bars, labels=[f"{r[1]:.3f}" for r in rows], fontsize=8, padding=2)
     left.set_xlim(0, 1.0)
-    left.set_xlabel("nDCG@10 (grey: published, from the data set README)")
+    left.set_xlabel("nDCG@10 (grey: reference figures from the data set README)")
     left.tick_params(axis="y", labelsize=8)
 
     others = [m for m in METRICS if m != "ndcg@10"]

@@ -1,21 +1,23 @@
-"""`ki eval`: SciFact through PostgreSQL -> Debezium -> Kafka -> sync worker -> OpenSearch -> search service.
+"""`ki eval`: a labelled BEIR data set through PostgreSQL -> Debezium -> Kafka -> sync worker -> OpenSearch
+-> search service, in a world of its own on the shared stack (see `ki.eval.isolation`).
 
-1. The chosen corpus documents are written to PostgreSQL in batches as an upstream system would:
-   one project, one `local_fs` source with one source object per document, one final English
-   version per document, and a project grant to the eval principal (`user:ki-eval`).
-2. A sync worker (`ki sync run`, a child process) turns the CDC events into index rows. SciFact is
-   English, so the eval uses its own index alias and consumer group with `retrieval.text_analyzer`
-   set to `--analyzer` (default `english`): the German main index is never touched or mixed.
-3. We poll the index until it holds every row the projection builds for those documents.
-4. The test queries run through `SearchService.search` — scope compilation, legs, RRF, boost, SQL
-   re-verify, collapse: the API's code path — with the eval principal's token, in three modes:
-   lexical only, semantic only (the other legs weighted 0, which the service does not run) and
-   hybrid (the configured weights).
-5. `--tune` grid-searches the lexical:semantic ratio and `rrf_k` on the *train* queries only and
-   then evaluates the chosen fusion once on test ("hybrid-tuned").
+1. The data set (any BEIR folder; name and language from `--name` / `--language` or the folder) is
+   read and a document / query subset chosen (`--limit-docs`, `--queries`).
+2. The eval's own database `ki_eval_<key>` is created and migrated, its own Debezium connector (own
+   slot, publication and topic prefix) registered. The documents are written there as an upstream
+   system would: one project, one `local_fs` source with one source object per document, one final
+   version per document in the data set's language, and a project grant to `user:ki-eval`.
+3. The eval's own `ki sync run` child (own consumer group and DLQ, own index alias whose name holds a
+   hash of the analyzer, embedder and chunking settings), given its settings through a config file,
+   fills the eval index; we poll until it holds exactly the rows the projection builds.
+4. The test queries run through `SearchService.search` (the API's code path) with the eval principal's
+   token in three modes: lexical only, semantic only and hybrid (the configured weights).
+5. `--tune` grid-searches the semantic weight and `rrf_k` on the *train* queries only (at most 1,000,
+   sampled) and evaluates the chosen fusion once on test ("hybrid-tuned").
 
-Re-running is cheap: documents already in PostgreSQL are not written again, and nothing is waited
-for when the index already holds them.
+Re-running with the same data and settings resumes: rows already in the eval database are not written
+again, the connector, consumer offsets and index are reused, and indexing continues where it stopped.
+`--drop` removes the eval's database, connector, slot, topics, consumer groups and indexes.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
-import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -42,18 +45,17 @@ from sqlalchemy.exc import OperationalError
 
 from ki.db.engine import make_async_engine, make_engine
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
-from ki.eval import report, scifact, tuning
+from ki.eval import beir, isolation, report, tuning
 from ki.eval.metrics import METRICS, evaluate
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
 
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
 EVAL_SUBJECT = "ki-eval"  # the token subject; its principal is user:ki-eval
-SOURCE_REF_PREFIX = "scifact:"
+SOURCE_REF_PREFIX = "beir:"
 EVAL_LIMIT = 100  # hits per query: recall@100 needs the top 100 documents
 TUNE_LIMIT = 10  # the tuning objective is nDCG@10
-LANGUAGE = "en"
 
 
 class EvalError(RuntimeError):
@@ -66,52 +68,29 @@ def _progress(line: str) -> None:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    data_dir: Path = scifact.DEFAULT_DATA_DIR
+    data_dir: Path = beir.DEFAULT_DATA_DIR
+    name: str | None = None  # default: the folder's name
+    language: str | None = None  # default: README hint, else guessed from the corpus, else de
     out_dir: Path = REPO_ROOT / "build" / "eval"
     limit_docs: int | None = None
     queries: int | None = None
     tune: bool = False
-    analyzer: str = "english"
+    analyzer: str | None = None  # default: the settings' retrieval.text_analyzer
     worker: Literal["auto", "external"] = "auto"
     worker_port: int | None = None
     timeout_s: float = 3600.0
     batch_docs: int = 250
     concurrency: int = 4
-    fresh: bool = False  # write into a new project even if an earlier run loaded the same documents
-    config: str | None = None  # --config, passed on to the child worker
+    fresh: bool = False  # drop the eval's world first, then run from scratch
+    drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
 
 
 # --- settings --------------------------------------------------------------------------------------
 
 
-def eval_settings(settings: Settings, analyzer: str, worker_port: int | None = None) -> Settings:
-    """The settings of the eval's index, worker and searches: own alias, own consumer group, analyzer."""
-    retrieval = settings.retrieval.model_copy(
-        update={"text_analyzer": analyzer, "index_name": f"{settings.retrieval.index_name}-eval-scifact"}
-    )
-    streams = settings.streams.model_copy(
-        update={
-            "app_id": f"{settings.streams.app_id}-eval",
-            "web_port": worker_port or settings.streams.web_port + 1,
-        }
-    )
-    return settings.model_copy(update={"retrieval": retrieval, "streams": streams})
-
-
-def worker_env(settings: Settings) -> dict[str, str]:
-    """The env overrides that give a `ki sync run` child exactly `eval_settings`."""
-    return {
-        "KI_RETRIEVAL__TEXT_ANALYZER": settings.retrieval.text_analyzer,
-        "KI_RETRIEVAL__INDEX_NAME": settings.retrieval.index_name,
-        "KI_STREAMS__APP_ID": settings.streams.app_id,
-        "KI_STREAMS__WEB_PORT": str(settings.streams.web_port),
-    }
-
-
 def mode_settings(settings: Settings, mode: Mode, fusion: tuning.FusionConfig | None = None) -> Settings:
     """Leg weights per mode: a leg weighted 0 is not run by the search service."""
-    r = settings.retrieval
     update: dict[str, Any]
     if mode == "lexical":
         update = {"weight_lexical": 1.0, "weight_semantic": 0.0, "weight_identifier": 0.0}
@@ -125,32 +104,84 @@ def mode_settings(settings: Settings, mode: Mode, fusion: tuning.FusionConfig | 
             "weight_semantic": fusion.weight_semantic,
             "fusion_rrf_k": fusion.rrf_k,
         }
-    return settings.model_copy(update={"retrieval": r.model_copy(update=update)})
+    return with_overrides(settings, {"retrieval": update}) if update else settings
 
 
-def expected_rows(docs: Sequence[scifact.CorpusDoc], settings: Settings) -> int:
-    """How many index rows the projection builds for these documents (the pure projection itself)."""
+@dataclass(frozen=True)
+class Projection:
+    rows: int  # index rows the projection builds for the documents
+    chunks: int  # body chunks among them
+    chunk_inputs: tuple[str, ...]  # the body chunks' embedding inputs
+
+
+def project(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str, token_budget: Any = None) -> Projection:
+    """The index rows the projection builds for these documents (the pure projection itself; with the
+    worker's `token_budget`, body chunks are cut to the embedder's window exactly as it cuts them)."""
     from projections.rows import AccessProjection, DocumentState, VersionState, build_rows
 
     access = AccessProjection((), (), 0)
     total = 0
+    inputs: list[str] = []
     for doc in docs:
         state = DocumentState(id=1, project_id=1, title=doc.title, latest_final_version_id=1)
         version = VersionState(
-            id=1, document_id=1, version_no=1, status="final", language=LANGUAGE, doc_date=None, text=doc.text
+            id=1, document_id=1, version_no=1, status="final", language=language, doc_date=None, text=doc.text
         )
-        total += len(
-            build_rows(
-                state,
-                version,
-                doc_type_ancestors=(),
-                doc_type_label=None,
-                matter_title=None,
-                access=access,
-                settings=settings.retrieval,
-            )
+        rows = build_rows(
+            state,
+            version,
+            doc_type_ancestors=(),
+            doc_type_label=None,
+            matter_title=None,
+            access=access,
+            settings=settings.retrieval,
+            token_budget=token_budget,
         )
-    return total
+        total += len(rows)
+        inputs += [row.embed_input for row in rows if row.chunk_kind == "chunk"]
+    return Projection(total, len(inputs), tuple(inputs))
+
+
+def token_budget(embedder: Any) -> Any:
+    """The sync worker's chunk budget for this embedder (None where the embedder cannot count tokens)."""
+    from projections.chunking import TokenBudget
+
+    if hasattr(embedder, "count_tokens") and getattr(embedder, "max_tokens", None):
+        return TokenBudget(embedder.count_tokens, embedder.max_tokens)
+    return None
+
+
+def expected_rows(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str = "de") -> int:
+    return project(docs, settings, language).rows
+
+
+def truncated_chunk_share(inputs: Sequence[str], embedder: Any) -> dict[str, Any]:
+    """The share of body chunks whose embedding input does not fit the embedder's window, counted with
+    the embedder's own tokenizer; says which counter it used."""
+    window = getattr(embedder, "max_tokens", None)
+    if hasattr(embedder, "count_tokens") and window:
+        over = sum(1 for t in inputs if embedder.count_tokens(t) > window)
+        method = "embedder.count_tokens(text) > embedder.max_tokens"
+    elif hasattr(embedder, "token_count") and window:
+        # token_count is measured after truncation: a chunk of exactly max_tokens word pieces counts too
+        # (an upper bound).
+        over = sum(1 for t in inputs if embedder.token_count(t) >= window)
+        method = "embedder.token_count(text) >= embedder.max_tokens (after truncation; upper bound)"
+    else:
+        return {"value": None, "chunks": len(inputs), "method": "unavailable: the embedder exposes no tokenizer"}
+    return {
+        "value": round(over / len(inputs), 4) if inputs else 0.0,
+        "truncated": over,
+        "chunks": len(inputs),
+        "max_tokens": window,
+        "method": method,
+    }
+
+
+def eval_key(dataset: beir.Dataset, corpus_sha256: str, doc_ids: Sequence[str] | None) -> str:
+    """The data set's slug plus 6 hex over the corpus files (and the chosen ids of a subset run)."""
+    basis = corpus_sha256 + ("" if doc_ids is None else "\n" + beir.corpus_digest(doc_ids))
+    return f"{beir.slug(dataset.name)}_{hashlib.sha256(basis.encode()).hexdigest()[:6]}"
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------------
@@ -195,14 +226,14 @@ def _returning(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> list
 
 
 def _write_batch(
-    conn: Connection, project_id: int, source_id: int, batch: Sequence[scifact.CorpusDoc]
+    conn: Connection, project_id: int, source_id: int, batch: Sequence[beir.CorpusDoc], language: str
 ) -> dict[int, str]:
     doc_ids = _returning(conn, Document.__table__, [{"project_id": project_id, "title": d.title} for d in batch])
     version_ids = _returning(
         conn,
         DocumentVersion.__table__,
         [
-            {"document_id": i, "version_no": 1, "status": "final", "language": LANGUAGE, "text": d.text}
+            {"document_id": i, "version_no": 1, "status": "final", "language": language, "text": d.text}
             for i, d in zip(doc_ids, batch, strict=True)
         ],
     )
@@ -221,10 +252,11 @@ def _write_batch(
 
 def load_into_postgres(
     engine: Engine,
-    docs: Sequence[scifact.CorpusDoc],
+    docs: Sequence[beir.CorpusDoc],
     *,
     project_name: str,
     principal: str,
+    language: str,
     batch_docs: int,
     progress: Progress = _progress,
 ) -> Loaded:
@@ -269,83 +301,21 @@ def load_into_postgres(
     for start in range(0, len(todo), batch_docs):
         batch = todo[start : start + batch_docs]
         with engine.begin() as conn:
-            documents.update(_write_batch(conn, project_id, source_id, batch))
+            documents.update(_write_batch(conn, project_id, source_id, batch, language))
         done = start + len(batch)
         rate = done / max(time.monotonic() - started, 1e-6)
         progress(f"eval: wrote {done}/{len(todo)} documents ({rate:.0f} documents/s)")
     return Loaded(project_id, documents, len(todo), time.monotonic() - started)
 
 
-# --- the sync worker -------------------------------------------------------------------------------
-
-
-class EvalWorker:
-    """`ki sync run` with the eval settings, as a child process."""
-
-    def __init__(self, settings: Settings, *, config: str | None, log_path: Path) -> None:
-        self.settings, self.config, self.log_path = settings, config, log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.settings.streams.web_port}/metrics"
-
-    def answering(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=3) as response:
-                return b"ki_sync_events_total" in response.read()
-        except OSError:
-            return False
-
-    def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "ki.cli"]
-        if self.config:
-            argv += ["--config", self.config]
-        return [*argv, "sync", "run", "--loglevel", "error"]
-
-    def start(self, timeout_s: float = 180.0) -> None:
-        workdir = self.log_path.parent / "worker"  # Faust keeps a small data dir in its cwd
-        workdir.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(),
-            cwd=workdir,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **worker_env(self.settings)},
-        )
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while not self.answering():
-            self.check_alive()
-            if time.monotonic() > deadline:
-                self.stop()
-                raise EvalError(f"the sync worker did not come up within {timeout_s:.0f}s; see {self.log_path}")
-            time.sleep(0.5)  # polling interval of a deadline loop
-
-    def check_alive(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            raise EvalError(f"the sync worker exited with code {self.process.returncode}; see {self.log_path}")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(30)
-
-
 # --- waiting for the index -----------------------------------------------------------------------
 
 
-async def indexed_rows(client: AsyncOpenSearch, alias: str, project_id: int) -> int:
+async def indexed_rows(client: AsyncOpenSearch, alias: str) -> int:
+    """Every row behind the eval alias (the eval's database holds nothing else, so all of them count)."""
     if not await client.indices.exists_alias(name=alias):
         return 0
-    body = {"query": {"term": {"project_id": str(project_id)}}}
-    return int((await client.count(index=alias, body=body))["count"])
+    return int((await client.count(index=alias))["count"])
 
 
 def _kafka_lag(settings: Settings) -> int | None:
@@ -357,21 +327,79 @@ def _kafka_lag(settings: Settings) -> int | None:
         return None
 
 
+def dlq_events(settings: Settings) -> int | None:
+    """Events in the eval's own dead-letter topic (None: not readable)."""
+    try:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "ki-eval-dlq-probe"})
+        try:
+            meta = consumer.list_topics(settings.streams.dlq_topic, timeout=10).topics.get(settings.streams.dlq_topic)
+            if meta is None or meta.error is not None:
+                return 0
+            total = 0
+            for partition in meta.partitions:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(settings.streams.dlq_topic, partition), timeout=10
+                )
+                total += high - low
+            return total
+        finally:
+            consumer.close()
+    except Exception:  # noqa: BLE001 - a probe for a progress check, never the reason to stop
+        return None
+
+
+class RateWindow:
+    """Rows per second over the last `window_s` seconds (an ETA from the recent pace, not the average
+    since the start, which a slow warm-up or a resumed run would skew)."""
+
+    def __init__(self, window_s: float = 120.0) -> None:
+        self.window_s = window_s
+        self.points: deque[tuple[float, int]] = deque()
+
+    def add(self, at: float, count: int) -> None:
+        self.points.append((at, count))
+        while len(self.points) > 2 and at - self.points[1][0] >= self.window_s:
+            self.points.popleft()
+
+    def rate(self) -> float | None:
+        if len(self.points) < 2:
+            return None
+        (t0, c0), (t1, c1) = self.points[0], self.points[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else None
+
+
+def progress_line(count: int, expected: int, rate: float | None, lag: int | None = None) -> str:
+    share = f" ({count / expected:.0%})" if expected else ""
+    line = f"eval: indexed {count}/{expected} rows{share}"
+    if rate is not None:
+        line += f", {rate:.1f} rows/s"
+        if rate > 0 and count < expected:
+            line += f", ETA {(expected - count) / rate / 60:.1f} min"
+    if lag is not None:
+        line += f", Kafka lag {lag} events"
+    return line
+
+
 async def wait_indexed(
     client: AsyncOpenSearch,
     settings: Settings,
-    project_id: int,
     expected: int,
     *,
     timeout_s: float,
-    worker: EvalWorker | None,
+    worker: isolation.EvalWorker | None,
     progress: Progress = _progress,
     every_s: float = 15.0,
 ) -> tuple[int, int, float]:
-    """Poll until the index holds `expected` rows of the project; (rows, rows at the start, seconds waited)."""
+    """Poll until the eval index holds `expected` rows; (rows, rows at the start, seconds waited).
+    More rows than expected means something else reached the index: that is an error, not a result."""
     alias = settings.retrieval.index_name
     started = time.monotonic()
-    first = count = await indexed_rows(client, alias, project_id)
+    first = count = await indexed_rows(client, alias)
+    dead_before = await asyncio.to_thread(dlq_events, settings)
+    window = RateWindow()
+    window.add(started, count)
     last_report = started
     while count < expected:
         if worker is not None:
@@ -379,19 +407,26 @@ async def wait_indexed(
         now = time.monotonic()
         if now - started > timeout_s:
             raise EvalError(
-                f"the index holds {count}/{expected} rows of project {project_id} after {timeout_s:.0f}s "
-                "(check `ki stack status`, `ki sync status` and the worker log)"
+                f"the eval index {alias} holds {count}/{expected} rows after {timeout_s:.0f}s; a re-run "
+                "continues where it stopped (check `ki stack status` and the worker log)"
             )
         if now - last_report >= every_s:
             last_report = now
-            rate = (count - first) / max(now - started, 1e-6)
-            eta = f", ~{(expected - count) / rate / 60:.1f} min left" if rate > 0 else ""
             lag = await asyncio.to_thread(_kafka_lag, settings)
-            lag_text = f", Kafka lag {lag} events" if lag is not None else ""
-            progress(f"eval: indexed {count}/{expected} rows ({rate:.1f} rows/s{eta}{lag_text})")
+            progress(progress_line(count, expected, window.rate(), lag))
+            dead = await asyncio.to_thread(dlq_events, settings)
+            if dead is not None and dead_before is not None and dead > dead_before:
+                raise EvalError(
+                    f"the eval sync worker dead-lettered {dead - dead_before} events to {settings.streams.dlq_topic}: "
+                    "the index cannot become complete (see the worker log)"
+                )
         await asyncio.sleep(1.0)  # polling interval of a deadline loop
-        count = await indexed_rows(client, alias, project_id)
+        count = await indexed_rows(client, alias)
+        window.add(time.monotonic(), count)
     await client.indices.refresh(index=alias)
+    count = await indexed_rows(client, alias)
+    if count != expected:
+        raise EvalError(f"the eval index {alias} holds {count} rows, {expected} expected: it is not isolated")
     waited = time.monotonic() - started
     progress(f"eval: index complete: {count}/{expected} rows after {waited:.0f}s")
     return count, first, waited
@@ -438,6 +473,7 @@ async def run_queries(
     concurrency: int,
     scope: Any = None,
     label: str = "",
+    mode: Mode | None = None,
     progress: Progress | None = _progress,
 ) -> ModeRun:
     """Each query through the search service; ranked corpus ids per query and which legs contributed."""
@@ -451,6 +487,8 @@ async def run_queries(
     async def one(qid: str, query: str) -> None:
         nonlocal done
         body = {"query": query, "limit": limit, "filters": {"project_id": [project_id]}, "explain": True}
+        if mode is not None:
+            body["mode"] = mode  # explicit: the service's evidence-gated default must not pick the legs
         try:
             request = parse_search_request(body, service.settings.api)
         except RequestInvalid as exc:
@@ -507,12 +545,16 @@ def _machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine()}
 
 
-def _out_stem(options: EvalOptions) -> str:
-    parts = ["scifact-test"]
-    if options.limit_docs is not None:
-        parts.append(f"docs{options.limit_docs}")
-    if options.queries is not None:
-        parts.append(f"q{options.queries}")
+def out_stem(name: str, limit_docs: int | None, queries: int | None, analyzer: str | None = None) -> str:
+    """`<name>` for a whole data set with the configured analyzer; `-<analyzer>` for another analyzer,
+    `-docsN`, `-qM` for a subset run, so no run overwrites another's report."""
+    parts = [re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "dataset"]
+    if analyzer:
+        parts.append(re.sub(r"[^A-Za-z0-9._-]+", "-", analyzer))
+    if limit_docs is not None:
+        parts.append(f"docs{limit_docs}")
+    if queries is not None:
+        parts.append(f"q{queries}")
     return "-".join(parts)
 
 
@@ -525,105 +567,142 @@ def _connect_error(settings: Settings, exc: Exception) -> EvalError:
 
 def main(settings: Settings, options: EvalOptions, progress: Progress = _progress) -> int:
     try:
-        record = asyncio.run(evaluate_scifact(settings, options, progress))
-    except scifact.DataError as exc:
+        record = asyncio.run(evaluate_dataset(settings, options, progress))
+    except (beir.DataError, isolation.IsolationError, SettingsError) as exc:
         raise EvalError(str(exc)) from None
     except (OperationalError, OSConnectionError) as exc:
         raise _connect_error(settings, exc) from None
+    if record is None:
+        return 0
     print(record["table"])
-    print(
-        f"\nresults: {record['files']['json']}"
-        + (f"\nplot: {record['files']['plot']}" if record["files"]["plot"] else "")
-    )
+    files = record["files"]
+    print(f"\nresults: {files['json']}\nqueries where hybrid loses to lexical: {files['query_diff']}"
+          + (f"\nplot: {files['plot']}" if files["plot"] else ""))  # fmt: skip
     return 0
 
 
-async def evaluate_scifact(settings: Settings, options: EvalOptions, progress: Progress = _progress) -> dict[str, Any]:
-    """Load, index, query, score; writes the JSON (and the plot) and returns the record."""
-    from ki.embedding import create_embedder
-    from search.auth import authenticate, mint_token
-    from search.service import EmbeddingCache, SearchService
-    from streams.writer import make_client
+@dataclass
+class Data:
+    dataset: beir.Dataset
+    corpus_size: int
+    docs: list[beir.CorpusDoc]
+    doc_ids: list[str]
+    queries: dict[str, str]
+    test_size: int
+    chosen: list[str]
+    judged: beir.Restricted
+    train: dict[str, dict[str, int]] | None
+    files: list[Path]
+    sha256: str
+    file_sha256: dict[str, str]
+    corpus_sha256: str
+    baselines: list[report.Baseline]
 
-    began = time.monotonic()
-    # -- data ---------------------------------------------------------------------------------------
+
+def load_data(options: EvalOptions) -> Data:
+    """Read the BEIR folder, resolve name and language, choose documents and queries, hash the files."""
     root = options.data_dir
-    corpus = scifact.load_corpus(root)
-    queries = scifact.load_queries(root)
-    test = scifact.load_qrels(root / "qrels" / "test.tsv")
-    train = scifact.load_qrels(root / "qrels" / "train.tsv")
+    train_path = beir.train_qrels_path(root)
+    if options.tune and train_path is None:
+        raise EvalError(f"--tune needs the train split {root / 'qrels' / 'train.tsv'}, which is missing")
+    corpus = beir.load_corpus(root)
+    dataset = beir.resolve_dataset(root, name=options.name, language=options.language, corpus=corpus)
+    queries = beir.load_queries(root)
+    test = beir.load_qrels(root / "qrels" / "test.tsv")
+    train = beir.load_qrels(train_path) if train_path is not None else None
     readme = root / "README.md"
     baselines = report.parse_baselines(readme.read_text(encoding="utf-8")) if readme.is_file() else []
-    chosen = scifact.select_queries(test, options.queries)
+    chosen = beir.select_queries(test, options.queries)
     unknown = [q for q in chosen if q not in queries]
     if unknown:
         raise EvalError(f"{len(unknown)} test query id(s) are not in queries.jsonl, e.g. {unknown[0]!r}")
     by_id = {d.id: d for d in corpus}
-    doc_ids = scifact.select_documents(
-        [d.id for d in corpus],
-        [scifact.relevant_docs(test, chosen), scifact.qrels_docs(test), scifact.qrels_docs(train)],
-        options.limit_docs,
-    )
-    docs = [by_id[i] for i in doc_ids]
-    judged = scifact.restrict_qrels(test, chosen, doc_ids)
+    priority = [beir.relevant_docs(test, chosen), beir.qrels_docs(test)]
+    if train is not None:
+        priority.append(beir.qrels_docs(train))
+    doc_ids = beir.select_documents([d.id for d in corpus], priority, options.limit_docs)
+    judged = beir.restrict_qrels(test, chosen, doc_ids)
     if not judged.qrels:
         raise EvalError("none of the chosen test queries has a relevant document among the loaded ones")
+    files = beir.data_files(root, with_train=train is not None)
+    sha, each = beir.files_sha256(root, files)
+    corpus_sha, _ = beir.files_sha256(root, beir.corpus_files(root))
+    return Data(dataset, len(corpus), [by_id[i] for i in doc_ids], doc_ids, queries, len(test), chosen, judged,
+                train, files, sha, each, corpus_sha, baselines)  # fmt: skip
+
+
+async def evaluate_dataset(
+    settings: Settings, options: EvalOptions, progress: Progress = _progress
+) -> dict[str, Any] | None:
+    """Load, index, query, score; writes the JSON, the per-query diff (and the plot) and returns the
+    record (None after `--drop`)."""
+    from ki.embedding import create_embedder
+    from search.auth import authenticate, mint_token
+    from search.evidence import binding_for, binding_hash
+    from search.service import EmbeddingCache, SearchService
+    from streams.writer import make_client
+
+    began = time.monotonic()
+    data = load_data(options)
+    dataset = data.dataset
+    subset = options.limit_docs is not None and len(data.docs) < data.corpus_size
+    key = eval_key(dataset, data.corpus_sha256, data.doc_ids if subset else None)
+    analyzer = options.analyzer or settings.retrieval.text_analyzer
+    embedder = await asyncio.to_thread(create_embedder, settings)
+    target = isolation.make_target(
+        settings, key, analyzer=analyzer, embedding_signature=embedder.signature,
+        web_port=options.worker_port or isolation.free_port(),
+    )  # fmt: skip
+    es = target.settings
+    if options.drop or options.fresh:
+        await asyncio.to_thread(isolation.drop, target, progress)
+        if options.drop:
+            return None
     progress(
-        f"eval: SciFact: {len(docs)}/{len(corpus)} documents, {len(judged.qrels)}/{len(chosen)} test queries "
-        f"with a relevant document loaded"
+        f"eval: {dataset.name} ({dataset.language} from {dataset.language_source}): {len(data.docs)}/"
+        f"{data.corpus_size} documents, {len(data.judged.qrels)}/{len(data.chosen)} test queries with a relevant "
+        f"document loaded; eval key {key}, index {es.retrieval.index_name} (analyzer {analyzer!r})"
     )
 
-    # -- PostgreSQL -> CDC -> index ---------------------------------------------------------------------
-    es = eval_settings(settings, options.analyzer, options.worker_port)
+    if options.analyzer is None and dataset.language == "en" and analyzer == "german":
+        progress("eval: note: the configured analyzer 'german' on an English data set; --analyzer english matches it")
+    # -- own database + connector -> own worker -> own index --------------------------------------------
+    await asyncio.to_thread(isolation.ensure_world, target, progress)
     principals = authenticate(f"Bearer {mint_token(es.api, EVAL_SUBJECT, ttl_s=24 * 3600)}", es.api)
-    name = f"ki-eval scifact {len(docs)} docs {scifact.corpus_digest(doc_ids)}"
-    if options.fresh:
-        name += f" {time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     engine = make_engine(es, pooled=False)
     try:
         loaded = await asyncio.to_thread(
-            load_into_postgres,
-            engine,
-            docs,
-            project_name=name,
-            principal=principals[0],
-            batch_docs=options.batch_docs,
-            progress=progress,
-        )
+            load_into_postgres, engine, data.docs, project_name=f"ki-eval {dataset.name}",
+            principal=principals[0], language=dataset.language, batch_docs=options.batch_docs, progress=progress,
+        )  # fmt: skip
         with engine.connect() as conn:
             postgres_version = str(conn.execute(text("SHOW server_version")).scalar_one())
     finally:
         engine.dispose()
-    expected = expected_rows(docs, es)
+    projection = project(data.docs, es, dataset.language, token_budget(embedder))
     client = make_client(es)
     try:
         opensearch_info = await client.info()
-        rows, first, waited = await _fill_index(client, es, options, loaded.project_id, expected, progress)
+        rows, first, waited = await _fill_index(client, target, options, projection.rows, progress)
 
         # -- queries ----------------------------------------------------------------------------------
-        embedder = await asyncio.to_thread(create_embedder, es)
         async_engine = make_async_engine(es)
         try:
             cache = EmbeddingCache(size=4096, ttl_s=24 * 3600)
-            test_queries = [(qid, queries[qid]) for qid in judged.qrels]
+            test_queries = [(qid, data.queries[qid]) for qid in data.judged.qrels]
             results: dict[str, dict[str, float]] = {}
             details: dict[str, dict[str, Any]] = {}
+            runs: dict[str, dict[str, list[str]]] = {}
 
-            async def measure(label: str, run_settings: Settings) -> None:
+            async def measure(label: str, run_settings: Settings, mode: Mode) -> None:
                 service = SearchService(run_settings, async_engine, client, embedder)
                 service.cache = cache  # one query vector per query across modes
                 mode_run = await run_queries(
-                    service,
-                    principals,
-                    test_queries,
-                    project_id=loaded.project_id,
-                    documents=loaded.documents,
-                    limit=EVAL_LIMIT,
-                    concurrency=options.concurrency,
-                    label=label,
-                    progress=progress,
-                )
-                scores = evaluate(mode_run.run, judged.qrels)
+                    service, principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
+                    limit=EVAL_LIMIT, concurrency=options.concurrency, label=label, mode=mode, progress=progress,
+                )  # fmt: skip
+                runs[label] = mode_run.run
+                scores = evaluate(mode_run.run, data.judged.qrels)
                 results[label] = {m: scores[m] for m in METRICS}
                 r = run_settings.retrieval
                 details[label] = {
@@ -634,68 +713,112 @@ async def evaluate_scifact(settings: Settings, options: EvalOptions, progress: P
                         "lexical": r.weight_lexical,
                         "semantic": r.weight_semantic,
                         "identifier": r.weight_identifier,
-                    },
+                    },  # fmt: skip
                     "rrf_k": r.fusion_rrf_k,
                     "seconds": round(mode_run.seconds, 2),
                 }
 
             for mode in MODES:
-                await measure(mode, mode_settings(es, mode))
+                await measure(mode, mode_settings(es, mode), mode)
+            tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None
             if options.tune:
-                best, tuned = await _tune(es, async_engine, client, embedder, cache, principals, queries, train,
-                                          doc_ids, loaded, options, progress)  # fmt: skip
-                await measure("hybrid-tuned", mode_settings(es, "hybrid", best))
+                assert data.train is not None  # load_data refused --tune without it
+                best, tuning_record = await _tune(es, async_engine, client, embedder, cache, principals, data,
+                                                  loaded, options, progress)  # fmt: skip
+                tuned = {"weight_lexical": best.weight_lexical, "weight_semantic": best.weight_semantic,
+                         "fusion_rrf_k": best.rrf_k}  # fmt: skip
+                await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
         finally:
             await async_engine.dispose()
     finally:
         await client.close()
+    truncation = await asyncio.to_thread(truncated_chunk_share, projection.chunk_inputs, embedder)
 
     # -- report ---------------------------------------------------------------------------------------
     title = (
-        f"SciFact test: {len(judged.qrels)} queries over {len(docs)} documents "
-        f"({rows} index rows, analyzer {es.retrieval.text_analyzer!r}, {embedder.signature})"
+        f"{dataset.name} ({dataset.language}) test: {len(data.judged.qrels)} queries over {len(data.docs)} "
+        f"documents ({rows} index rows, analyzer {analyzer!r}, {embedder.signature})"
     )
-    if len(docs) < len(corpus) or len(chosen) < len(test):
-        title += f"\nsubset run: an easier task than the published figures, which rank all {len(corpus):,} documents"
-    table = report.format_table(results, baselines, title=title)
+    if len(data.docs) < data.corpus_size:
+        title += f"\nsubset run: an easier task than the full set, which ranks all {data.corpus_size:,} documents"
+    elif len(data.chosen) < data.test_size:
+        title += f"\nsubset run: {len(data.chosen)} of the {data.test_size:,} test queries"
+    table = report.format_table(results, data.baselines, title=title)
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = _out_stem(options)
+    stem = out_stem(dataset.name, options.limit_docs, options.queries,
+                    analyzer if analyzer != settings.retrieval.text_analyzer else None)  # fmt: skip
     json_path = options.out_dir / f"{stem}.json"
+    diff_path = options.out_dir / f"{stem}.queries.jsonl"
     plot_path: Path | None = options.out_dir / f"{stem}.png"
     if report.plot_available():
-        report.write_plot(cast(Path, plot_path), results, baselines, title=title)
+        report.write_plot(cast(Path, plot_path), results, data.baselines, title=title)
     else:
         progress("eval: matplotlib is not installed (pip install -e '.[bench]'): no plot written")
         plot_path = None
+    diff = report.query_diff(runs["lexical"], runs["hybrid"], data.judged.qrels, data.queries)
+    report.write_jsonl(diff_path, diff)
+    binding = binding_for(es, embedder.signature, data.sha256)
+    r = es.retrieval
     record: dict[str, Any] = {
-        "dataset": "BEIR SciFact",
-        "split": "test",
+        "dataset": {
+            "name": dataset.name,
+            "language": dataset.language,
+            "language_source": dataset.language_source,
+            "path": str(dataset.path),
+            "split": "test",
+            "sha256": data.sha256,
+            "files": data.file_sha256,
+        },
         "command": " ".join(("ki", *options.argv)) if options.argv else "ki eval",
         "machine": _machine(),
         "versions": _versions(es, opensearch_info, postgres_version, embedder.signature),
         "settings": {
-            "text_analyzer": es.retrieval.text_analyzer,
-            "index_alias": es.retrieval.index_name,
-            "chunk_chars": es.retrieval.chunk_chars,
-            "chunk_overlap_chars": es.retrieval.chunk_overlap_chars,
-            "profile_embeddings": es.retrieval.profile_embeddings,
-            "collapse_per_document": es.retrieval.collapse_per_document,
+            "text_analyzer": r.text_analyzer,
+            "text_analysis": getattr(r, "text_analysis", None),
+            "embedding_signature": embedder.signature,
+            "embedding_max_tokens": getattr(embedder, "max_tokens", None),
+            "chunk_chars": r.chunk_chars,
+            "chunk_overlap_chars": r.chunk_overlap_chars,
+            "chunk_contextualize": r.chunk_contextualize,
+            "profile_embeddings": r.profile_embeddings,
+            "clause_embeddings": r.clause_embeddings,
+            "fusion_rrf_k": r.fusion_rrf_k,
+            "weight_lexical": r.weight_lexical,
+            "weight_semantic": r.weight_semantic,
+            "weight_identifier": r.weight_identifier,
+            "collapse_per_document": r.collapse_per_document,
+            "max_chunks_per_document": r.max_chunks_per_document,
             "hits_per_query": EVAL_LIMIT,
         },
+        "isolation": {
+            "key": key,
+            "database": es.database.name,
+            "connector": es.connect.connector_name,
+            "slot": es.connect.slot_name,
+            "publication": es.connect.publication_name,
+            "topic_prefix": es.kafka.topic_prefix,
+            "consumer_group": es.streams.app_id,
+            "dlq_topic": es.streams.dlq_topic,
+            "index_alias": es.retrieval.index_name,
+            "index_settings_hash": target.index_hash,
+        },
         "corpus": {
-            "documents": len(docs),
-            "documents_in_dataset": len(corpus),
+            "documents": len(data.docs),
+            "documents_in_dataset": data.corpus_size,
             "limit_docs": options.limit_docs,
             "project_id": loaded.project_id,
             "written_now": loaded.inserted,
             "index_rows": rows,
+            "body_chunks": projection.chunks,
         },
+        "truncated_chunk_share": truncation,
         "queries": {
-            "chosen": len(chosen),
-            "evaluated": len(judged.qrels),
-            "dropped_without_relevant_loaded": list(judged.dropped_queries),
-            "relevant_judgments_not_loaded": judged.dropped_judgments,
+            "chosen": len(data.chosen),
+            "evaluated": len(data.judged.qrels),
+            "dropped_without_relevant_loaded": list(data.judged.dropped_queries),
+            "relevant_judgments_not_loaded": data.judged.dropped_judgments,
+            "hybrid_below_lexical": len(diff),
         },
         "timings_s": {
             "write_postgres": round(loaded.seconds, 1),
@@ -706,49 +829,66 @@ async def evaluate_scifact(settings: Settings, options: EvalOptions, progress: P
             "total": round(time.monotonic() - began, 1),
         },
         "results": details,
-        "tuning": tuned,
-        "baselines": [b.__dict__ for b in baselines],
+        "tuned": tuned,
+        "tuning": tuning_record,
+        "binding": binding,
+        "binding_hash": binding_hash(binding),
+        "baselines": [b.__dict__ for b in data.baselines],
         "table": table,
-        "markdown": report.markdown_table(results, baselines),
-        "files": {"json": str(json_path), "plot": str(plot_path) if plot_path else None},
+        "markdown": report.markdown_table(results, data.baselines),
+        "files": {
+            "json": str(json_path),
+            "query_diff": str(diff_path),
+            "plot": str(plot_path) if plot_path else None,
+        },  # fmt: skip
     }
     report.write_json(json_path, record)
+    progress(
+        f"eval: database, connector, slot and index of {key} stay for a re-run; "
+        f"`ki eval --data {dataset.path} --drop` with the same --name / --limit-docs removes them"
+    )
     return record
 
 
 async def _fill_index(
     client: AsyncOpenSearch,
-    settings: Settings,
+    target: isolation.EvalTarget,
     options: EvalOptions,
-    project_id: int,
     expected: int,
     progress: Progress,
 ) -> tuple[int, int, float]:
-    """Start the eval sync worker if the index lacks rows, wait until it holds them all, stop the worker."""
-    worker: EvalWorker | None = None
+    """Start the eval's own sync worker if the index lacks rows, wait until it holds them all, stop it."""
+    settings = target.settings
+    worker: isolation.EvalWorker | None = None
     try:
-        if await indexed_rows(client, settings.retrieval.index_name, project_id) < expected:
-            worker = await asyncio.to_thread(_start_worker, settings, options, progress)
+        if await indexed_rows(client, settings.retrieval.index_name) < expected:
+            worker = await asyncio.to_thread(_start_worker, target, options, progress)
         return await wait_indexed(
-            client, settings, project_id, expected, timeout_s=options.timeout_s, worker=worker, progress=progress
+            client, settings, expected, timeout_s=options.timeout_s, worker=worker, progress=progress
         )
     finally:
         if worker is not None:
             await asyncio.to_thread(worker.stop)
-            progress("eval: stopped the sync worker (queries need the CPU)")
+            progress("eval: stopped the eval sync worker (queries need the CPU)")
 
 
-def _start_worker(settings: Settings, options: EvalOptions, progress: Progress) -> EvalWorker | None:
-    worker = EvalWorker(settings, config=options.config, log_path=options.out_dir / "sync-worker.log")
-    command = " ".join(f"{k}={v}" for k, v in worker_env(settings).items()) + " ki sync run"
+def _start_worker(
+    target: isolation.EvalTarget, options: EvalOptions, progress: Progress
+) -> isolation.EvalWorker | None:
+    worker = isolation.EvalWorker(target, log_path=options.out_dir / f"{target.key}.sync-worker.log")
+    isolation.write_config(target.settings, worker.config_path)
     if options.worker == "external":
-        progress(f"eval: waiting for an external sync worker; run: {command}")
+        progress(f"eval: waiting for an external sync worker; run: ki --config {worker.config_path} sync run")
         return None
-    if worker.answering():
-        progress(f"eval: a sync worker already answers on port {settings.streams.web_port}; using it")
-        return None
-    options.out_dir.mkdir(parents=True, exist_ok=True)
-    progress(f"eval: starting the sync worker ({command}); log: {worker.log_path}")
+    adopted = worker.adopt()
+    if adopted:
+        progress(f"eval: an earlier run's eval worker (pid {adopted}, same settings) is still indexing; using it")
+        return worker
+    orphan = worker.stop_orphan()
+    if orphan:
+        progress(f"eval: stopped an earlier run's eval worker (pid {orphan})")
+    progress(f"eval: starting the eval sync worker (ki --config {worker.config_path} sync run, group "
+             f"{target.settings.streams.app_id}); log: {worker.log_path}")  # fmt: skip
     worker.start()
     return worker
 
@@ -760,25 +900,27 @@ async def _tune(
     embedder: Any,
     cache: Any,
     principals: list[str],
-    queries: dict[str, str],
-    train: dict[str, dict[str, int]],
-    doc_ids: Sequence[str],
+    data: Data,
     loaded: Loaded,
     options: EvalOptions,
     progress: Progress,
 ) -> tuple[tuning.FusionConfig, dict[str, Any]]:
-    """Grid-search the fusion on the train queries (never test); returns the best and a record."""
+    """Grid-search the fusion on (at most 1,000 sampled) train queries, never test; the best and a record."""
     from search.service import SearchService
 
-    judged = scifact.restrict_qrels(train, scifact.select_queries(train, None), doc_ids)
-    train_queries = [(qid, queries[qid]) for qid in judged.qrels if qid in queries]
+    assert data.train is not None
+    judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
+    ids = tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+    train_queries = [(qid, data.queries[qid]) for qid in ids]
     if not train_queries:
         raise EvalError("--tune: no train query has a relevant document among the loaded ones")
+    train_qrels = {qid: judged.qrels[qid] for qid in ids}
     memo = cast(AsyncOpenSearch, MemoClient(client))
     r = settings.retrieval
-    default = tuning.FusionConfig(r.weight_lexical / r.weight_semantic if r.weight_semantic else r.weight_lexical,
-                                  1.0, r.fusion_rrf_k)  # fmt: skip
+    default = tuning.FusionConfig(r.weight_lexical, r.weight_semantic, r.fusion_rrf_k)
     configs = tuning.grid()
+    if default not in configs:
+        configs.append(default)
     probe = SearchService(settings, engine, memo, embedder)
     scope = await probe.compile_scope(principals, [loaded.project_id])
     progress(f"eval: tuning {len(configs)} fusion settings on {len(train_queries)} train queries (nDCG@10)")
@@ -788,17 +930,10 @@ async def _tune(
         service = SearchService(mode_settings(settings, "hybrid", config), engine, memo, embedder)
         service.cache = cache
         mode_run = await run_queries(
-            service,
-            principals,
-            train_queries,
-            project_id=loaded.project_id,
-            documents=loaded.documents,
-            limit=TUNE_LIMIT,
-            concurrency=options.concurrency,
-            scope=scope,
-            progress=None,
-        )
-        score = evaluate(mode_run.run, judged.qrels)["ndcg@10"]
+            service, principals, train_queries, project_id=loaded.project_id, documents=loaded.documents,
+            limit=TUNE_LIMIT, concurrency=options.concurrency, scope=scope, mode="hybrid", progress=None,
+        )  # fmt: skip
+        score = evaluate(mode_run.run, train_qrels)["ndcg@10"]
         scored.append((config, score))
         progress(f"eval: tune {n}/{len(configs)}: {config.label()} -> nDCG@10 {score:.4f} "
                  f"({time.monotonic() - started:.0f}s)")  # fmt: skip
@@ -809,6 +944,7 @@ async def _tune(
     return best, {
         "split": "train",
         "queries": len(train_queries),
+        "train_queries_available": len(judged.qrels),
         "objective": "ndcg@10",
         "grid": [{**c.__dict__, "ndcg@10": s} for c, s in scored],
         "best": {**best.__dict__, "ndcg@10": best_score},

@@ -1,8 +1,12 @@
-"""`ki eval` end to end on the real stack: SciFact rows written to PostgreSQL reach the eval index through
-Debezium, Kafka and a `ki sync run` child, then the test queries run through the search service.
+"""`ki eval` end to end on the real stack, on a tiny German BEIR folder (`tests/data/mietrecht-mini`):
+the rows go to the eval's own database, through its own connector, topics and `ki sync run` child into
+its own index, then the test queries run through the search service.
 
-Only well-formedness is asserted (numbers in [0, 1], files written, every mode computed with the legs it
-claims); retrieval quality is a benchmark figure (BENCHMARKS.md), not a test condition.
+Isolation is checked in both directions: a marker document written to the main database before and
+after the eval never reaches the eval index or database, and no eval document reaches the main
+database or the main index. A re-run resumes (writes nothing, starts no worker); `--drop` removes the
+eval's database, slot, connector, topics and indexes. Retrieval quality is a benchmark figure
+(BENCHMARKS.md), not a test condition: only well-formedness is asserted.
 """
 
 from __future__ import annotations
@@ -10,82 +14,241 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import socket
 import subprocess
 import sys
-from importlib.util import find_spec
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from opensearchpy import OpenSearch
+from sqlalchemy import text
 
-from ki.eval.run import eval_settings
+from ki.db.engine import make_engine
+from ki.eval import beir
+from ki.eval.run import load_into_postgres
 from ki.settings import REPO_ROOT, Settings
+from ki.stack.http import request_json
+from search.evidence import parse_report
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(1600)]  # the fixture loads and indexes the corpus
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
-DOCS, QUERIES = 150, 30
+DATA = REPO_ROOT / "tests" / "data" / "mietrecht-mini"
+EVAL_WORD = "Zaunkönigklausel"  # only in the eval corpus (document m09)
+
+
+def _ki(*argv: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ki.cli", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+
+
+def _write_marker(settings: Settings, word: str) -> None:
+    engine = make_engine(settings, pooled=False)
+    try:
+        doc = beir.CorpusDoc(word, f"Markierung {word}", f"Dieses Dokument der Hauptdatenbank enthält {word}.")
+        load_into_postgres(engine, [doc], project_name=f"isolation marker {word}", principal="user:ki-eval",
+                           language="de", batch_docs=10, progress=lambda _: None)  # fmt: skip
+    finally:
+        engine.dispose()
+
+
+def _hits(client: OpenSearch, alias: str, word: str) -> int:
+    if not client.indices.exists_alias(name=alias):
+        return 0
+    body = {"query": {"match_phrase": {"text": word}}}
+    return int(client.count(index=alias, body=body)["count"])
 
 
 @pytest.fixture(scope="module")
-def record(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     out = tmp_path_factory.mktemp("eval")
-    argv = [sys.executable, "-m", "ki.cli", "eval", "--limit-docs", str(DOCS), "--queries", str(QUERIES)]
-    # --fresh: a new project every run, so the rows always travel the whole CDC path.
-    argv += ["--fresh", "--out", str(out), "--timeout", "1200"]
-    done = subprocess.run(
-        argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    marker = f"Isolationsmarker{uuid.uuid4().hex[:10]}"
+    _write_marker(settings, marker)  # in the main database's CDC stream while the eval runs
+    # --fresh: drop what an earlier run left, so the rows travel the whole CDC path every time.
+    started = time.monotonic()
+    done = _ki("eval", "--data", str(DATA), "--tune", "--fresh", "--out", str(out), "--timeout", "400")
+    seconds = time.monotonic() - started
     assert done.returncode == 0, f"ki eval failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    path = out / f"scifact-test-docs{DOCS}-q{QUERIES}.json"
+    _write_marker(settings, marker + "b")
+    path = out / "mietrecht-mini.json"
     assert path.is_file(), f"no JSON written; stdout:\n{done.stdout}"
-    data = json.loads(path.read_text())
-    data["_stdout"], data["_stderr"] = done.stdout, done.stderr
-    return data
+    record = json.loads(path.read_text())
+    yield {"record": record, "stdout": done.stdout, "stderr": done.stderr, "out": out, "marker": marker,
+           "seconds": seconds}  # fmt: skip
+    _ki("eval", "--data", str(DATA), "--drop", timeout=300)  # whatever a failed test left (a no-op after the drop test)
 
 
-def test_every_mode_has_well_formed_metrics(record: dict) -> None:
-    assert set(record["results"]) == {"lexical", "semantic", "hybrid"}
+def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
+    record = run["record"]
+    dataset = record["dataset"]
+    assert (dataset["name"], dataset["language"], dataset["language_source"]) == ("mietrecht-mini", "de", "README")
+    assert Path(dataset["path"]) == DATA.resolve() and len(dataset["sha256"]) == 64
+    assert set(dataset["files"]) == {"corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "qrels/train.tsv"}
+    assert set(record["results"]) == {"lexical", "semantic", "hybrid", "hybrid-tuned"}
     for mode, result in record["results"].items():
         for metric in ("ndcg@10", "recall@100", "mrr@10"):
             value = result[metric]
             assert isinstance(value, float) and math.isfinite(value) and 0.0 <= value <= 1.0, (mode, metric, value)
-        assert result["queries"] == QUERIES, mode
-
-
-def test_each_mode_ran_the_legs_it_names(record: dict) -> None:
+        assert result["queries"] == 10, mode
     legs = {mode: set(result["legs"]) for mode, result in record["results"].items()}
-    assert legs["lexical"] == {"lexical"}  # a zero-weighted leg is not run at all
-    assert legs["semantic"] == {"semantic"}
+    assert legs["lexical"] == {"lexical"} and legs["semantic"] == {"semantic"}
     assert {"lexical", "semantic"} <= legs["hybrid"]
+    assert record["settings"]["text_analyzer"] == "german"  # the product's default, not english
+    assert "mietrecht-mini (de)" in run["stdout"] and "SciFact" not in run["stdout"] + run["stderr"]
 
 
-def test_the_corpus_went_through_the_sync_worker(record: dict) -> None:
-    corpus = record["corpus"]
-    assert corpus["documents"] == DOCS and corpus["written_now"] == DOCS
-    assert corpus["index_rows"] >= DOCS  # at least a profile row per document
-    assert 0 < record["timings_s"]["rows_indexed_while_waiting"] <= corpus["index_rows"]
-    assert "starting the sync worker" in record["_stderr"] or "already answers" in record["_stderr"]
-    assert record["queries"]["evaluated"] == QUERIES
+def test_tuning_binding_truncation_and_the_query_diff(run: dict) -> None:
+    record = run["record"]
+    assert set(record["tuned"]) == {"weight_lexical", "weight_semantic", "fusion_rrf_k"}
+    assert record["tuning"]["split"] == "train" and record["tuning"]["queries"] == 4
+    binding = record["binding"]
+    assert binding["dataset_sha256"] == record["dataset"]["sha256"]
+    assert binding["embedding_signature"] == record["settings"]["embedding_signature"]
+    assert len(record["binding_hash"]) == 16
+    evidence = parse_report("mietrecht-mini.json", record)  # what the search service's evidence gate reads
+    assert evidence is not None and evidence.dataset == "mietrecht-mini" and evidence.binding == binding
+    share = record["truncated_chunk_share"]
+    assert 0.0 <= share["value"] <= 1.0 and share["chunks"] == record["corpus"]["body_chunks"] and share["method"]
+    diff_path = Path(record["files"]["query_diff"])
+    assert diff_path.name == "mietrecht-mini.queries.jsonl" and diff_path.is_file()
+    rows = [json.loads(line) for line in diff_path.read_text().splitlines()]
+    assert len(rows) == record["queries"]["hybrid_below_lexical"]
+    assert [r["loss"] for r in rows] == sorted((r["loss"] for r in rows), reverse=True)
+    for row in rows:
+        assert row["ndcg@10_hybrid"] < row["ndcg@10_lexical"] and row["text"] and "rank_lexical" in row
 
 
-def test_outputs_are_written_and_the_table_is_printed(record: dict) -> None:
-    assert "ki hybrid" in record["_stdout"] and "nDCG@10" in record["_stdout"]
-    assert record["baselines"], "the published baselines of the data set README are in the record"
-    plot = record["files"]["plot"]
-    if find_spec("matplotlib") is not None:
-        assert plot and Path(plot).is_file() and Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:
-        assert plot is None and "no plot written" in record["_stderr"]
+def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> None:
+    record, iso = run["record"], run["record"]["isolation"]
+    assert iso["database"] != settings.database.name and iso["slot"] != settings.connect.slot_name
+    assert iso["topic_prefix"] != settings.kafka.topic_prefix and iso["consumer_group"] != settings.streams.app_id
+    assert iso["index_alias"] != settings.retrieval.index_name
+    assert record["corpus"]["written_now"] == 20 and record["timings_s"]["rows_indexed_while_waiting"] > 0
+    assert "starting the eval sync worker" in run["stderr"]
 
 
-def test_the_eval_index_is_english_and_separate(record: dict, settings: Settings) -> None:
-    es = eval_settings(settings, "english")
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
-    mapping = client.indices.get_mapping(index=es.retrieval.index_name)
-    assert mapping, "the eval alias exists"
-    for physical, body in mapping.items():
-        assert body["mappings"]["properties"]["text"]["analyzer"] == "english"
-        assert "english" in physical
-    if client.indices.exists_alias(name=settings.retrieval.index_name):
-        main = client.indices.get_alias(name=settings.retrieval.index_name)
-        assert not set(main) & set(mapping), "the German main index and the eval index never share a physical index"
+def test_isolation_in_both_directions(run: dict, settings: Settings, search: OpenSearch) -> None:
+    record, marker = run["record"], run["marker"]
+    alias = record["isolation"]["index_alias"]
+    # The eval index holds exactly the eval's rows, and no main-database document.
+    assert int(search.count(index=alias)["count"]) == record["corpus"]["index_rows"]
+    assert _hits(search, alias, EVAL_WORD) >= 1
+    assert _hits(search, alias, marker) == 0 and _hits(search, alias, marker + "b") == 0
+    eval_db = settings.model_copy(update={"database": settings.database.model_copy(
+        update={"name": record["isolation"]["database"]})})  # fmt: skip
+    main_engine, eval_engine = make_engine(settings, pooled=False), make_engine(eval_db, pooled=False)
+    try:
+        count = text("SELECT count(*) FROM documents WHERE title LIKE :t")
+        with eval_engine.connect() as conn:
+            assert conn.execute(count, {"t": "Markierung Isolationsmarker%"}).scalar() == 0
+            assert conn.execute(text("SELECT count(*) FROM documents")).scalar() == 20
+        with main_engine.connect() as conn:
+            assert conn.execute(count, {"t": "Haustiere in der Mietwohnung"}).scalar() == 0
+            assert conn.execute(count, {"t": f"Markierung {marker}"}).scalar() == 1
+    finally:
+        main_engine.dispose()
+        eval_engine.dispose()
+    # The main index never holds an eval document (whether or not a main worker runs right now).
+    assert _hits(search, settings.retrieval.index_name, EVAL_WORD) == 0
+
+
+def test_a_rerun_resumes_and_drop_removes_everything(run: dict, settings: Settings, search: OpenSearch) -> None:
+    again = _ki("eval", "--data", str(DATA), "--queries", "3", "--out", str(run["out"]), "--timeout", "120")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "20 documents already there, writing 0" in again.stderr
+    assert "starting the eval sync worker" not in again.stderr
+    assert (run["out"] / "mietrecht-mini-q3.json").is_file()
+
+    iso = run["record"]["isolation"]
+    dropped = _ki("eval", "--data", str(DATA), "--drop", timeout=300)
+    assert dropped.returncode == 0, dropped.stderr[-3000:]
+    assert f"dropped database {iso['database']}" in dropped.stderr
+    assert not search.indices.exists_alias(name=iso["index_alias"])
+    engine = make_engine(settings, pooled=False)
+    try:
+        with engine.connect() as conn:
+            assert (
+                conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": iso["database"]}).scalar()
+                is None
+            )
+            assert conn.execute(text("SELECT 1 FROM pg_replication_slots WHERE slot_name = :n"),
+                                {"n": iso["slot"]}).scalar() is None  # fmt: skip
+    finally:
+        engine.dispose()
+    status, _ = request_json("GET", f"{settings.connect.url.rstrip('/')}/connectors/{iso['connector']}")
+    assert status == 404
+    assert not (Path(settings.stack.home).expanduser() / "eval" / iso["key"]).exists()  # config file with secrets
+
+
+def test_the_e2e_stays_small(run: dict) -> None:
+    assert run["seconds"] < 300, f"the end-to-end eval took {run['seconds']:.0f}s"
+
+
+# --- --config reaches the Faust worker ------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    tag = uuid.uuid4().hex[:8]
+    port = _free_port()
+    data = settings.model_dump(mode="json")
+    data["streams"].update({"app_id": f"ki-test-config-{tag}", "web_port": port, "dlq_topic": f"ki_test_{tag}.dlq"})
+    data["kafka"]["topic_prefix"] = f"ki_test_{tag}"
+    data["retrieval"]["index_name"] = f"ki-test-config-{tag}"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(data))
+    log = (tmp_path / "worker.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("KI_") and "__" in k) and k != "KI_CONFIG"}
+    worker = subprocess.Popen([sys.executable, "-m", "ki.cli", "--config", str(config), "sync", "run"],
+                              cwd=tmp_path, stdout=log, stderr=log, env=env)  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    try:
+        deadline = time.monotonic() + 120
+        answered = False
+        while time.monotonic() < deadline and not answered:
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as response:
+                    answered = b"ki_sync_events_total" in response.read()
+            except OSError:
+                time.sleep(0.5)
+        assert answered, "the worker does not answer on the web port of its --config"
+        topics = set(admin.list_topics(timeout=30).topics)
+        assert f"ki_test_{tag}.dlq" in topics and any(t.startswith(f"ki_test_{tag}.public.") for t in topics)
+        deadline = time.monotonic() + 60
+        groups: set[str] = set()
+        while time.monotonic() < deadline and f"ki-test-config-{tag}" not in groups:
+            groups = {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid}
+            time.sleep(1)
+        assert f"ki-test-config-{tag}" in groups, "the worker's consumer group is the --config's app id"
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(30)
+        log.close()
+        mine = [t for t in admin.list_topics(timeout=30).topics if t.startswith(f"ki_test_{tag}.")]
+        if mine:
+            for future in admin.delete_topics(mine, request_timeout=30).values():
+                future.result()
+        admin.delete_consumer_groups([f"ki-test-config-{tag}"], request_timeout=30)
+        shutil.rmtree(Path(settings.stack.home).expanduser() / "faust" / f"ki-test-config-{tag}", ignore_errors=True)

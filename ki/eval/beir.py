@@ -1,8 +1,9 @@
-"""The BEIR SciFact files (`shared/data/scifact`) and the choice of a document / query subset.
+"""A labelled data set in the BEIR layout, its name and language, and the choice of a document / query subset.
 
 Layout: the corpus is `corpus.jsonl` or its parts `derived/corpus.partNofM.jsonl` (concatenated in
-part order), `queries.jsonl`, and BEIR qrels `qrels/{test,train}.tsv` (tab-separated with a
-`query-id corpus-id score` header, CRLF tolerated).
+part order), `queries.jsonl`, and BEIR qrels `qrels/test.tsv` plus optional `qrels/train.tsv` (only
+`--tune` needs it), tab-separated with a `query-id corpus-id score` header, CRLF tolerated.
+The default data set is SciFact (`shared/data/scifact` beside or above the repository).
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from ki.eval.metrics import Qrels
 from ki.settings import REPO_ROOT
 
 
-def _default_data_dir() -> Path:
-    """`shared/data/scifact` beside the repository or above it (a clone elsewhere on the same machine
-    still finds the shared folder at its usual place); `--data` overrides it."""
-    candidates = [parent / "shared" / "data" / "scifact" for parent in REPO_ROOT.parents]
-    candidates.append(Path("/work/shared/data/scifact"))
+def shared_data_dir() -> Path:
+    """`shared/data` beside the repository or above it (`../shared/data` of a checkout; a clone
+    elsewhere on the same machine still finds the nearest one up the tree)."""
+    candidates = [parent / "shared" / "data" for parent in REPO_ROOT.parents]
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
-DEFAULT_DATA_DIR = _default_data_dir()
+DEFAULT_DATA_DIR = shared_data_dir() / "scifact"
+DEFAULT_LANGUAGE = "de"  # the product's language: the fallback when neither flag, README nor corpus tell
 _PART = re.compile(r"^corpus\.part(\d+)of(\d+)\.jsonl$")
 
 
@@ -204,3 +205,105 @@ def corpus_digest(ids: Sequence[str]) -> str:
 
 def qrels_docs(qrels: Mapping[str, Mapping[str, int]]) -> list[str]:
     return relevant_docs(qrels, qrels.keys())
+
+
+# --- name, language, files ------------------------------------------------------------------------
+
+_LANGUAGE_HINT = re.compile(r"^\s*(?:[-*]\s*)?\**language\**\s*:\s*`?([A-Za-z]{2,3})\b", re.IGNORECASE | re.MULTILINE)
+_LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}$")
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+#: Very frequent function words; enough to tell German from English prose apart.
+_GERMAN = "der die das und ist nicht mit von zu den dem des ein eine einer auf für sich im auch wird"
+_ENGLISH = "the and of to in is that for with as was on are by this be from or an which"
+_STOPWORDS: dict[str, frozenset[str]] = {"de": frozenset(_GERMAN.split()), "en": frozenset(_ENGLISH.split())}  # noqa: SIM905
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    language: str
+    language_source: str  # "--language", "README", "corpus" or "default"
+    path: Path
+
+
+def language_hint(readme: str) -> str | None:
+    """A `language: de` line in a README (front matter or a list item), lower-cased."""
+    match = _LANGUAGE_HINT.search(readme)
+    return match.group(1).lower() if match else None
+
+
+def guess_language(texts: Iterable[str], *, min_hits: int = 20) -> str | None:
+    """`de` or `en` from function-word counts over `texts`, or None when neither clearly dominates."""
+    counts = dict.fromkeys(_STOPWORDS, 0)
+    for text in texts:
+        for word in _WORD.findall(text.lower()):
+            for lang, words in _STOPWORDS.items():
+                if word in words:
+                    counts[lang] += 1
+    (best, top), (_, second) = sorted(counts.items(), key=lambda kv: -kv[1])[:2]
+    return best if top >= min_hits and top >= 2 * second else None
+
+
+def resolve_dataset(
+    root: Path, *, name: str | None = None, language: str | None = None, corpus: Sequence[CorpusDoc] = ()
+) -> Dataset:
+    """Name: `--name`, else the folder's name. Language: `--language`, else a `language:` line in the
+    README, else a guess from the corpus (German or English function words), else `de`."""
+    resolved_name = (name or root.resolve().name).strip()
+    if not resolved_name:
+        raise DataError(f"{root}: cannot name the data set; pass --name")
+    if language is not None:
+        code = language.strip().lower()
+        if not _LANGUAGE_CODE.match(code):
+            raise DataError(f"--language {language!r}: expected an ISO 639 code such as de or en")
+        return Dataset(resolved_name, code, "--language", root.resolve())
+    readme = root / "README.md"
+    hint = language_hint(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+    if hint:
+        return Dataset(resolved_name, hint, "README", root.resolve())
+    guessed = guess_language(f"{d.title} {d.text}" for d in corpus[:200])
+    if guessed:
+        return Dataset(resolved_name, guessed, "corpus", root.resolve())
+    return Dataset(resolved_name, DEFAULT_LANGUAGE, "default", root.resolve())
+
+
+def train_qrels_path(root: Path) -> Path | None:
+    path = root / "qrels" / "train.tsv"
+    return path if path.is_file() else None
+
+
+def data_files(root: Path, *, with_train: bool) -> list[Path]:
+    """The files an eval reads, in a fixed order: corpus parts, queries, test qrels (, train qrels)."""
+    files = [*corpus_files(root), root / "queries.jsonl", root / "qrels" / "test.tsv"]
+    train = train_qrels_path(root)
+    if with_train and train is not None:
+        files.append(train)
+    return files
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def files_sha256(root: Path, files: Sequence[Path]) -> tuple[str, dict[str, str]]:
+    """(sha256 over the `relative path<TAB>sha256` lines of every file, {relative path: sha256})."""
+    each = {path.relative_to(root).as_posix(): file_sha256(path) for path in files}
+    combined = hashlib.sha256("".join(f"{rel}\t{sha}\n" for rel, sha in each.items()).encode()).hexdigest()
+    return combined, each
+
+
+def slug(name: str, max_len: int = 24) -> str:
+    """A lower-case `[a-z0-9_]` form of a data-set name for database, slot, topic and index names;
+    a name that had to be shortened or changed gets a short hash so two names never collide."""
+    plain = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    if plain == name.replace("-", "_") and len(plain) <= max_len and plain[:1].isalpha():
+        return plain
+    tag = hashlib.sha256(name.encode()).hexdigest()[:6]
+    head = plain[: max_len - 7].strip("_") or "data"
+    if not head[:1].isalpha():
+        head = f"d{head}"[: max_len - 7]
+    return f"{head}_{tag}"
