@@ -48,6 +48,7 @@ from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservat
 from ki.eval import beir, isolation, report, tuning
 from ki.eval.metrics import METRICS, evaluate
 from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
+from projections.mapping import text_analysis
 
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
@@ -775,9 +776,9 @@ async def evaluate_dataset(
         "versions": _versions(es, opensearch_info, postgres_version, embedder.signature),
         "settings": {
             "text_analyzer": r.text_analyzer,
-            "text_analysis": getattr(r, "text_analysis", None),
+            "text_analysis": text_analysis(es),  # the definitions the analyzer uses ({} for a built-in)
             "embedding_signature": embedder.signature,
-            "embedding_max_tokens": getattr(embedder, "max_tokens", None),
+            "embedding_max_tokens": embedder.max_tokens,
             "chunk_chars": r.chunk_chars,
             "chunk_overlap_chars": r.chunk_overlap_chars,
             "chunk_contextualize": r.chunk_contextualize,
