@@ -169,7 +169,14 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         return bench_freshness(settings, rate=args.rate, seconds=args.seconds, docs=args.docs)
     from streams.bench import main as bench_sync
 
-    return bench_sync(settings, versions=args.versions, paragraphs=args.paragraphs, rounds=args.rounds)
+    return bench_sync(
+        settings,
+        versions=args.versions,
+        paragraphs=args.paragraphs,
+        rounds=args.rounds,
+        compare_model=args.compare_model,
+        compare_max_tokens=args.compare_max_tokens,
+    )
 
 
 def _eval(args: argparse.Namespace, settings: Settings) -> int:
@@ -265,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
     bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
     bench.add_argument("--rounds", type=int, default=5, help="sync, search: rounds (median reported)")
+    bench.add_argument(
+        "--compare-model",
+        default=None,
+        help="sync: also run the content sync with this local model (e.g. all-MiniLM-L6-v2) in the same run",
+    )
+    bench.add_argument(
+        "--compare-max-tokens", type=int, default=256, help="sync: token window of --compare-model (default 256)"
+    )
     bench.add_argument("--rate", type=int, default=200, help="freshness: row changes per second")
     bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
     bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")

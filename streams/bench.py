@@ -24,7 +24,7 @@ from sqlalchemy import text
 from ki.db.engine import make_engine
 from ki.embedding import create_embedder
 from ki.plotting import pyplot, save_figure
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import REPO_ROOT, Settings, with_overrides
 from streams.bench_corpus import write_corpus
 from streams.sync import Projector
 from streams.writer import BulkOp, IndexWriter, make_client
@@ -57,7 +57,8 @@ def _write_corpus(settings: Settings, versions: int, paragraphs: int) -> tuple[i
 
 
 async def run_sync_bench(
-    settings: Settings, *, versions: int = 60, paragraphs: int = 40, rounds: int = 5
+    settings: Settings, *, versions: int = 60, paragraphs: int = 40, rounds: int = 5, compare_model: str | None = None,
+    compare_max_tokens: int = 256,
 ) -> dict[str, Any]:
     _progress(f"bench sync: writing {versions} versions of {paragraphs} paragraphs to PostgreSQL")
     project, version_ids = await asyncio.to_thread(_write_corpus, settings, versions, paragraphs)
@@ -69,17 +70,15 @@ async def run_sync_bench(
     projector = Projector(settings, engine, writer, embedder)
     try:
         await writer.create_physical(index)
-        _progress("bench sync: content sync (split, embed, bulk)")
-        started = time.perf_counter()
-        stats = None
-        for i in range(0, len(version_ids), 16):
-            stats_part = await projector.project_versions(version_ids[i : i + 16])
-            stats = stats_part if stats is None else _merge(stats, stats_part)
-            _progress(f"  {min(i + 16, len(version_ids))}/{len(version_ids)} versions")
-        content_s = time.perf_counter() - started
-        assert stats is not None
+        _progress(f"bench sync: content sync (split, embed, bulk) with {embedder.signature}")
+        content_s, stats = await _content_sync(projector, version_ids)
         await writer.refresh()
         chunks = stats.rows_written
+        compared = None
+        if compare_model:
+            compared = await _compare_content_sync(
+                settings, engine, client, compare_model, compare_max_tokens, version_ids
+            )
 
         texts_before = embedder.stats.texts
         measured = []
@@ -104,13 +103,8 @@ async def run_sync_bench(
         ratios = [o / r for o, r in zip(ours_rates, raw_rates, strict=True)]
         return {
             "corpus": {"versions": len(version_ids), "chunks": chunks, "paragraphs_per_version": paragraphs},
-            "content_sync": {
-                "seconds": round(content_s, 2),
-                "versions_per_s": round(len(version_ids) / content_s, 2),
-                "chunks_per_s": round(chunks / content_s, 2),
-                "embed_seconds": round(stats.seconds.get("embed", 0.0), 2),
-                "embedder_chunks_per_s": round(stats.rows_embedded / max(stats.seconds.get("embed", 1e-9), 1e-9), 2),
-            },
+            "content_sync": _content_figures(embedder.signature, content_s, stats, len(version_ids)),
+            "content_sync_compared": compared,
             "access_only": {
                 "rounds": rounds,
                 "rows_per_round": measured[0]["ours"][1],
@@ -134,6 +128,49 @@ async def run_sync_bench(
         await client.indices.delete(index=index, ignore=(404,))
         await client.close()
         engine.dispose()
+
+
+async def _content_sync(projector: Projector, version_ids: list[int]) -> tuple[float, Any]:
+    """Every version through split + embed + bulk, 16 at a time: (seconds, merged stats)."""
+    started = time.perf_counter()
+    stats = None
+    for i in range(0, len(version_ids), 16):
+        stats_part = await projector.project_versions(version_ids[i : i + 16])
+        stats = stats_part if stats is None else _merge(stats, stats_part)
+        _progress(f"  {min(i + 16, len(version_ids))}/{len(version_ids)} versions")
+    assert stats is not None
+    return time.perf_counter() - started, stats
+
+
+def _content_figures(signature: str, seconds: float, stats: Any, versions: int) -> dict[str, Any]:
+    embed_s = stats.seconds.get("embed", 0.0)
+    return {
+        "embedder": signature,
+        "seconds": round(seconds, 2),
+        "versions_per_s": round(versions / seconds, 2),
+        "chunks": stats.rows_written,
+        "chunks_per_s": round(stats.rows_written / seconds, 2),
+        "embed_seconds": round(embed_s, 2),
+        "embedder_chunks_per_s": round(stats.rows_embedded / max(embed_s, 1e-9), 2),
+    }
+
+
+async def _compare_content_sync(
+    settings: Settings, engine: Any, client: Any, model: str, max_tokens: int, version_ids: list[int]
+) -> dict[str, Any]:
+    """The same versions through the content sync with another local model, into a scratch index of its own
+    (its chunks follow that model's token window, so the chunk counts may differ)."""
+    other = with_overrides(settings, {"embedding": {"model": model, "max_tokens": max_tokens}})
+    embedder = create_embedder(other)
+    index = f"bench-sync-{uuid.uuid4().hex[:8]}"
+    writer = IndexWriter(client, other, index=index)
+    try:
+        await writer.create_physical(index)
+        _progress(f"bench sync: content sync with {embedder.signature}, for comparison")
+        seconds, stats = await _content_sync(Projector(other, engine, writer, embedder), version_ids)
+        return _content_figures(embedder.signature, seconds, stats, len(version_ids))
+    finally:
+        await client.indices.delete(index=index, ignore=(404,))
 
 
 async def _access_round(
@@ -199,8 +236,24 @@ def _plot(result: dict[str, Any], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def main(settings: Settings, versions: int, paragraphs: int, rounds: int = 5) -> int:
-    result = asyncio.run(run_sync_bench(settings, versions=versions, paragraphs=paragraphs, rounds=rounds))
+def main(
+    settings: Settings,
+    versions: int,
+    paragraphs: int,
+    rounds: int = 5,
+    compare_model: str | None = None,
+    compare_max_tokens: int = 256,
+) -> int:
+    result = asyncio.run(
+        run_sync_bench(
+            settings,
+            versions=versions,
+            paragraphs=paragraphs,
+            rounds=rounds,
+            compare_model=compare_model,
+            compare_max_tokens=compare_max_tokens,
+        )
+    )
     out = REPO_ROOT / "build" / "bench" / "sync.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -30,9 +30,15 @@ def run_bench(*args: str) -> dict:
 
 
 def test_bench_sync_reports_content_access_and_baseline_figures() -> None:
-    result = run_bench("sync", "--versions", "3", "--paragraphs", "6", "--rounds", "2")
+    result = run_bench(
+        "sync", "--versions", "3", "--paragraphs", "6", "--rounds", "2", "--compare-model", "all-MiniLM-L6-v2"
+    )
     assert result["corpus"]["versions"] == 3 and result["corpus"]["chunks"] >= 3
     assert result["content_sync"]["chunks_per_s"] > 0
+    # The old embedder measured on the same versions in the same run, into its own scratch index.
+    compared = result["content_sync_compared"]
+    assert compared["embedder"] == "all-minilm-l6-v2-384" != result["content_sync"]["embedder"]
+    assert compared["chunks"] >= 3 and compared["chunks_per_s"] > 0
     assert result["access_only"]["texts_embedded"] == 0  # the access path never embeds
     assert result["access_only"]["rows_per_round"] == result["raw_bulk_partial_update"]["rows_per_round"]
     assert len(result["access_only_vs_raw_bulk"]["per_round"]) == 2
