@@ -40,7 +40,6 @@ per block of 32, dequantised after the ``Gather`` for the tokens of the batch on
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
@@ -55,6 +54,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from ki.files import file_sha256
 
 __all__ = [
     "CONVERTER_VERSION",
@@ -285,14 +286,6 @@ def build_onnx(weights: E5Weights) -> Any:
     return model
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def cached_model_name(source_sha256: str) -> str:
     """Cache file name: bound to the source weights and to the converter that produced the graph."""
     return f"multilingual-e5-small-{source_sha256[:16]}-c{CONVERTER_VERSION}-int8.onnx"
@@ -330,7 +323,7 @@ def _is_valid(model: Path, digest_file: Path) -> bool:
     with _CHECKED_LOCK:
         if key in _CHECKED:
             return True
-        if expected != _sha256(model):
+        if expected != file_sha256(model):
             return False
         _CHECKED.add(key)
         return True
@@ -422,7 +415,7 @@ def ensure_model(
         if _is_valid(model, digest_file):  # another process built it while we waited
             return model
         _remove_stale_builds(cache_dir)
-        actual = _sha256(source)
+        actual = file_sha256(source)
         if actual != source_sha256:
             raise E5FormatError(f"{source} has sha256 {actual}, expected {source_sha256}; reinstall the pinned package")
         out = progress if progress is not None else sys.stderr
@@ -436,5 +429,5 @@ def ensure_model(
             out.write("failed\n")
             raise
         out.flush()
-        _atomic_write_text(digest_file, f"{_sha256(model)}  {model.name}\n")
+        _atomic_write_text(digest_file, f"{file_sha256(model)}  {model.name}\n")
     return model

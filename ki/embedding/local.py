@@ -23,7 +23,6 @@ special token) and counted in ``stats.truncated``. An empty string is embedded l
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import threading
@@ -34,6 +33,7 @@ from typing import Literal
 import numpy as np
 
 from ki.embedding import BaseEmbedder, EmbeddingError, make_signature
+from ki.files import file_sha256
 
 __all__ = ["DEFAULT_CACHE_DIR", "LocalEmbedder", "LocalModelSpec", "LOCAL_MODELS"]
 
@@ -125,13 +125,10 @@ def _verify_sha256(path: Path, expected: str) -> None:
     with _VERIFY_LOCK:
         if key in _VERIFIED:
             return
-        digest = hashlib.sha256()
-        with path.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != expected:
+        actual = file_sha256(path)
+        if actual != expected:
             raise EmbeddingError(
-                f"local embedding model: {path} has sha256 {digest.hexdigest()}, expected {expected}; "
+                f"local embedding model: {path} has sha256 {actual}, expected {expected}; "
                 "reinstall the pinned model package"
             )
         _VERIFIED.add(key)

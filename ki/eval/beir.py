@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ki.eval.metrics import Qrels
+from ki.files import file_sha256
 from ki.settings import REPO_ROOT
 
 
@@ -279,14 +280,6 @@ def data_files(root: Path, *, with_train: bool) -> list[Path]:
     if with_train and train is not None:
         files.append(train)
     return files
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def files_sha256(root: Path, files: Sequence[Path]) -> tuple[str, dict[str, str]]:

@@ -15,10 +15,10 @@ from opensearchpy import OpenSearch
 from ki.settings import Settings
 from projections.mapping import index_body, physical_index_name
 from streams.writer import IndexSchemaError, IndexWriter, make_client
+from tests.integration.test_index_lifecycle import SIGNATURE, ensure
 
 pytestmark = pytest.mark.stack
 
-SIGNATURE = "test-embedder-384"
 FOLDING: dict[str, Any] = {
     "char_filter": {"nfkc": {"type": "icu_normalizer", "name": "nfkc", "mode": "compose"}},
     "filter": {
@@ -49,17 +49,6 @@ def isolated(settings: Settings) -> Iterator[Settings]:
         settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})}), FOLDING
     )
     OpenSearch(hosts=[settings.opensearch.url]).indices.delete(index=f"{alias}--*", ignore=[404])
-
-
-def ensure(settings: Settings) -> str:
-    async def run() -> str:
-        client = make_client(settings)
-        try:
-            return await IndexWriter(client, settings).ensure_index(SIGNATURE)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
 
 
 def swap_in_fresh_index(settings: Settings, generation: str) -> str:
