@@ -178,7 +178,7 @@ def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_sign
     if not matching:
         return GateDecision(
             "lexical",
-            f"no evaluation report matches these settings (embedding {embedding_signature}, analyzer "
+            f"no evaluation report matches these settings (model {embedding_signature}, analyzer "
             f"{analyzer_hash(r)}, ranking {ranking_hash(r)}): keyword-only until `ki eval` shows hybrid helps",
         )
     names = tuple(rep.dataset for rep in matching)
