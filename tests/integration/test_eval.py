@@ -15,7 +15,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from ki.eval.run import load_into_postgres
 from ki.settings import REPO_ROOT, Settings, load_settings
 from ki.stack.http import request_json
 from search.evidence import parse_report
+from tests.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 
@@ -198,17 +198,11 @@ def test_the_e2e_stays_small(run: dict) -> None:
 # --- --config reaches the Faust worker ------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path) -> None:
     from confluent_kafka.admin import AdminClient
 
     tag = uuid.uuid4().hex[:8]
-    port = _free_port()
+    port = free_port()
     data = settings.model_dump(mode="json")
     data["streams"].update({"app_id": f"ki-test-config-{tag}", "web_port": port, "dlq_topic": f"ki_test_{tag}.dlq"})
     data["kafka"]["topic_prefix"] = f"ki_test_{tag}"
@@ -221,24 +215,25 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
                               cwd=tmp_path, stdout=log, stderr=log, env=env)  # fmt: skip
     admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
     try:
-        deadline = time.monotonic() + 120
-        answered = False
-        while time.monotonic() < deadline and not answered:
+
+        def answers() -> bool:
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as response:
-                    answered = b"ki_sync_events_total" in response.read()
+                    return b"ki_sync_events_total" in response.read()
             except OSError:
-                time.sleep(0.5)
-        assert answered, "the worker does not answer on the web port of its --config"
+                return False
+
+        wait_for(answers, timeout=120, interval=0.5, what="the worker on the web port of its --config")
         topics = set(admin.list_topics(timeout=30).topics)
         assert f"ki_test_{tag}.dlq" in topics and any(t.startswith(f"ki_test_{tag}.public.") for t in topics)
-        deadline = time.monotonic() + 60
-        groups: set[str] = set()
-        while time.monotonic() < deadline and f"ki-test-config-{tag}" not in groups:
-            groups = {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid}
-            time.sleep(1)
-        assert f"ki-test-config-{tag}" in groups, "the worker's consumer group is the --config's app id"
+        wait_for(
+            lambda: f"ki-test-config-{tag}"
+            in {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid},
+            timeout=60,
+            interval=1.0,
+            what="the worker's consumer group named after the --config's app id",
+        )
     finally:
         worker.terminate()
         try:

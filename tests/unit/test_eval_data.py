@@ -18,6 +18,7 @@ from ki.eval.run import (
 )
 from ki.settings import Settings, SettingsError, load_settings
 from search.evidence import binding_for, binding_hash
+from tests.conftest import wait_for
 
 README = """# data
 | file | content |
@@ -384,7 +385,6 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_otherwise(tmp_path):
     import subprocess
     import sys
-    import time
 
     base = Settings.model_validate({"stack": {"home": str(tmp_path)}})
     target = isolation.make_target(base, "k_1", analyzer="german", embedding_signature="e", web_port=1)
@@ -395,10 +395,7 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
         record = {"pid": fake.pid, "app_id": target.settings.streams.app_id, "port": port}
         (target.state_dir / "worker.json").write_text(json.dumps(record))
         worker = isolation.EvalWorker(target, tmp_path / "w.log")
-        deadline = time.monotonic() + 20
-        while worker.adopt() is None:  # the fake needs a moment to listen
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for(worker.adopt, timeout=20, what="the fake worker to listen and be adopted")
         assert worker.adopted == fake.pid and worker.port == port
         worker.check_alive()
         # Another settings variant of the same eval key does not adopt it; stop_orphan ends it.
