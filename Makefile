@@ -15,5 +15,6 @@ unit:
 	.venv/bin/pytest -m "not stack"
 
 lint:
-	.venv/bin/ruff check ki streams search projections tests
-	.venv/bin/mypy ki streams search projections
+	.venv/bin/ruff check ki projections streams search apps scripts tests
+	.venv/bin/mypy ki projections streams search apps
+	.venv/bin/lint-imports

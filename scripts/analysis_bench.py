@@ -3,7 +3,7 @@
 For each candidate `text_analysis` definition (see CANDIDATES, or --candidates FILE with the same
 shape) the corpus (title + text, no vectors) is bulk-indexed into a temporary index on the
 OpenSearch of the current settings ($KI_CONFIG), queried with BM25 `multi_match`, and scored with
-nDCG@10 (`ki.eval.metrics`). Temporary indices (`ki-analysis-bench-*`) are deleted afterwards.
+nDCG@10 (`apps.eval.metrics`). Temporary indices (`ki-analysis-bench-*`) are deleted afterwards.
 
   KI_CONFIG=... python scripts/analysis_bench.py /work/shared/data/gesetze-headings-dev:1500 \
       /work/shared/data/xquad-de
@@ -22,7 +22,8 @@ from typing import Any
 
 from opensearchpy import OpenSearch, helpers
 
-from ki.eval.metrics import ndcg_at_k
+from apps.eval.metrics import ndcg_at_k
+from ki.clients import make_sync_client
 from ki.settings import load_settings
 
 STOP = {"type": "stop", "stopwords": "_german_"}
@@ -168,7 +169,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     settings = load_settings()
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=300)
+    client = make_sync_client(settings, timeout_s=300)
     datasets = {}
     for spec in args.sets:
         path, _, limit = spec.partition(":")

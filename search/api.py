@@ -197,9 +197,8 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
 
 async def create_app(settings: Settings) -> web.Application:
     """The app with its own OpenSearch client, async engine and embedder, closed on cleanup."""
-    from ki.db.engine import make_async_engine
+    from ki.clients import make_async_engine, make_client
     from ki.embedding import create_embedder
-    from streams.writer import make_client
 
     loop = asyncio.get_running_loop()
     embedder = await loop.run_in_executor(None, create_embedder, settings)

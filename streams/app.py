@@ -22,7 +22,7 @@ from typing import Any
 import faust
 from prometheus_client import generate_latest
 
-from ki.db.engine import make_engine
+from ki.clients import make_client, make_engine
 from ki.embedding import create_embedder
 from ki.settings import Settings
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
@@ -30,7 +30,7 @@ from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.sync import Projector
 from streams.topics import cdc_topics
-from streams.writer import IndexSchemaError, IndexWriter, is_transient, make_client
+from streams.writer import IndexSchemaError, IndexWriter, is_transient
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine
 from ki.settings import Settings
 from streams import status
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
+from ki.clients import make_client, make_engine, make_kafka_consumer
 from ki.embedding import create_embedder
 from ki.settings import Settings
 from projections.cdc import PoisonEvent, decode
@@ -23,7 +23,7 @@ from projections.dirty import DirtyKeys, dirty_keys
 from projections.mapping import physical_index_name
 from streams.sync import Projector, SyncStats
 from streams.topics import cdc_topics
-from streams.writer import IndexWriter, make_client
+from streams.writer import IndexWriter
 
 Progress = Callable[[str], None]
 
@@ -61,13 +61,8 @@ def read_topics(
 
     Returns the accumulated dirty keys, the end offsets, and the counts of events and poison events.
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka.bootstrap_servers,
-            "group.id": f"ki-replay-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
+    consumer = make_kafka_consumer(
+        settings, f"ki-replay-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False, "auto.offset.reset": "earliest"}
     )
     try:
         ends = _end_offsets(consumer, cdc_topics(settings))

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
-from opensearchpy import OpenSearch
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import Settings
 from streams.topics import cdc_topics
 
@@ -33,9 +31,8 @@ class LagProbe:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        servers = settings.kafka.bootstrap_servers
-        self._admin = AdminClient({"bootstrap.servers": servers})
-        self._consumer = Consumer({"bootstrap.servers": servers, "group.id": "ki-status-probe"})
+        self._admin = make_kafka_admin(settings)
+        self._consumer = make_kafka_consumer(settings, "ki-status-probe")
 
     def read(self) -> list[PartitionLag]:
         group = self.settings.streams.app_id
@@ -102,7 +99,7 @@ def print_status(settings: Settings) -> int:
         f"replication slot {settings.connect.slot_name}: "
         + ("missing" if retained is None else f"{retained} bytes of WAL retained")
     )
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=settings.opensearch.timeout_s)
+    client = make_sync_client(settings, timeout_s=settings.opensearch.timeout_s)
     alias = settings.retrieval.index_name
     if client.indices.exists_alias(name=alias):
         physical = ", ".join(client.indices.get_alias(name=alias))

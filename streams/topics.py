@@ -6,8 +6,9 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from ki.clients import make_kafka_admin
 from ki.db.models import CAPTURED_TABLES
 from ki.settings import Settings
 from projections.cdc import topic_name
@@ -19,7 +20,7 @@ def cdc_topics(settings: Settings) -> list[str]:
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create missing CDC topics (compacted) and the DLQ topic; return the names created."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    admin = make_kafka_admin(settings)
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [
         NewTopic(

@@ -422,10 +422,3 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, BulkError) and all("retries" in reason for reason in exc.failures.values())
 
 
-def make_client(settings: Settings) -> AsyncOpenSearch:
-    return AsyncOpenSearch(
-        hosts=[settings.opensearch.url],
-        timeout=settings.opensearch.timeout_s,
-        max_retries=0,  # retries are ours: we also retry 429s and count them
-        http_compress=settings.opensearch.http_compress,
-    )

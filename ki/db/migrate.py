@@ -12,7 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine
 from ki.settings import Settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

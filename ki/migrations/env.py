@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine
 from ki.db.models import Base
 from ki.settings import load_settings
 

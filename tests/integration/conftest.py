@@ -8,7 +8,7 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine, make_sync_client
 from ki.settings import Settings
 
 
@@ -21,4 +21,4 @@ def engine(settings: Settings) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def search(settings: Settings) -> OpenSearch:
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+    return make_sync_client(settings, timeout_s=60)

@@ -18,9 +18,8 @@ from typing import Any
 
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
-from opensearchpy import OpenSearch
 
+from ki.clients import make_kafka_admin, make_sync_client
 from ki.settings import REPO_ROOT, Settings
 from tests.conftest import free_port, wait_for
 
@@ -37,7 +36,7 @@ class Child:
         self.log_path.parent.mkdir(exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", *self.args],
+            [sys.executable, "-m", "apps.cli", *self.args],
             cwd=REPO_ROOT,
             stdout=log,
             stderr=log,
@@ -165,9 +164,9 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
     try:
         yield env
     finally:
-        client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+        client = make_sync_client(settings, timeout_s=30)
         client.indices.delete(index=f"{env['KI_RETRIEVAL__INDEX_NAME']}--*", ignore_unavailable=True)
-        admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        admin = make_kafka_admin(settings)
         for future in admin.delete_consumer_groups([group], request_timeout=30).values():
             with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
                 future.result()

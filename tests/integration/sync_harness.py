@@ -15,17 +15,17 @@ import uuid
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import ConsumerGroupState
-from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
+from apps.stack.manager import start_service, stop_service
+from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
-from ki.stack.manager import start_service, stop_service
 from streams.replay import read_topics
 from streams.status import consumer_lag
 from streams.sync import Projector
-from streams.writer import IndexWriter, make_client
+from streams.writer import IndexWriter
 from tests.conftest import free_port, wait_for
 
 Offsets = dict[tuple[str, int], int]
@@ -48,7 +48,7 @@ class Worker:
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "KI_STREAMS__WEB_PORT": str(self.web_port)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log, env=env
+            [sys.executable, "-m", "apps.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log, env=env
         )
 
     def wait_ready(self, timeout: float = 120) -> None:
@@ -218,7 +218,7 @@ class GroupWatch:
 
     def __init__(self, settings: Settings) -> None:
         self.group = settings.streams.app_id
-        self.admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+        self.admin = make_kafka_admin(settings)
 
     def state(self) -> tuple[ConsumerGroupState, int]:
         """(group state, number of members)."""

@@ -41,7 +41,7 @@ from ki.acl import (
     visible_scope,
     visible_versions,
 )
-from ki.db.engine import make_engine
+from ki.clients import make_engine
 from ki.settings import SecuritySettings, Settings
 from tests import acl_reference as ref
 from tests.integration.acl_worlds import TAG, Case, cases, read_world, write

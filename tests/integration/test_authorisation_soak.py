@@ -59,7 +59,7 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Connection, Engine, text
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine, make_sync_client
 from ki.settings import ApiSettings, SecuritySettings, Settings, load_settings
 from search.auth import mint_token, principals_from_claims
 from tests import acl_reference as ref
@@ -181,7 +181,7 @@ def soak(settings: Settings, engine: Engine) -> Iterator[Soak]:
             mode: load_settings(environ={**os.environ, **env, "KI_SECURITY__SOURCE_ACL_MODE": mode}).security
             for mode in MODES
         }
-        search = OpenSearch(hosts=[settings.opensearch.url], timeout=60)
+        search = make_sync_client(settings, timeout_s=60)
         state = Soak(engine, search, env["KI_RETRIEVAL__INDEX_NAME"], servers, security, settings.api)
         try:
             worker.start()

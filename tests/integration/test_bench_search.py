@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opensearchpy import OpenSearch
 
+from ki.clients import make_sync_client
 from ki.settings import REPO_ROOT, Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1200)]
@@ -36,7 +36,7 @@ MAX_TERMS = 100
 def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench-search")
     alias = f"ki-bench-search-test-{uuid.uuid4().hex[:8]}"
-    argv = [sys.executable, "-m", "ki.cli", "bench", "search", "--scale", str(SCALE), "--seed", str(SEED)]
+    argv = [sys.executable, "-m", "apps.cli", "bench", "search", "--scale", str(SCALE), "--seed", str(SEED)]
     argv += ["--requests", str(REQUESTS), "--rounds", str(ROUNDS), "--out", str(out)]
     argv += ["--concurrency", ",".join(map(str, CONCURRENCY)), "--scope-sizes", ",".join(map(str, SCOPE_SIZES))]
     env = {
@@ -52,7 +52,7 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert path.is_file(), f"no JSON written; stderr:\n{done.stderr[-2000:]}"
         yield {"file": json.loads(path.read_text()), "stdout": done.stdout, "stderr": done.stderr, "out": out}
     finally:
-        client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+        client = make_sync_client(settings, timeout_s=30)
         client.indices.delete(index=f"{alias}--*", ignore_unavailable=True)
 
 
@@ -132,7 +132,7 @@ def test_plot_is_written_or_skipped_with_a_note(run: dict[str, Any]) -> None:
 def test_rolled_back_scope_rows_left_nothing_behind(run: dict[str, Any], settings: Settings) -> None:
     from sqlalchemy import text
 
-    from ki.db.engine import make_engine
+    from ki.clients import make_engine
 
     engine = make_engine(settings, pooled=False)
     try:
@@ -147,8 +147,8 @@ def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
     """`--no-indexing`: a corpus whose versions are not indexed yet is reported, not backfilled."""
     import asyncio
 
-    from ki.db.engine import make_engine
-    from search.bench import ensure_corpus
+    from apps.bench.search import ensure_corpus
+    from ki.clients import make_engine
 
     alias = f"ki-bench-search-noindex-{uuid.uuid4().hex[:8]}"
     isolated = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})})
@@ -159,5 +159,5 @@ def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
         engine.dispose()
     assert len(corpus.version_ids) == 5
     assert corpus.versions_not_indexed == 5 and corpus.versions_indexed_now == 0
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    client = make_sync_client(settings, timeout_s=30)
     assert not client.indices.exists_alias(name=alias), "nothing may have been indexed"

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.stack
 
 def run_bench(*args: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "ki.cli", "bench", *args],
+        [sys.executable, "-m", "apps.cli", "bench", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

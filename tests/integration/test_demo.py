@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
+from apps.demo.generator import GenerationSummary, demo_data_exists, generate
+from ki.clients import make_engine
 from ki.db.models import grants_scope_check_sql
-from ki.demo.generator import GenerationSummary, demo_data_exists, generate
 from ki.settings import Settings
 
 pytestmark = pytest.mark.stack

@@ -36,7 +36,7 @@ def test_demo_serves_example_requests_with_hits_and_stops_cleanly(settings: Sett
     log_path.parent.mkdir(exist_ok=True)
     with log_path.open("wb") as log:
         demo = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "demo", "--scale", "12"],
+            [sys.executable, "-m", "apps.cli", "demo", "--scale", "12"],
             cwd=REPO_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -27,11 +27,11 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import text
 
-from ki.db.engine import make_engine
-from ki.eval import beir
-from ki.eval.run import load_into_postgres
+from apps.eval import beir
+from apps.eval.run import load_into_postgres
+from apps.stack.http import request_json
+from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings
-from ki.stack.http import request_json
 from search.evidence import parse_report
 from tests.conftest import free_port, wait_for
 
@@ -43,7 +43,7 @@ EVAL_WORD = "Zaunkönigklausel"  # only in the eval corpus (document m09)
 
 def _ki(*argv: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ki.cli", *argv],
+        [sys.executable, "-m", "apps.cli", *argv],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -199,7 +199,6 @@ def test_the_e2e_stays_small(run: dict) -> None:
 
 
 def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path) -> None:
-    from confluent_kafka.admin import AdminClient
 
     tag = uuid.uuid4().hex[:8]
     port = free_port()
@@ -211,9 +210,9 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
     config.write_text(json.dumps(data))
     log = (tmp_path / "worker.log").open("wb")
     env = {k: v for k, v in os.environ.items() if not (k.startswith("KI_") and "__" in k) and k != "KI_CONFIG"}
-    worker = subprocess.Popen([sys.executable, "-m", "ki.cli", "--config", str(config), "sync", "run"],
+    worker = subprocess.Popen([sys.executable, "-m", "apps.cli", "--config", str(config), "sync", "run"],
                               cwd=tmp_path, stdout=log, stderr=log, env=env)  # fmt: skip
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    admin = make_kafka_admin(settings)
     try:
 
         def answers() -> bool:

@@ -17,8 +17,8 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from apps.stack.connector import Connector
 from ki.settings import Settings
-from ki.stack.connector import Connector
 from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, FaultWorld, make_fault_world
 from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, start, stop, wait_until_synced

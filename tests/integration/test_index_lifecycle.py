@@ -12,15 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opensearchpy import OpenSearch
 from sqlalchemy import text
 
-from ki.db.engine import make_engine
+from ki.clients import make_client, make_engine, make_sync_client
 from ki.settings import REPO_ROOT, Settings
 from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag
-from streams.writer import IndexSchemaError, IndexWriter, make_client
+from streams.writer import IndexSchemaError, IndexWriter
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.stack
@@ -34,7 +33,7 @@ def isolated(settings: Settings) -> Iterator[Settings]:
     alias = f"lifecycle-{uuid.uuid4().hex[:8]}"
     own = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})})
     yield own
-    OpenSearch(hosts=[settings.opensearch.url]).indices.delete(index=f"{alias}--*", ignore=[404])
+    make_sync_client(settings).indices.delete(index=f"{alias}--*", ignore=[404])
 
 
 def ensure(settings: Settings) -> str:
@@ -49,7 +48,7 @@ def ensure(settings: Settings) -> str:
 
 
 def indices(settings: Settings) -> dict[str, Any]:
-    search = OpenSearch(hosts=[settings.opensearch.url])
+    search = make_sync_client(settings)
     return search.indices.get(index=f"{settings.retrieval.index_name}--*")
 
 
@@ -61,7 +60,7 @@ def test_a_fresh_alias_gets_the_signature_named_index(isolated: Settings) -> Non
 
 
 def test_after_a_rebuild_the_generation_behind_the_alias_stays_the_live_index(isolated: Settings) -> None:
-    search = OpenSearch(hosts=[isolated.opensearch.url])
+    search = make_sync_client(isolated)
     rebuilt = physical_index_name(isolated, SIGNATURE, generation="20261129")
     search.indices.create(index=rebuilt, body=index_body(isolated))
     search.indices.update_aliases(
@@ -72,7 +71,7 @@ def test_after_a_rebuild_the_generation_behind_the_alias_stays_the_live_index(is
 
 
 def test_missing_mapped_fields_are_added_to_the_live_index(isolated: Settings) -> None:
-    search = OpenSearch(hosts=[isolated.opensearch.url])
+    search = make_sync_client(isolated)
     physical = physical_index_name(isolated, SIGNATURE)
     body = index_body(isolated)
     del body["mappings"]["properties"]["identifiers_text"]
@@ -83,7 +82,7 @@ def test_missing_mapped_fields_are_added_to_the_live_index(isolated: Settings) -
 
 def alias_an_index_for_another_embedder(isolated: Settings) -> None:
     """The live alias points at an index built for a different embedding signature."""
-    search = OpenSearch(hosts=[isolated.opensearch.url])
+    search = make_sync_client(isolated)
     foreign = physical_index_name(isolated, "another-embedder-384")
     search.indices.create(index=foreign, body=index_body(isolated))
     search.indices.update_aliases(
@@ -99,7 +98,7 @@ def test_an_alias_on_an_index_for_another_embedder_is_refused(isolated: Settings
 
 def test_a_dimension_mismatch_is_refused(isolated: Settings) -> None:
     other = isolated.model_copy(update={"retrieval": isolated.retrieval.model_copy(update={"embedding_dimensions": 8})})
-    search = OpenSearch(hosts=[isolated.opensearch.url])
+    search = make_sync_client(isolated)
     search.indices.create(index=physical_index_name(isolated, SIGNATURE), body=index_body(other))
     with pytest.raises(IndexSchemaError, match="rebuild"):
         ensure(isolated)
@@ -124,7 +123,7 @@ def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothin
         "KI_STREAMS__WEB_PORT": str(port),
     }
     with log_path.open("wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "ki.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log,
+        worker = subprocess.Popen([sys.executable, "-m", "apps.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log,
                                   stderr=subprocess.STDOUT, env=env)  # fmt: skip
         try:
             code = wait_for(lambda: worker.poll(), timeout=180, what="the mismatched worker to stop")

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from ki.clients import make_client
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
 from projections.cdc import PoisonEvent, decode
@@ -19,7 +20,7 @@ from projections.dirty import DirtyKeys, dirty_keys
 from streams.replay import read_topics
 from streams.sync import Projector
 from streams.topics import cdc_topics
-from streams.writer import IndexWriter, make_client
+from streams.writer import IndexWriter
 from tests.conftest import wait_for
 from tests.integration.sync_harness import Worker, dump
 from tests.integration.test_sync import LONG_TEXT, make_world
@@ -39,7 +40,9 @@ def wait_until_replayable(settings: Settings, version_ids: set[int]) -> None:
 
 
 def run_rebuild() -> None:
-    result = subprocess.run([sys.executable, "-m", "ki.cli", "rebuild"], cwd=REPO_ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "apps.cli", "rebuild"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "alias" in result.stderr
 
@@ -178,7 +181,7 @@ def test_reconcile_repairs_a_deleted_row_and_a_drifted_projection(
 
     def reconcile() -> str:
         result = subprocess.run(
-            [sys.executable, "-m", "ki.cli", "reconcile"], cwd=REPO_ROOT, capture_output=True, text=True
+            [sys.executable, "-m", "apps.cli", "reconcile"], cwd=REPO_ROOT, capture_output=True, text=True
         )
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stderr

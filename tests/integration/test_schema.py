@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ki.clients import make_engine
 from ki.db import models
-from ki.db.engine import make_engine
 from ki.db.migrate import current_revision, downgrade, upgrade
 from ki.settings import Settings
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from opensearchpy import OpenSearch
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
 from tests.conftest import free_port, wait_for
@@ -273,7 +273,7 @@ def test_revoked_grant_disappears_at_once_while_the_index_is_stale(
     carol = token(settings, data, "carol")
     status, body = server.call("/v1/search", {"query": data.word}, carol)
     assert status == 200 and doc_ids(body) == [data.docs["d"]]
-    client = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    client = make_sync_client(settings, timeout_s=30)
     worker.stop()  # nothing updates the index's principal projection from here on
     try:
         with engine.begin() as conn:
@@ -298,11 +298,10 @@ def test_reverify_drops_a_candidate_revoked_after_scope_compilation(
     settings = iso_settings
     import asyncio
 
-    from ki.db.engine import make_async_engine
+    from ki.clients import make_async_engine, make_client
     from ki.embedding import create_embedder
     from search.filters import parse_search_request
     from search.service import SearchService
-    from streams.writer import make_client
 
     with engine.begin() as conn:
         grant = World(conn, tag=data.tag).grant("document", data.docs["a"], f"user:dave-{data.tag}")
@@ -544,7 +543,7 @@ def test_admin_without_an_active_observation_sees_nothing(
     server: Server, worker: SyncWorker, data: Data, iso_settings: Settings, engine: Engine
 ) -> None:
     assert "o" in visible(server, data, "admin")
-    client = OpenSearch(hosts=[iso_settings.opensearch.url], timeout=30)
+    client = make_sync_client(iso_settings, timeout_s=30)
     worker.stop()  # the index keeps o's rows from here on
     try:
         with engine.begin() as conn:

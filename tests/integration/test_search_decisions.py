@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from ki.db.engine import make_engine
+from ki.clients import make_engine
 from ki.settings import Settings
 from search.auth import mint_token
 from tests.integration.search_harness import Server

@@ -33,8 +33,9 @@ FUZZ_EXAMPLES = 60
 
 
 async def _create_index(settings: Settings) -> None:
+    from ki.clients import make_client
     from ki.embedding import create_embedder
-    from streams.writer import IndexWriter, make_client
+    from streams.writer import IndexWriter
 
     client = make_client(settings)
     try:

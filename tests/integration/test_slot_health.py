@@ -36,7 +36,7 @@ def confirmed_flush_lsn(engine: Engine, slot: str) -> str:
 
 def test_retained_wal_is_reported_by_sync_status_and_metrics(settings: Settings) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ki.cli", "sync", "status"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "apps.cli", "sync", "status"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
     slot = re.escape(settings.connect.slot_name)

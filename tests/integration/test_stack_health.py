@@ -9,11 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import ConfigResource
 
+from apps.stack.connector import Connector
+from apps.stack.http import request_json
+from ki.clients import make_kafka_admin
 from ki.settings import Settings
-from ki.stack.connector import Connector
-from ki.stack.http import request_json
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack
@@ -117,7 +118,7 @@ def test_postgres_streams_through_an_active_logical_slot(settings: Settings) -> 
 
 
 def test_kafka_carries_compacted_connector_topics(settings: Settings) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    admin = make_kafka_admin(settings)
     prefix = f"{settings.kafka.topic_prefix}.public."
 
     def cdc_topics() -> list[str]:

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from opensearchpy import OpenSearch
 
+from ki.clients import make_client, make_sync_client
 from ki.settings import Settings
 from projections.mapping import index_body, physical_index_name
-from streams.writer import IndexSchemaError, IndexWriter, make_client
+from streams.writer import IndexSchemaError, IndexWriter
 from tests.integration.test_index_lifecycle import SIGNATURE, ensure
 
 pytestmark = pytest.mark.stack
@@ -48,7 +49,7 @@ def isolated(settings: Settings) -> Iterator[Settings]:
     yield with_analysis(
         settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})}), FOLDING
     )
-    OpenSearch(hosts=[settings.opensearch.url]).indices.delete(index=f"{alias}--*", ignore=[404])
+    make_sync_client(settings).indices.delete(index=f"{alias}--*", ignore=[404])
 
 
 def swap_in_fresh_index(settings: Settings, generation: str) -> str:
@@ -123,7 +124,7 @@ def test_a_changed_definition_needs_a_new_index_and_the_alias_swap_picks_it(
 
 def test_an_index_whose_definition_differs_under_the_expected_name_is_refused(isolated: Settings) -> None:
     """Even if a physical index carries the expected name, its live definition is compared."""
-    search = OpenSearch(hosts=[isolated.opensearch.url])
+    search = make_sync_client(isolated)
     other_analysis = json.loads(json.dumps(FOLDING))
     other_analysis["analyzer"]["folded"]["filter"] = ["icu_folding", "de_stem"]
     physical = physical_index_name(isolated, SIGNATURE)

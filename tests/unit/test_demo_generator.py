@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ki.demo.generator import (
+from apps.demo.generator import (
     FINAL_STATUSES,
     IDENTIFIER_PATTERNS,
     MAX_TEXT_CHARS,

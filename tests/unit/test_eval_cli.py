@@ -2,7 +2,7 @@
 
 import pytest
 
-from ki.cli import main
+from apps.cli import main
 
 
 @pytest.mark.parametrize(

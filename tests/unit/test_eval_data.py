@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ki.eval import beir, isolation, report, tuning
-from ki.eval.run import (
+from apps.eval import beir, isolation, report, tuning
+from apps.eval.run import (
     RateWindow,
     eval_key,
     expected_rows,
@@ -413,7 +413,7 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
 
 
 def test_expected_rows_cut_chunks_to_the_workers_token_budget_like_the_worker():
-    from ki.eval.run import project, token_budget
+    from apps.eval.run import project, token_budget
 
     class Words:
         max_tokens = 40

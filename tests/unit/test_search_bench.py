@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from ki.cli import main
-from ki.demo.generator import run_label
-from search.bench import _label_prefix, percentile, query_mix, summarize, vocabulary
+from apps.bench.search import _label_prefix, percentile, query_mix, summarize, vocabulary
+from apps.cli import main
+from apps.demo.generator import run_label
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -14,7 +14,7 @@ from streams.sync import _drops_fields
 
 @pytest.mark.parametrize(("action", "service"), [("stop", "bogus"), ("start", None), ("stop", "")])
 def test_one_service_commands_name_the_services_on_a_bad_name(action: str, service: str | None) -> None:
-    argv = [sys.executable, "-m", "ki.cli", "stack", action] + ([service] if service is not None else [])
+    argv = [sys.executable, "-m", "apps.cli", "stack", action] + ([service] if service is not None else [])
     result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

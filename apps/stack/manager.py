@@ -17,16 +17,16 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
+from apps.stack.artifacts import resolve_artifacts
+from apps.stack.connect import Connect
+from apps.stack.errors import StackError
+from apps.stack.java import find_java
+from apps.stack.kafka import Kafka
+from apps.stack.opensearch import OpenSearch
+from apps.stack.paths import StackPaths
+from apps.stack.postgres import Postgres
+from apps.stack.service import Runtime, Service
 from ki.settings import Settings
-from ki.stack.artifacts import resolve_artifacts
-from ki.stack.connect import Connect
-from ki.stack.errors import StackError
-from ki.stack.java import find_java
-from ki.stack.kafka import Kafka
-from ki.stack.opensearch import OpenSearch
-from ki.stack.paths import StackPaths
-from ki.stack.postgres import Postgres
-from ki.stack.service import Runtime, Service
 
 #: Start order; `down` walks it backwards.
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
@@ -122,8 +122,8 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
 def connect(settings: Settings, fresh: bool = True) -> int:
     """Apply the schema migrations and register the Debezium connector (services must be up).
     `fresh=False` (nothing was started or changed) trusts a single RUNNING answer."""
+    from apps.stack.connector import Connector
     from ki.db.migrate import upgrade
-    from ki.stack.connector import Connector
 
     started = time.monotonic()
     _say("schema: migrating… ", end="")
@@ -272,7 +272,7 @@ def status(settings: Settings) -> int:
 
 
 def _connector_status(settings: Settings) -> bool:
-    from ki.stack.connector import Connector
+    from apps.stack.connector import Connector
 
     connector = Connector(settings)
     try:

@@ -34,7 +34,7 @@ class SyncWorker:
             return "using the sync worker already running"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ki.cli", "sync", "run"],
+            [sys.executable, "-m", "apps.cli", "sync", "run"],
             cwd=REPO_ROOT,
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,

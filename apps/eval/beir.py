@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ki.eval.metrics import Qrels
+from apps.eval.metrics import Qrels
 from ki.files import file_sha256
 from ki.settings import REPO_ROOT
 

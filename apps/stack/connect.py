@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from ki.stack.http import HttpError, request_json
-from ki.stack.kafka import KafkaJvmService
-from ki.stack.service import Runtime
+from apps.stack.http import HttpError, request_json
+from apps.stack.kafka import KafkaJvmService
+from apps.stack.service import Runtime
 
 DEBEZIUM_POSTGRES_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"

@@ -13,13 +13,13 @@ from aiohttp import ClientSession, web
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
-from ki.demo.generator import DEMO_TAG, demo_data_exists, generate
+from apps.demo.generator import DEMO_TAG, demo_data_exists, generate
+from apps.stack.paths import StackPaths
+from apps.worker_process import SyncWorker
+from ki.clients import make_engine, make_sync_client
 from ki.settings import Settings
-from ki.stack.paths import StackPaths
 from search.auth import mint_token
 from streams.status import consumer_lag
-from streams.worker_process import SyncWorker
 
 
 def _progress(line: str) -> None:
@@ -69,7 +69,7 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 5.0) 
                 " WHERE d.deleted_at IS NULL"
             )  # fmt: skip
         ).scalar_one()
-    search = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    search = make_sync_client(settings, timeout_s=30)
     started = time.monotonic()
     while True:
         lags = consumer_lag(settings)
@@ -132,7 +132,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = None) -> int:
-    from ki.stack import manager
+    from apps.stack import manager
 
     print("ki demo: starting the local stack (`ki stack up`) ...", flush=True)
     code = manager.up(settings)

@@ -1,6 +1,6 @@
 /*
  * The ICU analysis components of the native local stack (`ki stack up` compiles this file into the
- * `ki-analysis-icu` module, see ki/stack/artifacts.py).
+ * `ki-analysis-icu` module, see apps/stack/artifacts.py).
  *
  * OpenSearch's own `analysis-icu` plugin is not served by the Maven registry the stack resolves from
  * (only the Lucene ICU module and ICU4J are), so this module registers the same names with the same

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from apps.stack.errors import StackError
+from apps.stack.http import HttpError, request_json
 from ki.db.models import HEARTBEAT_ACTION_QUERY, PUBLISHED_TABLES
 from ki.settings import Settings
-from ki.stack.errors import StackError
-from ki.stack.http import HttpError, request_json
 
 TEMPLATE = Path(__file__).with_name("debezium-connector.json")
 SCHEMA = "public"

@@ -26,11 +26,11 @@ from typing import Any
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from ki.db.engine import make_engine
-from ki.plotting import pyplot, save_figure
+from apps.bench.corpus import write_corpus
+from apps.plotting import pyplot, save_figure
+from apps.worker_process import SyncWorker
+from ki.clients import make_engine, make_sync_client
 from ki.settings import REPO_ROOT, Settings
-from streams.bench_corpus import write_corpus
-from streams.worker_process import SyncWorker
 from streams.writer import interval_seconds
 
 
@@ -106,7 +106,7 @@ def run_freshness_bench(
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     engine = make_engine(settings)
-    search = OpenSearch(hosts=[settings.opensearch.url], timeout=30)
+    search = make_sync_client(settings, timeout_s=30)
     alias = settings.retrieval.index_name
     worker = SyncWorker(settings, REPO_ROOT / "build" / "bench-freshness-worker.log")
     _progress("freshness: " + worker.ensure())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ki.stack.errors import StackError
+from apps.stack.errors import StackError
 
 SERVICE_ACCOUNT = "postgres"
 

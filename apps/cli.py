@@ -18,7 +18,7 @@ class CliError(RuntimeError):
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
-    from ki.stack import manager
+    from apps.stack import manager
 
     # Annotated: the commands' signatures differ, so mypy would otherwise infer the values as plain `function`.
     actions: dict[str, Callable[..., int]] = {
@@ -102,7 +102,7 @@ def _backfill(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ki.demo.commands import run_demo, run_generate
+    from apps.demo.commands import run_demo, run_generate
 
     if args.scale < 1:
         raise CliError("--scale must be at least 1")
@@ -133,8 +133,8 @@ def _int_list(flag: str, value: str, low: int) -> tuple[int, ...]:
 def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from search.bench import DEFAULT_SCALE, BenchError, BenchOptions
-    from search.bench import main as bench_search
+    from apps.bench.search import DEFAULT_SCALE, BenchError, BenchOptions
+    from apps.bench.search import main as bench_search
 
     for flag, value in (("--scale", args.scale), ("--requests", args.requests), ("--rounds", args.rounds)):
         if value is not None and value < 1:
@@ -164,10 +164,10 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "search":
         return _bench_search(args, settings)
     if args.what == "freshness":
-        from streams.freshness import main as bench_freshness
+        from apps.bench.freshness import main as bench_freshness
 
         return bench_freshness(settings, rate=args.rate, seconds=args.seconds, docs=args.docs)
-    from streams.bench import main as bench_sync
+    from apps.bench.sync import main as bench_sync
 
     return bench_sync(
         settings,
@@ -182,8 +182,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
 def _eval(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from ki.eval.run import EvalError, EvalOptions
-    from ki.eval.run import main as run_eval
+    from apps.eval.run import EvalError, EvalOptions
+    from apps.eval.run import main as run_eval
 
     for flag, value, low in (("--limit-docs", args.limit_docs, 1), ("--queries", args.queries, 1),
                              ("--concurrency", args.concurrency, 1), ("--batch-docs", args.batch_docs, 1)):  # fmt: skip

@@ -13,15 +13,15 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ki.stack import process
-from ki.stack.process import Launch
-from ki.stack.service import Runtime, Service, java_properties
+from apps.stack import process
+from apps.stack.process import Launch
+from apps.stack.service import Runtime, Service, java_properties
 
 LOG4J_TEMPLATE = Path(__file__).with_name("kafka-log4j2.properties")
 NODE_ID = 1
 
 # librdkafka reports every refused connection while the broker starts; health probes stay quiet.
-_QUIET = logging.getLogger("ki.stack.kafka-client")
+_QUIET = logging.getLogger("apps.stack.kafka-client")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 

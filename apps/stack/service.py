@@ -13,14 +13,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
+from apps.stack import process
+from apps.stack.artifacts import Artifacts
+from apps.stack.errors import StackError
+from apps.stack.java import JavaRuntime
+from apps.stack.paths import StackPaths
+from apps.stack.process import Launch
+from apps.stack.users import ServiceUser, current_user, unprivileged_user
 from ki.settings import Settings
-from ki.stack import process
-from ki.stack.artifacts import Artifacts
-from ki.stack.errors import StackError
-from ki.stack.java import JavaRuntime
-from ki.stack.paths import StackPaths
-from ki.stack.process import Launch
-from ki.stack.users import ServiceUser, current_user, unprivileged_user
 
 POLL_INTERVAL_S = 0.25
 

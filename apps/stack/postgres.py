@@ -15,10 +15,10 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from ki.stack import process
-from ki.stack.errors import StackError
-from ki.stack.process import Launch
-from ki.stack.service import Runtime, Service
+from apps.stack import process
+from apps.stack.errors import StackError
+from apps.stack.process import Launch
+from apps.stack.service import Runtime, Service
 
 SUPERUSER = "postgres"
 BIN_GLOB = "/usr/lib/postgresql/*/bin"  # Debian / Ubuntu layout

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ki.eval.metrics import METRICS, ndcg_at_k
-from ki.plotting import pyplot, save_figure
+from apps.eval.metrics import METRICS, ndcg_at_k
+from apps.plotting import pyplot, save_figure
 
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
 

@@ -49,9 +49,7 @@ from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
-from ki.acl import resolve_caller
-from ki.db.engine import make_async_engine, make_engine
-from ki.demo.generator import (
+from apps.demo.generator import (
     ADJ,
     CLAUSE_SENTENCES,
     COMMON_SENTENCES,
@@ -63,15 +61,17 @@ from ki.demo.generator import (
     run_label,
     users,
 )
+from apps.plotting import pyplot, save_figure
+from ki.acl import resolve_caller
+from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
-from ki.plotting import pyplot, save_figure
 from ki.settings import REPO_ROOT, Settings
 from search.auth import decode_token, mint_token, principals_from_claims
 from search.filters import SearchRequest, parse_search_request
 from search.legs import msearch_lines
 from search.scope import compile_scope
 from search.service import SearchService
-from streams.writer import IndexWriter, make_client
+from streams.writer import IndexWriter
 
 DEFAULT_SCALE = 1000  # ~6.4k chunks: indexing them is most of a first run (~10-20 chunks/s on 2 shared cores)
 DEFAULT_CONCURRENCY = (1, 8, 32)
@@ -483,7 +483,7 @@ class ServeChild:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        argv = [sys.executable, "-m", "ki.cli"] + (["--config", config] if config else []) + ["serve"]
+        argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else []) + ["serve"]
         self.argv = argv
         self.process: subprocess.Popen[bytes] | None = None
 

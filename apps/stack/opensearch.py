@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ki.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES
-from ki.stack.errors import StackError
-from ki.stack.http import HttpError, request_json
-from ki.stack.process import Launch
-from ki.stack.service import Runtime, Service
+from apps.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES
+from apps.stack.errors import StackError
+from apps.stack.http import HttpError, request_json
+from apps.stack.process import Launch
+from apps.stack.service import Runtime, Service
 
 LOG4J_TEMPLATE = Path(__file__).with_name("opensearch-log4j2.properties")
 CLUSTER_NAME = "ki-local"

@@ -1,5 +1,5 @@
 """`ki eval`: a labelled BEIR data set through PostgreSQL -> Debezium -> Kafka -> sync worker -> OpenSearch
--> search service, in a world of its own on the shared stack (see `ki.eval.isolation`).
+-> search service, in a world of its own on the shared stack (see `apps.eval.isolation`).
 
 1. The data set (any BEIR folder; name and language from `--name` / `--language` or the folder) is
    read and a document / query subset chosen (`--limit-docs`, `--queries`).
@@ -43,10 +43,10 @@ from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 from sqlalchemy.exc import OperationalError
 
-from ki.db.engine import make_async_engine, make_engine
+from apps.eval import beir, isolation, report, tuning
+from apps.eval.metrics import METRICS, evaluate
+from ki.clients import make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
-from ki.eval import beir, isolation, report, tuning
-from ki.eval.metrics import METRICS, evaluate
 from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
 from projections.mapping import text_analysis
 
@@ -331,9 +331,9 @@ def _kafka_lag(settings: Settings) -> int | None:
 def dlq_events(settings: Settings) -> int | None:
     """Events in the eval's own dead-letter topic (None: not readable)."""
     try:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "ki-eval-dlq-probe"})
+        consumer = make_kafka_consumer(settings, "ki-eval-dlq-probe")
         try:
             meta = consumer.list_topics(settings.streams.dlq_topic, timeout=10).topics.get(settings.streams.dlq_topic)
             if meta is None or meta.error is not None:
@@ -637,11 +637,11 @@ async def evaluate_dataset(
 ) -> dict[str, Any] | None:
     """Load, index, query, score; writes the JSON, the per-query diff (and the plot) and returns the
     record (None after `--drop`)."""
+    from ki.clients import make_client
     from ki.embedding import create_embedder
     from search.auth import authenticate, mint_token
     from search.evidence import binding_for, binding_hash
     from search.service import EmbeddingCache, SearchService
-    from streams.writer import make_client
 
     began = time.monotonic()
     data = load_data(options)

@@ -8,8 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.stack.errors import StackError
 from ki.settings import Settings
-from ki.stack.errors import StackError
 
 MIN_JAVA = 17
 

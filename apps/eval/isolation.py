@@ -41,6 +41,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from ki.clients import make_kafka_admin, make_sync_client
 from ki.settings import Settings, with_overrides
 from search.evidence import analyzer_definition
 
@@ -151,9 +152,9 @@ def ensure_database(target: EvalTarget) -> bool:
 
 def ensure_world(target: EvalTarget, progress: Progress) -> None:
     """Database (migrated), CDC topics and DLQ, connector RUNNING: idempotent, so a re-run resumes."""
+    from apps.stack.connector import Connector
+    from apps.stack.errors import StackError
     from ki.db.migrate import upgrade
-    from ki.stack.connector import Connector
-    from ki.stack.errors import StackError
     from streams.topics import ensure_topics
 
     created = ensure_database(target)
@@ -231,7 +232,17 @@ class EvalWorker:
             return False
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "ki.cli", "--config", str(self.config_path), "sync", "run", "--loglevel", "error"]
+        return [
+            sys.executable,
+            "-m",
+            "apps.cli",
+            "--config",
+            str(self.config_path),
+            "sync",
+            "run",
+            "--loglevel",
+            "error",
+        ]
 
     def _recorded(self) -> dict[str, Any] | None:
         try:
@@ -340,7 +351,7 @@ def drop(target: EvalTarget, progress: Progress) -> list[str]:
 
 
 def _drop_connector(target: EvalTarget) -> list[str]:
-    from ki.stack.http import request_json
+    from apps.stack.http import request_json
 
     name = target.settings.connect.connector_name
     base = f"{target.settings.connect.url.rstrip('/')}/connectors/{name}"
@@ -390,9 +401,7 @@ def _drop_postgres(target: EvalTarget) -> list[str]:
 
 
 def _drop_kafka(target: EvalTarget) -> list[str]:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": target.base.kafka.bootstrap_servers})
+    admin = make_kafka_admin(target.base)
     prefix = target.settings.kafka.topic_prefix
     topics = [
         t
@@ -431,9 +440,7 @@ def _drop_local_state(target: EvalTarget) -> list[str]:
 
 
 def _drop_indexes(target: EvalTarget) -> list[str]:
-    from opensearchpy import OpenSearch
-
-    client = OpenSearch(hosts=[target.base.opensearch.url], timeout=60)
+    client = make_sync_client(target.base, timeout_s=60)
     removed: list[str] = []
     try:
         found = client.indices.get(index=f"{target.group_prefix}*", allow_no_indices=True, ignore_unavailable=True)

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ki.stack.errors import StackError
-from ki.stack.java import JavaRuntime
-from ki.stack.paths import StackPaths
-from ki.stack.process import START_MARKER
+from apps.stack.errors import StackError
+from apps.stack.java import JavaRuntime
+from apps.stack.paths import StackPaths
+from apps.stack.process import START_MARKER
 
 MANIFEST = Path(__file__).with_name("artifacts.xml")
 ICU_SOURCE = Path(__file__).with_name("icu") / "KiIcuAnalysisPlugin.java"

@@ -21,13 +21,13 @@ from typing import Any
 
 from sqlalchemy import text
 
-from ki.db.engine import make_engine
+from apps.bench.corpus import write_corpus
+from apps.plotting import pyplot, save_figure
+from ki.clients import make_client, make_engine
 from ki.embedding import create_embedder
-from ki.plotting import pyplot, save_figure
 from ki.settings import REPO_ROOT, Settings, with_overrides
-from streams.bench_corpus import write_corpus
 from streams.sync import Projector
-from streams.writer import BulkOp, IndexWriter, make_client
+from streams.writer import BulkOp, IndexWriter
 
 PARAGRAPH = (
     "Absatz {i}: Der Auftragnehmer haftet für Schäden, die durch vorsätzliche oder grob fahrlässige "

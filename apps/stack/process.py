@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ki.stack.errors import StackError
-from ki.stack.users import ServiceUser
+from apps.stack.errors import StackError
+from apps.stack.users import ServiceUser
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 START_MARKER = "==== ki stack:"
