@@ -82,15 +82,6 @@ class EmbeddingCache:
 
 
 @dataclass(frozen=True)
-class Citation:
-    project_id: int
-    document_id: int
-    version_id: int
-    source_object_ids: tuple[int, ...]
-    chunk_id: str
-
-
-@dataclass(frozen=True)
 class VerifiedVersion:
     version_id: int
     document_id: int

@@ -32,15 +32,6 @@ def _print_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-@dataclass
-class ReplayResult:
-    events: int = 0
-    poison: int = 0
-    versions: int = 0
-    rows_written: int = 0
-    rows_embedded: int = 0
-
-
 def _end_offsets(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int], int]:
     metadata = consumer.list_topics(timeout=10)
     ends: dict[tuple[str, int], int] = {}

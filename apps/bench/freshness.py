@@ -27,6 +27,7 @@ from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from apps.bench.corpus import write_corpus
+from apps.bench.stats import percentile
 from apps.plotting import pyplot, save_figure
 from apps.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
@@ -36,11 +37,6 @@ from streams.writer import interval_seconds
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def _write_corpus(engine: Engine, docs: int, tag: str) -> tuple[list[int], int, list[int]]:
@@ -176,9 +172,9 @@ def run_freshness_bench(
             "refresh_interval": settings.opensearch.refresh_interval,
             "probes": {"sent": probes, "seen": len(lags), "never_seen_within_60s": len(lost)},
             "commit_to_visible_s": {
-                "p50": round(_percentile(lags, 50), 3),
-                "p95": round(_percentile(lags, 95), 3),
-                "p99": round(_percentile(lags, 99), 3),
+                "p50": round(percentile(lags, 50), 3),
+                "p95": round(percentile(lags, 95), 3),
+                "p99": round(percentile(lags, 99), 3),
                 "max": round(max(lags), 3),
             }
             if lags

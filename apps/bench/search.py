@@ -49,6 +49,7 @@ from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
+from apps.bench.stats import percentile
 from apps.demo.generator import (
     ADJ,
     CLAUSE_SENTENCES,
@@ -86,12 +87,6 @@ class BenchError(RuntimeError):
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def summarize(latencies_s: Sequence[float], wall_s: float) -> dict[str, float]:

@@ -18,7 +18,6 @@ rows a run has just inserted (their `latest_final_version_id`).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,7 +50,6 @@ NAME_SEPARATOR = " · "
 MIN_TEXT_CHARS = 1500
 MAX_TEXT_CHARS = 6000
 FINAL_STATUSES = frozenset({"final", "executed"})
-STATUS_RANK = {"draft": 0, "final": 1, "executed": 2}
 
 Progress = Callable[[str], None]
 Row = dict[str, Any]
@@ -135,7 +133,6 @@ LAST_NAMES = (
 )  # fmt: skip
 OFFICES = ("berlin", "muenchen", "hamburg", "frankfurt")
 TEAMS = ("mietrecht", "arbeitsrecht", "gesellschaftsrecht", "prozess", "datenschutz", "immobilien")
-ADMIN_ROLE = "role:admin"
 
 COMPANIES = (
     "Schulz Immobilien GmbH", "Brandt & Söhne KG", "Nordlicht Logistik AG", "Hanse Wohnbau eG",
@@ -890,7 +887,3 @@ def demo_data_exists(engine: Engine) -> bool:
             {"pattern": f"%{NAME_SEPARATOR}{DEMO_TAG}-%"},
         ).first()
     return found is not None
-
-
-def summary_json(summary: GenerationSummary) -> str:
-    return json.dumps(summary.__dict__, ensure_ascii=False, default=str)

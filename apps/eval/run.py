@@ -152,10 +152,6 @@ def token_budget(embedder: Any) -> Any:
     return None
 
 
-def expected_rows(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str = "de") -> int:
-    return project(docs, settings, language).rows
-
-
 def truncated_chunk_share(inputs: Sequence[str], embedder: Any) -> dict[str, Any]:
     """The share of body chunks whose embedding input does not fit the embedder's window, counted with
     the embedder's own tokenizer; says which counter it used."""

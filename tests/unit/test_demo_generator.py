@@ -11,7 +11,6 @@ from apps.demo.generator import (
     IDENTIFIER_PATTERNS,
     MAX_TEXT_CHARS,
     MIN_TEXT_CHARS,
-    STATUS_RANK,
     DocumentBundle,
     SetupIds,
     SetupPlan,
@@ -21,6 +20,9 @@ from apps.demo.generator import (
 )
 
 LABEL = "ki-demo-s7-n300-test"
+
+# A version never goes back from executed to final or from final to draft.
+STATUS_RANK = {"draft": 0, "final": 1, "executed": 2}
 
 
 def _fake_ids(plan: SetupPlan) -> SetupIds:

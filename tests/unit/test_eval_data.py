@@ -10,10 +10,10 @@ from apps.eval import beir, isolation, report, tuning
 from apps.eval.run import (
     RateWindow,
     eval_key,
-    expected_rows,
     mode_settings,
     out_stem,
     progress_line,
+    project,
     truncated_chunk_share,
 )
 from ki.settings import Settings, SettingsError, load_settings
@@ -184,10 +184,10 @@ def test_expected_rows_follow_the_projection():
     settings = Settings.model_validate({"retrieval": {"chunk_chars": 100, "chunk_overlap_chars": 10}})
     short = beir.CorpusDoc("1", "Title", "one short abstract")
     long = beir.CorpusDoc("2", "Title", "word " * 100)  # 500 chars -> several chunks
-    assert expected_rows([short], settings, "de") == 2  # profile + one chunk
-    assert expected_rows([short, long], settings) > 4
+    assert project([short], settings, "de").rows == 2  # profile + one chunk
+    assert project([short, long], settings, "de").rows > 4
     no_profile = Settings.model_validate({"retrieval": {"profile_embeddings": False}})
-    assert expected_rows([short], no_profile) == 1
+    assert project([short], no_profile, "de").rows == 1
 
 
 def test_tuning_samples_at_most_the_limit_in_file_order_and_reproducibly():
@@ -413,7 +413,7 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
 
 
 def test_expected_rows_cut_chunks_to_the_workers_token_budget_like_the_worker():
-    from apps.eval.run import project, token_budget
+    from apps.eval.run import token_budget
 
     class Words:
         max_tokens = 40

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from apps.bench.search import _label_prefix, percentile, query_mix, summarize, vocabulary
+from apps.bench.search import _label_prefix, query_mix, summarize, vocabulary
+from apps.bench.stats import percentile
 from apps.cli import main
 from apps.demo.generator import run_label
 
