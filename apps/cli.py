@@ -39,9 +39,12 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from ki.db.migrate import upgrade
+    from ki.db.migrate import current_revision, upgrade
 
+    before = current_revision(settings)
     upgrade(settings, revision=args.revision)
+    after = current_revision(settings)
+    print(f"schema: {before or 'empty'} -> {after}" if before != after else f"schema: already at {after}")
     return 0
 
 

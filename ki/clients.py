@@ -1,15 +1,15 @@
 """The one place that builds clients of the services from the settings object.
 
-PostgreSQL engines (sync and asyncio), OpenSearch clients (sync and asyncio) and Kafka admin, consumer and
-producer clients. Everything that talks to a service gets its client here, so connection options (and, later,
-TLS and credentials) are decided once.
+PostgreSQL engines (sync and asyncio), OpenSearch clients (sync and asyncio), Kafka admin and consumer
+clients (the worker's own Kafka clients are Faust's). Everything that talks to a service gets its client
+here, so connection options (and, later, TLS and credentials) are decided once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from opensearchpy import AsyncOpenSearch, OpenSearch
 from sqlalchemy import Engine, create_engine
@@ -69,7 +69,3 @@ def make_kafka_admin(settings: Settings, **options: Any) -> AdminClient:
 
 def make_kafka_consumer(settings: Settings, group_id: str, **options: Any) -> Consumer:
     return Consumer(kafka_config(settings, **{"group.id": group_id, **options}))
-
-
-def make_kafka_producer(settings: Settings, **options: Any) -> Producer:
-    return Producer(kafka_config(settings, **options))

@@ -30,18 +30,15 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
-    Select,
     Text,
     UniqueConstraint,
     func,
-    literal,
-    select,
 )
 from sqlalchemy import (
     text as sql_text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # --------------------------------------------------------------------------------------------------
 # Constants other components import
@@ -187,7 +184,7 @@ class Matter(Base):
 
 class OntologyNode(Base):
     """A node of the doc-type or clause-type taxonomy. `parent_id` is the only stored tree structure;
-    ancestor closures are computed (`ontology_ancestors()` in SQL, `ontology_ancestors_query` here)."""
+    ancestor closures are computed in SQL (`ontology_ancestors()`, `ontology_descendants()`)."""
 
     __tablename__ = "ontology_nodes"
     __table_args__ = (
@@ -206,27 +203,6 @@ class OntologyNode(Base):
 
     parent: Mapped[OntologyNode | None] = relationship(remote_side=[id], back_populates="children")
     children: Mapped[list[OntologyNode]] = relationship(back_populates="parent")
-
-
-def ontology_ancestors_query(node_id: int) -> Select[tuple[int, int]]:
-    """SELECT (id, depth) of `node_id` and all its ancestors: depth 0 is the node itself, the root has
-    the largest depth. Empty for an unknown id. Same result as the SQL function `ontology_ancestors`."""
-    nodes = OntologyNode.__table__
-    up = (
-        select(nodes.c.id, nodes.c.parent_id, literal(0, Integer).label("depth"))
-        .where(nodes.c.id == node_id)
-        .cte("ontology_up", recursive=True)
-    )
-    parent = nodes.alias("parent")
-    up = up.union_all(
-        select(parent.c.id, parent.c.parent_id, (up.c.depth + 1).label("depth")).join(up, parent.c.id == up.c.parent_id)
-    )
-    return select(up.c.id, up.c.depth).order_by(up.c.depth)
-
-
-def ontology_ancestor_ids(session: Session, node_id: int) -> list[int]:
-    """The node's id followed by its ancestors' ids, nearest first, root last."""
-    return [row.id for row in session.execute(ontology_ancestors_query(node_id))]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -83,10 +83,6 @@ class EmbedStats:
             with self._lock:
                 self.truncated += n_texts
 
-    def reset(self) -> None:
-        with self._lock:
-            self.calls = self.texts = self.batches = self.truncated = 0
-
     def snapshot(self) -> tuple[int, int, int]:
         """``(calls, texts, batches)`` read consistently."""
         with self._lock:

@@ -15,7 +15,6 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from ki.clients import make_engine
 from ki.db import models
@@ -262,11 +261,6 @@ def test_ancestors_return_the_closure_of_a_three_level_tree(engine: Engine) -> N
         subtree = conn.execute(text("SELECT id FROM ontology_descendants(:n)"), {"n": mid}).scalars().all()
         assert sorted(subtree) == sorted([mid, leaf])
         assert sibling not in subtree
-
-    with Session(engine) as session:
-        assert models.ontology_ancestor_ids(session, leaf) == [leaf, mid, root]
-        assert models.ontology_ancestor_ids(session, mid) == [mid, root]
-        assert models.ontology_ancestor_ids(session, -1) == []
 
 
 def test_ontology_tree_guard_rejects_cycles_and_mixed_kinds(engine: Engine) -> None:

@@ -117,8 +117,6 @@ def test_local_counts_calls_and_texts() -> None:
     assert embedder.stats.calls == 2
     assert embedder.stats.texts == 4
     assert embedder.stats.batches == 3  # 2 + 1 at batch_size 2
-    embedder.stats.reset()
-    assert embedder.stats.snapshot() == (0, 0, 0)
 
 
 def test_local_rejects_bad_input_and_settings(local: LocalEmbedder) -> None:

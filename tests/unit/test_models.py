@@ -187,12 +187,6 @@ def test_offline_sql_rejects_an_unsafe_publication_name() -> None:
         command.upgrade(cfg, "head", sql=True)
 
 
-def test_ancestors_query_is_recursive() -> None:
-    sql = str(models.ontology_ancestors_query(7).compile(dialect=postgresql.dialect()))
-    assert "WITH RECURSIVE" in sql
-    assert "ORDER BY" in sql
-
-
 def test_offline_sql_uses_exactly_the_model_constraint_and_index_names(offline_sql: str) -> None:
     rendered = set(re.findall(r"CONSTRAINT (\w+)", offline_sql))
     rendered |= set(re.findall(r"CREATE (?:UNIQUE )?INDEX (\w+)", offline_sql))
