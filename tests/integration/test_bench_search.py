@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ki.clients import make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import REPO_ROOT, Settings, with_overrides
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1200)]
 
@@ -151,7 +151,7 @@ def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
     from ki.clients import make_engine
 
     alias = f"ki-bench-search-noindex-{uuid.uuid4().hex[:8]}"
-    isolated = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})})
+    isolated = with_overrides(settings, {"retrieval": {"index_name": alias}})
     engine = make_engine(isolated, pooled=False)
     try:
         corpus = asyncio.run(ensure_corpus(isolated, engine, seed=29, scale=5, index_missing=False))

@@ -31,7 +31,7 @@ from apps.eval import beir
 from apps.eval.run import load_into_postgres
 from apps.stack.http import request_json
 from ki.clients import make_engine, make_kafka_admin
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
 from search.evidence import parse_report
 from tests.conftest import free_port, wait_for
 
@@ -145,8 +145,7 @@ def test_isolation_in_both_directions(run: dict, settings: Settings, search: Ope
     assert int(search.count(index=alias)["count"]) == record["corpus"]["index_rows"]
     assert _hits(search, alias, EVAL_WORD) >= 1
     assert _hits(search, alias, marker) == 0 and _hits(search, alias, marker + "b") == 0
-    eval_db = settings.model_copy(update={"database": settings.database.model_copy(
-        update={"name": record["isolation"]["database"]})})  # fmt: skip
+    eval_db = with_overrides(settings, {"database": {"name": record["isolation"]["database"]}})
     main_engine, eval_engine = make_engine(settings, pooled=False), make_engine(eval_db, pooled=False)
     try:
         count = text("SELECT count(*) FROM documents WHERE title LIKE :t")
@@ -199,7 +198,6 @@ def test_the_e2e_stays_small(run: dict) -> None:
 
 
 def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path) -> None:
-
     tag = uuid.uuid4().hex[:8]
     port = free_port()
     data = settings.model_dump(mode="json")

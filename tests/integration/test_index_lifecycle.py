@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from ki.clients import make_client, make_engine, make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import REPO_ROOT, Settings, with_overrides
 from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag
@@ -31,7 +31,7 @@ SIGNATURE = "test-embedder-384"
 def isolated(settings: Settings) -> Iterator[Settings]:
     """Settings with an alias of its own, so nothing here touches the main index; cleaned up after."""
     alias = f"lifecycle-{uuid.uuid4().hex[:8]}"
-    own = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})})
+    own = with_overrides(settings, {"retrieval": {"index_name": alias}})
     yield own
     make_sync_client(settings).indices.delete(index=f"{alias}--*", ignore=[404])
 
@@ -97,7 +97,7 @@ def test_an_alias_on_an_index_for_another_embedder_is_refused(isolated: Settings
 
 
 def test_a_dimension_mismatch_is_refused(isolated: Settings) -> None:
-    other = isolated.model_copy(update={"retrieval": isolated.retrieval.model_copy(update={"embedding_dimensions": 8})})
+    other = with_overrides(isolated, {"retrieval": {"embedding_dimensions": 8}})
     search = make_sync_client(isolated)
     search.indices.create(index=physical_index_name(isolated, SIGNATURE), body=index_body(other))
     with pytest.raises(IndexSchemaError, match="rebuild"):
@@ -132,6 +132,6 @@ def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothin
                 worker.kill()
     assert code == EXIT_INDEX_MISMATCH
     assert "ki rebuild" in log_path.read_text()
-    as_group = isolated.model_copy(update={"streams": isolated.streams.model_copy(update={"app_id": group})})
+    as_group = with_overrides(isolated, {"streams": {"app_id": group}})
     committed = [p.committed for p in consumer_lag(as_group)]
     assert committed and all(c < 0 for c in committed), "it must not commit what it never applied"

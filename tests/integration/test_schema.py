@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from ki.clients import make_engine
 from ki.db import models
 from ki.db.migrate import current_revision, downgrade, upgrade
-from ki.settings import Settings
+from ki.settings import Settings, with_overrides
 
 pytestmark = pytest.mark.stack
 
@@ -36,7 +36,7 @@ def db_settings(settings: Settings) -> Iterator[Settings]:
         except psycopg.errors.InsufficientPrivilege:
             pytest.fail(f"role {settings.database.user!r} needs CREATEDB to run the schema tests")
     try:
-        yield settings.model_copy(update={"database": settings.database.model_copy(update={"name": name})})
+        yield with_overrides(settings, {"database": {"name": name}})
     finally:
         with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

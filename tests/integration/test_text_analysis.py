@@ -13,7 +13,7 @@ import pytest
 from opensearchpy import OpenSearch
 
 from ki.clients import make_client, make_sync_client
-from ki.settings import Settings
+from ki.settings import Settings, with_overrides
 from projections.mapping import index_body, physical_index_name
 from streams.writer import IndexSchemaError, IndexWriter
 from tests.integration.test_index_lifecycle import SIGNATURE, ensure
@@ -46,9 +46,7 @@ def with_analysis(settings: Settings, analysis: dict[str, Any], analyzer: str = 
 @pytest.fixture
 def isolated(settings: Settings) -> Iterator[Settings]:
     alias = f"analysis-{uuid.uuid4().hex[:8]}"
-    yield with_analysis(
-        settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"index_name": alias})}), FOLDING
-    )
+    yield with_analysis(with_overrides(settings, {"retrieval": {"index_name": alias}}), FOLDING)
     make_sync_client(settings).indices.delete(index=f"{alias}--*", ignore=[404])
 
 
