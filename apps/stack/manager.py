@@ -71,6 +71,11 @@ def _bring_up(svc: Service, runtime: Runtime, timeout_s: float, label: str, laun
     """Make one service healthy; appends it to `launched` as soon as this call starts its process."""
     began = time.monotonic()
     pid = svc.running_pid()
+    if pid is not None and svc.runs_elsewhere(pid):
+        raise StackError(
+            f"already running (pid {pid}) with its state outside {svc.state_dir}: "
+            "stop it with `ki stack down`, then run `ki stack up` again"
+        )
     if pid is not None and svc.probe() is None:
         svc.after_healthy()
         _say(f"{label} {svc.name}: already running (pid {pid}, port {svc.port})")

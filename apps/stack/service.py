@@ -106,6 +106,11 @@ class Service(ABC):
     def running_pid(self) -> int | None:
         return process.find_process(self.pid_file, self.process_tokens)
 
+    def runs_elsewhere(self, pid: int) -> bool:
+        """The running process uses another state directory than this `ki` would (started by another
+        user, or by an older `ki` that kept every state in the home): stop it, never adopt it."""
+        return self.command_marker(self.state_dir) not in process.cmdline(pid)
+
     def check_ports_free(self) -> None:
         for port in self.ports:
             if process.port_in_use(self.host, port):
