@@ -3,7 +3,8 @@ and benchmarks' sync worker, `ki serve` for benchmarks, the eval worker, the loc
 integration tests' workers and servers).
 
 `Child` is a process this one starts and holds: its output appended to a log file (after a marker line
-naming the command), extra environment on top of ours, optionally detached into its own session.
+naming the command), extra environment on top of ours (or an environment of its own), optionally
+detached into its own session.
 `wait_ready` polls a readiness probe until it answers, failing early when the child exits and at a
 deadline. `stop` sends a signal (SIGTERM: Faust commits its offsets, PostgreSQL shuts down fast),
 waits, then SIGKILLs. `stop_pid` does the same for a process known only by its pid (a stack service an
@@ -92,13 +93,16 @@ class Child:
         log_path: Path,
         *,
         env: Mapping[str, str] | None = None,
+        inherit_env: bool = True,
         cwd: Path | None = None,
         detach: bool = False,
         popen_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.argv = argv
         self.log_path = log_path
+        #: On top of our environment at `start`, or (`inherit_env=False`) the whole of it.
         self.env = dict(env or {})
+        self.inherit_env = inherit_env
         self.cwd = cwd
         #: Own session: a Ctrl-C of the parent does not reach it, and `stop(group=True)` reaches its children.
         self.detach = detach
@@ -114,7 +118,7 @@ class Child:
             self.process = subprocess.Popen(
                 self.argv,
                 cwd=self.cwd,
-                env={**os.environ, **self.env},
+                env={**(os.environ if self.inherit_env else {}), **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

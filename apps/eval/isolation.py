@@ -271,7 +271,8 @@ class EvalWorker:
         write_config(self.settings, self.config_path)
         workdir = self.target.state_dir / "worker"
         workdir.mkdir(parents=True, exist_ok=True)
-        self.child = Child(self.command(), self.log_path, cwd=workdir, env=child_env(self.config_path)).start()
+        env = child_env(self.config_path)  # without our KI_* overrides: not merged into ours
+        self.child = Child(self.command(), self.log_path, cwd=workdir, env=env, inherit_env=False).start()
         self.pid_path.write_text(
             json.dumps({"pid": self.child.pid, "app_id": self.settings.streams.app_id, "port": self.port})
         )

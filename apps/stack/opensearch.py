@@ -101,7 +101,7 @@ class OpenSearch(Service):
     def distribution(self, runtime: Runtime) -> Path:
         """The assembled OpenSearch it runs from: the artifact cache itself, or, when it runs as the
         service account, a copy in the stack's system directory (the cache is in the user's home)."""
-        if self.user.is_current:
+        if self.runs_as_invoker:
             return runtime.artifacts.opensearch_home
         return copy_resolved(runtime.artifacts.opensearch_home, self.paths.make_system_dir() / "artifacts")
 

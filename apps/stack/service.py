@@ -9,6 +9,7 @@ changed."""
 
 from __future__ import annotations
 
+import os
 import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -80,8 +81,13 @@ class Service(ABC):
         return self.ports[0]
 
     @property
+    def runs_as_invoker(self) -> bool:
+        """Everything but a root-refusing service under root runs as the user who runs `ki`."""
+        return not (self.refuses_root and os.geteuid() == 0)
+
+    @property
     def state_dir(self) -> Path:
-        return self.paths.state_dir(self.name, runs_as_invoker=self.user.is_current)
+        return self.paths.state_dir(self.name, runs_as_invoker=self.runs_as_invoker)
 
     @property
     def log_file(self) -> Path:
@@ -99,9 +105,7 @@ class Service(ABC):
     def process_tokens(self) -> tuple[str, ...]:
         """The markers of its process wherever its state is, so a stack started by another user (or
         by an older `ki` that kept every state in the home) is still found and stopped."""
-        markers = [self.command_marker(self.state_dir)]
-        markers += [self.command_marker(d) for d in self.paths.state_dirs(self.name)]
-        return tuple(dict.fromkeys(markers))
+        return tuple(dict.fromkeys(self.command_marker(d) for d in self.paths.state_dirs(self.name)))
 
     def running_pid(self) -> int | None:
         return process.find_process(self.pid_file, self.process_tokens)
@@ -117,14 +121,13 @@ class Service(ABC):
                 owner = process.port_owner(port) or "another process"
                 raise StackError(f"port {port} is already in use by {owner}")
 
-    def claim_state_dir(self) -> Path:
+    def claim_state_dir(self) -> None:
         """Create the state directory, owned by the service's user (outside the home when that is
         another account: see paths.py)."""
-        if not self.user.is_current:
+        if not self.runs_as_invoker:
             self.paths.make_system_dir()
         self.user.make_dir(self.state_dir)
         self.user.check_can_reach(self.state_dir, "the state directory")
-        return self.state_dir
 
     def start(self, runtime: Runtime) -> Child:
         self.check_ports_free()

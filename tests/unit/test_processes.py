@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from apps.processes import START_MARKER, Child, pid_alive, stop_pid
 
 # Writes $GREETING to stdout, touches its ready file, then sleeps until signalled.
@@ -60,3 +62,15 @@ def test_stop_pid_stops_a_detached_process_group_known_only_by_pid(tmp_path: Pat
     assert stop_pid(child.pid, signal.SIGTERM, timeout_s=0.5, group=True) is False  # ignored: killed
     assert not pid_alive(child.pid)
     assert stop_pid(child.pid, timeout_s=0.5) is True  # already gone: nothing to do
+
+
+def test_a_child_can_get_an_environment_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eval worker must not see the parent's KI_* overrides: `inherit_env=False` passes `env` only."""
+    monkeypatch.setenv("KI_API__PORT", "1234")
+    probe = "import os; print(sorted(k for k in os.environ if k.startswith('KI_')))"
+    for inherit, expected in ((True, "['KI_API__PORT', 'KI_CONFIG']"), (False, "['KI_CONFIG']")):
+        log = tmp_path / f"{inherit}.log"
+        env = {"KI_CONFIG": "x.json", "PATH": "/usr/bin:/bin"}
+        child = Child([sys.executable, "-c", probe], log, env=env, inherit_env=inherit).start()
+        assert child.wait_ready(lambda: False, timeout_s=30) == "exited with code 0"
+        assert log.read_text().splitlines()[-1] == expected
