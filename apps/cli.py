@@ -29,6 +29,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         "connect": manager.connect,
         "stop": manager.stop_service,
         "start": manager.start_service,
+        "wipe": manager.wipe,
     }
     action = actions[args.action]
     if args.action == "logs":
@@ -234,9 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     stack = sub.add_parser("stack", help="run the local stack (PostgreSQL, Kafka, Connect+Debezium, OpenSearch)")
     stack.add_argument(
         "action",
-        choices=["up", "down", "status", "logs", "connect", "stop", "start"],
+        choices=["up", "down", "status", "logs", "connect", "stop", "start", "wipe"],
         help="connect: only migrate and register the Debezium connector (for a stack started elsewhere, e.g. compose);"
-        " stop/start: one service only",
+        " stop/start: one service only; wipe: delete the state of a stopped stack (not the artifact cache)",
     )
     stack.add_argument("service", nargs="?", help="for logs, stop, start: postgres, kafka, connect or opensearch")
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
+from apps.processes import Child
 from ki.settings import REPO_ROOT, Settings
 
 
@@ -19,7 +17,7 @@ class SyncWorker:
         self.url = f"http://127.0.0.1:{settings.streams.web_port}/metrics"
         self.log_path = log_path
         self.config = config  # the --config the parent was given, passed on as $KI_CONFIG
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     def answers(self) -> bool:
         try:
@@ -32,26 +30,17 @@ class SyncWorker:
         """Make sure a worker answers; returns what was done, for the caller's progress line."""
         if self.answers():
             return "using the sync worker already running"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
+        self.child = Child(
             [sys.executable, "-m", "apps.cli", "sync", "run"],
+            self.log_path,
             cwd=REPO_ROOT,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **({"KI_CONFIG": self.config} if self.config else {})},
-        )
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the sync worker did not come up; see {self.log_path}")
-            time.sleep(0.5)
-        return f"started a sync worker (pid {self.process.pid}, log {self.log_path})"
+            env={"PYTHONUNBUFFERED": "1", **({"KI_CONFIG": self.config} if self.config else {})},
+        ).start()
+        why = self.child.wait_ready(self.answers, timeout, interval_s=0.5)
+        if why is not None:
+            raise RuntimeError(f"the sync worker did not come up ({why}); see {self.log_path}")
+        return f"started a sync worker (pid {self.child.pid}, log {self.log_path})"
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.child is not None:
+            self.child.stop()

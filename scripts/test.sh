@@ -11,7 +11,9 @@ main_home=${main_home/#\~/$HOME}
 export KI_STACK__HOME="${KI_TEST_STACK_HOME:-$HOME/.cache/ki-sidecar-test}"
 
 .venv/bin/ki stack down >/dev/null 2>&1 || true
-rm -rf "$KI_STACK__HOME/data" "$KI_STACK__HOME/logs" "$KI_STACK__HOME/run"
+# Every service's data wherever it lives (under root, PostgreSQL's and OpenSearch's are in
+# /var/lib/ki-sidecar/<home>-<hash>/, owned by the postgres account), logs and pid files.
+.venv/bin/ki stack wipe >/dev/null
 mkdir -p "$KI_STACK__HOME" "$main_home/artifacts"
 # Share the resolved artifacts with the main stack: resolving twice would only cost time.
 [ -e "$KI_STACK__HOME/artifacts" ] || ln -s "$main_home/artifacts" "$KI_STACK__HOME/artifacts"

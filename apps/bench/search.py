@@ -35,9 +35,9 @@ import random
 import re
 import socket
 import statistics
-import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +63,7 @@ from apps.demo.generator import (
     users,
 )
 from apps.plotting import pyplot, save_figure
+from apps.processes import Child
 from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
@@ -479,42 +480,24 @@ class ServeChild:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else []) + ["serve"]
-        self.argv = argv
-        self.process: subprocess.Popen[bytes] | None = None
+        env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)}
+        self.child = Child(argv, log_path, cwd=REPO_ROOT, env=env)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/readyz", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
     async def start(self, timeout: float = 180) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            self.argv,
-            cwd=REPO_ROOT,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)},
-        )
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while True:
-                if self.process.poll() is not None:
-                    raise BenchError(f"`ki serve` exited with {self.process.returncode}; see {self.log_path}")
-                try:
-                    async with session.get(f"{self.base}/readyz", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise BenchError(f"`ki serve` was not ready within {timeout:.0f}s; see {self.log_path}")
-                await asyncio.sleep(0.25)  # polling interval of a deadline loop
+        self.child.start()
+        why = await asyncio.to_thread(self.child.wait_ready, self._ready, timeout)
+        if why is not None:
+            raise BenchError(f"`ki serve` did not become ready ({why}); see {self.log_path}")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        self.child.stop()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,9 +28,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -41,6 +39,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from apps.processes import Child, pid_alive, stop_pid
 from ki.clients import make_kafka_admin, make_sync_client
 from ki.settings import Settings, with_overrides
 from search.evidence import analyzer_definition
@@ -196,14 +195,8 @@ def write_config(settings: Settings, path: Path) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+#: SIGTERM lets Faust commit its offsets on the way out; SIGKILL after this long.
+STOP_TIMEOUT_S = 60.0
 
 
 class EvalWorker:
@@ -216,7 +209,7 @@ class EvalWorker:
         self.log_path = log_path
         self.config_path = target.state_dir / "worker-config.json"
         self.pid_path = target.state_dir / "worker.json"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
         self.adopted: int | None = None  # pid of an earlier run's worker this run took over
         self.port = self.settings.streams.web_port
 
@@ -249,7 +242,7 @@ class EvalWorker:
             record = json.loads(self.pid_path.read_text())
         except (OSError, json.JSONDecodeError, ValueError):
             return None
-        return record if isinstance(record, dict) and _alive(int(record.get("pid", 0))) else None
+        return record if isinstance(record, dict) and pid_alive(int(record.get("pid", 0))) else None
 
     def adopt(self) -> int | None:
         """Take over an earlier run's worker of this eval if it runs with these settings and answers."""
@@ -270,7 +263,7 @@ class EvalWorker:
             self.pid_path.unlink(missing_ok=True)
             return None
         pid = int(record["pid"])
-        _terminate(pid)
+        stop_pid(pid, timeout_s=STOP_TIMEOUT_S)
         self.pid_path.unlink(missing_ok=True)
         return pid
 
@@ -278,54 +271,29 @@ class EvalWorker:
         write_config(self.settings, self.config_path)
         workdir = self.target.state_dir / "worker"
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), cwd=workdir, stdout=log, stderr=log, env=child_env(self.config_path)
-            )
+        env = child_env(self.config_path)  # without our KI_* overrides: not merged into ours
+        self.child = Child(self.command(), self.log_path, cwd=workdir, env=env, inherit_env=False).start()
         self.pid_path.write_text(
-            json.dumps({"pid": self.process.pid, "app_id": self.settings.streams.app_id, "port": self.port})
+            json.dumps({"pid": self.child.pid, "app_id": self.settings.streams.app_id, "port": self.port})
         )
-        deadline = time.monotonic() + timeout_s
-        while not self.answering():
-            self.check_alive()
-            if time.monotonic() > deadline:
-                self.stop()
-                raise IsolationError(f"the eval sync worker did not come up in {timeout_s:.0f}s; see {self.log_path}")
-            time.sleep(0.5)  # polling interval of a deadline loop
+        why = self.child.wait_ready(self.answering, timeout_s, interval_s=0.5)
+        if why is not None:
+            self.stop()
+            raise IsolationError(f"the eval sync worker did not come up ({why}); see {self.log_path}")
 
     def check_alive(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            code = self.process.returncode
+        if self.child is not None and not self.child.alive:
+            code = self.child.returncode
             raise IsolationError(f"the eval sync worker exited with code {code}; see {self.log_path}")
-        if self.adopted is not None and not _alive(self.adopted):
+        if self.adopted is not None and not pid_alive(self.adopted):
             raise IsolationError(f"the adopted eval sync worker (pid {self.adopted}) exited; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        if self.child is not None:
+            self.child.stop(STOP_TIMEOUT_S)  # SIGTERM: Faust commits its offsets on the way out
         if self.adopted is not None:
-            _terminate(self.adopted)
+            stop_pid(self.adopted, timeout_s=STOP_TIMEOUT_S)
         self.pid_path.unlink(missing_ok=True)
-
-
-def _terminate(pid: int, timeout_s: float = 60.0) -> None:
-    """SIGTERM (Faust commits its offsets on the way out), SIGKILL after `timeout_s`."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reap it if it happens to be our child
-        time.sleep(0.2)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 # --- drop ----------------------------------------------------------------------------------------

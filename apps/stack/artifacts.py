@@ -14,6 +14,7 @@ k-NN plugin zip unpacked into `plugins/opensearch-knn/`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -128,7 +129,8 @@ def _extract(archive: Path, target: Path, strip_top: bool) -> None:
 
 
 def _readable_by_all(root: Path) -> None:
-    """The assembled OpenSearch is read by the unprivileged service account (see users.py)."""
+    """The assembled OpenSearch is read by the unprivileged service account (see users.py), from a copy
+    outside the user's home (`copy_resolved`)."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames:
             p = Path(dirpath, name)
@@ -309,6 +311,26 @@ class Resolver:
         )
         if module.security_policy:
             (target / "plugin-security.policy").write_text(module.security_policy)
+
+
+def copy_resolved(source: Path, parent: Path) -> Path:
+    """A copy of the resolved component `source` in `parent` (made if missing or stale: the markers
+    differ), for a service account that cannot read the artifact cache in the user's home. The copy
+    keeps the modes, which `_readable_by_all` opened for every user."""
+    if not parent.is_dir():
+        parent.mkdir(parents=True)
+        parent.chmod(0o755)  # whatever the umask: the service account must pass through
+    target = parent / source.name
+    wanted = (source / MARKER).read_text()
+    with contextlib.suppress(OSError):
+        if (target / MARKER).read_text() == wanted:
+            return target
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, symlinks=True)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
 
 
 def resolve_artifacts(paths: StackPaths, java: JavaRuntime, report: Report) -> Artifacts:

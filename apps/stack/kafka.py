@@ -58,9 +58,8 @@ class KafkaJvmService(Service):
     def config_file(self) -> Path:
         return self.state_dir / self.config_name
 
-    @property
-    def process_token(self) -> str:
-        return str(self.config_file)
+    def command_marker(self, state_dir: Path) -> str:
+        return str(state_dir / self.config_name)
 
     def jvm(self, runtime: Runtime, main_class: str, *args: str) -> Launch:
         log4j = self.write_config(self.state_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())

@@ -1,9 +1,11 @@
-"""`ki stack up | down | status | logs`: the local stack as a whole; `ki stack stop | start <service>`: one service.
+"""`ki stack up | down | status | logs | wipe`: the local stack as a whole; `ki stack stop | start <service>`:
+one service.
 
 `up` resolves the pinned artifacts, starts PostgreSQL, Kafka, OpenSearch and Connect in that order
 (skipping any that already run healthy), waits on each one's real health check, applies the schema
 migrations and registers the Debezium connector. A service that cannot start is named with its log
-file, and whatever this `up` started is stopped again. `down` stops in reverse order.
+file, and whatever this `up` started is stopped again. `down` stops in reverse order. `wipe` deletes
+the state of a stopped stack wherever it lives (see paths.py), keeping the artifact cache.
 `stop` / `start` act on a single service and nothing else (no migration, no connector registration),
 so a fault test or an operator can take one component away and bring it back exactly as `up` would.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import shutil
 import sys
 import time
 from collections import deque
@@ -68,6 +71,11 @@ def _bring_up(svc: Service, runtime: Runtime, timeout_s: float, label: str, laun
     """Make one service healthy; appends it to `launched` as soon as this call starts its process."""
     began = time.monotonic()
     pid = svc.running_pid()
+    if pid is not None and svc.runs_elsewhere(pid):
+        raise StackError(
+            f"already running (pid {pid}) with its state outside {svc.state_dir}: "
+            "stop it with `ki stack down`, then run `ki stack up` again"
+        )
     if pid is not None and svc.probe() is None:
         svc.after_healthy()
         _say(f"{label} {svc.name}: already running (pid {pid}, port {svc.port})")
@@ -76,13 +84,11 @@ def _bring_up(svc: Service, runtime: Runtime, timeout_s: float, label: str, laun
         _say(f"{label} {svc.name}: running (pid {pid}), waiting until healthy… ", end="")
         svc.wait_healthy(pid, timeout_s)
     else:
-        for opened in svc.claim_state_dir():
-            _say(f"{label} {svc.name}: made {opened} searchable (o+x, not readable) for user {svc.user.name!r}")
         _say(f"{label} {svc.name}: starting… ", end="")
-        proc = svc.start(runtime)
+        child = svc.start(runtime)
         launched.append(svc)
-        pid = proc.pid
-        svc.wait_healthy(pid, timeout_s, proc)
+        pid = child.pid
+        svc.wait_healthy(pid, timeout_s, child)
     svc.after_healthy()
     _say(f"ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")
 
@@ -250,6 +256,34 @@ def down(settings: Settings) -> int:
                 continue
             _report_stop(svc, result, began)
     return code
+
+
+def wipe(settings: Settings) -> int:
+    """Delete this stack's state: every service's data wherever it lives (the home, or the system
+    directory of services run as another account), logs and pid files. The artifact cache stays.
+    Refuses while any service runs."""
+    paths = StackPaths.from_settings(settings)
+    services = build_services(settings, paths)
+    with _exclusive(paths):
+        running = [svc.name for svc in services if svc.running_pid() is not None]
+        if running:
+            _fail(f"wipe: {', '.join(running)} still running; stop the stack first (`ki stack down`)")
+            return 1
+        doomed = [d for svc in services for d in paths.state_dirs(svc.name)] + [paths.home / "data", paths.logs]
+        doomed += [paths.pid_file(svc.name) for svc in services]
+        for path in doomed:
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+                else:
+                    continue
+            except OSError as exc:
+                _fail(f"wipe: cannot remove {path}: {exc.strerror}")
+                return 1
+            _say(f"removed {path}")
+    return 0
 
 
 def status(settings: Settings) -> int:

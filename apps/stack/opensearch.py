@@ -1,4 +1,7 @@
-"""A single-node OpenSearch assembled from Maven artifacts (see artifacts.py), without security."""
+"""A single-node OpenSearch assembled from Maven artifacts (see artifacts.py), without security.
+
+Under root it runs as the service account (users.py) from a copy of the assembled distribution in the
+stack's system directory (paths.py), because the artifact cache lives in the user's home."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from apps.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES
+from apps.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES, copy_resolved
 from apps.stack.errors import StackError
 from apps.stack.http import HttpError, request_json
 from apps.stack.process import Launch
@@ -36,9 +39,8 @@ class OpenSearch(Service):
     def config_dir(self) -> Path:
         return self.state_dir / "config"
 
-    @property
-    def process_token(self) -> str:
-        return f"-Dopensearch.path.conf={self.config_dir}"
+    def command_marker(self, state_dir: Path) -> str:
+        return f"-Dopensearch.path.conf={state_dir / 'config'}"
 
     def settings_yml(self) -> dict[str, object]:
         http_port, transport_port = self.ports
@@ -86,7 +88,7 @@ class OpenSearch(Service):
         self.write_config(self.config_dir / "opensearch.yml", "# Written by `ki stack up`.\n" + yml)
         self.write_config(self.config_dir / "jvm.options", self.jvm_options())
         self.write_config(self.config_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
-        home = runtime.artifacts.opensearch_home
+        home = self.distribution(runtime)
         env = {
             "OPENSEARCH_JAVA_HOME": str(runtime.java.home),
             "OPENSEARCH_PATH_CONF": str(self.config_dir),
@@ -94,7 +96,14 @@ class OpenSearch(Service):
             "OPENSEARCH_JAVA_OPTS": "",
             "HOME": str(self.state_dir),
         }
-        return Launch([str(home / "bin" / "opensearch")], cwd=self.state_dir, env=env)
+        return Launch([str(home / "bin" / "opensearch")], cwd=self.state_dir, env=env, reads=(home, runtime.java.home))
+
+    def distribution(self, runtime: Runtime) -> Path:
+        """The assembled OpenSearch it runs from: the artifact cache itself, or, when it runs as the
+        service account, a copy in the stack's system directory (the cache is in the user's home)."""
+        if self.runs_as_invoker:
+            return runtime.artifacts.opensearch_home
+        return copy_resolved(runtime.artifacts.opensearch_home, self.paths.make_system_dir() / "artifacts")
 
     def probe(self) -> str | None:
         try:

@@ -59,9 +59,8 @@ class Postgres(Service):
     def socket_dir(self) -> Path:
         return self.state_dir / "socket"
 
-    @property
-    def process_token(self) -> str:
-        return f"-D {self.pgdata}"
+    def command_marker(self, state_dir: Path) -> str:
+        return f"-D {state_dir / 'pgdata'}"
 
     def prepare(self, runtime: Runtime) -> Launch:
         bin_dir = find_bin_dir()
@@ -88,7 +87,7 @@ class Postgres(Service):
         argv = [str(bin_dir / "postgres"), "-D", str(self.pgdata)]
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
-        return Launch(argv, cwd=self.state_dir)
+        return Launch(argv, cwd=self.state_dir, reads=(bin_dir,))
 
     @staticmethod
     def _hba() -> str:

@@ -1,5 +1,7 @@
 """Process plumbing shared by every service: spawn detached with a log file and a pid file, recognise a
-running service by pid + command line, stop it (signal, deadline, SIGKILL), measure its memory."""
+running service by pid + command line, stop it, measure its memory. Starting and stopping themselves are
+the applications' one way (apps/processes.py): a service is a detached `Child` as its account, stopped
+by process group with `stop_pid`."""
 
 from __future__ import annotations
 
@@ -9,15 +11,15 @@ import re
 import signal
 import socket
 import subprocess
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apps.processes import START_MARKER, Child, pid_alive, proc_stat, stop_pid
 from apps.stack.errors import StackError
 from apps.stack.users import ServiceUser
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-START_MARKER = "==== ki stack:"
 _ERROR_WORDS = re.compile(r"\b(error|fatal|panic)\b|exception", re.IGNORECASE)
 _NOISE = re.compile(r"^(at |\.\.\. \d+ more|warning:|error:$)")
 
@@ -29,6 +31,8 @@ class Launch:
     argv: list[str]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
+    #: What it reads outside its state directory; checked to be reachable for its account before start.
+    reads: tuple[Path, ...] = ()
 
 
 def read_pid(pid_file: Path) -> int | None:
@@ -38,20 +42,6 @@ def read_pid(pid_file: Path) -> int | None:
         return None
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, …)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def is_alive(pid: int) -> bool:
-    stat = _proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -59,45 +49,33 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def find_process(pid_file: Path, token: str) -> int | None:
-    """The live process of a service: the pid file's pid if its command line still carries `token`
-    (guards against pid reuse), else any process whose command line carries it (lost pid file)."""
+def find_process(pid_file: Path, tokens: Iterable[str]) -> int | None:
+    """The live process of a service: the pid file's pid if its command line still carries one of
+    `tokens` (guards against pid reuse), else any process whose command line carries one (lost pid file)."""
+    tokens = tuple(tokens)
     pid = read_pid(pid_file)
-    if pid is not None and is_alive(pid) and token in cmdline(pid):
+    if pid is not None and pid_alive(pid) and any(token in cmdline(pid) for token in tokens):
         return pid
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             candidate = int(entry.name)
-            if token in cmdline(candidate) and is_alive(candidate):
+            line = cmdline(candidate)
+            if any(token in line for token in tokens) and pid_alive(candidate):
                 return candidate
     return None
 
 
-def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> subprocess.Popen[bytes]:
-    """Start detached (own session, so a Ctrl-C of `ki` does not reach it), output appended to
-    `log_file`, pid written to `pid_file`."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+def spawn(launch: Launch, log_file: Path, pid_file: Path, user: ServiceUser) -> Child:
+    """Start detached (own session, so a Ctrl-C of `ki` does not reach it) as `user`, output appended
+    to `log_file`, pid written to `pid_file`."""
+    child = Child(launch.argv, log_file, env=launch.env, cwd=launch.cwd, detach=True, popen_kwargs=user.popen_kwargs())
+    try:
+        child.start()
+    except OSError as exc:
+        raise StackError(f"cannot start {launch.argv[0]}: {exc.strerror}") from None
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **launch.env}
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:
-        log.write(f"\n{START_MARKER} starting {' '.join(launch.argv)}\n".encode())
-        log.flush()
-        try:
-            proc = subprocess.Popen(
-                launch.argv,
-                cwd=launch.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **user.popen_kwargs(),
-            )
-        except OSError as exc:
-            raise StackError(f"cannot start {launch.argv[0]}: {exc.strerror}") from None
-    pid_file.write_text(f"{proc.pid}\n")
-    return proc
+    pid_file.write_text(f"{child.pid}\n")
+    return child
 
 
 def run_once(launch: Launch, log_file: Path, user: ServiceUser, what: str) -> None:
@@ -144,26 +122,7 @@ def last_error_line(log_file: Path) -> str:
 def stop(pid: int, sig: signal.Signals, timeout_s: float) -> bool:
     """Send `sig` to the process group of `pid`; SIGKILL the group after `timeout_s`.
     Returns True when it stopped on `sig`, False when it had to be killed."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not is_alive(pid):
-            _reap(pid)
-            return True
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    while is_alive(pid):
-        time.sleep(0.05)
-    _reap(pid)
-    return False
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status if `pid` is our own child (started by this `ki` process)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    return stop_pid(pid, sig, timeout_s, group=True)
 
 
 def group_rss_bytes(pid: int) -> int:
@@ -172,7 +131,7 @@ def group_rss_bytes(pid: int) -> int:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        stat = _proc_stat(int(entry.name))
+        stat = proc_stat(int(entry.name))
         if stat is not None and len(stat) > 21 and stat[2] == str(pid):
             total += int(stat[21]) * PAGE_SIZE
     return total

@@ -1,18 +1,23 @@
 """The one Service abstraction. A concrete service says how to prepare and launch itself, which ports it
 owns, how to tell its process apart and how to probe its health; starting, waiting, stopping and
-reporting are the same for all four."""
+reporting are the same for all four.
+
+A service that refuses root runs as the service account when `ki` runs as root, with its state
+directory outside the user's home (see paths.py and users.py); everything it reads is checked to be
+reachable for that account before it starts, and no permission outside the stack's own directories is
+changed."""
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
+from apps.processes import Child, wait_until
 from apps.stack import process
 from apps.stack.artifacts import Artifacts
 from apps.stack.errors import StackError
@@ -21,8 +26,6 @@ from apps.stack.paths import StackPaths
 from apps.stack.process import Launch
 from apps.stack.users import ServiceUser, current_user, unprivileged_user
 from ki.settings import Settings
-
-POLL_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,9 @@ class Service(ABC):
     def ports(self) -> tuple[int, ...]:
         """Every port it listens on; the first one is its main port."""
 
-    @property
     @abstractmethod
-    def process_token(self) -> str:
-        """A string only this service's process carries in its command line."""
+    def command_marker(self, state_dir: Path) -> str:
+        """A string only this service's process, run on `state_dir`, carries in its command line."""
 
     @abstractmethod
     def prepare(self, runtime: Runtime) -> Launch:
@@ -79,8 +81,13 @@ class Service(ABC):
         return self.ports[0]
 
     @property
+    def runs_as_invoker(self) -> bool:
+        """Everything but a root-refusing service under root runs as the user who runs `ki`."""
+        return not (self.refuses_root and os.geteuid() == 0)
+
+    @property
     def state_dir(self) -> Path:
-        return self.paths.state_dir(self.name)
+        return self.paths.state_dir(self.name, runs_as_invoker=self.runs_as_invoker)
 
     @property
     def log_file(self) -> Path:
@@ -94,8 +101,19 @@ class Service(ABC):
     def user(self) -> ServiceUser:
         return unprivileged_user() if self.refuses_root else current_user()
 
+    @property
+    def process_tokens(self) -> tuple[str, ...]:
+        """The markers of its process wherever its state is, so a stack started by another user (or
+        by an older `ki` that kept every state in the home) is still found and stopped."""
+        return tuple(dict.fromkeys(self.command_marker(d) for d in self.paths.state_dirs(self.name)))
+
     def running_pid(self) -> int | None:
-        return process.find_process(self.pid_file, self.process_token)
+        return process.find_process(self.pid_file, self.process_tokens)
+
+    def runs_elsewhere(self, pid: int) -> bool:
+        """The running process uses another state directory than this `ki` would (started by another
+        user, or by an older `ki` that kept every state in the home): stop it, never adopt it."""
+        return self.command_marker(self.state_dir) not in process.cmdline(pid)
 
     def check_ports_free(self) -> None:
         for port in self.ports:
@@ -103,33 +121,42 @@ class Service(ABC):
                 owner = process.port_owner(port) or "another process"
                 raise StackError(f"port {port} is already in use by {owner}")
 
-    def claim_state_dir(self) -> list[Path]:
-        """Create the state directory for the service's user; returns ancestors made searchable."""
+    def claim_state_dir(self) -> None:
+        """Create the state directory, owned by the service's user (outside the home when that is
+        another account: see paths.py)."""
+        if not self.runs_as_invoker:
+            self.paths.make_system_dir()
         self.user.make_dir(self.state_dir)
-        return self.user.ensure_can_reach(self.state_dir)
+        self.user.check_can_reach(self.state_dir, "the state directory")
 
-    def start(self, runtime: Runtime) -> subprocess.Popen[bytes]:
+    def start(self, runtime: Runtime) -> Child:
         self.check_ports_free()
         self.claim_state_dir()
         launch = self.prepare(runtime)
+        for path in (Path(launch.argv[0]), *launch.reads):
+            self.user.check_can_reach(path, f"{self.name} needs")
         return process.spawn(launch, self.log_file, self.pid_file, self.user)
 
-    def wait_healthy(self, pid: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    def wait_healthy(self, pid: int, timeout_s: float, child: Child | None = None) -> None:
         """Poll `probe` until healthy; fail early when the process dies, or at the deadline."""
-        deadline = time.monotonic() + timeout_s
         reason: str | None = "not probed yet"
-        while True:
-            exited = proc is not None and proc.poll() is not None
-            if exited or not process.is_alive(pid):
-                code = f" with code {proc.returncode}" if proc is not None and proc.returncode is not None else ""
-                last = process.last_error_line(self.log_file)
-                raise StackError(f"exited{code} while starting" + (f": {last}" if last else ""))
+
+        def healthy() -> bool:
+            nonlocal reason
             reason = self.probe()
-            if reason is None:
-                return
-            if time.monotonic() >= deadline:
-                raise StackError(f"not healthy after {timeout_s:.0f}s: {reason}")
-            time.sleep(POLL_INTERVAL_S)
+            return reason is None
+
+        def alive() -> bool:
+            return (child is None or child.alive) and process.pid_alive(pid)
+
+        outcome = wait_until(healthy, alive=alive, timeout_s=timeout_s)
+        if outcome == "exited":
+            code = child.returncode if child is not None else None
+            last = process.last_error_line(self.log_file)
+            how = "exited" if code is None else f"exited with code {code}"
+            raise StackError(f"{how} while starting" + (f": {last}" if last else ""))
+        if outcome == "timed out":
+            raise StackError(f"not healthy after {timeout_s:.0f}s: {reason}")
 
     def stop(self, timeout_s: float) -> tuple[int, bool] | None:
         """Stop the running process; returns (pid, stopped cleanly) or None when it was not running."""

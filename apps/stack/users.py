@@ -1,6 +1,10 @@
 """Dropping root: PostgreSQL (initdb) and OpenSearch refuse to run as root. When `ki` runs as root they
-run as the unprivileged `postgres` account that Debian's PostgreSQL packages create; their state
-directories are owned by it. Run as any other user, every service simply runs as that user."""
+run as the unprivileged `postgres` account that Debian's PostgreSQL packages create, with their state in
+a directory that account owns outside the user's home (see paths.py). Run as any other user, every
+service simply runs as that user, with its state in the home.
+
+Nothing here changes the permissions of a directory the stack did not create: `unreachable` only says
+which directory would stop the account, and the caller fails with that name."""
 
 from __future__ import annotations
 
@@ -50,23 +54,37 @@ class ServiceUser:
         path.chmod(mode)
         self.chown(path)
 
-    def ensure_can_reach(self, path: Path) -> list[Path]:
-        """Give `others` the search (x) bit on every ancestor of `path` this user could not traverse
-        (e.g. /root is 0700). Search only: nobody can list or read those directories. Returns what changed."""
-        changed: list[Path] = []
+    def can_traverse(self, info: os.stat_result) -> bool:
+        """Whether this user may pass through a directory with this `stat` (the search bit that applies)."""
+        if self.uid == 0:
+            return True
+        if info.st_uid == self.uid:
+            return bool(info.st_mode & stat.S_IXUSR)
+        if info.st_gid == self.gid:  # children start without supplementary groups (popen_kwargs)
+            return bool(info.st_mode & stat.S_IXGRP)
+        return bool(info.st_mode & stat.S_IXOTH)
+
+    def unreachable(self, path: Path) -> Path | None:
+        """The first directory on the way to `path` this user cannot pass through, or None."""
         if self.is_current:
-            return changed
-        for parent in reversed(path.parents):
-            info = parent.stat()
-            if info.st_uid == self.uid:
-                continue
-            if info.st_mode & stat.S_IXOTH:
-                continue
-            if info.st_gid == self.gid and info.st_mode & stat.S_IXGRP:
-                continue
-            parent.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
-            changed.append(parent)
-        return changed
+            return None
+        path = path.resolve()
+        for directory in [*reversed(path.parents), *([path] if path.is_dir() else [])]:
+            try:
+                info = directory.stat()
+            except FileNotFoundError:
+                return None  # made later, by whoever prepares it
+            if not self.can_traverse(info):
+                return directory
+        return None
+
+    def check_can_reach(self, path: Path, what: str) -> None:
+        blocked = self.unreachable(path)
+        if blocked is not None:
+            raise StackError(
+                f"{what} {path} is not reachable for user {self.name!r} ({blocked} is closed to it); "
+                "ki does not change permissions it does not own: move it somewhere that account can read"
+            )
 
 
 def _user(entry: pwd.struct_passwd) -> ServiceUser:

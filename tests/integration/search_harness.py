@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import threading
 import urllib.error
@@ -19,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from apps.processes import Child as Process
 from ki.clients import make_kafka_admin, make_sync_client
 from ki.settings import REPO_ROOT, Settings
 from tests.conftest import free_port, wait_for
@@ -28,28 +27,22 @@ class Child:
     """A `ki ...` child process with extra environment, logging to build/<name>.log."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.name, self.args, self.env = name, args, env
+        self.name = name
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process = Process(
+            [sys.executable, "-m", "apps.cli", *args],
+            self.log_path,
+            cwd=REPO_ROOT,
+            env={"PYTHONUNBUFFERED": "1", **env},
+        )
 
     def start(self, ready_url: str, timeout: float = 120) -> None:
-        self.log_path.parent.mkdir(exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "apps.cli", *self.args],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-        )
-        try:
-            wait_for(lambda: self._up(ready_url), timeout=timeout, what=f"{self.name} at {ready_url}")
-        except BaseException:
-            self.stop()
-            raise
+        self.process.start()
+        why = self.process.wait_ready(lambda: self._up(ready_url), timeout)
+        assert why is None, f"{self.name} at {ready_url}: {why}; see {self.log_path}"
 
-    def _up(self, url: str) -> bool:
-        assert self.process and self.process.poll() is None, f"{self.name} exited; see {self.log_path}"
+    @staticmethod
+    def _up(url: str) -> bool:
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 return response.status == 200
@@ -57,13 +50,7 @@ class Child:
             return False
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        self.process.stop()
 
 
 class SyncWorker(Child):

@@ -5,10 +5,7 @@ everything committed in PostgreSQL has been applied"."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import subprocess
 import sys
 import urllib.request
 import uuid
@@ -18,6 +15,7 @@ from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
+from apps.processes import Child
 from apps.stack.manager import start_service, stop_service
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
@@ -39,24 +37,21 @@ class Worker:
     def __init__(self, settings: Settings, *, name: str = "sync-worker", web_port: int | None = None) -> None:
         self.settings = settings
         self.web_port = web_port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
+        self.child = Child(
+            [sys.executable, "-m", "apps.cli", "sync", "run"],
+            self.log_path,
+            cwd=REPO_ROOT,
+            env={"PYTHONUNBUFFERED": "1", "KI_STREAMS__WEB_PORT": str(self.web_port)},
+        )
 
     def spawn(self) -> None:
         """Start the process without waiting for it to be ready."""
-        self.log_path.parent.mkdir(exist_ok=True)
-        log = self.log_path.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KI_STREAMS__WEB_PORT": str(self.web_port)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "apps.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log, stderr=log, env=env
-        )
+        self.child.start()
 
     def wait_ready(self, timeout: float = 120) -> None:
-        try:
-            wait_for(self._metrics_ready, timeout=timeout, what="the sync worker's /metrics")
-        except BaseException:
-            self.stop()
-            raise
+        why = self.child.wait_ready(self._metrics_ready, timeout)
+        assert why is None, f"the sync worker's /metrics did not answer: {why}; see {self.log_path}"
 
     def start(self) -> None:
         self.spawn()
@@ -64,10 +59,13 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child.alive
+
+    @property
+    def returncode(self) -> int | None:
+        return self.child.returncode
 
     def _metrics_ready(self) -> bool:
-        assert self.alive, f"worker exited; see {self.log_path}"
         try:
             return "ki_sync_events_total" in self.metrics_text()
         except OSError:
@@ -86,19 +84,10 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""
-        if self.alive:
-            assert self.process is not None
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(30)
+        self.child.kill()
 
     def stop(self) -> None:
-        if self.alive:
-            assert self.process is not None
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.child.stop()
 
 
 # -- stack services ----------------------------------------------------------------------------------
