@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,13 @@ from typing import Any, Literal
 START_MARKER = "==== ki:"
 POLL_INTERVAL_S = 0.25
 Outcome = Literal["ready", "exited", "timed out"]
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now (for a child's web or API port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def proc_stat(pid: int) -> list[str] | None:

@@ -6,7 +6,6 @@ not running, so a missing service can't hide as a green run.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,13 +20,6 @@ T = TypeVar("T")
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     return load_settings()
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(probe: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:

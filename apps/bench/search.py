@@ -33,7 +33,6 @@ import os
 import platform
 import random
 import re
-import socket
 import statistics
 import sys
 import time
@@ -63,7 +62,7 @@ from apps.demo.generator import (
     users,
 )
 from apps.plotting import pyplot, save_figure
-from apps.processes import Child
+from apps.processes import Child, free_port
 from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
@@ -464,12 +463,6 @@ class RawClient:
 # --------------------------------------------------------------------------------------------------
 # The API child process
 # --------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServeChild:

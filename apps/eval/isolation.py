@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 import urllib.request
@@ -171,12 +170,6 @@ def ensure_world(target: EvalTarget, progress: Progress) -> None:
 
 
 # --- the worker ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def child_env(config_path: Path) -> dict[str, str]:

@@ -45,6 +45,7 @@ from sqlalchemy.exc import OperationalError
 
 from apps.eval import beir, isolation, report, tuning
 from apps.eval.metrics import METRICS, evaluate
+from apps.processes import free_port
 from ki.clients import make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
 from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
@@ -648,7 +649,7 @@ async def evaluate_dataset(
     embedder = await asyncio.to_thread(create_embedder, settings)
     target = isolation.make_target(
         settings, key, analyzer=analyzer, embedding_signature=embedder.signature,
-        web_port=options.worker_port or isolation.free_port(),
+        web_port=options.worker_port or free_port(),
     )  # fmt: skip
     es = target.settings
     if options.drop or options.fresh:

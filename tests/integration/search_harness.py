@@ -18,9 +18,10 @@ from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from apps.processes import Child as Process
+from apps.processes import free_port
 from ki.clients import make_kafka_admin, make_sync_client
 from ki.settings import REPO_ROOT, Settings
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 
 
 class Child:

@@ -15,7 +15,7 @@ from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from apps.processes import Child
+from apps.processes import Child, free_port
 from apps.stack.manager import start_service, stop_service
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
@@ -24,7 +24,7 @@ from streams.replay import read_topics
 from streams.status import consumer_lag
 from streams.sync import Projector
 from streams.writer import IndexWriter
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 
 Offsets = dict[tuple[str, int], int]
 

@@ -15,8 +15,9 @@ import urllib.request
 
 import pytest
 
+from apps.processes import free_port
 from ki.settings import REPO_ROOT, Settings
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack
 

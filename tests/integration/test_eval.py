@@ -29,11 +29,12 @@ from sqlalchemy import text
 
 from apps.eval import beir
 from apps.eval.run import load_into_postgres
+from apps.processes import free_port
 from apps.stack.http import request_json
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
 from search.evidence import parse_report
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
 

@@ -15,10 +15,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+from apps.processes import free_port
 from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
 from tests.integration.world import World
 

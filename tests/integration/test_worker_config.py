@@ -6,7 +6,6 @@ from the default config), so a config given on the command line silently did not
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import urllib.request
 import uuid
@@ -18,11 +17,12 @@ from confluent_kafka import TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from apps.processes import Child, free_port
 from ki.clients import make_kafka_consumer
 from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
 from streams.status import consumer_lag
 from streams.topics import cdc_topics
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -62,26 +62,22 @@ def test_a_worker_started_with_another_config_uses_its_group_alias_and_port(
     other = load_settings(other_config)  # the same file plus this process's KI_* overrides, as the child sees it
     assert other.retrieval.index_name != settings.retrieval.index_name
     start_at_the_end(other)
-    log_path = REPO_ROOT / "build" / "config-test-worker.log"
-    log_path.parent.mkdir(exist_ok=True)
-    with log_path.open("ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "apps.cli", "--config", str(other_config), "sync", "run"],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=log,
-        )
+    worker = Child(
+        [sys.executable, "-m", "apps.cli", "--config", str(other_config), "sync", "run"],
+        REPO_ROOT / "build" / "config-test-worker.log",
+        cwd=REPO_ROOT,
+    ).start()
     try:
 
         def answers() -> bool:
-            assert worker.poll() is None, f"worker exited; see {log_path}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{other.streams.web_port}/metrics", timeout=5) as r:
                     return r.status == 200
             except OSError:
                 return False
 
-        wait_for(answers, timeout=120, what="the worker's /metrics on the configured web port")
+        failure = worker.wait_ready(answers, timeout_s=120)
+        assert failure is None, f"no answer on the configured web port: {failure}; see {worker.log_path}"
         with engine.begin() as conn:
             w = World(conn)
             doc = w.document(w.project(), f"Konfigurationstest {w.tag}")
@@ -99,8 +95,4 @@ def test_a_worker_started_with_another_config_uses_its_group_alias_and_port(
         committed = [p.committed for p in consumer_lag(other)]
         assert committed and max(committed) > 0, "the configured consumer group committed nothing"
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        worker.stop()

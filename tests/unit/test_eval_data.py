@@ -16,6 +16,7 @@ from apps.eval.run import (
     project,
     truncated_chunk_share,
 )
+from apps.processes import free_port
 from ki.settings import Settings, SettingsError, load_settings
 from search.evidence import binding_for, binding_hash
 from tests.conftest import wait_for
@@ -388,7 +389,7 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
 
     base = Settings.model_validate({"stack": {"home": str(tmp_path)}})
     target = isolation.make_target(base, "k_1", analyzer="german", embedding_signature="e", web_port=1)
-    port = isolation.free_port()
+    port = free_port()
     fake = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER, str(port)])
     try:
         target.state_dir.mkdir(parents=True)
