@@ -1,14 +1,15 @@
-"""Typed decoding of Debezium change events (JSON converter, schemas disabled).
+"""Decoding of Debezium change events (JSON converter, schemas disabled) into `ChangeEvent`/`Tombstone`.
 
 A record's value is `{before, after, source, op, ts_ms}`; its key is the primary key as JSON
 (`{"id": 5}`); a record with a null value is a tombstone (it lets log compaction drop the key).
 Anything we cannot decode raises `PoisonEvent` with a reason, so the stream sends it to the
 dead-letter topic instead of dropping it.
 
-Column encodings (Debezium PostgreSQL connector defaults): `date` is days since the epoch,
-`timestamptz` an ISO-8601 string, `timestamp` microseconds since the epoch, `jsonb` a JSON
-string, arrays JSON lists. An unchanged TOASTed column in an update arrives as a placeholder;
-we turn it into the `UNAVAILABLE` sentinel so it can never be indexed as text.
+An event is only a trigger: `projections.dirty` reads the ids in its before/after images (and its
+key), and the sync re-reads everything else from PostgreSQL (`projections.plan` describes the model).
+So no column value of an event is ever indexed, and event order does not matter. An unchanged TOASTed
+column in an update arrives as a placeholder; it becomes the `UNAVAILABLE` sentinel so that it can
+never be taken for an id or a principal name.
 """
 
 from __future__ import annotations
@@ -17,18 +18,8 @@ import base64
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any, Final, Literal, cast
-
-from projections.rows import (
-    VERSION_STATUSES,
-    DocumentState,
-    MatterState,
-    NotableClause,
-    OntologyNode,
-    VersionState,
-)
 
 Op = Literal["r", "c", "u", "d", "t", "m"]
 OPS: frozenset[str] = frozenset({"r", "c", "u", "d", "t", "m"})
@@ -53,8 +44,6 @@ KNOWN_TABLES: frozenset[str] = CONTENT_TABLES | ACCESS_TABLES
 
 # Debezium's default `unavailable.value.placeholder`.
 DEBEZIUM_UNAVAILABLE: Final = "__debezium_unavailable_value"
-_EPOCH_DATE = date(1970, 1, 1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class PoisonEvent(ValueError):
@@ -63,15 +52,6 @@ class PoisonEvent(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class UnavailableColumns(ValueError):
-    """A row still holds TOAST placeholders in columns we need; fill them from known state first."""
-
-    def __init__(self, table: str, columns: Collection[str]) -> None:
-        self.table = table
-        self.columns = tuple(sorted(columns))
-        super().__init__(f"{table}: unchanged TOAST columns not available: {', '.join(self.columns)}")
 
 
 class _Unavailable:
@@ -88,11 +68,8 @@ class _Unavailable:
         return "UNAVAILABLE"
 
     def __bool__(self) -> bool:
-        # Loud on purpose: `value or ""` would silently index an empty text for a TOASTed column.
-        raise TypeError("UNAVAILABLE has no truth value; merge it with known state first")
-
-    def __reduce__(self) -> str:
-        return "UNAVAILABLE"  # pickles as the module-level singleton
+        # Loud on purpose: `value or ""` would silently treat a TOASTed column as empty.
+        raise TypeError("UNAVAILABLE has no truth value: the column's value is in PostgreSQL, not in the event")
 
 
 UNAVAILABLE: Final = _Unavailable()
@@ -124,51 +101,17 @@ def _mark_unavailable(row: Mapping[str, Any], placeholders: Collection[str]) -> 
     return {col: UNAVAILABLE if is_unavailable(val, placeholders) else val for col, val in row.items()}
 
 
-def unavailable_columns(row: Mapping[str, Any]) -> frozenset[str]:
-    return frozenset(col for col, val in row.items() if val is UNAVAILABLE)
-
-
-@dataclass(frozen=True, slots=True)
-class MergeResult:
-    row: dict[str, Any]
-    missing: frozenset[str]
-
-    @property
-    def complete(self) -> bool:
-        return not self.missing
-
-
-def merge_unavailable(after: Mapping[str, Any], previous: Mapping[str, Any] | None) -> MergeResult:
-    """Fill `UNAVAILABLE` columns of `after` from a previously known row of the same key.
-
-    Columns the previous row does not know (or knows only as unavailable) stay `UNAVAILABLE`
-    and are reported in `missing`.
-    """
-    merged = dict(after)
-    missing: set[str] = set()
-    for col, val in after.items():
-        if val is not UNAVAILABLE:
-            continue
-        known = previous.get(col, UNAVAILABLE) if previous is not None else UNAVAILABLE
-        if known is UNAVAILABLE or is_unavailable(known):
-            missing.add(col)
-        else:
-            merged[col] = known
-    return MergeResult(row=merged, missing=frozenset(missing))
-
-
 # --- events --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
+    """The event's `source` block, as far as the worker reads it: `ts_ms` (commit time) and `snapshot`
+    feed the freshness metric."""
+
     lsn: int | None
     ts_ms: int | None
-    tx_id: int | None
     snapshot: bool
-    db: str | None
-    schema: str | None
-    table: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,16 +123,6 @@ class ChangeEvent:
     before: dict[str, Any] | None
     after: dict[str, Any] | None
     source: SourceInfo
-    ts_ms: int | None = None
-
-    @property
-    def row(self) -> dict[str, Any] | None:
-        """The row state the event leaves behind (None for deletes and truncates)."""
-        return None if self.op in ("d", "t", "m") else self.after
-
-    @property
-    def is_delete(self) -> bool:
-        return self.op == "d"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +232,10 @@ def decode(
     source = SourceInfo(
         lsn=_optional_int(src.get("lsn"), "source.lsn"),
         ts_ms=_optional_int(src.get("ts_ms"), "source.ts_ms"),
-        tx_id=_optional_int(src.get("txId"), "source.txId"),
         snapshot=_snapshot_flag(src.get("snapshot")),
-        db=src.get("db"),
-        schema=src.get("schema"),
-        table=src.get("table"),
     )
     if op in ROW_OPS and source.lsn is None:
-        raise PoisonEvent("source.lsn missing: cannot order the event")
+        raise PoisonEvent("source.lsn missing: not a Debezium change event")
     return ChangeEvent(
         topic=topic,
         table=table,
@@ -315,189 +244,4 @@ def decode(
         before=before,
         after=after,
         source=source,
-        ts_ms=_optional_int(value.get("ts_ms"), "ts_ms"),
-    )
-
-
-def ordering_key(event: ChangeEvent) -> tuple[int, int, int]:
-    """Sort key that follows commit order for one row: (lsn, streamed-after-snapshot, ts_ms).
-
-    Snapshot reads of a table share the snapshot's LSN; a streamed change at the same LSN is
-    newer, hence the second component.
-    """
-    if event.source.lsn is None:
-        raise ValueError(f"event on {event.topic} has no LSN")
-    return (event.source.lsn, 0 if event.op == "r" else 1, event.ts_ms or 0)
-
-
-def external_version(event: ChangeEvent) -> int:
-    """The OpenSearch external version for writes caused by `event`: its LSN (fits a signed long)."""
-    return ordering_key(event)[0]
-
-
-# --- column converters ---------------------------------------------------------------------------
-
-
-def date_from_debezium(value: Any) -> date | None:
-    """`date` column: int days since 1970-01-01 (also accepts an ISO date string)."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _EPOCH_DATE + timedelta(days=value)
-    if isinstance(value, str):
-        try:
-            return date.fromisoformat(value[:10])
-        except ValueError:
-            pass
-    raise PoisonEvent(f"cannot read date from {value!r}")
-
-
-def timestamp_from_debezium(value: Any) -> datetime | None:
-    """`timestamptz`: ISO-8601 string; `timestamp`: int microseconds since the epoch (read as UTC)."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _EPOCH + timedelta(microseconds=value)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise PoisonEvent(f"cannot read timestamp from {value!r}") from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    raise PoisonEvent(f"cannot read timestamp from {value!r}")
-
-
-def jsonb_from_debezium(value: Any) -> Any:
-    """`jsonb` arrives as a JSON string; already-parsed values pass through."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise PoisonEvent(f"jsonb column is not valid JSON: {exc.msg}") from None
-    return value
-
-
-# --- rows -> typed states --------------------------------------------------------------------------
-
-
-def _require(row: Mapping[str, Any], table: str, *columns: str) -> None:
-    absent = [c for c in columns if c not in row]
-    if absent:
-        raise PoisonEvent(f"{table}: missing column(s) {', '.join(absent)}")
-    unavailable = [c for c in columns if row[c] is UNAVAILABLE]
-    if unavailable:
-        raise UnavailableColumns(table, unavailable)
-
-
-def _int(row: Mapping[str, Any], table: str, column: str) -> int:
-    value = _optional_int(row.get(column), f"{table}.{column}")
-    if value is None:
-        raise PoisonEvent(f"{table}.{column} must not be null")
-    return value
-
-
-def _text_list(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise PoisonEvent(f"{what} must be a list of strings")
-    return tuple(value)
-
-
-def document_from_row(row: Mapping[str, Any]) -> DocumentState:
-    table = "documents"
-    _require(
-        row,
-        table,
-        "id",
-        "project_id",
-        "title",
-        "matter_id",
-        "doc_type_id",
-        "identifiers",
-        "latest_final_version_id",
-        "deleted_at",
-    )
-    return DocumentState(
-        id=_int(row, table, "id"),
-        project_id=_int(row, table, "project_id"),
-        title=row["title"] or "",
-        matter_id=_optional_int(row["matter_id"], "documents.matter_id"),
-        doc_type_id=_optional_int(row["doc_type_id"], "documents.doc_type_id"),
-        identifiers=_text_list(row["identifiers"], "documents.identifiers"),
-        latest_final_version_id=_optional_int(row["latest_final_version_id"], "documents.latest_final_version_id"),
-        deleted_at=timestamp_from_debezium(row["deleted_at"]),
-    )
-
-
-def _clauses(value: Any) -> tuple[NotableClause, ...]:
-    parsed = jsonb_from_debezium(value)
-    if parsed is None:
-        return ()
-    if not isinstance(parsed, list):
-        raise PoisonEvent("document_versions.notable_clauses must be a JSON list")
-    clauses: list[NotableClause] = []
-    for i, item in enumerate(parsed):
-        if not isinstance(item, dict):
-            raise PoisonEvent(f"document_versions.notable_clauses[{i}] must be an object")
-        text = item.get("text")
-        locus = item.get("locus")
-        if not isinstance(text, str) or not (locus is None or isinstance(locus, str)):
-            raise PoisonEvent(f"document_versions.notable_clauses[{i}] needs string text and locus")
-        clause_type_id = _optional_int(item.get("clause_type_id"), f"notable_clauses[{i}].clause_type_id")
-        clauses.append(NotableClause(clause_type_id=clause_type_id, locus=locus or "", text=text))
-    return tuple(clauses)
-
-
-def version_from_row(row: Mapping[str, Any]) -> VersionState:
-    table = "document_versions"
-    _require(
-        row,
-        table,
-        "id",
-        "document_id",
-        "version_no",
-        "status",
-        "language",
-        "doc_date",
-        "text",
-        "notable_clauses",
-    )
-    status = row["status"]
-    if status not in VERSION_STATUSES:
-        raise PoisonEvent(f"document_versions.status {status!r} is not one of {', '.join(VERSION_STATUSES)}")
-    return VersionState(
-        id=_int(row, table, "id"),
-        document_id=_int(row, table, "document_id"),
-        version_no=_int(row, table, "version_no"),
-        status=status,
-        language=row["language"] or "",
-        doc_date=date_from_debezium(row["doc_date"]),
-        text=row["text"] or "",
-        notable_clauses=_clauses(row["notable_clauses"]),
-    )
-
-
-def ontology_node_from_row(row: Mapping[str, Any]) -> OntologyNode:
-    table = "ontology_nodes"
-    _require(row, table, "id", "kind", "key", "label", "parent_id")
-    if row["kind"] not in ("doc_type", "clause_type"):
-        raise PoisonEvent(f"ontology_nodes.kind {row['kind']!r} is not doc_type or clause_type")
-    return OntologyNode(
-        id=_int(row, table, "id"),
-        kind=row["kind"],
-        key=row["key"] or "",
-        label=row["label"] or "",
-        parent_id=_optional_int(row["parent_id"], "ontology_nodes.parent_id"),
-    )
-
-
-def matter_from_row(row: Mapping[str, Any]) -> MatterState:
-    table = "matters"
-    _require(row, table, "id", "project_id", "title", "reference")
-    return MatterState(
-        id=_int(row, table, "id"),
-        project_id=_int(row, table, "project_id"),
-        title=row["title"] or "",
-        reference=row["reference"],
     )

@@ -4,10 +4,15 @@ A CDC event is a *trigger*: the sync re-reads the current state from PostgreSQL 
 everything the event may have changed, so duplicated, reordered or replayed events all converge on the
 same index. This module maps one event to the keys it dirties; SQL then resolves the keys to versions.
 
-Two kinds of dirt:
-* content — rows must be rebuilt (text, title, type, matter, identifiers, status, latest version);
-* access — only the principal projection changes (grants, observations, memberships, aliases).
-Content work always recomputes the projection too, so access work is only what content work is not.
+Two kinds of dirt, two paths through the sync (`projections.plan` describes both):
+* content (documents, document_versions, matters, ontology_nodes) — the version's rows are rebuilt
+  and compared with the stored ones (text, title, type, matter, identifiers, status, latest version);
+* access (projects, grants, source_observations, source_objects, sources, group_memberships,
+  principal_aliases) — only the principal projection is rewritten, nothing is embedded.
+Content work always recomputes the projection too, so access work is only what content work is not
+(`projections.plan.access_only_versions`). An observation change is named as access dirt but can also
+change the rows' `meta.source_object_id`, which only the content path writes, so the worker puts its
+versions on the content path (which re-embeds nothing unless a text changed).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class DirtyKeys:
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
+
+    @property
+    def names_access(self) -> bool:
+        """Whether any access key is set (only then must the access path be resolved)."""
+        return any(getattr(self, name) for name in self.__dataclass_fields__ if name.startswith("access_"))
 
 
 def _ids(rows: Iterable[Mapping[str, Any] | None], column: str) -> set[int]:

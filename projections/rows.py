@@ -1,7 +1,9 @@
 """Index rows of one document version: body chunks, the profile row and clause rows.
 
-Pure: typed states in, OpenSearch `_source` bodies out. The writer adds `embedding` (and, if it
-wants, `indexed_at`); everything else a row carries is decided here.
+Pure: typed states in, OpenSearch `_source` bodies out. The content path of the sync
+(`projections.plan`, run by `streams.sync`) reads a version's state from PostgreSQL, rebuilds all of
+its rows here on every change, and then compares them with the stored rows to decide what to write;
+the writer adds `embedding`. Everything else a row carries is decided here.
 
 Row ids are `f"{version_id}:{chunk_kind}:{ordinal}"` (e.g. `42:chunk:0`, `42:profile:-1`,
 `42:clause:1000`). They depend only on the version and the row's position, so replays and
@@ -12,8 +14,8 @@ ordinal ranges (body 0..n, clauses 1000+) would collide for a body of more than 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any, Literal
 
@@ -24,14 +26,13 @@ from projections.text import normalise_text
 VersionStatus = Literal["draft", "final", "executed", "unknown"]
 ChunkKind = Literal["chunk", "profile", "clause"]
 
-VERSION_STATUSES: tuple[str, ...] = ("draft", "final", "executed", "unknown")
 CLAUSE_STATUSES: frozenset[str] = frozenset({"final", "executed"})
 PROFILE_ORDINAL = -1
 CLAUSE_ORDINAL_BASE = 1000
 PROFILE_TEXT_PREFIX_CHARS = 400
 
 
-# --- typed inputs (one frozen dataclass per table row we project) -----------------------------
+# --- typed inputs (a version's state as the sync reads it from PostgreSQL) -----------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,44 +69,12 @@ class VersionState:
 
 
 @dataclass(frozen=True, slots=True)
-class OntologyNode:
-    id: int
-    kind: Literal["doc_type", "clause_type"]
-    key: str
-    label: str
-    parent_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MatterState:
-    id: int
-    project_id: int
-    title: str
-    reference: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class AccessProjection:
     """The SQL access decision for one version, as it is denormalised onto its rows."""
 
     allowed_principals: tuple[str, ...]
     denied_principals: tuple[str, ...]
     access_version: int
-
-
-def ontology_ancestry(node_id: int, nodes: Mapping[int, OntologyNode]) -> tuple[int, ...]:
-    """`node_id` followed by its ancestors up to the root (the closure used for subtree filters).
-
-    Stops at an unknown parent or a cycle instead of failing: a half-loaded ontology still
-    yields the part of the chain we know.
-    """
-    chain: list[int] = []
-    current: int | None = node_id
-    while current is not None and current not in chain:
-        chain.append(current)
-        node = nodes.get(current)
-        current = node.parent_id if node is not None else None
-    return tuple(chain)
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -128,10 +97,6 @@ class IndexRow:
     @property
     def chunk_kind(self) -> str:
         return self.source["chunk_kind"]
-
-    @property
-    def ordinal(self) -> int:
-        return self.source["meta"]["ordinal"]
 
 
 def row_id(version_id: int, chunk_kind: ChunkKind, ordinal: int) -> str:
@@ -320,61 +285,3 @@ def build_rows(
                 )
             )
     return rows
-
-
-# --- incremental sync ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPlan:
-    """What to write for one version, given the content hashes already in the index.
-
-    `embed`: new rows or rows whose embedded string changed — embed and index in full.
-    `keep_vector`: unchanged embedded string — write the non-vector fields, keep the stored vector.
-    `delete_ids`: rows in the index that the version no longer has.
-    """
-
-    embed: tuple[IndexRow, ...] = ()
-    keep_vector: tuple[IndexRow, ...] = ()
-    delete_ids: tuple[str, ...] = field(default=())
-
-    @property
-    def embed_ids(self) -> tuple[str, ...]:
-        return tuple(row.id for row in self.embed)
-
-    @property
-    def keep_vector_ids(self) -> tuple[str, ...]:
-        return tuple(row.id for row in self.keep_vector)
-
-
-def plan_version_update(old_row_hashes: Mapping[str, str], new_rows: Sequence[IndexRow]) -> VersionPlan:
-    """Compare the index's `{row id: content_hash}` for a version with freshly built rows.
-
-    Editing one paragraph changes the embedded string of the chunks around it only, so only
-    those land in `embed`; a title change with contextualisation on changes every header and
-    therefore re-embeds everything, which is correct (the vectors embed the header).
-    """
-    new_ids = [row.id for row in new_rows]
-    if len(set(new_ids)) != len(new_ids):
-        raise ValueError("new_rows contains duplicate row ids")
-    embed = tuple(row for row in new_rows if old_row_hashes.get(row.id) != row.content_hash)
-    keep = tuple(row for row in new_rows if old_row_hashes.get(row.id) == row.content_hash)
-    delete = tuple(sorted(set(old_row_hashes) - set(new_ids)))
-    return VersionPlan(embed=embed, keep_vector=keep, delete_ids=delete)
-
-
-@dataclass(frozen=True, slots=True)
-class PartialUpdate:
-    """A partial document update: set `doc`'s fields on the row `id`, leave the rest."""
-
-    id: str
-    doc: dict[str, Any]
-
-
-def access_update(row_ids: Iterable[str], access: AccessProjection) -> list[PartialUpdate]:
-    """Access-only path: rewrite only the principal projection fields of existing rows."""
-    fields = access_fields(access)
-    return [
-        PartialUpdate(id=rid, doc={k: list(v) if isinstance(v, list) else v for k, v in fields.items()})
-        for rid in dict.fromkeys(row_ids)
-    ]

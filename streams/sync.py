@@ -1,4 +1,7 @@
-"""Apply dirty keys to the index: the heart of the sync, shared by the Faust worker, rebuild and backfill.
+"""Apply dirty keys to the index: the I/O of the sync, shared by the Faust worker, rebuild and backfill.
+
+What to write is decided in `projections.plan` (the sync model is described there); this module
+resolves dirty keys to versions in SQL, reads the index and PostgreSQL, embeds, and writes.
 
 Order of operations per batch (this order is what makes concurrent or repeated work safe):
 1. read the affected rows from the index, with their sequence numbers;
@@ -27,6 +30,14 @@ from ki.embedding import Embedder
 from ki.settings import Settings
 from projections.chunking import TokenBudget
 from projections.dirty import DirtyKeys
+from projections.plan import (
+    PRINCIPAL_FIELDS,
+    RowWrite,
+    access_only_update,
+    access_only_versions,
+    next_access_version,
+    plan_content_writes,
+)
 from projections.rows import (
     AccessProjection,
     DocumentState,
@@ -40,7 +51,6 @@ from streams.writer import BulkOp, ExistingRow, IndexWriter
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
-PRINCIPAL_FIELDS = ("allowed_principals", "denied_principals")
 
 _IDS = ARRAY(BigInteger)
 
@@ -186,10 +196,6 @@ def _state_from_row(row: Any) -> _State:
     )
 
 
-def _without_vector(source: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in source.items() if k != "embedding"}
-
-
 class Projector:
     """Turns dirty keys into conditional index writes."""
 
@@ -221,14 +227,7 @@ class Projector:
                 )
             }
             access: set[int] = set()
-            if (
-                keys.access_versions
-                or keys.access_documents
-                or keys.access_projects
-                or keys.access_source_objects
-                or keys.access_sources
-                or keys.access_principals
-            ):
+            if keys.names_access:
                 access = {
                     row.id
                     for row in conn.execute(
@@ -250,7 +249,7 @@ class Projector:
                 }
         # Versions deleted from PostgreSQL are found through what the event named directly.
         content |= keys.content_versions
-        return content, access - content
+        return content, access_only_versions(content, access)
 
     async def apply(self, keys: DirtyKeys) -> SyncStats:
         stats = SyncStats()
@@ -308,54 +307,37 @@ class Projector:
         stats.timed("read", started)
 
         ops: list[BulkOp] = []
-        to_embed: list[IndexRow] = []
-        planned: list[tuple[int, IndexRow, ExistingRow | None]] = []
+        planned: list[tuple[int, IndexRow, RowWrite, ExistingRow | None]] = []
         for version_id in version_ids:
-            old_rows = existing.get(version_id, {})
+            stored = existing.get(version_id, {})
             state = states.get(version_id)
-            new_rows = self._rows_for(state, grants.get(version_id), old_rows) if state else []
-            new_ids = {row.id for row in new_rows}
-            for stale in old_rows.values():
-                if stale.doc_id not in new_ids:
-                    ops.append(_delete(stale, version_id))
-                    stats.rows_deleted += 1
-            for row in new_rows:
-                old = old_rows.get(row.id)
-                if old is None or old.content_hash != row.content_hash:
-                    to_embed.append(row)
-                planned.append((version_id, row, old))
+            new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
+            plan = plan_content_writes(new_rows, stored)
+            for doc_id in plan.deletes:
+                ops.append(_delete(stored[doc_id], version_id))
+            stats.rows_deleted += len(plan.deletes)
+            planned.extend((version_id, row, write, stored.get(row.id)) for row, write in plan.writes)
             stats.versions_projected += 1
 
-        vectors = await self._vectors_for(to_embed, stats)
-
-        replace: list[tuple[int, IndexRow, ExistingRow]] = []
-        for version_id, row, old in planned:
-            vector = vectors.get(row.id)
-            if vector is not None:
-                body = {**row.source, "embedding": vector}
-                if old is None:
-                    ops.append(BulkOp("create", row.id, body, group=str(version_id)))
-                else:
-                    ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=str(version_id)))
-            elif old is not None and _without_vector(old.source) != row.source:
-                if _drops_fields(_without_vector(old.source), row.source):
-                    replace.append((version_id, row, old))
-                else:
-                    ops.append(
-                        BulkOp("update", row.id, row.source, old.seq_no, old.primary_term, group=str(version_id))
-                    )
+        vectors = await self._vectors_for([row for _, row, write, _ in planned if write.needs_vector], stats)
+        # REPLACE keeps the stored vector, read here (after step 1, so a row deleted meanwhile is missing).
+        kept = await self.writer.vectors(
+            [old.doc_id for _, _, write, old in planned if old is not None and write is RowWrite.REPLACE]
+        )
         lost: set[int] = set()
-        if replace:
-            # A partial update merges objects and cannot remove a field (e.g. meta.source_object_id once the
-            # version's last observation is gone): the fault tests found such rows never converging. Replace
-            # the whole row instead, keeping its stored vector; a row deleted meanwhile is projected again.
-            kept = await self.writer.vectors([old.doc_id for _, _, old in replace])
-            for version_id, row, old in replace:
-                if old.doc_id not in kept:
-                    lost.add(version_id)
+        for version_id, row, write, old in planned:
+            group = str(version_id)
+            if old is None:  # RowWrite.CREATE
+                ops.append(BulkOp("create", row.id, {**row.source, "embedding": vectors[row.id]}, group=group))
+            elif write is RowWrite.UPDATE:
+                ops.append(BulkOp("update", row.id, row.source, old.seq_no, old.primary_term, group=group))
+            else:  # REEMBED with its fresh vector, REPLACE with the stored one
+                vector = vectors[row.id] if write is RowWrite.REEMBED else kept.get(old.doc_id)
+                if vector is None:
+                    lost.add(version_id)  # the row was deleted since step 1: project the version again
                     continue
-                body = {**row.source, "embedding": kept[old.doc_id]}
-                ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=str(version_id)))
+                body = {**row.source, "embedding": vector}
+                ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=group))
         started = time.perf_counter()
         result = await self.writer.bulk(ops)
         stats.timed("write", started)
@@ -386,17 +368,10 @@ class Projector:
         self, state: _State, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]
     ) -> list[IndexRow]:
         granted = granted or GrantedPrincipals((), ())
-        # access_version counts projection changes per version: unchanged projection keeps it.
-        previous = max((row.access_version for row in old_rows.values()), default=0)
-        same = any(
-            tuple(row.source.get("allowed_principals") or ()) == granted.allowed_principals
-            and tuple(row.source.get("denied_principals") or ()) == granted.denied_principals
-            for row in old_rows.values()
-        )
         access = AccessProjection(
             allowed_principals=granted.allowed_principals,
             denied_principals=granted.denied_principals,
-            access_version=previous if same and previous else previous + 1,
+            access_version=next_access_version(old_rows.values(), granted),
         )
         return build_rows(
             state.document,
@@ -435,16 +410,9 @@ class Projector:
             rows = existing.get(version_id, {})
             granted = grants.get(version_id, GrantedPrincipals((), ()))
             for row in rows.values():
-                if (
-                    tuple(row.source.get("allowed_principals") or ()) == granted.allowed_principals
-                    and tuple(row.source.get("denied_principals") or ()) == granted.denied_principals
-                ):
+                body = access_only_update(row, granted)
+                if body is None:
                     continue
-                body = {
-                    "allowed_principals": list(granted.allowed_principals),
-                    "denied_principals": list(granted.denied_principals),
-                    "access_version": row.access_version + 1,
-                }
                 ops.append(BulkOp("update", row.doc_id, body, row.seq_no, row.primary_term, group=str(version_id)))
             stats.access_versions += 1
         started = time.perf_counter()
@@ -452,16 +420,6 @@ class Projector:
         stats.timed("write", started)
         stats.access_rows_updated += result.written
         return {int(group) for group in result.conflicts}
-
-
-def _drops_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether `old` has a field (at any depth of nested objects) that `new` no longer has."""
-    for name, value in old.items():
-        if name not in new:
-            return True
-        if isinstance(value, Mapping) and isinstance(new[name], Mapping) and _drops_fields(value, new[name]):
-            return True
-    return False
 
 
 def _delete(old: ExistingRow, version_id: int) -> BulkOp:

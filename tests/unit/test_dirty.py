@@ -72,9 +72,15 @@ def test_dirty_keys_merge_and_truthiness() -> None:
     assert keys.content_versions == {1, 2} and keys.access_principals == {"x"} and keys
 
 
+def test_names_access_only_for_access_keys() -> None:
+    assert not DirtyKeys(content_versions={1}, content_documents={2}).names_access
+    assert DirtyKeys(access_principals={"user:a"}).names_access
+    assert DirtyKeys(content_versions={1}, access_sources={3}).names_access
+
+
 def test_unknown_table_has_no_rule() -> None:
     from projections.cdc import ChangeEvent, SourceInfo
 
-    event = ChangeEvent("t", "mystery", "c", {"id": 1}, None, {"id": 1}, SourceInfo(1, 1, 1, False, None, None, None))
+    event = ChangeEvent("t", "mystery", "c", {"id": 1}, None, {"id": 1}, SourceInfo(1, 1, False))
     with pytest.raises(ValueError, match="mystery"):
         dirty_keys(event)

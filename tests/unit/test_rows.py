@@ -8,13 +8,9 @@ from projections.rows import (
     AccessProjection,
     DocumentState,
     NotableClause,
-    OntologyNode,
     VersionState,
-    access_update,
     build_rows,
     content_hash,
-    ontology_ancestry,
-    plan_version_update,
 )
 
 SPEC_FIELDS = {
@@ -231,93 +227,6 @@ def test_ids_stay_unique_beyond_a_thousand_body_chunks():
 def test_source_object_id_goes_into_meta():
     row = rows_for(source_object_id="so-9")[0]
     assert row.source["meta"]["source_object_id"] == "so-9"
-
-
-def test_ontology_ancestry_walks_to_root_and_survives_cycles():
-    nodes = {
-        1: OntologyNode(1, "doc_type", "contract", "Vertrag", None),
-        20: OntologyNode(20, "doc_type", "lease", "Miete", 1),
-        21: OntologyNode(21, "doc_type", "residential", "Wohnraummiete", 20),
-        5: OntologyNode(5, "doc_type", "a", "A", 6),
-        6: OntologyNode(6, "doc_type", "b", "B", 5),
-    }
-    assert ontology_ancestry(21, nodes) == (21, 20, 1)
-    assert ontology_ancestry(5, nodes) == (5, 6)
-    assert ontology_ancestry(99, nodes) == (99,)
-
-
-# --- plan_version_update -------------------------------------------------------------------------
-
-
-def hashes(rows):
-    return {r.id: r.content_hash for r in rows}
-
-
-def test_plan_for_a_new_version_embeds_everything():
-    rows = rows_for()
-    plan = plan_version_update({}, rows)
-    assert plan.embed_ids == tuple(r.id for r in rows)
-    assert plan.keep_vector == () and plan.delete_ids == ()
-
-
-def test_plan_for_unchanged_version_keeps_every_vector():
-    rows = rows_for()
-    plan = plan_version_update(hashes(rows), rows_for())
-    assert plan.embed == () and plan.delete_ids == ()
-    assert plan.keep_vector_ids == tuple(r.id for r in rows)
-
-
-def test_editing_one_paragraph_reembeds_only_the_chunks_around_it():
-    settings = RetrievalSettings(chunk_chars=300, chunk_overlap_chars=0)
-    before = rows_for(settings=settings)
-    edited = "\n".join([*PARAGRAPHS[:5], PARAGRAPHS[5].replace("pünktlich", "spätestens"), *PARAGRAPHS[6:]])
-    after = rows_for(version=replace(FINAL, text=edited), settings=settings)
-    plan = plan_version_update(hashes(before), after)
-    changed = set(plan.embed_ids)
-    assert changed and all(i.startswith("42:chunk:") for i in changed)
-    assert len(changed) <= 2
-    assert "42:chunk:0" in plan.keep_vector_ids and "42:profile:-1" in plan.keep_vector_ids
-
-
-def test_access_change_alone_keeps_every_vector():
-    rows = rows_for()
-    regranted = AccessProjection(("user:z",), (), 6)
-    plan = plan_version_update(hashes(rows), rows_for(access=regranted))
-    assert plan.embed == ()
-    assert all(r.source["access_version"] == 6 for r in plan.keep_vector)
-
-
-def test_rows_that_disappear_are_deleted():
-    rows = rows_for()
-    draft = replace(FINAL, status="draft")  # loses its clause rows
-    plan = plan_version_update(hashes(rows), rows_for(version=draft))
-    assert plan.delete_ids == ("42:clause:1000", "42:clause:1002")
-
-
-def test_everything_deleted_when_document_is_deleted():
-    rows = rows_for()
-    plan = plan_version_update(hashes(rows), rows_for(document=replace(DOC, deleted_at=datetime.now(UTC))))
-    assert set(plan.delete_ids) == set(hashes(rows)) and plan.embed == () and plan.keep_vector == ()
-
-
-def test_plan_rejects_duplicate_new_ids():
-    row = rows_for()[0]
-    with pytest.raises(ValueError):
-        plan_version_update({}, [row, row])
-
-
-# --- access-only path ------------------------------------------------------------------------------
-
-
-def test_access_update_touches_only_principal_fields():
-    updates = access_update(["42:chunk:0", "42:chunk:1", "42:chunk:0"], ACCESS)
-    assert [u.id for u in updates] == ["42:chunk:0", "42:chunk:1"]
-    assert updates[0].doc == {
-        "allowed_principals": ["group:a", "user:b"],
-        "denied_principals": ["user:x"],
-        "access_version": 5,
-    }
-    assert updates[0].doc is not updates[1].doc
 
 
 def test_every_indexed_text_is_normalised():

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from ki.settings import REPO_ROOT
-from streams.sync import _drops_fields
 
 
 @pytest.mark.parametrize(("action", "service"), [("stop", "bogus"), ("start", None), ("stop", "")])
@@ -19,10 +18,3 @@ def test_one_service_commands_name_the_services_on_a_bad_name(action: str, servi
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "postgres, kafka, opensearch, connect" in lines[0], result.stderr
-
-
-def test_a_row_that_loses_a_nested_field_needs_a_full_replace() -> None:
-    old = {"text": "a", "meta": {"kind": "chunk", "source_object_id": "7"}}
-    assert _drops_fields(old, {"text": "a", "meta": {"kind": "chunk"}})
-    assert _drops_fields(old, {"meta": {"kind": "chunk", "source_object_id": "7"}})
-    assert not _drops_fields(old, {"text": "b", "meta": {"kind": "chunk", "source_object_id": "8", "locus": "§ 1"}})

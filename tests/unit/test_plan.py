@@ -1,0 +1,186 @@
+"""The sync's decisions (projections.plan) on rows built the way the content path builds them."""
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from ki.acl import GrantedPrincipals
+from ki.settings import RetrievalSettings
+from projections.plan import (
+    RowWrite,
+    access_only_update,
+    access_only_versions,
+    drops_fields,
+    holds_principals,
+    next_access_version,
+    plan_content_writes,
+    row_write,
+)
+from projections.rows import AccessProjection
+from streams.writer import ExistingRow
+from tests.unit.test_rows import DOC, FINAL, PARAGRAPHS, rows_for
+
+GRANTED = GrantedPrincipals(allowed_principals=("group:a", "user:b"), denied_principals=("user:x",))
+REGRANTED = GrantedPrincipals(allowed_principals=("group:a", "user:c"), denied_principals=("user:x",))
+
+
+def access(granted=GRANTED, access_version=1):
+    return AccessProjection(granted.allowed_principals, granted.denied_principals, access_version)
+
+
+def stored(rows):
+    """The index's rows as `IndexWriter.existing_rows` returns them for one version, vector included."""
+    return {
+        row.id: ExistingRow(
+            doc_id=row.id,
+            seq_no=7,
+            primary_term=1,
+            content_hash=row.content_hash,
+            access_version=row.source["access_version"],
+            source={**row.source, "embedding": [0.5, 0.5]},
+        )
+        for row in rows
+    }
+
+
+def writes(plan):
+    return {row.id: write for row, write in plan.writes}
+
+
+# --- which path -----------------------------------------------------------------------------------
+
+
+def test_a_version_dirtied_both_ways_goes_on_the_content_path_only():
+    assert access_only_versions({1, 2}, [2, 3, 4]) == {3, 4}
+    assert access_only_versions(set(), [5]) == {5}
+
+
+# --- content path ---------------------------------------------------------------------------------
+
+
+def test_a_new_version_creates_every_row_with_access_version_1():
+    assert next_access_version([], GRANTED) == 1
+    rows = rows_for(access=access())
+    plan = plan_content_writes(rows, {})
+    assert writes(plan) == {row.id: RowWrite.CREATE for row in rows}
+    assert plan.deletes == ()
+    assert all(write.needs_vector for write in writes(plan).values())
+
+
+def test_an_unchanged_version_writes_nothing_and_keeps_its_access_version():
+    index = stored(rows_for(access=access(access_version=4)))
+    assert next_access_version(index.values(), GRANTED) == 4
+    plan = plan_content_writes(rows_for(access=access(access_version=4)), index)
+    assert plan.writes == () and plan.deletes == ()
+
+
+def test_a_title_change_reembeds_every_row():
+    index = stored(rows_for(access=access()))
+    retitled = rows_for(document=replace(DOC, title="Gewerbemietvertrag Hauptstraße 1"), access=access())
+    plan = plan_content_writes(retitled, index)
+    # Chunks and clauses embed the title in their header, the profile embeds it in its first line.
+    assert writes(plan) == {row.id: RowWrite.REEMBED for row in retitled}
+    assert plan.deletes == ()
+
+
+def test_editing_one_paragraph_reembeds_only_the_chunks_around_it():
+    settings = RetrievalSettings(chunk_chars=300, chunk_overlap_chars=0)
+    index = stored(rows_for(settings=settings, access=access()))
+    edited = "\n".join([*PARAGRAPHS[:5], PARAGRAPHS[5].replace("pünktlich", "spätestens"), *PARAGRAPHS[6:]])
+    after = rows_for(version=replace(FINAL, text=edited), settings=settings, access=access())
+    changed = writes(plan_content_writes(after, index))
+    assert changed and all(i.startswith("42:chunk:") for i in changed)
+    assert len(changed) <= 2 and set(changed.values()) == {RowWrite.REEMBED}
+
+
+def test_a_grant_change_on_the_content_path_bumps_access_version_and_updates_in_place():
+    index = stored(rows_for(access=access(access_version=3)))
+    assert next_access_version(index.values(), REGRANTED) == 4
+    rows = rows_for(access=access(REGRANTED, access_version=4))
+    plan = plan_content_writes(rows, index)
+    # Principals are not embedded: no new vectors, a partial update per row.
+    assert writes(plan) == {row.id: RowWrite.UPDATE for row in rows}
+    assert not any(write.needs_vector for write in writes(plan).values())
+
+
+def test_a_removed_field_replaces_the_row_and_an_added_one_updates_it():
+    with_object = rows_for(access=access(), source_object_id="9")
+    without_object = rows_for(access=access())
+    # A partial update merges `meta` and would leave the old source_object_id behind.
+    assert set(writes(plan_content_writes(without_object, stored(with_object))).values()) == {RowWrite.REPLACE}
+    assert set(writes(plan_content_writes(with_object, stored(without_object))).values()) == {RowWrite.UPDATE}
+    assert not RowWrite.REPLACE.needs_vector
+
+
+def test_rows_a_version_no_longer_has_are_deleted():
+    index = stored(rows_for(access=access()))
+    draft = rows_for(version=replace(FINAL, status="draft"), access=access())  # loses its clause rows
+    plan = plan_content_writes(draft, index)
+    assert plan.deletes == ("42:clause:1000", "42:clause:1002")
+    # The rows it keeps only change their version_status: updated in place, nothing re-embedded.
+    assert writes(plan) == {row.id: RowWrite.UPDATE for row in draft}
+
+
+def test_a_deleted_document_or_version_deletes_every_row():
+    index = stored(rows_for(access=access()))
+    deleted = rows_for(document=replace(DOC, deleted_at=datetime.now(UTC)), access=access())
+    assert deleted == []
+    plan = plan_content_writes(deleted, index)
+    assert set(plan.deletes) == set(index) and plan.writes == ()
+
+
+def test_plan_rejects_duplicate_row_ids():
+    row = rows_for()[0]
+    with pytest.raises(ValueError, match="duplicate"):
+        plan_content_writes([row, row], {})
+
+
+def test_row_write_for_a_missing_row_is_create():
+    row = rows_for()[0]
+    assert row_write(row, None) is RowWrite.CREATE
+    assert row_write(row, stored([row])[row.id]) is RowWrite.KEEP
+
+
+def test_drops_fields_looks_into_nested_objects():
+    old = {"text": "a", "meta": {"kind": "chunk", "source_object_id": "7"}}
+    assert drops_fields(old, {"text": "a", "meta": {"kind": "chunk"}})
+    assert drops_fields(old, {"meta": {"kind": "chunk", "source_object_id": "7"}})
+    assert not drops_fields(old, {"text": "b", "meta": {"kind": "chunk", "source_object_id": "8", "locus": "§ 1"}})
+
+
+# --- principal projection and the access-only path ------------------------------------------------
+
+
+def test_holds_principals_ignores_order_and_repeats_but_not_denials():
+    source = {"allowed_principals": ["user:b", "group:a", "user:b"], "denied_principals": ["user:x"]}
+    assert holds_principals(source, GRANTED)
+    assert not holds_principals({**source, "denied_principals": []}, GRANTED)
+    assert not holds_principals(source, REGRANTED)
+    assert holds_principals({}, GrantedPrincipals((), ()))
+
+
+def test_access_version_is_kept_only_if_a_stored_row_holds_the_projection():
+    index = stored(rows_for(access=access(access_version=2)))
+    assert next_access_version(index.values(), GRANTED) == 2
+    assert next_access_version(index.values(), REGRANTED) == 3
+    # Rows written before access_version existed (0) get 1 even when they hold the projection.
+    legacy = [replace(row, access_version=0) for row in index.values()]
+    assert next_access_version(legacy, GRANTED) == 1
+
+
+def test_a_grant_change_on_the_access_only_path_rewrites_principals_and_bumps_access_version():
+    row = stored(rows_for(access=access(access_version=5)))["42:chunk:0"]
+    assert access_only_update(row, REGRANTED) == {
+        "allowed_principals": ["group:a", "user:c"],
+        "denied_principals": ["user:x"],
+        "access_version": 6,
+    }
+
+
+def test_an_unchanged_projection_gives_no_access_only_write():
+    row = stored(rows_for(access=access(access_version=5)))["42:chunk:0"]
+    assert access_only_update(row, GRANTED) is None
+    # The access-only path reads principals from doc values: sorted lists, no other fields.
+    doc_values = replace(row, source={"allowed_principals": ["group:a", "user:b"], "denied_principals": ["user:x"]})
+    assert access_only_update(doc_values, GRANTED) is None
