@@ -14,6 +14,7 @@ from projections.mapping import (
     physical_index_name,
 )
 from projections.rows import AccessProjection, DocumentState, VersionState, build_rows
+from tests.spec_fields import SPEC_KEYWORD_FIELDS
 
 LEGAL_INDEX_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -45,21 +46,7 @@ def test_mapping_is_strict_and_types_every_field():
     assert props["doc_date"] == {"type": "date"}
     assert props["access_version"]["type"] in ("integer", "long")
     assert props["meta"] == {"type": "object", "enabled": False}
-    for name in (
-        "project_id",
-        "document_id",
-        "document_version_id",
-        "matter_id",
-        "doc_type",
-        "doc_type_ancestors",
-        "version_status",
-        "language",
-        "chunk_kind",
-        "clause_type",
-        "identifiers",
-        "allowed_principals",
-        "denied_principals",
-    ):
+    for name in SPEC_KEYWORD_FIELDS:
         assert props[name] == {"type": "keyword"}, name
 
 

@@ -12,27 +12,7 @@ from projections.rows import (
     build_rows,
     content_hash,
 )
-
-SPEC_FIELDS = {
-    "text",
-    "project_id",
-    "document_id",
-    "document_version_id",
-    "matter_id",
-    "doc_type",
-    "doc_type_ancestors",
-    "version_status",
-    "language",
-    "doc_date",
-    "chunk_kind",
-    "clause_type",
-    "identifiers",
-    "identifiers_text",
-    "allowed_principals",
-    "denied_principals",
-    "access_version",
-    "meta",
-}
+from tests.spec_fields import SPEC_FIELDS
 
 PARAGRAPHS = [f"Absatz {i}: Der Mieter zahlt die Miete pünktlich zum Monatsersten. " * 4 for i in range(8)]
 TEXT = "\n".join(PARAGRAPHS)
