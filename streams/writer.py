@@ -23,6 +23,7 @@ from opensearchpy.exceptions import ConnectionTimeout, NotFoundError, TransportE
 from ki.settings import Settings
 from projections.mapping import (
     analyzer_mismatch,
+    conflicting_fields,
     dimension_mismatch,
     index_body,
     missing_fields,
@@ -147,6 +148,12 @@ class IndexWriter:
             problem = dimension_mismatch(live, self.settings.retrieval.embedding_dimensions) or analyzer_mismatch(
                 live, self.settings.retrieval.text_analyzer, text_analysis(self.settings), live_settings
             )
+            conflicts = conflicting_fields(live, wanted)
+            if conflicts and not problem:
+                problem = (
+                    f"field(s) {', '.join(conflicts)} have another type than these settings map;"
+                    " run `ki rebuild` to build and swap in a matching index"
+                )
             if problem:
                 raise IndexSchemaError(f"{target}: {problem}")
             extra = missing_fields(live, wanted)

@@ -81,6 +81,16 @@ def test_missing_mapped_fields_are_added_to_the_live_index(isolated: Settings) -
     assert "identifiers_text" in search.indices.get_mapping(index=physical)[physical]["mappings"]["properties"]
 
 
+def test_a_field_mapped_with_another_type_is_refused(isolated: Settings) -> None:
+    search = make_sync_client(isolated)
+    physical = physical_index_name(isolated, SIGNATURE)
+    body = index_body(isolated)
+    body["mappings"]["properties"]["access_version"] = {"type": "keyword"}
+    search.indices.create(index=physical, body=body)
+    with pytest.raises(IndexSchemaError, match="access_version.*ki rebuild"):
+        ensure(isolated)
+
+
 def alias_an_index_for_another_embedder(isolated: Settings) -> None:
     """The live alias points at an index built for a different embedding signature."""
     search = make_sync_client(isolated)
