@@ -21,6 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any, Final, Literal, cast
 
+from ki.errors import PermanentError
 from projections.rows import (
     VERSION_STATUSES,
     DocumentState,
@@ -57,7 +58,7 @@ _EPOCH_DATE = date(1970, 1, 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class PoisonEvent(ValueError):
+class PoisonEvent(PermanentError):
     """A record that can never be applied; `reason` goes to the dead-letter topic."""
 
     def __init__(self, reason: str) -> None:

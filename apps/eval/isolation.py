@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from ki.clients import make_kafka_admin, make_sync_client
+from ki.errors import PermanentError
 from ki.settings import Settings, with_overrides
 from search.evidence import analyzer_definition
 
@@ -60,7 +61,7 @@ INDEX_FIELDS: tuple[str, ...] = (
 )
 
 
-class IsolationError(RuntimeError):
+class IsolationError(PermanentError):
     """The eval's own database, connector or worker cannot be set up; one readable line."""
 
 

@@ -15,11 +15,12 @@ import pytest
 from sqlalchemy import text
 
 from ki.clients import make_client, make_engine, make_sync_client
+from ki.errors import IndexSchemaError
 from ki.settings import REPO_ROOT, Settings
 from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag
-from streams.writer import IndexSchemaError, IndexWriter
+from streams.writer import IndexWriter
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.stack
