@@ -21,8 +21,11 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
         ├── IndexSchemaError    the live index cannot hold what we write (dimension, analyzer, embedding)
         ├── BulkRejected        bulk items the index refused, e.g. 400 mapper_parsing_exception (also a BulkError)
         ├── PoisonEvent         a change event that can never be applied: dead-lettered (projections/cdc.py)
-        ├── EmbeddingError      the embedder cannot give a valid vector (ki/embedding)
-        └── ReportInvalid       an eval report that cannot serve as evidence (search/evidence.py)
+        ├── UnavailableColumns  a row with unchanged TOAST columns we have no value for (projections/cdc.py)
+        ├── EmbeddingError      the embedder cannot give a valid vector (ki/embedding); E5FormatError
+        ├── ReportInvalid       an eval report that cannot serve as evidence (search/evidence.py)
+        └── the applications' one-line errors: CliError, StackError, EvalError, BenchError, DataError,
+            IsolationError (apps/)
 
 Leaves that one module raises live in that module; the categories several modules share live here.
 Foreign exceptions (opensearch-py, confluent-kafka, SQLAlchemy) become these types in one function per

@@ -66,7 +66,7 @@ class PoisonEvent(PermanentError):
         self.reason = reason
 
 
-class UnavailableColumns(ValueError):
+class UnavailableColumns(PermanentError):
     """A row still holds TOAST placeholders in columns we need; fill them from known state first."""
 
     def __init__(self, table: str, columns: Collection[str]) -> None:
