@@ -24,7 +24,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from ki.errors import RETRYABLE_STATUS, AlreadyExists, KiError, Rejected, SearchUnavailable, Unavailable
+from ki.errors import AlreadyExists, ItemFailure, KiError, Rejected, SearchUnavailable, Unavailable
 from ki.settings import Settings
 
 # Our statements are short and run often; PostgreSQL's JIT spends more compiling them (tens of ms) than
@@ -88,13 +88,13 @@ def make_kafka_producer(settings: Settings, **options: Any) -> Producer:
 
 
 def opensearch_error(exc: OpenSearchException) -> KiError:
-    """Unreachable, timed out or 429/5xx: `SearchUnavailable`; an existing index: `AlreadyExists`;
-    any other refusal (4xx, 500, a body it cannot read): `Rejected`."""
+    """Unreachable, timed out, 429/5xx or no index (yet): `SearchUnavailable`; an existing index:
+    `AlreadyExists`; any other refusal (4xx, 500, a body it cannot read): `Rejected`."""
     if isinstance(exc, OpenSearchConnectionError):  # also ConnectionTimeout and SSLError
         return SearchUnavailable(f"OpenSearch unreachable: {exc}")
     if isinstance(exc, TransportError):
         status = exc.status_code
-        if not isinstance(status, int) or status in RETRYABLE_STATUS:
+        if not isinstance(status, int) or ItemFailure(status, str(exc.error)).transient:
             return SearchUnavailable(f"OpenSearch answered {status}: {exc.error}")
         if exc.error == "resource_already_exists_exception":
             return AlreadyExists(f"OpenSearch: {exc}", service="opensearch")

@@ -114,12 +114,16 @@ class IndexSchemaError(PermanentError):
 
 # HTTP statuses a bulk item (or any OpenSearch request) may succeed with later: overload and gateways.
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+# OpenSearch error types that go away by themselves whatever their status: an index the sync worker has
+# not created yet (it does so with its first write), or one a rebuild is about to point the alias at.
+TRANSIENT_TYPES = frozenset({"index_not_found_exception"})
 
 
 @dataclass(frozen=True)
 class ItemFailure:
-    """One bulk item OpenSearch did not apply: its HTTP status and error type (e.g. 400
-    `mapper_parsing_exception`, 429 `es_rejected_execution_exception`) and the human-readable reason."""
+    """What OpenSearch answered for one bulk item, one `_msearch` leg or one request it did not serve: the
+    HTTP status and error type (e.g. 400 `mapper_parsing_exception`, 429 `es_rejected_execution_exception`)
+    decide whether it is transient; the human-readable reason is only shown."""
 
     status: int
     type: str = ""
@@ -127,7 +131,7 @@ class ItemFailure:
 
     @property
     def transient(self) -> bool:
-        return self.status in RETRYABLE_STATUS
+        return self.status in RETRYABLE_STATUS or self.type in TRANSIENT_TYPES
 
     def __str__(self) -> str:
         return f"{self.status} {self.type}: {self.reason}".strip().removesuffix(":")

@@ -138,7 +138,9 @@ def test_opensearch_unreachable_or_overloaded_is_search_unavailable() -> None:
     refused = OpenSearchConnectionError("N/A", "connection refused", OSError("refused"))
     timeout = ConnectionTimeout("TIMEOUT", "read timed out", TimeoutError())
     overloaded = TransportError(429, "circuit_breaking_exception", {"error": {"type": "circuit_breaking_exception"}})
-    for exc in (refused, timeout, overloaded, TransportError(503, "unavailable_shards_exception")):
+    # No index (yet): the worker creates it with its first write; until then searches are unavailable.
+    missing = NotFoundError(404, "index_not_found_exception", {"error": {"type": "index_not_found_exception"}})
+    for exc in (refused, timeout, overloaded, missing, TransportError(503, "unavailable_shards_exception")):
         error = opensearch_error(exc)
         assert isinstance(error, SearchUnavailable) and isinstance(error, TransientError), exc
         assert error.service == "opensearch"
@@ -147,7 +149,7 @@ def test_opensearch_unreachable_or_overloaded_is_search_unavailable() -> None:
 def test_opensearch_refusals_are_permanent_and_an_existing_index_is_already_exists() -> None:
     exists = opensearch_error(TransportError(400, "resource_already_exists_exception", {}))
     assert isinstance(exists, AlreadyExists) and exists.service == "opensearch"
-    for exc in (TransportError(400, "mapper_parsing_exception"), NotFoundError(404, "index_not_found_exception")):
+    for exc in (TransportError(400, "mapper_parsing_exception"), NotFoundError(404, "resource_not_found_exception")):
         error = opensearch_error(exc)
         assert isinstance(error, Rejected) and isinstance(error, PermanentError), exc
 

@@ -75,6 +75,7 @@ def test_msearch_lines_and_parsing() -> None:
     [
         (503, "search_phase_execution_exception", SearchUnavailable),
         (429, "circuit_breaking_exception", SearchUnavailable),
+        (404, "index_not_found_exception", SearchUnavailable),  # not created yet: the worker's first write does
         (400, "query_shard_exception", Rejected),
         (500, "illegal_state_exception", Rejected),
     ],
