@@ -10,10 +10,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ki.settings import Settings, SettingsError, load_settings
+from ki.errors import KiError, PermanentError
+from ki.settings import Settings, load_settings
 
 
-class CliError(RuntimeError):
+class CliError(PermanentError):
     """An error the user can act on; printed as one line."""
 
 
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         return int(args.handler(args, settings))
-    except (SettingsError, CliError) as exc:
+    except KiError as exc:  # ours: a one-line message, no traceback (bad settings, a service away, ...)
         print(f"ki: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -3,19 +3,28 @@
 PostgreSQL engines (sync and asyncio), OpenSearch clients (sync and asyncio), Kafka admin and consumer
 clients (the worker's own Kafka clients are Faust's). Everything that talks to a service gets its client
 here, so connection options (and, later, TLS and credentials) are decided once.
+
+It is also the one boundary where these clients' exceptions become ours (`ki.errors`): one function per
+library (`opensearch_error`, `kafka_error`, `database_error`) reads the foreign exception's type, HTTP
+status or error code, never its text, and `as_ki_error` picks the right one for any exception.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from opensearchpy import AsyncOpenSearch, OpenSearch
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
+from opensearchpy.exceptions import OpenSearchException, TransportError
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from ki.errors import AlreadyExists, ItemFailure, KiError, Rejected, SearchUnavailable, Unavailable
 from ki.settings import Settings
 
 # Our statements are short and run often; PostgreSQL's JIT spends more compiling them (tens of ms) than
@@ -69,3 +78,79 @@ def make_kafka_admin(settings: Settings, **options: Any) -> AdminClient:
 
 def make_kafka_consumer(settings: Settings, group_id: str, **options: Any) -> Consumer:
     return Consumer(kafka_config(settings, **{"group.id": group_id, **options}))
+
+
+# -- their failures, as ours ---------------------------------------------------------------------
+
+
+def opensearch_error(exc: OpenSearchException) -> KiError:
+    """Unreachable, timed out, 429/5xx or no index (yet): `SearchUnavailable`; an existing index:
+    `AlreadyExists`; any other refusal (4xx, 500, a body it cannot read): `Rejected`."""
+    if isinstance(exc, OpenSearchConnectionError):  # also ConnectionTimeout and SSLError
+        return SearchUnavailable(f"OpenSearch unreachable: {exc}")
+    if isinstance(exc, TransportError):
+        status = exc.status_code
+        if not isinstance(status, int) or ItemFailure(status, str(exc.error)).transient:
+            return SearchUnavailable(f"OpenSearch answered {status}: {exc.error}")
+        if exc.error == "resource_already_exists_exception":
+            return AlreadyExists(f"OpenSearch: {exc}", service="opensearch")
+    return Rejected(f"OpenSearch refused: {type(exc).__name__}: {exc}", service="opensearch")
+
+
+# librdkafka sets `retriable()` only on some errors; these codes mean a broker or the network is away.
+_KAFKA_AWAY = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+
+
+def kafka_error(exc: KafkaException | KafkaError) -> KiError:
+    """By the error code: an existing topic is `AlreadyExists`, a broker away `Unavailable`, else `Rejected`."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    if not isinstance(error, KafkaError):
+        return Rejected(f"Kafka: {exc}", service="kafka")
+    if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+        return AlreadyExists(f"Kafka: {error.str()}", service="kafka")
+    if error.retriable() or error.code() in _KAFKA_AWAY:
+        return Unavailable(f"Kafka: {error.name()}: {error.str()}", service="kafka")
+    return Rejected(f"Kafka: {error.name()}: {error.str()}", service="kafka")
+
+
+def database_error(exc: SQLAlchemyError) -> KiError:
+    """A lost or refused connection, a pool timeout, a restarting server (SQLAlchemy's `OperationalError`
+    and `InterfaceError`) are `Unavailable`; anything else PostgreSQL refuses is `Rejected`."""
+    message = f"PostgreSQL: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if lost or isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+        return Unavailable(message, service="postgresql")
+    return Rejected(message, service="postgresql")
+
+
+def as_ki_error(exc: BaseException) -> KiError | None:
+    """Our error for `exc`: itself if it is one, the mapped error of a client library's exception, an
+    `Unavailable` for a dropped connection or a time-out, None for anything else (that is a bug)."""
+    if isinstance(exc, KiError):
+        return exc
+    if isinstance(exc, OpenSearchException):
+        return opensearch_error(exc)
+    if isinstance(exc, KafkaException):
+        return kafka_error(exc)
+    if isinstance(exc, SQLAlchemyError):
+        return database_error(exc)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return Unavailable(f"{type(exc).__name__}: {exc}", service="network")
+    return None

@@ -17,14 +17,11 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ki.analysis import ANALYSIS_KINDS, check_analysis
+from ki.errors import SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
 ENV_PREFIX = "KI_"
-
-
-class SettingsError(ValueError):
-    """Invalid configuration; the message is one readable line."""
 
 
 class _Section(BaseModel):

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final, Literal, cast
 
+from ki.errors import PermanentError
+
 Op = Literal["r", "c", "u", "d", "t", "m"]
 OPS: frozenset[str] = frozenset({"r", "c", "u", "d", "t", "m"})
 ROW_OPS: frozenset[str] = frozenset({"r", "c", "u", "d"})
@@ -46,7 +48,7 @@ KNOWN_TABLES: frozenset[str] = CONTENT_TABLES | ACCESS_TABLES
 DEBEZIUM_UNAVAILABLE: Final = "__debezium_unavailable_value"
 
 
-class PoisonEvent(ValueError):
+class PoisonEvent(PermanentError):
     """A record that can never be applied; `reason` goes to the dead-letter topic."""
 
     def __init__(self, reason: str) -> None:

@@ -11,8 +11,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from ki.errors import TransientError
 
-class Overloaded(Exception):
+
+class Overloaded(TransientError):
     """The API is at capacity; `status` is 429 (queue full) or 503 (waited too long)."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -2,11 +2,13 @@
 
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /healthz`, `GET /readyz`,
 `GET /openapi.json`, `GET /metrics` (Prometheus).
-Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`:
-400 bad input (naming the field), 409 `semantic_unavailable` (a `mode` needing vectors where the
-semantic leg is off), 401 missing/invalid token, 413 body too large, 422 window too deep,
-429 / 503 `overloaded` (admission control, with Retry-After),
-503 OpenSearch or the reranker unavailable (never a partial or silently unreranked answer).
+Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
+(`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
+(a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 413 body too large,
+422 window too deep, 429 / 503 `overloaded` (admission control, with Retry-After), 503 a service we depend
+on unavailable (`search_unavailable`, `rerank_unavailable`, `embedding_unavailable`, `service_unavailable`
+for PostgreSQL): never a partial or silently unreranked answer. 500 `internal_error` for everything else,
+also a service refusing what we sent (a bug, not worth a retry).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
+from ki.clients import as_ki_error, make_async_engine, make_client
+from ki.embedding import EmbeddingUnavailable, create_embedder
+from ki.errors import KiError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from ki.settings import ApiSettings, Settings
 from search.admission import AdmissionGate, Overloaded
 from search.auth import AuthError, authenticate
 from search.filters import (
-    MAX_RANKED_WINDOW,
-    RequestInvalid,
     WindowTooDeep,
     parse_decision_request,
     parse_filter_request,
@@ -34,7 +37,7 @@ from search.filters import (
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
 from search.rerank import RerankUnavailable
-from search.service import SearchService, SearchUnavailable, SemanticUnavailable
+from search.service import SearchService, SemanticUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -64,37 +67,56 @@ async def _body(request: web.Request) -> Any:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# A service that did not answer: the code and the message a caller sees (the details go to the log).
+_UNAVAILABLE: list[tuple[type[Unavailable], str, str]] = [
+    (SearchUnavailable, "search_unavailable", "the search index is unavailable; no partial answer is given"),
+    (RerankUnavailable, "rerank_unavailable", "the reranker failed; no unreranked answer is given"),
+    (EmbeddingUnavailable, "embedding_unavailable", "the embedding service is unavailable; no partial answer"),
+    (Unavailable, "service_unavailable", "a service the search needs is unavailable; no partial answer is given"),
+]
+
+
+def error_response(exc: KiError, where: str = "") -> web.Response:
+    """The one map from the error tree to HTTP: status, `error` code, message and `field`."""
+    if isinstance(exc, AuthError):
+        return _error(401, "unauthorized", str(exc))
+    if isinstance(exc, Overloaded):
+        response = _error(exc.status, "overloaded", exc.message)
+        response.headers["Retry-After"] = "1"
+        return response
+    if isinstance(exc, SemanticUnavailable):
+        return _error(409, "semantic_unavailable", exc.message, field=exc.field)
+    if isinstance(exc, WindowTooDeep):
+        return _error(422, "window_too_deep", exc.message, field=exc.field, max_window=exc.max_window)
+    if isinstance(exc, RequestInvalid):
+        return _error(400, "invalid_request", exc.message, field=exc.field)
+    if isinstance(exc, Unavailable):
+        log.warning("%s: %s unavailable: %s", where, exc.service, exc)
+        code, message = next((c, m) for kind, c, m in _UNAVAILABLE if isinstance(exc, kind))
+        return _error(503, code, message)
+    if isinstance(exc, TransientError):
+        log.warning("%s: %s: %s", where, type(exc).__name__, exc)
+        return _error(503, "unavailable", "temporarily unavailable; retry later")
+    log.error("%s: %s: %s", where, type(exc).__name__, exc)
+    return _error(500, "internal_error", "internal error")
+
+
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except AuthError as exc:
-        return _error(401, "unauthorized", str(exc))
-    except Overloaded as exc:
-        response = _error(exc.status, "overloaded", exc.message)
-        response.headers["Retry-After"] = "1"
-        return response
-    except RequestInvalid as exc:
-        return _error(400, "invalid_request", exc.message, field=exc.field)
-    except SemanticUnavailable as exc:
-        return _error(409, "semantic_unavailable", str(exc), field="mode")
-    except WindowTooDeep as exc:
-        return _error(422, "window_too_deep", str(exc), field="offset", max_window=MAX_RANKED_WINDOW)
-    except SearchUnavailable as exc:
-        log.warning("%s %s: %s", request.method, request.path, exc)
-        return _error(503, "search_unavailable", "the search index is unavailable; no partial answer is given")
-    except RerankUnavailable as exc:
-        log.warning("%s %s: %s", request.method, request.path, exc)
-        return _error(503, "rerank_unavailable", "the reranker failed; no unreranked answer is given")
     except web.HTTPRequestEntityTooLarge as exc:
         return _error(413, "body_too_large", exc.text or "request body too large")
     except web.HTTPException as exc:
         if exc.status >= 400:
             return _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
         raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(500, "internal_error", "internal error")
+    except Exception as exc:
+        error = as_ki_error(exc)  # ours, or a client library's exception read in ki.clients
+        if error is None:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return _error(500, "internal_error", "internal error")
+        return error_response(error, f"{request.method} {request.path}")
 
 
 def _principals(request: web.Request) -> list[str]:
@@ -197,9 +219,6 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
 
 async def create_app(settings: Settings) -> web.Application:
     """The app with its own OpenSearch client, async engine and embedder, closed on cleanup."""
-    from ki.clients import make_async_engine, make_client
-    from ki.embedding import create_embedder
-
     loop = asyncio.get_running_loop()
     embedder = await loop.run_in_executor(None, create_embedder, settings)
     # Read-only statements that each take their own snapshot anyway (READ COMMITTED): autocommit spares

@@ -15,11 +15,12 @@ from typing import Any
 
 import jwt
 
+from ki.errors import PermanentError
 from ki.settings import ApiSettings
 from search.filters import check_text
 
 
-class AuthError(Exception):
+class AuthError(PermanentError):
     """Missing or invalid credentials (HTTP 401)."""
 
 

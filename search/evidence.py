@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ki.analysis import canonical, used_analysis
+from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
 
@@ -111,7 +112,7 @@ class EvidenceReport:
         )
 
 
-class ReportInvalid(ValueError):
+class ReportInvalid(PermanentError):
     """A file that claims to be an eval report but cannot be used as evidence."""
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from ki.errors import RequestInvalid
 from ki.settings import ApiSettings
 from projections.text import normalise_text
 
@@ -28,20 +29,13 @@ ChunkKind = Literal["chunk", "profile", "clause"]
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
-class WindowTooDeep(ValueError):
-    """`offset + limit` exceeds the ranked window cap."""
+class WindowTooDeep(RequestInvalid):
+    """`offset + limit` exceeds the ranked window cap (`max_window`)."""
 
     def __init__(self, offset: int, limit: int) -> None:
-        self.offset, self.limit = offset, limit
-        super().__init__(f"offset + limit = {offset + limit} exceeds the maximum ranked window of {MAX_RANKED_WINDOW}")
-
-
-class RequestInvalid(ValueError):
-    """A request failed validation; `field` names the offending field (dotted path)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field, self.message = field, message
-        super().__init__(f"{field}: {message}")
+        self.offset, self.limit, self.max_window = offset, limit, MAX_RANKED_WINDOW
+        message = f"offset + limit = {offset + limit} exceeds the maximum ranked window of {MAX_RANKED_WINDOW}"
+        super().__init__("offset", message)
 
 
 def _api(info: ValidationInfo) -> ApiSettings:

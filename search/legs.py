@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
 
+from ki.errors import ItemFailure, KiError, Rejected, SearchUnavailable
 from search.scope import MATCH_NONE
 
 LegName = Literal["lexical", "semantic", "identifier"]
@@ -34,10 +35,6 @@ SOURCE_INCLUDES = [
     "identifiers",
     "meta.locus",
 ]
-
-
-class LegError(RuntimeError):
-    """One leg of the `_msearch` failed; nothing degrades silently."""
 
 
 def leg_depth(window: int) -> int:
@@ -98,22 +95,29 @@ def msearch_lines(index: str, bodies: dict[LegName, dict[str, Any]]) -> list[dic
 
 
 def parse_msearch(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, list[LegHit]]:
-    """Hits per leg in rank order; a per-leg error (or a missing response) raises `LegError`."""
+    """Hits per leg in rank order. Nothing degrades silently: a leg that failed raises, by its status,
+    `SearchUnavailable` (429/5xx, or a missing response) or `Rejected` (OpenSearch refused the query)."""
     responses = response.get("responses") or []
     names = list(bodies)
     if len(responses) != len(names):
-        raise LegError(f"_msearch returned {len(responses)} responses for {len(names)} legs")
+        raise SearchUnavailable(f"_msearch returned {len(responses)} responses for {len(names)} legs")
     out: dict[LegName, list[LegHit]] = {}
     for name, item in zip(names, responses, strict=True):
         if "error" in item:
-            error = item["error"]
-            reason = error.get("reason") or error.get("type") if isinstance(error, dict) else error
-            raise LegError(f"{name} leg failed: {reason}")
+            raise leg_error(name, item)
         hits = item.get("hits", {}).get("hits", [])
         out[name] = [LegHit(h["_id"], float(h.get("_score") or 0.0), h.get("_source") or {}) for h in hits]
     for name in LEGS:
         out.setdefault(name, [])
     return out
+
+
+def leg_error(name: LegName, item: dict[str, Any]) -> KiError:
+    error = item["error"]
+    kind, reason = (str(error.get("type", "")), error.get("reason")) if isinstance(error, dict) else ("", error)
+    failure = ItemFailure(int(item.get("status", 500)), kind, str(reason or kind))
+    message = f"{name} leg failed: {failure}"
+    return SearchUnavailable(message) if failure.transient else Rejected(message, service="opensearch")
 
 
 def leg_took(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, float]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from ki.errors import SettingsError, Unavailable
 from ki.settings import RetrievalSettings
 from search.fusion import Candidate
 
@@ -33,8 +34,10 @@ _SYSTEM_PROMPT = (
 )
 
 
-class RerankUnavailable(RuntimeError):
+class RerankUnavailable(Unavailable):
     """The rerank gateway failed; the search must fail rather than return an unreranked order."""
+
+    service = "rerank gateway"
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class Reranker:
 
     def __init__(self, settings: RetrievalSettings) -> None:
         if not settings.rerank_url:
-            raise ValueError("retrieval.rerank_enabled is true but retrieval.rerank_url is empty")
+            raise SettingsError("retrieval.rerank_enabled is true but retrieval.rerank_url is empty")
         self.url = settings.rerank_url.rstrip("/") + "/chat/completions"
         self.model = settings.rerank_model
         self.timeout = aiohttp.ClientTimeout(total=settings.rerank_timeout_s)

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import ConnectionError as OSConnectionError
-from opensearchpy.exceptions import TransportError
+from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, VisibleObservation, resolve_caller, visible_observations
+from ki.clients import opensearch_error
 from ki.embedding import Embedder
+from ki.errors import RequestInvalid
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
@@ -30,7 +31,6 @@ from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, 
 from search.fusion import Candidate, apply_boost, collapse, rrf
 from search.legs import (
     SOURCE_INCLUDES,
-    LegError,
     LegName,
     active_legs,
     build_leg_bodies,
@@ -42,12 +42,11 @@ from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_reran
 from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
 
 
-class SearchUnavailable(RuntimeError):
-    """OpenSearch could not answer (unreachable, timed out, or returned an error)."""
-
-
-class SemanticUnavailable(ValueError):
+class SemanticUnavailable(RequestInvalid):
     """The request asked for a mode with the semantic leg, but this service has no query vectors to give."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("mode", message)
 
 
 class EmbeddingCache:
@@ -276,12 +275,11 @@ class SearchService:
             await self.reranker.close()
 
     async def _opensearch(self, coro: Any) -> Any:
+        """Await an OpenSearch call; its failures come out as `ki.errors` types (no partial answers)."""
         try:
             return await coro
-        except LegError as exc:
-            raise SearchUnavailable(str(exc)) from exc
-        except (OSConnectionError, TransportError) as exc:
-            raise SearchUnavailable(f"OpenSearch error: {exc}") from exc
+        except OpenSearchException as exc:
+            raise opensearch_error(exc) from exc
 
     def resolve_mode(self, requested: Mode | None) -> Mode:
         """The request's mode if it names one (always honoured), else the evidence gate's default."""

@@ -22,15 +22,16 @@ from typing import Any
 import faust
 from prometheus_client import generate_latest
 
-from ki.clients import make_client, make_engine
+from ki.clients import as_ki_error, make_client, make_engine
 from ki.embedding import create_embedder
+from ki.errors import IndexSchemaError, TransientError
 from ki.settings import Settings
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.sync import Projector
 from streams.topics import cdc_topics
-from streams.writer import IndexSchemaError, IndexWriter, is_transient
+from streams.writer import IndexWriter
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,9 @@ def create_app(settings: Settings) -> faust.App:
                 os._exit(EXIT_INDEX_MISMATCH)
             except Exception as exc:
                 attempt += 1
-                transient = is_transient(exc)
+                # Decided by type: ki.errors says which failures go away by themselves; a foreign
+                # exception is read once, in ki.clients, and anything unknown counts as permanent.
+                transient = isinstance(as_ki_error(exc), TransientError)
                 if not transient and attempt >= settings.streams.max_attempts:
                     raise
                 metrics.SYNC_RETRIES.inc()

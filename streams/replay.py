@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from sqlalchemy import Engine, text
 
-from ki.clients import make_client, make_engine, make_kafka_consumer
+from ki.clients import kafka_error, make_client, make_engine, make_kafka_consumer
 from ki.embedding import create_embedder
 from ki.settings import Settings
 from projections.cdc import PoisonEvent, decode
@@ -75,8 +75,9 @@ def read_topics(
             message = consumer.poll(1.0)
             if message is None:
                 continue
-            if message.error():
-                raise RuntimeError(f"kafka: {message.error()}")
+            error = message.error()
+            if error is not None:
+                raise kafka_error(error)
             tp = (message.topic(), message.partition())
             if message.offset() < ends[tp]:
                 events += 1

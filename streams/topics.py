@@ -6,10 +6,12 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
-from ki.clients import make_kafka_admin
+from ki.clients import kafka_error, make_kafka_admin
 from ki.db.models import CAPTURED_TABLES
+from ki.errors import AlreadyExists
 from ki.settings import Settings
 from projections.cdc import topic_name
 
@@ -43,7 +45,8 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
         try:
             future.result()
             created.append(name)
-        except Exception as exc:  # a concurrent creator (Debezium) is fine
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if not isinstance(error, AlreadyExists):  # a concurrent creator (Debezium) is fine
+                raise error from exc
     return created

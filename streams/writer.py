@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import ConnectionError as OSConnectionError
-from opensearchpy.exceptions import ConnectionTimeout, NotFoundError, TransportError
+from opensearchpy.exceptions import NotFoundError, OpenSearchException
 
+from ki.clients import opensearch_error
+from ki.errors import (
+    AlreadyExists,
+    IndexSchemaError,
+    ItemFailure,
+    TransientError,
+    bulk_error,
+)
 from ki.settings import Settings
 from projections.mapping import (
     analyzer_mismatch,
@@ -33,24 +40,9 @@ from projections.mapping import (
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = {429, 502, 503, 504}
 # Rows fetched per search when reading what is indexed (the index.max_result_window default).
 EXISTING_PAGE = 10_000
 OpKind = Literal["index", "create", "update", "delete"]
-
-
-class IndexSchemaError(RuntimeError):
-    """The live index cannot hold what we write (e.g. another embedding dimension)."""
-
-
-class BulkError(RuntimeError):
-    """Some bulk items failed for a reason other than a version conflict."""
-
-    def __init__(self, failures: dict[str, str]) -> None:
-        self.failures = failures
-        shown = ", ".join(f"{doc_id}: {reason}" for doc_id, reason in list(failures.items())[:5])
-        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(f"bulk write failed for {len(failures)} item(s): {shown}{more}")
 
 
 @dataclass(frozen=True)
@@ -165,9 +157,10 @@ class IndexWriter:
     async def create_physical(self, physical: str) -> None:
         try:
             await self.client.indices.create(index=physical, body=index_body(self.settings))
-        except TransportError as exc:
-            if exc.error != "resource_already_exists_exception":
-                raise
+        except OpenSearchException as exc:
+            error = opensearch_error(exc)
+            if not isinstance(error, AlreadyExists):  # another writer created it first: fine
+                raise error from exc
 
     async def swap_alias(self, physical: str) -> list[str]:
         """Point the alias at `physical` atomically; return the indices it pointed at before."""
@@ -337,7 +330,9 @@ class IndexWriter:
     # -- the single write path -----------------------------------------------------------------
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
-        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises BulkError."""
+        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises a `BulkError`:
+        `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries,
+        else `BulkRejected` (permanent)."""
         result = BulkResult()
         max_items = self.settings.streams.batch_max_events
         max_bytes = self.settings.streams.batch_max_bytes
@@ -369,63 +364,62 @@ class IndexWriter:
                 )
             )
             self.bulk_seconds.append(time.perf_counter() - started)
-            retry: list[BulkOp] = []
-            failures: dict[str, str] = {}
+            retry: dict[str, tuple[BulkOp, ItemFailure]] = {}
+            failures: dict[str, ItemFailure] = {}
             for op, item in zip(pending, response["items"], strict=True):
-                outcome = next(iter(item.values()))
-                status = int(outcome.get("status", 500))
-                if status < 300 or (op.kind == "delete" and status == 404):
+                outcome = item_outcome(op.kind, next(iter(item.values())))
+                if isinstance(outcome, ItemFailure):
+                    if outcome.transient:
+                        retry[op.doc_id] = (op, outcome)
+                    else:
+                        failures[op.doc_id] = outcome
+                elif outcome == "written":
                     result.written += 1
                     if op.group.isdigit():
                         self._unpublished[int(op.group)] = time.monotonic()
-                elif status == 409 or (status == 404 and op.kind == "update"):
-                    # 404 on an update: the row was deleted after we read it; both mean "read again".
-                    result.conflicts.add(op.group or op.doc_id)
-                elif status in RETRYABLE_STATUS:
-                    retry.append(op)
                 else:
-                    error = outcome.get("error") or {}
-                    failures[op.doc_id] = f"{status} {error.get('type', '')}: {error.get('reason', '')}".strip()
+                    result.conflicts.add(op.group or op.doc_id)
             if failures:
-                raise BulkError(failures)
+                raise bulk_error(failures)
             if not retry:
                 return
             if attempt == self.settings.opensearch.max_retries:
-                raise BulkError({op.doc_id: "still rejected after retries (429/5xx)" for op in retry})
+                raise bulk_error({doc_id: failure for doc_id, (_, failure) in retry.items()})
             log.warning("bulk: %d item(s) rejected with 429/5xx, retrying in %.1fs", len(retry), delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
-            pending = retry
-            pending_lines = [line for op in retry for line in op.lines(self.index)]
+            pending = [op for op, _ in retry.values()]
+            pending_lines = [line for op in pending for line in op.lines(self.index)]
 
     async def _with_retries(self, call: Any) -> Any:
-        """Retry a request on connection errors and 429/5xx with exponential backoff."""
+        """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
+        raise the failure as a `ki.errors` type."""
         delay = 0.2
         for attempt in range(self.settings.opensearch.max_retries + 1):
             try:
                 return await call()
-            except (OSConnectionError, ConnectionTimeout) as exc:
-                problem: Exception = exc
-            except TransportError as exc:
-                if not isinstance(exc.status_code, int) or exc.status_code not in RETRYABLE_STATUS:
-                    raise
-                problem = exc
-            if attempt == self.settings.opensearch.max_retries:
-                raise problem
-            log.warning("opensearch: %s; retrying in %.1fs", type(problem).__name__, delay)
+            except OpenSearchException as exc:
+                error = opensearch_error(exc)
+                if not isinstance(error, TransientError) or attempt == self.settings.opensearch.max_retries:
+                    raise error from exc
+            log.warning("opensearch: %s; retrying in %.1fs", error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Failures that go away by themselves: a service restarting, overload, a dropped connection."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
+def item_outcome(kind: OpKind, outcome: dict[str, Any]) -> Literal["written", "conflict"] | ItemFailure:
+    """What one `_bulk` item's answer means, by its status and error type (never its reason text).
 
-    if isinstance(exc, OSConnectionError | ConnectionTimeout | OperationalError | InterfaceError | OSError):
-        return True
-    if isinstance(exc, TransportError):
-        return not isinstance(exc.status_code, int) or exc.status_code in RETRYABLE_STATUS
-    return isinstance(exc, BulkError) and all("retries" in reason for reason in exc.failures.values())
-
-
+    A 404 on a delete is written (gone either way); a 409, or a 404 on an update (the row was deleted
+    after we read it), is a conflict: read again and project that version again. Anything else failed:
+    `ItemFailure.transient` tells 429/5xx (retry) from a refusal (400 mapper_parsing_exception, ...)."""
+    status = int(outcome.get("status", 500))
+    if status < 300 or (kind == "delete" and status == 404):
+        return "written"
+    if status == 409 or (kind == "update" and status == 404):
+        return "conflict"
+    error = outcome.get("error")
+    if isinstance(error, dict):
+        return ItemFailure(status, str(error.get("type", "")), str(error.get("reason", "")))
+    return ItemFailure(status, "", str(error or ""))

@@ -66,6 +66,7 @@ from apps.processes import Child, free_port
 from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
+from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, Settings
 from search.auth import decode_token, mint_token, principals_from_claims
 from search.filters import SearchRequest, parse_search_request
@@ -81,7 +82,7 @@ GOAL_RATIO_P50_C8 = 1.3
 LIMIT = 10
 
 
-class BenchError(RuntimeError):
+class BenchError(PermanentError):
     """The benchmark cannot run (printed as one line by the CLI)."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.eval.metrics import Qrels
+from ki.errors import PermanentError
 from ki.files import file_sha256
 from ki.settings import REPO_ROOT
 
@@ -32,7 +33,7 @@ DEFAULT_LANGUAGE = "de"  # the product's language: the fallback when neither fla
 _PART = re.compile(r"^corpus\.part(\d+)of(\d+)\.jsonl$")
 
 
-class DataError(ValueError):
+class DataError(PermanentError):
     """A data file is missing or malformed; the message names the file (and line)."""
 
 

@@ -40,6 +40,7 @@ from sqlalchemy import create_engine, text
 
 from apps.processes import Child, pid_alive, stop_pid
 from ki.clients import make_kafka_admin, make_sync_client
+from ki.errors import PermanentError
 from ki.settings import Settings, with_overrides
 from search.evidence import analyzer_definition
 
@@ -58,7 +59,7 @@ INDEX_FIELDS: tuple[str, ...] = (
 )
 
 
-class IsolationError(RuntimeError):
+class IsolationError(PermanentError):
     """The eval's own database, connector or worker cannot be set up; one readable line."""
 
 

@@ -39,15 +39,14 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from sqlalchemy import Connection, Engine, bindparam, insert, text
-from sqlalchemy.exc import OperationalError
 
 from apps.eval import beir, isolation, report, tuning
 from apps.eval.metrics import METRICS, evaluate
 from apps.processes import free_port
-from ki.clients import make_async_engine, make_engine, make_kafka_consumer
+from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
+from ki.errors import PermanentError, Unavailable
 from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
 from projections.mapping import text_analysis
 
@@ -60,7 +59,7 @@ EVAL_LIMIT = 100  # hits per query: recall@100 needs the top 100 documents
 TUNE_LIMIT = 10  # the tuning objective is nDCG@10
 
 
-class EvalError(RuntimeError):
+class EvalError(PermanentError):
     """`ki eval` cannot go on; the message is one readable line."""
 
 
@@ -475,7 +474,8 @@ async def run_queries(
     progress: Progress | None = _progress,
 ) -> ModeRun:
     """Each query through the search service; ranked corpus ids per query and which legs contributed."""
-    from search.filters import RequestInvalid, parse_search_request
+    from ki.errors import RequestInvalid
+    from search.filters import parse_search_request
 
     out = ModeRun()
     gate = asyncio.Semaphore(concurrency)
@@ -556,11 +556,13 @@ def out_stem(name: str, limit_docs: int | None, queries: int | None, analyzer: s
     return "-".join(parts)
 
 
-def _connect_error(settings: Settings, exc: Exception) -> EvalError:
-    if isinstance(exc, OperationalError):
+def _connect_error(settings: Settings, error: Unavailable) -> EvalError:
+    if error.service == "postgresql":
         db = settings.database
         return EvalError(f"PostgreSQL at {db.host}:{db.port} is not reachable (is the stack up? `ki stack up`)")
-    return EvalError(f"OpenSearch at {settings.opensearch.url} is not reachable (is the stack up? `ki stack up`)")
+    if error.service == "opensearch":
+        return EvalError(f"OpenSearch at {settings.opensearch.url} is not reachable (is the stack up? `ki stack up`)")
+    return EvalError(f"{error} (is the stack up? `ki stack up`)")
 
 
 def main(settings: Settings, options: EvalOptions, progress: Progress = _progress) -> int:
@@ -568,8 +570,11 @@ def main(settings: Settings, options: EvalOptions, progress: Progress = _progres
         record = asyncio.run(evaluate_dataset(settings, options, progress))
     except (beir.DataError, isolation.IsolationError, SettingsError) as exc:
         raise EvalError(str(exc)) from None
-    except (OperationalError, OSConnectionError) as exc:
-        raise _connect_error(settings, exc) from None
+    except Exception as exc:
+        error = as_ki_error(exc)
+        if not isinstance(error, Unavailable):
+            raise
+        raise _connect_error(settings, error) from None
     if record is None:
         return 0
     print(record["table"])

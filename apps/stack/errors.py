@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ki.errors import PermanentError
 
-class StackError(RuntimeError):
+
+class StackError(PermanentError):
     """A failure the user can act on; its message is one line."""

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from ki.errors import PermanentError, Unavailable
+
 if TYPE_CHECKING:
     from ki.settings import Settings
 
@@ -38,6 +40,7 @@ __all__ = [
     "EmbedStats",
     "Embedder",
     "EmbeddingError",
+    "EmbeddingUnavailable",
     "BaseEmbedder",
     "create_embedder",
     "make_signature",
@@ -48,8 +51,20 @@ __all__ = [
 _MIN_NORM = 1e-12
 
 
-class EmbeddingError(RuntimeError):
+class EmbeddingError(PermanentError):
     """The provider could not produce valid vectors; the message says why."""
+
+
+class EmbeddingUnavailable(Unavailable):
+    """The embedding service did not answer (unreachable, 429/5xx), still after our own retries.
+
+    `retry_after`: the seconds the service asked us to wait (its Retry-After header), if it said."""
+
+    service = "embedding service"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass

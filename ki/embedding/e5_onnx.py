@@ -55,6 +55,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ki.embedding import EmbeddingError
 from ki.files import file_sha256
 
 __all__ = [
@@ -75,7 +76,7 @@ _Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])  # 18 bytes
 _F32, _Q4 = 0, 1
 
 
-class E5FormatError(ValueError):
+class E5FormatError(EmbeddingError):
     """The weights file is not a readable ``E5S1`` file."""
 
 

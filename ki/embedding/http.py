@@ -4,8 +4,9 @@ Request: ``{"model": ..., "input": [...], "encoding_format": "float"}`` plus ``"
 ``send_dimensions`` is on (models with a fixed length, and many compatible servers, reject it).
 Auth: ``Authorization: Bearer $<api_key_env>`` when that variable is set and non-empty.
 Retries: up to ``retries`` more attempts, with exponential backoff (honouring a numeric
-``Retry-After``), on 408/425/429/5xx, connection errors and time-outs. Any other status, or a reply
-that is not the expected JSON, raises :class:`EmbeddingError` at once.
+``Retry-After``), on 408/425/429/5xx, connection errors and time-outs, then :class:`EmbeddingUnavailable`
+(transient). Any other status, or a reply that is not the expected JSON, raises :class:`EmbeddingError`
+(permanent) at once.
 
 Prefixes: none by default; ``query_prefix`` / ``passage_prefix`` (settings ``embedding.query_prefix`` /
 ``embedding.passage_prefix``) are prepended to queries / documents for remote models that expect them
@@ -31,18 +32,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ki.embedding import BaseEmbedder, EmbeddingError, make_signature
+from ki.embedding import BaseEmbedder, EmbeddingError, EmbeddingUnavailable, make_signature
 
 __all__ = ["HttpEmbedder", "RETRY_STATUSES"]
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 _BODY_SNIPPET = 300
-
-
-class _RetryableError(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 def _parse_retry_after(value: str | None) -> float | None:
@@ -119,13 +114,13 @@ class HttpEmbedder(BaseEmbedder):
             detail = exc.read()[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
             message = f"{self.endpoint} answered HTTP {exc.code}: {detail or exc.reason}"
             if exc.code in RETRY_STATUSES:
-                raise _RetryableError(message, _parse_retry_after(exc.headers.get("Retry-After"))) from exc
+                raise EmbeddingUnavailable(message, _parse_retry_after(exc.headers.get("Retry-After"))) from exc
             if exc.code in (401, 403):
                 message += f" (is ${self.api_key_env} set to a valid key?)"
             raise EmbeddingError(message) from exc
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise _RetryableError(f"cannot reach {self.endpoint}: {reason}") from exc
+            raise EmbeddingUnavailable(f"cannot reach {self.endpoint}: {reason}") from exc
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -144,9 +139,9 @@ class HttpEmbedder(BaseEmbedder):
         while True:
             try:
                 return self._post(body)
-            except _RetryableError as exc:
+            except EmbeddingUnavailable as exc:
                 if attempt >= self.retries:
-                    raise EmbeddingError(f"{exc} (gave up after {attempt + 1} attempts)") from exc
+                    raise EmbeddingUnavailable(f"{exc} (gave up after {attempt + 1} attempts)") from exc
                 self._sleep(self._backoff(attempt, exc.retry_after))
                 attempt += 1
 

@@ -217,7 +217,7 @@ class LocalEmbedder(BaseEmbedder):
             return e5_onnx.ensure_model(weights, spec.weights_sha256, Path(cache_dir or DEFAULT_CACHE_DIR))
         except ImportError as exc:
             raise EmbeddingError(f"local embedding model {spec.name}: {exc} ({spec.pip_hint})") from exc
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, e5_onnx.E5FormatError) as exc:
             raise EmbeddingError(f"local embedding model {spec.name}: cannot build its ONNX model: {exc}") from exc
 
     def _plan_batches(self, texts: list[str]) -> list[list[int]]:

@@ -16,11 +16,12 @@ from sqlalchemy import text
 
 from apps.processes import free_port
 from ki.clients import make_client, make_engine, make_sync_client
+from ki.errors import IndexSchemaError
 from ki.settings import REPO_ROOT, Settings, with_overrides
 from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag
-from streams.writer import IndexSchemaError, IndexWriter
+from streams.writer import IndexWriter
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack

@@ -13,9 +13,10 @@ import pytest
 from opensearchpy import OpenSearch
 
 from ki.clients import make_client, make_sync_client
+from ki.errors import IndexSchemaError
 from ki.settings import Settings, with_overrides
 from projections.mapping import index_body, physical_index_name
-from streams.writer import IndexSchemaError, IndexWriter
+from streams.writer import IndexWriter
 from tests.integration.test_index_lifecycle import SIGNATURE, ensure
 
 pytestmark = pytest.mark.stack

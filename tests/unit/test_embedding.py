@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ki.embedding import Embedder, EmbeddingError, EmbedStats, create_embedder, make_signature
+from ki.embedding import Embedder, EmbeddingError, EmbeddingUnavailable, EmbedStats, create_embedder, make_signature
 from ki.embedding.http import HttpEmbedder
 from ki.embedding.local import LocalEmbedder, _package_file, resolve_local_model
+from ki.errors import PermanentError, TransientError
 from ki.settings import Settings, load_settings
 
 
@@ -657,8 +658,10 @@ def test_http_gives_up_after_retries(peer: Peer) -> None:
     for _ in range(3):
         peer.replies.append((500, {"error": "boom"}, {}))
     embedder = http_embedder(peer, retries=2)
-    with pytest.raises(EmbeddingError, match=r"HTTP 500.*gave up after 3 attempts"):
+    # Transient by type: the sync worker retries it (a down embedding service must not dead-letter data).
+    with pytest.raises(EmbeddingUnavailable, match=r"HTTP 500.*gave up after 3 attempts") as info:
         embedder.embed(["a"])
+    assert isinstance(info.value, TransientError)
     assert len(peer.requests) == 3
     assert len(embedder.sleeps) == 2  # type: ignore[attr-defined]
 
@@ -666,8 +669,9 @@ def test_http_gives_up_after_retries(peer: Peer) -> None:
 def test_http_400_fails_without_retry(peer: Peer) -> None:
     peer.replies.append((400, {"error": {"message": "input too long"}}, {}))
     embedder = http_embedder(peer)
-    with pytest.raises(EmbeddingError, match="HTTP 400.*input too long"):
+    with pytest.raises(EmbeddingError, match="HTTP 400.*input too long") as info:
         embedder.embed(["a"])
+    assert isinstance(info.value, PermanentError)
     assert len(peer.requests) == 1
     assert embedder.sleeps == []  # type: ignore[attr-defined]
 
@@ -731,7 +735,7 @@ def test_http_connection_refused_is_retried_then_fails() -> None:
     embedder = HttpEmbedder(
         url=f"http://127.0.0.1:{port}", model="m", dimensions=4, retries=2, timeout_s=2.0, sleep=sleeps.append
     )
-    with pytest.raises(EmbeddingError, match="cannot reach.*gave up after 3 attempts"):
+    with pytest.raises(EmbeddingUnavailable, match="cannot reach.*gave up after 3 attempts"):
         embedder.embed(["a"])
     assert len(sleeps) == 2
     assert sleeps[1] > sleeps[0]  # exponential

@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
+from ki.errors import RequestInvalid
 from ki.settings import ApiSettings
 from search.filters import (
-    RequestInvalid,
     WindowTooDeep,
     metadata_clauses,
     parse_filter_request,

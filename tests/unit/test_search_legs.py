@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.legs import SOURCE_INCLUDES, LegError, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
+from ki.errors import PermanentError, Rejected, SearchUnavailable, TransientError
+from search.legs import SOURCE_INCLUDES, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
 from search.scope import MATCH_NONE, CompiledScope, strict_filter
 
 
@@ -65,7 +66,24 @@ def test_msearch_lines_and_parsing() -> None:
     ok = {"hits": {"hits": [{"_id": "5:chunk:0", "_score": 2.0, "_source": {"document_id": "5"}}]}}
     parsed = parse_msearch(bodies, {"responses": [ok, {"hits": {"hits": []}}, ok]})
     assert [h.id for h in parsed["lexical"]] == ["5:chunk:0"] and parsed["semantic"] == []
-    with pytest.raises(LegError, match="semantic"):
-        parse_msearch(bodies, {"responses": [ok, {"error": {"reason": "boom"}, "status": 500}, ok]})
-    with pytest.raises(LegError):
+    with pytest.raises(SearchUnavailable):
         parse_msearch(bodies, {"responses": [ok]})
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "error"),
+    [
+        (503, "search_phase_execution_exception", SearchUnavailable),
+        (429, "circuit_breaking_exception", SearchUnavailable),
+        (404, "index_not_found_exception", SearchUnavailable),  # not created yet: the worker's first write does
+        (400, "query_shard_exception", Rejected),
+        (500, "illegal_state_exception", Rejected),
+    ],
+)
+def test_a_failed_leg_is_transient_or_permanent_by_its_status(status: int, kind: str, error: type) -> None:
+    bodies = build_leg_bodies("q", [1.0], strict_filter(CompiledScope.of([1], [5]), []), 10)
+    ok = {"hits": {"hits": []}}
+    failed = {"error": {"type": kind, "reason": "boom"}, "status": status}
+    with pytest.raises(error, match=f"semantic leg failed: {status} {kind}: boom") as info:
+        parse_msearch(bodies, {"responses": [ok, failed, ok]})
+    assert isinstance(info.value, TransientError if error is SearchUnavailable else PermanentError)

@@ -79,5 +79,5 @@ def test_enabled_without_url_refuses_to_start() -> None:
     with pytest.raises(SettingsError, match="retrieval: rerank_enabled is true but rerank_url is empty"):
         load_settings(environ={"KI_RETRIEVAL__RERANK_ENABLED": "true"})
     settings = RetrievalSettings.model_construct(rerank_enabled=True, rerank_url="")  # bypassing validation
-    with pytest.raises(ValueError, match="rerank_url"):
+    with pytest.raises(SettingsError, match="rerank_url"):
         Reranker(settings)

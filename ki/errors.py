@@ -1,0 +1,163 @@
+"""The one exception tree: every error this project raises on purpose is a `KiError`.
+
+Whether retrying can help is decided by the TYPE, never by reading a message:
+
+    KiError
+    ├── TransientError          goes away by itself; retry later (the worker retries forever, the API says 503/429)
+    │   ├── Unavailable         a service we depend on did not answer (unreachable, timed out, 429/5xx); `.service`
+    │   │   ├── SearchUnavailable           OpenSearch
+    │   │   ├── RerankUnavailable           the rerank gateway (search/rerank.py)
+    │   │   └── EmbeddingUnavailable        the embedding service, after its own retries (ki/embedding)
+    │   ├── Overloaded          the search API is at capacity (search/admission.py)
+    │   └── BulkThrottled       bulk items still answered 429/5xx after our retries (also a BulkError)
+    └── PermanentError          retrying the same thing fails the same way
+        ├── SettingsError       settings or a config file are invalid
+        ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/filters.py)
+        │   ├── WindowTooDeep               offset + limit beyond the ranked window (search/filters.py)
+        │   └── SemanticUnavailable         a mode that needs vectors where there are none (search/service.py)
+        ├── AuthError           missing or invalid credentials (search/auth.py)
+        ├── Rejected            a service answered and refused (4xx, 500, a non-retriable Kafka error); `.service`
+        ├── AlreadyExists       what we create exists already (a topic, an index): often fine, a concurrent creator
+        ├── IndexSchemaError    the live index cannot hold what we write (dimension, analyzer, embedding)
+        ├── BulkRejected        bulk items the index refused, e.g. 400 mapper_parsing_exception (also a BulkError)
+        ├── PoisonEvent         a change event that can never be applied: dead-lettered (projections/cdc.py)
+        ├── EmbeddingError      the embedder cannot give a valid vector (ki/embedding); E5FormatError
+        ├── ReportInvalid       an eval report that cannot serve as evidence (search/evidence.py)
+        └── the applications' one-line errors: CliError, StackError, EvalError, BenchError, DataError,
+            IsolationError (apps/)
+
+Leaves that one module raises live in that module; the categories several modules share live here.
+Foreign exceptions (opensearch-py, confluent-kafka, SQLAlchemy) become these types in one function per
+library in `ki.clients`, beside the code that builds those clients; aiohttp's in `search/rerank.py`, the
+one aiohttp client. The search API maps the tree to HTTP in one table (`search/api.py`).
+
+This module imports nothing but the standard library, so every layer (also the pure `projections/`) may
+use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class KiError(Exception):
+    """Root of every error raised on purpose here; its message is one readable line."""
+
+
+class TransientError(KiError):
+    """A failure that goes away by itself: a service restarting, overload, a dropped connection."""
+
+
+class PermanentError(KiError):
+    """A failure that retrying the same thing repeats: bad settings, bad input, data a service refuses."""
+
+
+# -- transient -----------------------------------------------------------------------------------
+
+
+class Unavailable(TransientError):
+    """A service we depend on did not answer: unreachable, timed out, or answered 429/5xx."""
+
+    service = "service"
+
+    def __init__(self, message: str, *, service: str | None = None) -> None:
+        if service is not None:
+            self.service = service
+        super().__init__(message)
+
+
+class SearchUnavailable(Unavailable):
+    """OpenSearch could not answer (unreachable, timed out, overloaded, a shard failing)."""
+
+    service = "opensearch"
+
+
+# -- permanent -----------------------------------------------------------------------------------
+
+
+class SettingsError(PermanentError):
+    """Invalid configuration; the message is one readable line naming the key."""
+
+
+class RequestInvalid(PermanentError):
+    """A caller's request failed validation; `field` names the offending field (dotted path)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+class Rejected(PermanentError):
+    """A service answered and refused the request (4xx, 500, a non-retriable error): sent again, it
+    is refused again. Usually a bug or data the service cannot take; `service` names who refused."""
+
+    def __init__(self, message: str, *, service: str) -> None:
+        self.service = service
+        super().__init__(message)
+
+
+class AlreadyExists(PermanentError):
+    """What we asked a service to create exists already (a Kafka topic, an OpenSearch index)."""
+
+    def __init__(self, message: str, *, service: str) -> None:
+        self.service = service
+        super().__init__(message)
+
+
+class IndexSchemaError(PermanentError):
+    """The live index cannot hold what we write (e.g. another embedding dimension or analyzer)."""
+
+
+# -- bulk writes ---------------------------------------------------------------------------------
+
+# HTTP statuses a bulk item (or any OpenSearch request) may succeed with later: overload and gateways.
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+# OpenSearch error types that go away by themselves whatever their status: an index the sync worker has
+# not created yet (it does so with its first write), or one a rebuild is about to point the alias at.
+TRANSIENT_TYPES = frozenset({"index_not_found_exception"})
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """What OpenSearch answered for one bulk item, one `_msearch` leg or one request it did not serve: the
+    HTTP status and error type (e.g. 400 `mapper_parsing_exception`, 429 `es_rejected_execution_exception`)
+    decide whether it is transient; the human-readable reason is only shown."""
+
+    status: int
+    type: str = ""
+    reason: str = ""
+
+    @property
+    def transient(self) -> bool:
+        return self.status in RETRYABLE_STATUS or self.type in TRANSIENT_TYPES
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.type}: {self.reason}".strip().removesuffix(":")
+
+
+class BulkError(KiError):
+    """Some bulk items failed for a reason other than a version conflict; `failures` by document id.
+
+    Never raised itself: `bulk_error` picks `BulkThrottled` or `BulkRejected` from the items' statuses."""
+
+    def __init__(self, failures: Mapping[str, ItemFailure]) -> None:
+        self.failures = dict(failures)
+        shown = ", ".join(f"{doc_id}: {failure}" for doc_id, failure in list(self.failures.items())[:5])
+        more = f" (+{len(self.failures) - 5} more)" if len(self.failures) > 5 else ""
+        super().__init__(f"bulk write failed for {len(self.failures)} item(s): {shown}{more}")
+
+
+class BulkThrottled(BulkError, TransientError):
+    """Every failed item was answered 429/5xx (overload), still after our own retries."""
+
+
+class BulkRejected(BulkError, PermanentError):
+    """At least one item was refused for good (a mapping error, a document too large, ...)."""
+
+
+def bulk_error(failures: Mapping[str, ItemFailure]) -> BulkError:
+    """The error for these failed items: transient only if every item failed transiently."""
+    if all(failure.transient for failure in failures.values()):
+        return BulkThrottled(failures)
+    return BulkRejected(failures)
