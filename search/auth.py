@@ -2,11 +2,12 @@
 
 Principals: the subject claim becomes `user:<sub>` (kept as is if it already contains ':'), each group
 claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
-role claim can never name a user or group). A value that then is not a well-formed principal (`kind:name`,
-`ki.principals`; e.g. a subject "Dr. X:1" has no valid kind) is rejected (401) rather than matching nobody. The token must be signed with `api.jwt_algorithm` (HMAC;
-`alg: none` and any other algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and
-`api.jwt_audience`. Tokens over `api.max_token_bytes` are rejected before decoding; claim values must be
-text PostgreSQL can take (no NUL, valid Unicode, at most 512 characters).
+role claim can never name a user or group). A value that then is not a well-formed principal
+(`kind:name`, `ki.principals`; e.g. a subject "Dr. X:1" has no valid kind) is rejected (401) rather than
+matching nobody. The token must be signed with `api.jwt_algorithm` (HMAC; `alg: none` and any other
+algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and `api.jwt_audience`. Tokens over
+`api.max_token_bytes` are rejected before decoding; claim values must be text PostgreSQL can take (no
+NUL, valid Unicode, at most 512 characters).
 """
 
 from __future__ import annotations

@@ -242,12 +242,18 @@ def test_local_fs_object_without_known_acl_ignores_object_grants() -> None:
 
 
 def test_known_acl_on_local_fs_cannot_be_overridden_locally() -> None:
-    assert why(world(12, grants=(Grant("project", 1, "user:u"), Grant("document", 10, "user:u"))), "user:u") == ref.NOT_ACCESSIBLE
+    assert (
+        why(world(12, grants=(Grant("project", 1, "user:u"), Grant("document", 10, "user:u"))), "user:u")
+        == ref.NOT_ACCESSIBLE
+    )
     assert sees(world(12, grants=(Grant("source_object", 12, "user:u"),)), "user:u")
 
 
 def test_external_object_without_mirrored_grants_fails_closed() -> None:
-    assert why(world(21, grants=(Grant("project", 1, "user:u"), Grant("document", 10, "user:u"))), "user:u") == ref.NOT_ACCESSIBLE
+    assert (
+        why(world(21, grants=(Grant("project", 1, "user:u"), Grant("document", 10, "user:u"))), "user:u")
+        == ref.NOT_ACCESSIBLE
+    )
 
 
 def test_external_object_with_a_mirrored_allow_suffices() -> None:
@@ -327,7 +333,11 @@ def test_admin_may_cite_every_active_observation() -> None:
 def test_projection_names_members_and_alias_chains_of_granted_principals() -> None:
     w = world(
         21,
-        grants=(Grant("project", 1, "Group:A"), Grant("source_object", 21, "user:u3", "deny"), Grant("project", 2, "user:x")),
+        grants=(
+            Grant("project", 1, "Group:A"),
+            Grant("source_object", 21, "user:u3", "deny"),
+            Grant("project", 2, "user:x"),
+        ),
         memberships=(Membership("group:a", "group:b"), Membership("group:b", "user:u1")),
         aliases=(Alias("user:u2", "user:u1"), Alias("user:u4", "user:u3")),
     )
