@@ -3,12 +3,13 @@
 Both query-scope compilation (search) and the principal projection (sync) use this module; nothing
 else decides access. The rules (`version_predicate` of the reference spec):
 
-* Caller principals are trimmed and lower-cased (`normalize_principal`; in SQL the same definition is
-  the function `ki_principal(text)` of migration 0003, so stored grants, memberships and aliases are
-  compared exactly as callers are, for every script and every kind of whitespace), passed through
-  aliases (table `principal_aliases` and `security.aliases`, alias -> principal; the caller keeps its
-  own principals and gains every target, transitively across both sources), then expanded with
-  mirrored group memberships (transitively).
+* Principals are compared in their canonical form `kind:name`, trimmed and casefolded: in SQL the
+  function `ki_principal(text)` (migration 0004; NULL for anything that is not a well-formed principal,
+  which then matches nobody), in Python `ki.principals.canonical_principal`, one definition. Stored
+  grants, memberships and aliases are compared exactly as callers are. Caller principals are passed
+  through aliases (table `principal_aliases` and `security.aliases`, alias -> principal; the caller
+  keeps its own principals and gains every target, transitively across both sources), then expanded
+  with mirrored group memberships (transitively).
 * A version is only ever visible through an *active* source observation (admins included).
 * Administrators (`security.admin_principals`, matched before group expansion so a mirrored group can
   never make somebody an admin) bypass grants.
@@ -35,22 +36,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Boolean, Text
 
 from ki.settings import SecuritySettings
-
-
-def normalize_principal(raw: object) -> str | None:
-    """Trimmed (`str.strip()`), lower-cased (`str.lower()`, full Unicode case mapping) principal; None for
-    anything that is not a non-empty string. The Python twin of SQL's `ki_principal(x)` (which trims the
-    same characters and lower-cases with the ICU root collation): equal on every code point, and in
-    final-sigma context on every code point Python's Unicode database knows (checked by
-    `tests/integration/test_acl_properties.py`). The ACL itself normalises only in SQL (`resolve_caller`)."""
-    if not isinstance(raw, str):
-        return None
-    value = raw.strip().lower()
-    return value or None
-
-
-def normalize_principals(raw: Iterable[object]) -> frozenset[str]:
-    return frozenset(p for p in (normalize_principal(r) for r in raw) if p)
 
 
 @dataclass(frozen=True)
@@ -101,7 +86,7 @@ _EXPAND_SQL = text(
         FROM group_memberships gm
         JOIN expanded e ON ki_principal(gm.member_principal) = e.principal
     )
-    -- A blank (NULL) principal reached through a link matches nothing and is dropped here, not in the
+    -- A malformed (NULL) principal reached through a link matches nothing and is dropped here, not in the
     -- recursion, where an IS NOT NULL filter would make the planner scan a whole index.
     SELECT principal,
            principal IN (SELECT principal FROM aliased WHERE principal IS NOT NULL)
@@ -122,8 +107,8 @@ def resolve_caller(conn: Connection, raw_principals: Iterable[object], security:
     caller's principals in SQL. Admin is decided on the aliased principals, before group expansion.
 
     Everything is normalised by `ki_principal` in SQL (callers, configured aliases and admins as well as
-    the stored rows), so the ACL compares with one definition even where Python's Unicode database and
-    PostgreSQL's ICU differ (code points newer than Python's, next to a final sigma)."""
+    the stored rows), so the ACL compares with one definition; a caller principal that is not
+    well-formed (no `kind:`) matches nothing."""
     base = sorted({r for r in raw_principals if isinstance(r, str) and r.strip()})
     if not base:
         return Caller(frozenset())
@@ -145,7 +130,7 @@ def _strings(values: Iterable[object]) -> list[str]:
 
 
 def _config_alias_params(security: SecuritySettings) -> dict[str, list[str]]:
-    """`security.aliases` as raw (alias, principal) arrays; SQL normalises them (blank ones match nothing)."""
+    """`security.aliases` as raw (alias, principal) arrays; SQL normalises them (malformed ones match nothing)."""
     pairs = sorted((a, p) for a, p in security.aliases.items() if isinstance(a, str) and isinstance(p, str))
     return {"alias_keys": [alias for alias, _ in pairs], "alias_targets": [target for _, target in pairs]}
 
@@ -503,7 +488,7 @@ def version_projections(
         return {}
     granted: dict[int, dict[str, set[str]]] = {v: {"allow": set(), "deny": set()} for v in ids}
     for row in conn.execute(_APPLICABLE_SQL, {"version_ids": ids}):
-        if row.principal is not None:  # a blank principal (e.g. only a tab) matches nobody
+        if row.principal is not None:  # a malformed principal (no kind, blank) matches nobody
             granted[row.version_id][row.effect].add(row.principal)
     roots = sorted({p for sets in granted.values() for names in sets.values() for p in names})
     stands_for: dict[str, set[str]] = {}

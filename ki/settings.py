@@ -12,12 +12,13 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ki.analysis import ANALYSIS_KINDS, check_analysis
 from ki.errors import SettingsError
+from ki.principals import check_principal
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
@@ -182,10 +183,14 @@ class StreamsSettings(_Section):
     session_timeout_s: float = Field(10.0, ge=3.0, le=300.0)
 
 
+#: A principal in the settings: well-formed (`kind:name`, `ki.principals`), kept as written.
+Principal = Annotated[str, AfterValidator(check_principal)]
+
+
 class SecuritySettings(_Section):
     source_acl_mode: Literal["sufficient", "intersect"] = "sufficient"
-    admin_principals: list[str] = Field(default_factory=lambda: ["role:admin", "system:admin"])
-    aliases: dict[str, str] = Field(default_factory=dict)
+    admin_principals: list[Principal] = Field(default_factory=lambda: ["role:admin", "system:admin"])
+    aliases: dict[Principal, Principal] = Field(default_factory=dict)
 
 
 class ApiSettings(_Section):

@@ -2,10 +2,12 @@
 
 Principals: the subject claim becomes `user:<sub>` (kept as is if it already contains ':'), each group
 claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
-role claim can never name a user or group). The token must be signed with `api.jwt_algorithm` (HMAC;
-`alg: none` and any other algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and
-`api.jwt_audience`. Tokens over `api.max_token_bytes` are rejected before decoding; claim values must be
-text PostgreSQL can take (no NUL, valid Unicode, at most 512 characters).
+role claim can never name a user or group). A value that then is not a well-formed principal
+(`kind:name`, `ki.principals`; e.g. a subject "Dr. X:1" has no valid kind) is rejected (401) rather than
+matching nobody. The token must be signed with `api.jwt_algorithm` (HMAC; `alg: none` and any other
+algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and `api.jwt_audience`. Tokens over
+`api.max_token_bytes` are rejected before decoding; claim values must be text PostgreSQL can take (no
+NUL, valid Unicode, at most 512 characters).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import jwt
 
 from ki.errors import PermanentError
+from ki.principals import canonical_principal
 from ki.settings import ApiSettings
 from search.filters import check_text
 
@@ -49,16 +52,19 @@ def _values(claims: dict[str, Any], name: str) -> list[str]:
     return [_principal_text(name, v.strip()) for v in raw]
 
 
-def _prefixed(prefix: str, value: str) -> str:
-    return value if ":" in value else f"{prefix}:{value}"
+def _prefixed(name: str, prefix: str, value: str) -> str:
+    principal = value if ":" in value else f"{prefix}:{value}"
+    if canonical_principal(principal) is None:
+        raise AuthError(f"claim {name!r}: {value!r} is not a principal (kind:name; the kind in a-z, 0-9, '_.-')")
+    return principal
 
 
 def principals_from_claims(claims: dict[str, Any], api: ApiSettings) -> list[str]:
     subject = claims.get(api.subject_claim)
     if not isinstance(subject, str) or not subject.strip():
         raise AuthError(f"claim {api.subject_claim!r} is missing or empty")
-    principals = [_prefixed("user", _principal_text(api.subject_claim, subject.strip()))]
-    principals += [_prefixed("group", g) for g in _values(claims, api.groups_claim)]
+    principals = [_prefixed(api.subject_claim, "user", _principal_text(api.subject_claim, subject.strip()))]
+    principals += [_prefixed(api.groups_claim, "group", g) for g in _values(claims, api.groups_claim)]
     principals += [f"role:{r.removeprefix('role:')}" for r in _values(claims, api.roles_claim)]
     return list(dict.fromkeys(principals))
 

@@ -7,9 +7,10 @@ with the set-based SQL. The property tests (`tests/integration/test_acl_properti
 
 The rules, in the order they are applied:
 
-1. Normalisation: a principal is trimmed and case-folded (`str.strip().lower()`: every `str.isspace()`
-   character, full Unicode lower-casing, so "İ" becomes "i̇" and a final "Σ" becomes "ς"); anything that is
-   not a non-empty string after that is dropped.
+1. Normalisation: a principal is trimmed and casefolded (`str.strip().casefold()`: every `str.isspace()`
+   character, full Unicode case folding, so "İ" becomes "i̇", "ẞ" and "ß" become "ss", and "Σ", "σ", "ς"
+   all become "σ"); anything that is not then of the form `kind:name` (a kind of ASCII letters, digits,
+   `_`, `.`, `-`, a colon, a non-empty name) is not a principal and is dropped.
 2. Aliases: the caller's principals are passed through the aliases of the `principal_aliases` table and of
    `security.aliases` (both map alias -> principal, both normalised on both sides). The caller keeps its own
    principals and gains every alias target, transitively (a chain a -> b -> c gives {a, b, c}, whichever
@@ -42,6 +43,7 @@ of an allow (deny) grant applying to the version (project, document, actively ob
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -152,12 +154,15 @@ class Caller:
 # ---------------------------------------------------------------------------------------------------
 
 
+_KIND_NAME = re.compile(r"[a-z0-9_.-]+:.+", re.DOTALL)
+
+
 def normalize(raw: object) -> str | None:
-    """Rule 1: trimmed and case-folded; None for anything that is not a non-empty string."""
+    """Rule 1: trimmed and casefolded; None for anything that is not then `kind:name`."""
     if not isinstance(raw, str):
         return None
-    value = raw.strip().lower()
-    return value or None
+    value = raw.strip().casefold()
+    return value if _KIND_NAME.fullmatch(value) else None
 
 
 def _closure(start: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:

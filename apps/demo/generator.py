@@ -421,7 +421,8 @@ def plan_setup(*, scale: int, seed: int, label: str) -> SetupPlan:
     memberships += [("sharepoint", f"group:sp-{team}", f"group:team-{team}") for team in TEAMS]
 
     run_rid = int.from_bytes(label.encode(), "little") % 900_000_000 + 100_000_000
-    aliases = [{"alias": f"{u.split(':', 1)[1]}@kanzlei-demo.de", "principal": u} for u in people]
+    # Canonical principals (`kind:name`): a login whose subject is the e-mail address is `user:<address>`.
+    aliases = [{"alias": f"{u}@kanzlei-demo.de", "principal": u} for u in people]
     aliases += [{"alias": f"sid:s-1-5-21-{run_rid}-{1100 + i}", "principal": u} for i, u in enumerate(people)]
 
     grants: list[tuple[int, str, str]] = []

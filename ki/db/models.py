@@ -148,9 +148,14 @@ def _nonblank(column: str) -> CheckConstraint:
     return CheckConstraint(f"btrim({column}) <> ''", name=f"{column}_nonblank")
 
 
+def _principal_form(column: str) -> CheckConstraint:
+    """A principal column takes well-formed principals only (`kind:name`; migration 0004)."""
+    return CheckConstraint(f"ki_principal({column}) IS NOT NULL", name=f"{column}_form")
+
+
 def _normalized_index(table: str, column: str) -> Index:
-    """Principals are compared as `ki_principal(x)` (SQL twin of `ki.acl.normalize_principal`, migration
-    0003); index that form."""
+    """Principals are compared in their canonical form `ki_principal(x)` (SQL twin of
+    `ki.principals.canonical_principal`, migration 0004); index that form."""
     return Index(f"ix_{table}_{column}_folded", func.ki_principal(sql_text(column)))
 
 
@@ -347,7 +352,7 @@ class Grant(Base):
         CheckConstraint(_in_list("scope", GRANT_SCOPES), name="scope"),
         CheckConstraint(_in_list("effect", GRANT_EFFECTS), name="effect"),
         CheckConstraint(grants_scope_check_sql(), name="scope_target"),
-        _nonblank("principal"),
+        _principal_form("principal"),
         # Target -> principals (projection, re-verify) ...
         Index(
             "ix_grants_project_id_principal",
@@ -396,8 +401,8 @@ class GroupMembership(Base):
             name="uq_group_memberships_source_group_member",
             postgresql_nulls_not_distinct=True,
         ),
-        _nonblank("group_principal"),
-        _nonblank("member_principal"),
+        _principal_form("group_principal"),
+        _principal_form("member_principal"),
         # Both directions are walked: members -> groups (caller expansion), groups -> members (projection).
         _normalized_index("group_memberships", "member_principal"),
         _normalized_index("group_memberships", "group_principal"),
@@ -412,8 +417,8 @@ class GroupMembership(Base):
 class PrincipalAlias(Base):
     __tablename__ = "principal_aliases"
     __table_args__ = (
-        _nonblank("alias"),
-        _nonblank("principal"),
+        _principal_form("alias"),
+        _principal_form("principal"),
         _normalized_index("principal_aliases", "alias"),
         _normalized_index("principal_aliases", "principal"),
     )

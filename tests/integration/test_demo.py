@@ -8,9 +8,11 @@ import pytest
 from sqlalchemy import Engine, text
 
 from apps.demo.generator import GenerationSummary, demo_data_exists, generate
+from ki.acl import resolve_caller, visible_scope
 from ki.clients import make_engine
 from ki.db.models import grants_scope_check_sql
 from ki.settings import Settings
+from search.auth import authenticate, mint_token
 
 pytestmark = pytest.mark.stack
 
@@ -140,3 +142,34 @@ def test_grants_satisfy_scope_check_and_cover_every_scope(engine: Engine, run: G
         )
         == 0
     )
+
+
+def test_a_demo_user_logs_in_with_an_email_alias_and_sees_their_documents(
+    engine: Engine, run: GenerationSummary, settings: Settings
+) -> None:
+    """A partner of this run logs in with a token whose subject is their e-mail address, as an upstream
+    login names them: the API's authentication makes that `user:<address>`, the demo's alias of that name
+    resolves to the partner, and the caller sees exactly the partner's documents (more than none)."""
+    with engine.connect() as conn:
+        alias, user = conn.execute(
+            text(
+                "SELECT pa.alias, pa.principal FROM principal_aliases pa"
+                " JOIN group_memberships gm ON gm.member_principal = pa.principal"
+                " JOIN sources s ON s.id = gm.source_id"
+                " WHERE gm.group_principal = 'group:partner' AND s.name LIKE '%' || :label"
+                " AND pa.alias LIKE '%@kanzlei-demo.de' ORDER BY pa.alias LIMIT 1"
+            ),
+            {"label": run.label},
+        ).one()
+        email = alias.removeprefix("user:")
+        principals = authenticate(f"Bearer {mint_token(settings.api, email)}", settings.api)
+        assert principals == [f"user:{email}"]
+        caller = resolve_caller(conn, principals, settings.security)
+        assert user in caller.principals
+        run_projects = text("SELECT id FROM projects WHERE name LIKE '%' || :label")
+        projects = [int(p) for (p,) in conn.execute(run_projects, {"label": run.label})]
+        by_email = visible_scope(conn, caller, settings.security, project_ids=projects)
+        partner = resolve_caller(conn, [user], settings.security)
+        by_user = visible_scope(conn, partner, settings.security, project_ids=projects)
+    assert by_email[1], f"{email} sees no documents of {run.label}"
+    assert by_email == by_user

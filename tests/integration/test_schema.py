@@ -90,7 +90,7 @@ def _seed_source_object(conn: Connection) -> int:
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
     assert current_revision(db_settings) is None
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0003"
+    assert current_revision(db_settings) == "0004"
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
@@ -161,7 +161,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settin
     assert current_revision(db_settings) is None
 
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0003"
+    assert current_revision(db_settings) == "0004"
     with engine.connect() as conn:
         assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
 
@@ -349,7 +349,8 @@ def test_latest_final_version_must_belong_to_the_document(engine: Engine) -> Non
 
 def test_group_membership_uniqueness_covers_local_memberships(engine: Engine) -> None:
     insert = text(
-        "INSERT INTO group_memberships (source_id, group_principal, member_principal) VALUES (NULL, 'g', 'u')"
+        "INSERT INTO group_memberships (source_id, group_principal, member_principal)"
+        " VALUES (NULL, 'group:g', 'user:u')"
     )
     with engine.begin() as conn:
         conn.execute(insert)
@@ -358,3 +359,66 @@ def test_group_membership_uniqueness_covers_local_memberships(engine: Engine) ->
         engine.begin() as conn,
     ):
         conn.execute(insert)
+
+
+# ------------------------------------------------------------------------------------------ principals
+
+PRINCIPAL_COLUMNS = (
+    ("grants", "principal"),
+    ("group_memberships", "group_principal"),
+    ("group_memberships", "member_principal"),
+    ("principal_aliases", "alias"),
+    ("principal_aliases", "principal"),
+)
+
+
+def _write_principal(conn: Connection, table: str, column: str, value: str) -> None:
+    row: dict[str, object]
+    if table == "grants":
+        project = conn.execute(text("INSERT INTO projects (name) VALUES ('P') RETURNING id")).scalar_one()
+        row = {"principal": "user:x", "project_id": project, "scope": "project", "effect": "allow"}
+    elif table == "group_memberships":
+        row = {"group_principal": "group:x", "member_principal": "user:x"}
+    else:
+        row = {"alias": "mail:x", "principal": "user:x"}
+    row[column] = value
+    names = ", ".join(row)
+    conn.execute(text(f"INSERT INTO {table} ({names}) VALUES ({', '.join(':' + n for n in row)})"), row)
+
+
+@pytest.mark.parametrize(("table", "column"), PRINCIPAL_COLUMNS)
+@pytest.mark.parametrize("value", ["anna.schmidt@kanzlei-demo.de", "user:", " \t", "sp group:x", "grüppe:x"])
+def test_a_principal_without_a_kind_is_rejected(engine: Engine, table: str, column: str, value: str) -> None:
+    with pytest.raises(IntegrityError, match=f"ck_{table}_{column}_form"), engine.begin() as conn:
+        _write_principal(conn, table, column, value)
+
+
+@pytest.mark.parametrize(("table", "column"), PRINCIPAL_COLUMNS)
+def test_principals_are_stored_as_written_and_indexed_casefolded(engine: Engine, table: str, column: str) -> None:
+    with engine.begin() as conn:
+        _write_principal(conn, table, column, "\u3000User:Straße\t")
+        stored = conn.execute(text(f"SELECT {column}, ki_principal({column}) AS canonical FROM {table}")).one()
+    assert tuple(stored) == ("\u3000User:Straße\t", "user:strasse")
+
+
+def test_upgrade_over_stored_values_without_a_kind_leaves_the_check_not_valid(
+    engine: Engine, db_settings: Settings
+) -> None:
+    """Rows written before 0004 are not rejected retroactively: their check stays NOT VALID (new writes are
+    checked), the others are validated; the rows match nobody."""
+    downgrade(db_settings, "0003", publication_name=PUBLICATION)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO principal_aliases (alias, principal) VALUES ('anna@kanzlei.de', 'user:anna')"))
+    upgrade(db_settings, publication_name=PUBLICATION)
+    with engine.connect() as conn:
+        valid = dict(
+            conn.execute(text("SELECT conname, convalidated FROM pg_constraint WHERE conname LIKE 'ck_%_form'")).all()
+        )
+        assert ki_principal(conn, "anna@kanzlei.de") is None
+    assert valid == {f"ck_{t}_{c}_form": (t, c) != ("principal_aliases", "alias") for t, c in PRINCIPAL_COLUMNS}
+    with pytest.raises(IntegrityError, match="ck_principal_aliases_alias_form"), engine.begin() as conn:
+        conn.execute(text("INSERT INTO principal_aliases (alias, principal) VALUES ('bob@kanzlei.de', 'user:bob')"))
+
+
+def ki_principal(conn: Connection, value: str) -> str | None:
+    return conn.execute(text("SELECT ki_principal(:v)"), {"v": value}).scalar()

@@ -18,6 +18,7 @@ from apps.demo.generator import (
     ontology_rows,
     plan_setup,
 )
+from ki.principals import canonical_principal
 
 LABEL = "ki-demo-s7-n300-test"
 
@@ -150,3 +151,16 @@ def test_ontology_has_depth_and_parents_first() -> None:
 
     assert max(depth(k) for k in parents) >= 2
     assert {r["kind"] for r in rows} == {"doc_type", "clause_type"}
+
+
+def test_every_principal_the_demo_writes_is_canonical() -> None:
+    """Grants, memberships and aliases use the canonical form (`kind:name`, casefolded), so the database's
+    `ck_*_form` checks accept them and a login can match them: a token's subject becomes `user:<sub>`."""
+    plan, docs = _corpus(scale=200)
+    written = [p for _, p, _ in plan.project_grants] + [p for d in docs for _, _, p, _ in d.grants]
+    written += [p for _, group, member in plan.memberships for p in (group, member)]
+    written += [p for row in plan.aliases for p in (row["alias"], row["principal"])]
+    assert written and all(canonical_principal(p) == p for p in written), [
+        p for p in written if canonical_principal(p) != p
+    ]
+    assert {"alias": "user:anna.schmidt@kanzlei-demo.de", "principal": "user:anna.schmidt"} in plan.aliases

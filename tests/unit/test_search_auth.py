@@ -59,3 +59,12 @@ def claims(**over: object) -> dict[str, object]:
 def test_invalid_tokens_are_rejected(token: str) -> None:
     with pytest.raises(AuthError):
         authenticate(bearer(token), API)
+
+
+@pytest.mark.parametrize(
+    ("subject", "groups"),
+    [("Dr. X:1", None), ("alice", ["sp group:legal"]), ("alice", ["grüppe:legal"])],
+)
+def test_a_claim_that_is_no_principal_is_rejected_not_ignored(subject: str, groups: list[str] | None) -> None:
+    with pytest.raises(AuthError, match="is not a principal"):
+        authenticate(bearer(mint_token(API, subject, groups=groups)), API)

@@ -109,3 +109,13 @@ def test_ki_config_env_selects_the_file(tmp_path: Path) -> None:
     data["api"]["port"] = 9999
     path = _write(tmp_path, data)
     assert load_settings(environ={"KI_CONFIG": str(path)}).api.port == 9999
+
+
+def test_security_principals_must_be_kind_colon_name(tmp_path: Path) -> None:
+    for security in ({"admin_principals": ["root"]}, {"aliases": {"anna@kanzlei.de": "user:anna"}}):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({"security": security}))
+        with pytest.raises(SettingsError, match="is not a principal: expected kind:name"):
+            load_settings(path)
+    path.write_text(json.dumps({"security": {"aliases": {" Mail:Anna@Kanzlei.de ": "USER:anna"}}}))
+    assert load_settings(path).security.aliases == {" Mail:Anna@Kanzlei.de ": "USER:anna"}
