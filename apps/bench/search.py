@@ -13,7 +13,7 @@ What runs:
   timed rounds; the cold and warm cost of the service's embedding step is reported separately.
 * **Raw side**: for every request the exact `_msearch` lines the service sends — captured from the
   service's own leg planner (`SearchService.plan_legs`) with the caller's compiled scope filter and the
-  query vector computed up front — sent with the same client (`streams.writer.make_client`) at the same
+  query vector computed up front — sent with the same client (`ki.clients.make_client`) at the same
   concurrency. It pays neither scope SQL, embedding, fusion, re-verification nor HTTP to the API.
 * **Rounds**: at every concurrency, `rounds` rounds alternate which side goes first; per-round p50/p95/p99
   and throughput, medians over rounds, ratios API/raw per round and their median.
@@ -875,7 +875,7 @@ async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[st
             "raw_msearch": (
                 "the service's own _msearch lines (SearchService.plan_legs: compiled scope filter, metadata "
                 "filters, leg depth) with the query vector computed up front, sent with the same client "
-                "(streams.writer.make_client) at the same concurrency; no scope SQL, no embedding, no fusion, "
+                "(ki.clients.make_client) at the same concurrency; no scope SQL, no embedding, no fusion, "
                 "no re-verify, no HTTP hop to the API"
             ),
             "embedding": (
