@@ -73,16 +73,9 @@ class Server(Child):
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         super().start(f"{self.base}/healthz", timeout)
 
-    def call(
-        self,
-        path: str,
-        body: Any = None,
-        token: str | None = None,
-        raw: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, Any]:
-        """Status and JSON body of one request (POST when there is a body). A non-JSON body fails the test."""
-        status, content_type, payload = self.request(path, body, token, raw, headers)
+    def call(self, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
+        """Status and JSON body of one `request` (same arguments). A non-JSON body fails the test."""
+        status, content_type, payload = self.request(path, *args, **kwargs)
         assert content_type.startswith("application/json"), f"{path} -> {status} {content_type}: {payload[:300]!r}"
         return status, json.loads(payload)
 
