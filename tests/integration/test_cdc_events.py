@@ -86,7 +86,7 @@ def test_insert_update_delete_arrive_as_c_u_d_and_tombstone(engine: Engine, sett
                 "group_memberships": lambda: w.member(f"group:{w.tag}", "user:a"),
                 "principal_aliases": lambda: conn.execute(
                     text("INSERT INTO principal_aliases (alias, principal) VALUES (:a, 'user:a') RETURNING id"),
-                    {"a": f"alias-{w.tag}"},
+                    {"a": f"user:alias-{w.tag}"},
                 ).scalar(),
                 "source_observations": lambda: w.observe(version, obj),
                 "grants": lambda: w.grant("project", project, "user:a"),

@@ -3,6 +3,7 @@ probe answers (or the child exits, or the deadline passes), stop with SIGTERM th
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -66,6 +67,8 @@ def test_stop_pid_stops_a_detached_process_group_known_only_by_pid(tmp_path: Pat
 
 def test_a_child_can_get_an_environment_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The eval worker must not see the parent's KI_* overrides: `inherit_env=False` passes `env` only."""
+    for name in [n for n in os.environ if n.startswith("KI_")]:
+        monkeypatch.delenv(name)  # e.g. the test stack's KI_STACK__HOME
     monkeypatch.setenv("KI_API__PORT", "1234")
     probe = "import os; print(sorted(k for k in os.environ if k.startswith('KI_')))"
     for inherit, expected in ((True, "['KI_API__PORT', 'KI_CONFIG']"), (False, "['KI_CONFIG']")):
