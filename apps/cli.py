@@ -41,12 +41,15 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from ki.db.migrate import current_revision, upgrade
+    from ki.db.migrate import current_revision, downgrade, upgrade
 
     before = current_revision(settings)
-    upgrade(settings, revision=args.revision)
+    if args.down_to:
+        downgrade(settings, revision=args.down_to)
+    else:
+        upgrade(settings, revision=args.revision)
     after = current_revision(settings)
-    print(f"schema: {before or 'empty'} -> {after}" if before != after else f"schema: already at {after}")
+    print(f"schema: {before or 'empty'} -> {after or 'empty'}" if before != after else f"schema: already at {after}")
     return 0
 
 
@@ -245,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     stack.set_defaults(handler=_stack)
 
     migrate = sub.add_parser("migrate", help="apply the reference schema migrations (alembic upgrade)")
-    migrate.add_argument("--revision", default="head")
+    migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
+    migrate.add_argument("--down-to", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
     migrate.set_defaults(handler=_migrate)
 
     serve = sub.add_parser("serve", help="the search API (aiohttp) on api.host:api.port")

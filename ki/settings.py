@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -326,9 +325,3 @@ def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> 
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise SettingsError(_one_line(exc)) from None
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """Process-wide settings, loaded once."""
-    return load_settings()

@@ -159,11 +159,6 @@ def truncated_chunk_share(inputs: Sequence[str], embedder: Any) -> dict[str, Any
     if hasattr(embedder, "count_tokens") and window:
         over = sum(1 for t in inputs if embedder.count_tokens(t) > window)
         method = "embedder.count_tokens(text) > embedder.max_tokens"
-    elif hasattr(embedder, "token_count") and window:
-        # token_count is measured after truncation: a chunk of exactly max_tokens word pieces counts too
-        # (an upper bound).
-        over = sum(1 for t in inputs if embedder.token_count(t) >= window)
-        method = "embedder.token_count(text) >= embedder.max_tokens (after truncation; upper bound)"
     else:
         return {"value": None, "chunks": len(inputs), "method": "unavailable: the embedder exposes no tokenizer"}
     return {

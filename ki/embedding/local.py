@@ -230,11 +230,6 @@ class LocalEmbedder(BaseEmbedder):
     def _count_prefixed(self, text: str) -> int:
         return len(self._tokenizer.encode(text).ids)
 
-    def token_count(self, text: str) -> int:
-        """Tokens the model sees for ``text`` as a document (after truncation, prefix and special tokens
-        included): ``min(count_tokens(text), max_tokens)``."""
-        return min(self.count_tokens(text), self.max_tokens)
-
     def _encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text, cut to ``max_tokens`` (keeping the closing special token)."""
         rows: list[list[int]] = []

@@ -6,6 +6,9 @@ whose publication a running Debezium connector depends on), so the stack's role 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -19,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from ki.clients import make_engine
 from ki.db import models
 from ki.db.migrate import current_revision, downgrade, upgrade
-from ki.settings import Settings, with_overrides
+from ki.settings import REPO_ROOT, Settings, with_overrides
 
 pytestmark = pytest.mark.stack
 
@@ -85,6 +88,22 @@ def _seed_source_object(conn: Connection) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- migrate
+
+
+def test_ki_migrate_goes_up_and_down_to_a_revision(db_settings: Settings) -> None:
+    env = {**os.environ, "KI_DATABASE__NAME": db_settings.database.name}
+
+    def ki_migrate(*args: str) -> str:
+        argv = [sys.executable, "-m", "apps.cli", "migrate", *args]
+        done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert ki_migrate() == "schema: empty -> 0004"
+    assert ki_migrate("--down-to", "0003") == "schema: 0004 -> 0003"
+    assert current_revision(db_settings) == "0003"
+    assert ki_migrate() == "schema: 0003 -> 0004"
+    assert ki_migrate() == "schema: already at 0004"
 
 
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:

@@ -347,14 +347,14 @@ def test_the_binding_names_data_embedder_analyzer_and_ranking():
 class _Counter:
     max_tokens = 5
 
-    def token_count(self, text):  # truncated at the window like the local embedder's
-        return min(len(text.split()) + 2, self.max_tokens)
+    def count_tokens(self, text):  # words plus the two special tokens, untruncated like the embedders'
+        return len(text.split()) + 2
 
 
 def test_truncated_chunk_share_says_how_it_counted():
     out = truncated_chunk_share(["a", "a b c", "a b c d e f"], _Counter())
-    assert out["value"] == round(2 / 3, 4) and out["chunks"] == 3 and out["max_tokens"] == 5
-    assert "token_count" in out["method"]
+    assert out["value"] == round(1 / 3, 4) and out["chunks"] == 3 and out["max_tokens"] == 5
+    assert "count_tokens" in out["method"]
     assert truncated_chunk_share(["a"], object())["value"] is None
 
 
