@@ -7,7 +7,7 @@ name: `ki stack up` first) and lists every function of the core (`ki/`, `project
 The entry points: `ki migrate`, `ki demo` (demo corpus if missing, the sync worker as a child, the search
 API) with a set of API requests (every search mode, filters, explain, the filter endpoint, bad input, no
 token, the operational endpoints), `ki sync status`, `ki reconcile`, `ki backfill`, `ki rebuild`, `ki token`
-and a tiny `ki eval`. Child processes (the worker) are measured too (coverage's subprocess patch).
+`ki serve` and a tiny `ki eval`. Child processes (the worker) are measured too (coverage's subprocess patch).
 
     .venv/bin/python scripts/production_coverage.py        # ~5-10 min on the demo corpus
 
@@ -77,6 +77,8 @@ def request(base: str, path: str, token: str | None, body: object | None = None,
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
+    except OSError:  # not listening (yet)
+        return 0
 
 
 def api_requests(base: str, token: str) -> None:
@@ -87,6 +89,8 @@ def api_requests(base: str, token: str) -> None:
     request(base, "/v1/search", token, {"query": queries[0], "limit": 5, "offset": 5})
     request(base, "/v1/search", token, {"query": queries[0], "filters": {"version_status": ["final"]}, "rerank": True})
     request(base, "/v1/search/filter", token, {"filters": {"version_status": ["final"]}, "limit": 3})
+    request(base, "/v1/decisions/search", token, {"query": "Kündigung Frist", "limit": 5})
+    request(base, "/v1/decisions/search", token, {"query": "Miete", "filters": {"project_id": [1]}})
     request(base, "/v1/search", token, {"query": "", "limit": 1000})  # 400: field errors
     request(base, "/v1/search", token, raw=b"{not json")
     request(base, "/v1/search", None, {"query": queries[0]})  # 401
@@ -119,6 +123,24 @@ def run_demo(env: dict[str, str]) -> None:
     demo.wait(120)
 
 
+def run_serve(env: dict[str, str]) -> None:
+    """`ki serve` itself (the demo runs the API in its own process): up, one probe, SIGTERM."""
+    from apps.processes import Child, free_port
+
+    port = free_port()
+    say("ki serve")
+    child = Child(
+        [sys.executable, "-m", "coverage", "run", "-m", "apps.cli", "serve"],
+        OUT / "serve.log",
+        env={**env, "KI_API__PORT": str(port)},
+        cwd=REPO,
+    ).start()
+    failure = child.wait_ready(lambda: request(f"http://127.0.0.1:{port}", "/readyz", None) == 200, timeout_s=300)
+    if failure:
+        raise SystemExit(f"production-coverage: ki serve {failure}; see {OUT / 'serve.log'}")
+    child.stop(timeout_s=60)
+
+
 def never_run(report: dict) -> list[str]:
     """Functions of the core with no executed line (their `def` line aside)."""
     found: list[str] = []
@@ -147,6 +169,7 @@ def main() -> int:
     ki(env, "migrate")
     ki(env, "token", "--sub", "user:coverage")
     run_demo(env)
+    run_serve(env)
     ki(env, "sync", "status", check=False)
     ki(env, "reconcile", check=False)
     ki(env, "backfill")
