@@ -426,10 +426,13 @@ def visible_observations(
 # Grants that apply to each version: project, document, and actively observed source objects.
 _APPLICABLE_SQL = text(
     """
-    WITH target AS (
+    WITH target AS (  -- a version without an active observation is visible to nobody: empty projection
         SELECT dv.id AS version_id, d.id AS document_id, d.project_id
         FROM document_versions dv JOIN documents d ON d.id = dv.document_id
         WHERE dv.id = ANY(CAST(:version_ids AS bigint[]))
+          AND EXISTS (
+              SELECT 1 FROM source_observations o WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL
+          )
     )
     SELECT t.version_id, ki_principal(g.principal) AS principal, g.effect
     FROM target t JOIN grants g ON g.scope = 'project' AND g.project_id = t.project_id
@@ -479,7 +482,9 @@ def version_projections(
     conn: Connection, version_ids: Iterable[int], security: SecuritySettings
 ) -> dict[int, GrantedPrincipals]:
     """The principal projection of each version: who is granted (allow) and who is denied, with group
-    members and aliases of those principals included. Versions without grants get empty tuples.
+    members and aliases of those principals included. Versions without grants get empty tuples, and so
+    do versions without an active observation (rule: visible to nobody), so losing the last observation
+    rewrites the projection like a revocation.
 
     Each distinct granted principal is expanded once (not once per version it is granted on): a fan-out
     over thousands of versions usually names only a handful of groups."""

@@ -285,13 +285,17 @@ def vocabulary(world: World, security: SecurityLike) -> frozenset[str]:
 
 def projection(world: World, security: SecurityLike) -> dict[int, tuple[frozenset[str], frozenset[str]]]:
     """Per version: (allowed, denied) principals, i.e. every principal that held alone resolves to the
-    principal of an allow (deny) grant applying to the version."""
+    principal of an allow (deny) grant applying to the version; both empty for a version without an active
+    observation."""
     resolved = {p: resolve(world, [p], security).principals for p in vocabulary(world, security)}
     documents = {d.id: d for d in world.documents}
     out = {}
     for v in world.versions:
         document = documents[v.document_id]
         objects = {o.object_id for o in world.observations if o.version_id == v.id and not o.deleted}
+        if not objects:  # never visible without an active observation: nobody is projected
+            out[v.id] = (frozenset(), frozenset())
+            continue
         applies = {("project", document.project_id), ("document", document.id)}
         applies |= {("source_object", o) for o in objects}
         sides = []

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 
 from ki.settings import Settings
 from tests.conftest import wait_for
-from tests.integration.sync_harness import Worker, wait_until_synced
+from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, wait_until_synced
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -170,6 +170,49 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
         timeout=60,
         what="the deleted document's rows to disappear",
     )
+
+
+def test_losing_the_last_active_observation_empties_the_projection_like_a_revocation(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    """A version without an active observation is visible to nobody, so its exported projection must say
+    so: soft delete, restore and hard delete of its one observation each rewrite `allowed_principals` and
+    raise `access_version`, and the live rows end equal to a clean rebuild's."""
+    with engine.begin() as conn:
+        w = World(conn)
+        project = w.project()
+        obj = w.source_object(w.source())
+        doc = w.document(project, f"Beobachtung {w.tag}")
+        version = w.version(doc, "Der Mieter zahlt die Kaution in drei gleichen monatlichen Raten.")
+        observation = w.observe(version, obj)
+        w.grant("project", project, f"user:olga-{w.tag}")
+    olga = f"user:olga-{w.tag}"
+
+    def projected(sees: bool, access_version: int) -> None:
+        def probe() -> dict | None:
+            rows = rows_of(search, settings, "document_version_id", version)
+            ok = rows and all(
+                (olga in r["allowed_principals"]) == sees and r["access_version"] == access_version
+                for r in rows.values()
+            )
+            return rows if ok else None
+
+        what = f"every row with olga {'in' if sees else 'out'}, access_version {access_version}"
+        wait_for(probe, timeout=90, what=what)
+
+    projected(True, 1)
+    changes = [
+        ("UPDATE source_observations SET deleted_at = now() WHERE id = :o", False, 2),
+        ("UPDATE source_observations SET deleted_at = NULL WHERE id = :o", True, 3),
+        ("DELETE FROM source_observations WHERE id = :o", False, 4),
+    ]
+    for statement, sees, access_version in changes:
+        with engine.begin() as conn:
+            conn.execute(text(statement), {"o": observation})
+        projected(sees, access_version)
+    wait_until_synced(settings, engine)
+    live = assert_index_equals_rebuild(settings, engine, search, {doc})
+    assert all(r["allowed_principals"] == [] and r["denied_principals"] == [] for r in live.values())
 
 
 def test_a_new_version_reuses_the_vectors_of_paragraphs_it_repeats(
