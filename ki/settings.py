@@ -170,12 +170,24 @@ class EmbeddingSettings(_Section):
 
 
 class StreamsSettings(_Section):
+    # The content lane's consumer group; the access lane's is `<app_id>-access` (streams.topics).
     app_id: str = Field("ki-sidecar", pattern=r"^[A-Za-z0-9_.-]+$")
+    # /metrics of the content lane and of the access lane (each lane is its own process).
     web_port: int = Field(56066, ge=1, le=65535)
+    access_web_port: int = Field(56067, ge=1, le=65535)
     dlq_topic: str = "ki.dlq"
+    # Access lane: grants, memberships, aliases, observations, soft deletes -- nothing it does embeds, so
+    # it takes big batches and commits after each.
     batch_max_events: int = Field(500, ge=1, le=100_000)
     batch_max_bytes: int = Field(5_000_000, ge=1024)
     batch_linger_ms: int = Field(100, ge=0, le=60_000)
+    # Content lane: small event batches (offsets advance after each), embedded in micro-batches of at most
+    # this many rows, each written as soon as its vectors exist (rows become searchable step by step).
+    content_batch_max_events: int = Field(50, ge=1, le=100_000)
+    embed_micro_batch_rows: int = Field(64, ge=1, le=100_000)
+    # The content lane's CPU niceness (0-19): embedding yields the CPU to the access lane, PostgreSQL,
+    # Kafka and OpenSearch, and still takes all of it when they are idle.
+    content_nice: int = Field(10, ge=0, le=19)
     max_attempts: int = Field(5, ge=1, le=100)
     # How long the broker waits for a silent (crashed) worker before handing its partitions to the others
     # or to its restarted self; the Faust default (60 s) stalled the sync for a minute after every crash.

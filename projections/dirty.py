@@ -26,6 +26,10 @@ from projections.cdc import ChangeEvent, Tombstone, is_unavailable
 # Tables whose changes never reach the index (served from SQL) and Debezium's own heartbeat.
 IGNORED_TABLES = frozenset({"decision_records", "relations", "debezium_heartbeat"})
 
+#: Tables whose changes can alter an embedded string (text, title, type label, matter): the only ones the
+#: content lane reads. Every other captured table names access keys only.
+CONTENT_TABLES: tuple[str, ...] = ("documents", "document_versions", "matters", "ontology_nodes")
+
 
 @dataclass
 class DirtyKeys:
