@@ -7,6 +7,7 @@ Errors a user can fix print one line and exit with a non-zero code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -71,13 +72,22 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _sync(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "run" and args.lane == "all":
+        from streams.topics import ensure_topics
+
+        ensure_topics(settings)  # once, before the lanes race to it
+        from apps.sync_lanes import run_lanes
+
+        return run_lanes(config=args.config, loglevel=args.loglevel)
     if args.action == "run":
         from streams.topics import ensure_topics
 
         ensure_topics(settings)
         from streams.app import create_app
 
-        app = create_app(settings)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
+        if args.lane == "content" and settings.streams.content_nice:
+            os.nice(settings.streams.content_nice)  # embedding yields the CPU to everything else
+        app = create_app(settings, args.lane)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
         app.main()
@@ -264,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync = sub.add_parser("sync", help="the CDC sync worker")
     sync.add_argument("action", choices=["run", "status"])
+    sync.add_argument(
+        "--lane",
+        default="all",
+        choices=["all", "access", "content"],
+        help="run: both lanes as child processes (default), or one lane in this process",
+    )
     sync.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
     sync.set_defaults(handler=_sync)
 

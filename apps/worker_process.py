@@ -8,23 +8,28 @@ from pathlib import Path
 
 from apps.processes import Child
 from ki.settings import REPO_ROOT, Settings
+from streams.topics import LANES, lane_web_port
 
 
 class SyncWorker:
     """The sync worker of this stack: reuse the running one, or run `ki sync run` as a child until `stop()`."""
 
     def __init__(self, settings: Settings, log_path: Path, *, config: str | None = None) -> None:
-        self.url = f"http://127.0.0.1:{settings.streams.web_port}/metrics"
+        # Both lanes' /metrics: the worker is ready when each lane answers.
+        self.urls = [f"http://127.0.0.1:{lane_web_port(settings, lane)}/metrics" for lane in LANES]
         self.log_path = log_path
         self.config = config  # the --config the parent was given, passed on as $KI_CONFIG
         self.child: Child | None = None
 
     def answers(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url, timeout=2) as response:
-                return response.status == 200
+            for url in self.urls:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status != 200:
+                        return False
         except OSError:
             return False
+        return True
 
     def ensure(self, timeout: float = 120) -> str:
         """Make sure a worker answers; returns what was done, for the caller's progress line."""

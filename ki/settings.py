@@ -172,9 +172,10 @@ class EmbeddingSettings(_Section):
 class StreamsSettings(_Section):
     # The content lane's consumer group; the access lane's is `<app_id>-access` (streams.topics).
     app_id: str = Field("ki-sidecar", pattern=r"^[A-Za-z0-9_.-]+$")
-    # /metrics of the content lane and of the access lane (each lane is its own process).
+    # /metrics of the content lane and of the access lane (each lane is its own process); the access
+    # lane's port defaults to web_port + 1, so overriding web_port alone moves both.
     web_port: int = Field(56066, ge=1, le=65535)
-    access_web_port: int = Field(56067, ge=1, le=65535)
+    access_web_port: int | None = Field(None, ge=1, le=65535)
     dlq_topic: str = "ki.dlq"
     # Access lane: grants, memberships, aliases, observations, soft deletes -- nothing it does embeds, so
     # it takes big batches and commits after each.

@@ -170,6 +170,34 @@ class ContentPlan:
     deletes: tuple[str, ...]
 
 
+def micro_batches(vector_needs: Sequence[tuple[int, int]], max_rows: int) -> list[list[int]]:
+    """Group versions, given in order as (version id, rows that need a vector), for the content lane:
+    each group is embedded and written before the next one starts, so rows become searchable step by
+    step instead of after the whole batch.
+
+    Versions that need no vector form the first group (written at once, before any embedding); the
+    others are packed in order while their rows fit `max_rows`. A version's rows stay together (a version
+    is never half old, half new), so a version needing more than `max_rows` is a group of its own.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+    free = [version for version, rows in vector_needs if rows <= 0]
+    groups: list[list[int]] = [free] if free else []
+    current: list[int] = []
+    size = 0
+    for version, rows in vector_needs:
+        if rows <= 0:
+            continue
+        if current and size + rows > max_rows:
+            groups.append(current)
+            current, size = [], 0
+        current.append(version)
+        size += rows
+    if current:
+        groups.append(current)
+    return groups
+
+
 def plan_content_writes(new_rows: Sequence[IndexRow], stored: Mapping[str, StoredRow]) -> ContentPlan:
     """Compare a version's rebuilt rows with its stored rows (by row id).
 

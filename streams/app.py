@@ -1,9 +1,19 @@
-"""The Faust app: CDC topics in, conditional index writes out.
+"""The Faust app of one sync lane: CDC topics in, conditional index writes out.
 
-One agent consumes every captured table's topic in batches (`streams.batch_max_events`,
-`streams.batch_linger_ms`). A batch is decoded, turned into dirty keys and applied by the `Projector`.
-Faust acknowledges a batch's offsets only after the loop body returns, and the body only returns once
-OpenSearch acknowledged every write — or the events went to the dead-letter topic — so a crash at any
+The sync runs as two lanes (`streams.topics.Lane`), each its own Faust app, process and consumer group,
+so that access changes never queue behind embedding:
+* the **access lane** reads every captured table in big batches (`streams.batch_max_events`,
+  `streams.batch_linger_ms`) and writes everything that needs no new vector: principal projections,
+  soft deletes, and any content change that leaves every embedded string as it is (decided by the rows'
+  content hash). A version whose embedded strings changed only gets its projection rewritten here;
+* the **content lane** reads the content tables in small batches (`streams.content_batch_max_events`)
+  and embeds in micro-batches (`streams.embed_micro_batch_rows`), each written as soon as it is done.
+Both lanes read the index before PostgreSQL and write conditionally, so neither can overwrite the other
+with older state: a lost race is projected again from fresh reads (keeping the vectors already computed).
+
+A batch is decoded, turned into dirty keys and applied by the `Projector`. Faust acknowledges a
+batch's offsets only after the loop body returns, and the body only returns once OpenSearch
+acknowledged every write — or the events went to the dead-letter topic — so a crash at any
 point replays the batch instead of losing it. Transient failures (OpenSearch or PostgreSQL away) are
 retried with backoff inside the body: the partition simply pauses.
 """
@@ -30,7 +40,7 @@ from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.sync import Projector
-from streams.topics import cdc_topics
+from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
 from streams.writer import IndexWriter
 
 log = logging.getLogger(__name__)
@@ -40,24 +50,25 @@ log = logging.getLogger(__name__)
 EXIT_INDEX_MISMATCH = 3
 
 
-def create_app(settings: Settings) -> faust.App:
-    """The worker's app, built from the settings of the process that runs it (`ki --config X sync run`,
+def create_app(settings: Settings, lane: Lane) -> faust.App:
+    """One lane's app, built from the settings of the process that runs it (`ki --config X sync run`,
     `$KI_CONFIG`, `KI_*` overrides): app id / consumer group, brokers, topics, DLQ, web port, index.
 
     There is deliberately no module-level app: one built at import time would use the default
     settings whatever `--config` said."""
     # Faust creates its data directory even with in-memory tables (without parents): keep it out of
     # the working directory.
-    datadir = Path(settings.stack.home).expanduser() / "faust" / settings.streams.app_id
+    group = consumer_group(settings, lane)
+    datadir = Path(settings.stack.home).expanduser() / "faust" / group
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
-        settings.streams.app_id,
+        group,
         broker=[f"kafka://{server}" for server in settings.kafka.bootstrap_servers.split(",")],
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
         datadir=str(datadir),
-        web_port=settings.streams.web_port,
+        web_port=lane_web_port(settings, lane),
         web_bind="127.0.0.1",
         web_transport="tcp://",
         consumer_auto_offset_reset="earliest",
@@ -71,7 +82,8 @@ def create_app(settings: Settings) -> faust.App:
         broker_commit_interval=1.0,
         stream_wait_empty=False,
     )
-    source = app.topic(*cdc_topics(settings), key_type=bytes, value_type=bytes, allow_empty=True)
+    source = app.topic(*lane_topics(settings, lane), key_type=bytes, value_type=bytes, allow_empty=True)
+    content_topics = frozenset(lane_topics(settings, "content"))
     dlq = app.topic(settings.streams.dlq_topic, key_type=bytes, value_type=bytes, internal=False)
     state: dict[str, Any] = {}
 
@@ -92,6 +104,7 @@ def create_app(settings: Settings) -> faust.App:
     async def send_to_dlq(event: Any, reason: str) -> None:
         message = event.message
         payload = {
+            "lane": lane,
             "reason": reason,
             "topic": message.topic,
             "partition": message.partition,
@@ -100,7 +113,7 @@ def create_app(settings: Settings) -> faust.App:
             "value": message.value.decode("utf-8", "replace") if message.value else None,
         }
         await dlq.send(key=message.key, value=json.dumps(payload).encode())
-        metrics.DLQ_EVENTS.labels(table=message.topic.rsplit(".", 1)[-1]).inc()
+        metrics.DLQ_EVENTS.labels(lane=lane, table=message.topic.rsplit(".", 1)[-1]).inc()
         log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
 
     async def apply_until_done(keys: DirtyKeys) -> None:
@@ -111,7 +124,7 @@ def create_app(settings: Settings) -> faust.App:
         while True:
             try:
                 proj = await projector()
-                stats = await proj.apply(keys)
+                stats = await proj.apply(keys, lane)
                 metrics.record_sync(stats)
                 return
             except IndexSchemaError as exc:
@@ -140,9 +153,12 @@ def create_app(settings: Settings) -> faust.App:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 15.0)
 
-    @app.agent(source)
+    @app.agent(source, name=f"cdc-{lane}")
     async def cdc(stream: faust.StreamT) -> None:
-        max_events = settings.streams.batch_max_events
+        if lane == "content":
+            max_events = settings.streams.content_batch_max_events
+        else:
+            max_events = settings.streams.batch_max_events
         linger = settings.streams.batch_linger_ms / 1000
         # take_events exists on faust.Stream at runtime but is missing from the StreamT stub.
         async for events in stream.take_events(max_events, within=linger):  # type: ignore[attr-defined]
@@ -163,14 +179,16 @@ def create_app(settings: Settings) -> faust.App:
                 decoded = decode(message.topic, message.key, message.value)
                 event_keys = dirty_keys(decoded)
             except (PoisonEvent, ValueError, TypeError) as exc:
-                await send_to_dlq(event, f"undecodable: {exc}")
+                # Both lanes read the content topics: the content lane alone dead-letters what it cannot read.
+                if lane == "content" or message.topic not in content_topics:
+                    await send_to_dlq(event, f"undecodable: {exc}")
                 continue
             if isinstance(decoded, ChangeEvent):
-                metrics.EVENTS.labels(table=decoded.table, op=decoded.op).inc()
+                metrics.EVENTS.labels(lane=lane, table=decoded.table, op=decoded.op).inc()
                 if decoded.source.ts_ms and not decoded.source.snapshot:
                     newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
             elif isinstance(decoded, Tombstone):
-                metrics.EVENTS.labels(table=decoded.table, op="tombstone").inc()
+                metrics.EVENTS.labels(lane=lane, table=decoded.table, op="tombstone").inc()
             keys.update(event_keys)
         try:
             await apply_until_done(keys)
@@ -178,7 +196,7 @@ def create_app(settings: Settings) -> faust.App:
             for event in events:
                 await send_to_dlq(event, f"cannot be applied: {type(exc).__name__}: {exc}")
         if newest_commit_ms:
-            metrics.FRESHNESS.observe(max(0.0, time.time() - newest_commit_ms / 1000))
+            metrics.FRESHNESS.labels(lane=lane).observe(max(0.0, time.time() - newest_commit_ms / 1000))
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:

@@ -15,8 +15,8 @@ from streams import status
 
 log = logging.getLogger(__name__)
 
-EVENTS = Counter("ki_sync_events_total", "CDC events consumed", ["table", "op"])
-DLQ_EVENTS = Counter("ki_sync_dlq_events_total", "events sent to the dead-letter topic", ["table"])
+EVENTS = Counter("ki_sync_events_total", "CDC events consumed", ["lane", "table", "op"])
+DLQ_EVENTS = Counter("ki_sync_dlq_events_total", "events sent to the dead-letter topic", ["lane", "table"])
 SYNC_RETRIES = Counter("ki_sync_retries_total", "batches retried after a transient failure")
 VERSIONS = Counter("ki_sync_versions_projected_total", "versions whose rows were rebuilt")
 ACCESS_VERSIONS = Counter("ki_sync_access_versions_total", "versions whose projection was re-checked")
@@ -30,6 +30,7 @@ BULK_SECONDS = Histogram("ki_sync_stage_seconds", "time per sync stage and batch
 FRESHNESS = Histogram(
     "ki_sync_freshness_seconds",
     "commit in PostgreSQL (source.ts_ms) to write acknowledged by OpenSearch",
+    ["lane"],
     buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300),
 )
 CONSUMER_LAG = Gauge("ki_sync_consumer_lag", "records behind the log end", ["topic", "partition"])

@@ -9,7 +9,7 @@ from sqlalchemy import Engine, text
 
 from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import Settings
-from streams.topics import cdc_topics
+from streams.topics import Lane, consumer_group, lane_topics
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,12 @@ class LagProbe:
         self._admin = make_kafka_admin(settings)
         self._consumer = make_kafka_consumer(settings, "ki-status-probe")
 
-    def read(self) -> list[PartitionLag]:
-        group = self.settings.streams.app_id
+    def read(self, lane: Lane = "content") -> list[PartitionLag]:
+        group = consumer_group(self.settings, lane)
         metadata = self._admin.list_topics(timeout=10)
         partitions = [
             TopicPartition(topic, p)
-            for topic in cdc_topics(self.settings)
+            for topic in lane_topics(self.settings, lane)
             if topic in metadata.topics
             for p in metadata.topics[topic].partitions
         ]
@@ -60,11 +60,11 @@ class LagProbe:
         self._consumer.close()
 
 
-def consumer_lag(settings: Settings) -> list[PartitionLag]:
-    """One reading, with clients opened and closed for it (CLI and one-off callers)."""
+def consumer_lag(settings: Settings, lane: Lane = "content") -> list[PartitionLag]:
+    """One reading of one lane's group, with clients opened and closed for it (CLI and one-off callers)."""
     probe = LagProbe(settings)
     try:
-        return probe.read()
+        return probe.read(lane)
     finally:
         probe.close()
 

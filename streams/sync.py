@@ -32,9 +32,11 @@ from projections.chunking import TokenBudget
 from projections.dirty import DirtyKeys
 from projections.plan import (
     PRINCIPAL_FIELDS,
+    ContentPlan,
     RowWrite,
     access_only_update,
     access_only_versions,
+    micro_batches,
     next_access_version,
     plan_content_writes,
 )
@@ -46,7 +48,8 @@ from projections.rows import (
     VersionState,
     build_rows,
 )
-from streams.writer import BulkOp, ExistingRow, IndexWriter
+from streams.topics import Lane
+from streams.writer import BulkOp, BulkResult, ExistingRow, IndexWriter
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +254,10 @@ class Projector:
         content |= keys.content_versions
         return content, access_only_versions(content, access)
 
-    async def apply(self, keys: DirtyKeys) -> SyncStats:
+    async def apply(self, keys: DirtyKeys, lane: Lane | None = None) -> SyncStats:
+        """Project what `keys` dirtied. `lane` (`streams.topics.Lane`) limits the work to one lane:
+        "access" writes everything that needs no embedding and leaves the rest to the content lane;
+        "content" embeds and writes content; None (rebuild, tests) does both."""
         stats = SyncStats()
         if not keys:
             return stats
@@ -262,15 +268,26 @@ class Projector:
         if gone_docs:
             content |= await self.writer.indexed_versions("document_id", gone_docs)
         stats.timed("resolve", started)
-        await self.project_versions(content, stats)
-        await self.project_access(access, stats)
+        await self.project_versions(content, stats, embed=lane != "access")
+        if lane != "content":
+            await self.project_access(access, stats)
         return stats
 
     # -- content path --------------------------------------------------------------------------
 
-    async def project_versions(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
+    async def project_versions(
+        self, version_ids: Iterable[int], stats: SyncStats | None = None, *, embed: bool = True
+    ) -> SyncStats:
+        """Rebuild these versions' rows. Without `embed` (the access lane) a version whose rows need a
+        new vector only gets its principal projection rewritten; the content lane does the rest."""
         stats = stats or SyncStats()
-        await self._until_settled("content", self._project_versions_once, version_ids, stats)
+        # Vectors survive a lost write race: the retry re-reads and re-plans, but never re-embeds a string.
+        known: dict[str, list[float]] = {}
+
+        async def once(ids: list[int], round_stats: SyncStats) -> set[int]:
+            return await self._project_versions_once(ids, round_stats, known, embed=embed)
+
+        await self._until_settled("content" if embed else "access", once, version_ids, stats)
         return stats
 
     async def _until_settled(
@@ -282,7 +299,7 @@ class Projector:
     ) -> None:
         """Project until no version loses a write race. Rows are read through search, which only sees
         what the last refresh published; a conflict usually means our read was older than a write we (or
-        another worker) just made, so the index is refreshed before the losers are read again."""
+        another worker or lane) just made, so the index is refreshed before the losers are read again."""
         pending = set(version_ids)
         for _ in range(MAX_CONFLICT_ROUNDS):
             if not pending:
@@ -300,26 +317,64 @@ class Projector:
             grants = version_projections(conn, states.keys(), self.settings.security)
         return states, grants
 
-    async def _project_versions_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
+    async def _project_versions_once(
+        self, version_ids: list[int], stats: SyncStats, known: dict[str, list[float]], *, embed: bool
+    ) -> set[int]:
         started = time.perf_counter()
         existing = await self.writer.existing_rows(version_ids, with_source=("*",))  # step 1: the index
+        if not embed:
+            # A version with no rows yet can only gain rows, and new rows need vectors: content lane work.
+            version_ids = [version_id for version_id in version_ids if existing.get(version_id)]
+            if not version_ids:
+                return set()
         states, grants = await asyncio.to_thread(self._load_states, version_ids)  # step 2: PostgreSQL
         stats.timed("read", started)
 
-        ops: list[BulkOp] = []
-        planned: list[tuple[int, IndexRow, RowWrite, ExistingRow | None]] = []
+        plans: dict[int, ContentPlan] = {}
+        access_ops: list[BulkOp | None] = []
         for version_id in version_ids:
             stored = existing.get(version_id, {})
             state = states.get(version_id)
             new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
             plan = plan_content_writes(new_rows, stored)
-            for doc_id in plan.deletes:
-                ops.append(_delete(stored[doc_id], version_id))
-            stats.rows_deleted += len(plan.deletes)
-            planned.extend((version_id, row, write, stored.get(row.id)) for row, write in plan.writes)
+            if not embed and any(write.needs_vector for _, write in plan.writes):
+                # An embedded string changed: the content lane rewrites these rows; the projection cannot wait.
+                granted = grants.get(version_id, GrantedPrincipals((), ()))
+                access_ops.extend(_access_update(row, granted, version_id) for row in stored.values())
+                stats.access_versions += 1
+                continue
+            plans[version_id] = plan
             stats.versions_projected += 1
 
-        vectors = await self._vectors_for([row for _, row, write, _ in planned if write.needs_vector], stats)
+        lost: set[int] = set()
+        if any(access_ops):
+            result = await self._write([op for op in access_ops if op is not None], stats)
+            stats.access_rows_updated += result.written
+            lost |= {int(group) for group in result.conflicts}
+        needs = [(v, sum(write.needs_vector for _, write in plan.writes)) for v, plan in plans.items()]
+        for group in micro_batches(needs, self.settings.streams.embed_micro_batch_rows):
+            lost |= await self._write_versions(group, plans, existing, stats, known)
+        return lost
+
+    async def _write_versions(
+        self,
+        version_ids: list[int],
+        plans: Mapping[int, ContentPlan],
+        existing: Mapping[int, Mapping[str, ExistingRow]],
+        stats: SyncStats,
+        known: dict[str, list[float]],
+    ) -> set[int]:
+        """Embed and write one micro-batch of planned versions; returns the versions to project again."""
+        ops: list[BulkOp] = []
+        planned: list[tuple[int, IndexRow, RowWrite, ExistingRow | None]] = []
+        for version_id in version_ids:
+            stored = existing.get(version_id, {})
+            plan = plans[version_id]
+            ops.extend(_delete(stored[doc_id], version_id) for doc_id in plan.deletes)
+            stats.rows_deleted += len(plan.deletes)
+            planned.extend((version_id, row, write, stored.get(row.id)) for row, write in plan.writes)
+
+        vectors = await self._vectors_for([row for _, row, write, _ in planned if write.needs_vector], stats, known)
         # REPLACE keeps the stored vector, read here (after step 1, so a row deleted meanwhile is missing).
         kept = await self.writer.vectors(
             [old.doc_id for _, _, write, old in planned if old is not None and write is RowWrite.REPLACE]
@@ -338,31 +393,41 @@ class Projector:
                     continue
                 body = {**row.source, "embedding": vector}
                 ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=group))
-        started = time.perf_counter()
-        result = await self.writer.bulk(ops)
-        stats.timed("write", started)
+        result = await self._write(ops, stats)
         stats.rows_written += result.written
         return {int(group) for group in result.conflicts} | lost
 
-    async def _vectors_for(self, rows: Sequence[IndexRow], stats: SyncStats) -> dict[str, list[float]]:
-        """A vector for each row: each distinct embedded string once, and none whose vector the index holds."""
+    async def _write(self, ops: list[BulkOp], stats: SyncStats) -> BulkResult:
+        started = time.perf_counter()
+        result = await self.writer.bulk(ops)
+        stats.timed("write", started)
+        return result
+
+    async def _vectors_for(
+        self, rows: Sequence[IndexRow], stats: SyncStats, known: dict[str, list[float]]
+    ) -> dict[str, list[float]]:
+        """A vector for each row: each distinct embedded string once, none whose vector is `known` (from an
+        earlier round) or held by the index. Fresh vectors are added to `known`."""
         if not rows:
             return {}
         distinct: dict[str, IndexRow] = {}
         for row in rows:
-            distinct.setdefault(row.content_hash, row)
-        started = time.perf_counter()
-        by_hash = await self.writer.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
-        stats.timed("reuse", started)
-        fresh = [row for digest, row in distinct.items() if digest not in by_hash]
+            if row.content_hash not in known:
+                distinct.setdefault(row.content_hash, row)
+        if distinct:
+            started = time.perf_counter()
+            stored = await self.writer.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
+            stats.timed("reuse", started)
+            known.update(stored)
+        fresh = [row for digest, row in distinct.items() if digest not in known]
         if fresh:
             started = time.perf_counter()
             embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in fresh])
-            by_hash.update((row.content_hash, vector) for row, vector in zip(fresh, embedded, strict=True))
+            known.update((row.content_hash, vector) for row, vector in zip(fresh, embedded, strict=True))
             stats.timed("embed", started)
         stats.rows_embedded += len(fresh)
         stats.rows_reused += len(rows) - len(fresh)
-        return {row.id: by_hash[row.content_hash] for row in rows}
+        return {row.id: known[row.content_hash] for row in rows}
 
     def _rows_for(
         self, state: _State, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]
@@ -405,21 +470,23 @@ class Projector:
         existing = await self.writer.existing_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
         grants = await asyncio.to_thread(self._load_grants, version_ids)
         stats.timed("read", started)
-        ops: list[BulkOp] = []
+        ops: list[BulkOp | None] = []
         for version_id in version_ids:
             rows = existing.get(version_id, {})
             granted = grants.get(version_id, GrantedPrincipals((), ()))
-            for row in rows.values():
-                body = access_only_update(row, granted)
-                if body is None:
-                    continue
-                ops.append(BulkOp("update", row.doc_id, body, row.seq_no, row.primary_term, group=str(version_id)))
+            ops.extend(_access_update(row, granted, version_id) for row in rows.values())
             stats.access_versions += 1
-        started = time.perf_counter()
-        result = await self.writer.bulk(ops)
-        stats.timed("write", started)
+        result = await self._write([op for op in ops if op is not None], stats)
         stats.access_rows_updated += result.written
         return {int(group) for group in result.conflicts}
+
+
+def _access_update(row: ExistingRow, granted: GrantedPrincipals, version_id: int) -> BulkOp | None:
+    """The conditional partial update giving a stored row this projection; None when it holds it already."""
+    body = access_only_update(row, granted)
+    if body is None:
+        return None
+    return BulkOp("update", row.doc_id, body, row.seq_no, row.primary_term, group=str(version_id))
 
 
 def _delete(old: ExistingRow, version_id: int) -> BulkOp:

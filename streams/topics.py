@@ -41,7 +41,9 @@ def consumer_group(settings: Settings, lane: Lane) -> str:
 
 
 def lane_web_port(settings: Settings, lane: Lane) -> int:
-    return settings.streams.web_port if lane == "content" else settings.streams.access_web_port
+    if lane == "content":
+        return settings.streams.web_port
+    return settings.streams.access_web_port or settings.streams.web_port + 1
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:

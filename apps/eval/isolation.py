@@ -121,7 +121,8 @@ def make_target(
             "streams": {
                 "app_id": f"{INDEX_PREFIX}{key}-{digest}",
                 "dlq_topic": f"{name}.dlq",
-                "web_port": web_port or base.streams.web_port + 1,
+                "web_port": web_port or base.streams.web_port + 2,  # +1 is the main access lane's
+                "access_web_port": None,  # web_port + 1, never the main worker's
             },
         },
     )

@@ -23,6 +23,7 @@ from ki.settings import REPO_ROOT, Settings
 from streams.replay import read_topics
 from streams.status import consumer_lag
 from streams.sync import Projector
+from streams.topics import LANES, Lane
 from streams.writer import IndexWriter
 from tests.conftest import wait_for
 
@@ -30,19 +31,34 @@ Offsets = dict[tuple[str, int], int]
 
 
 class Worker:
-    """`ki sync run` as a real child process. Several can run side by side (one consumer group): each
-    gets a free `web_port` of its own unless one is given (a worker another module just stopped may
-    still hold the configured port, and the new one would exit on the bind)."""
+    """`ki sync run` (both lanes, each a process of its own) as a real child process. Several can run side
+    by side (one consumer group per lane): each gets free ports for its lanes' /metrics unless given (a
+    worker another module just stopped may still hold the configured port, and the new one would exit on
+    the bind). `lane` runs one lane only (`ki sync run --lane`)."""
 
-    def __init__(self, settings: Settings, *, name: str = "sync-worker", web_port: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str = "sync-worker",
+        web_port: int | None = None,
+        access_web_port: int | None = None,
+        lane: Lane | None = None,
+    ) -> None:
         self.settings = settings
         self.web_port = web_port or free_port()
+        self.access_web_port = access_web_port or free_port()
+        self.lanes: tuple[Lane, ...] = (lane,) if lane else LANES
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
         self.child = Child(
-            [sys.executable, "-m", "apps.cli", "sync", "run"],
+            [sys.executable, "-m", "apps.cli", "sync", "run", *(["--lane", lane] if lane else [])],
             self.log_path,
             cwd=REPO_ROOT,
-            env={"PYTHONUNBUFFERED": "1", "KI_STREAMS__WEB_PORT": str(self.web_port)},
+            env={
+                "PYTHONUNBUFFERED": "1",
+                "KI_STREAMS__WEB_PORT": str(self.web_port),
+                "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_web_port),
+            },
         )
 
     def spawn(self) -> None:
@@ -67,19 +83,22 @@ class Worker:
 
     def _metrics_ready(self) -> bool:
         try:
-            return "ki_sync_events_total" in self.metrics_text()
+            return all("ki_sync_events_total" in self.metrics_text(lane) for lane in self.lanes)
         except OSError:
             return False
 
-    def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=10) as response:
+    def metrics_text(self, lane: Lane = "content") -> str:
+        port = self.web_port if lane == "content" else self.access_web_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             return response.read().decode()
 
     def counter(self, name: str) -> float:
+        """A counter summed over its labels and the worker's lanes."""
         total = 0.0
-        for line in self.metrics_text().splitlines():
-            if re.match(rf"^{name}(\{{.*\}})? ", line):
-                total += float(line.rsplit(" ", 1)[1])
+        for lane in self.lanes:
+            for line in self.metrics_text(lane).splitlines():
+                if re.match(rf"^{name}(\{{.*\}})? ", line):
+                    total += float(line.rsplit(" ", 1)[1])
         return total
 
     def kill(self) -> None:
@@ -246,8 +265,8 @@ def wait_until_synced(settings: Settings, engine: Engine, *, timeout: float = 24
     )
 
     def drained() -> list | None:
-        lags = consumer_lag(settings)
+        lags = [p for lane in LANES for p in consumer_lag(settings, lane)]
         behind = [p for p in lags if p.end > 0 and p.lag]
         return None if behind else lags or None
 
-    wait_for(drained, timeout=timeout, interval=1.0, what="the worker group to commit every CDC partition to its end")
+    wait_for(drained, timeout=timeout, interval=1.0, what="both lanes' groups to commit every CDC partition to its end")

@@ -13,6 +13,7 @@ from projections.plan import (
     access_only_versions,
     drops_fields,
     holds_principals,
+    micro_batches,
     next_access_version,
     plan_content_writes,
     row_write,
@@ -184,3 +185,15 @@ def test_an_unchanged_projection_gives_no_access_only_write():
     # The access-only path reads principals from doc values: sorted lists, no other fields.
     doc_values = replace(row, source={"allowed_principals": ["group:a", "user:b"], "denied_principals": ["user:x"]})
     assert access_only_update(doc_values, GRANTED) is None
+
+
+def test_micro_batches_write_free_versions_first_and_pack_the_rest_in_order():
+    needs = [(1, 30), (2, 0), (3, 30), (4, 10), (5, 0), (6, 64)]
+    assert micro_batches(needs, 64) == [[2, 5], [1, 3], [4], [6]]
+
+
+def test_a_version_bigger_than_a_micro_batch_is_a_group_of_its_own_never_split():
+    assert micro_batches([(1, 5), (2, 200), (3, 5)], 64) == [[1], [2], [3]]
+    assert micro_batches([], 64) == []
+    with pytest.raises(ValueError, match="max_rows"):
+        micro_batches([(1, 1)], 0)

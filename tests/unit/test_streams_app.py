@@ -1,6 +1,8 @@
 """The Faust app is built from the settings of the process that runs it, never at import time."""
 
 import streams.app
+from ki.db.models import CAPTURED_TABLES
+from projections.dirty import CONTENT_TABLES
 from ki.settings import Settings
 
 
@@ -16,9 +18,24 @@ def test_the_app_uses_the_given_settings(tmp_path):
             "stack": {"home": str(tmp_path)},
         }
     )
-    app = streams.app.create_app(settings)
-    assert app.conf.id == "ki-test-app"
-    assert app.conf.web_port == 7123
-    assert [str(url) for url in app.conf.broker] == ["kafka://127.0.0.1:1", "kafka://127.0.0.1:2"]
-    topics = {t for agent in app.agents.values() for t in agent.channel.topics}
-    assert topics and all(t.startswith("ki_test.") for t in topics)
+    content = streams.app.create_app(settings, "content")
+    assert content.conf.id == "ki-test-app"
+    assert content.conf.web_port == 7123
+    assert [str(url) for url in content.conf.broker] == ["kafka://127.0.0.1:1", "kafka://127.0.0.1:2"]
+    access = streams.app.create_app(settings, "access")
+    assert access.conf.id == "ki-test-app-access"
+    assert access.conf.web_port == 7124  # web_port + 1 unless streams.access_web_port says otherwise
+
+
+def topics_of(app):
+    return {t.rsplit(".", 1)[1] for agent in app.agents.values() for t in agent.channel.topics}
+
+
+def test_the_content_lane_reads_the_content_tables_and_the_access_lane_reads_every_table(tmp_path):
+    settings = Settings.model_validate({"kafka": {"topic_prefix": "ki_test"}, "stack": {"home": str(tmp_path)}})
+    content = topics_of(streams.app.create_app(settings, "content"))
+    access = topics_of(streams.app.create_app(settings, "access"))
+    assert content == set(CONTENT_TABLES)
+    assert access == set(CAPTURED_TABLES)
+    # Grants, memberships, aliases and observations never wait behind embedding.
+    assert {"grants", "group_memberships", "principal_aliases", "source_observations"}.isdisjoint(content)
