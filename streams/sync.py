@@ -135,6 +135,16 @@ _VERSION_STATE = _sql(
 )
 
 
+_FIRST_OBSERVATION = _sql(
+    """
+    SELECT dv.id, (SELECT min(o.source_object_id) FROM source_observations o
+                    WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL) AS source_object_id
+    FROM document_versions dv WHERE dv.id = ANY(:ids)
+    """,
+    ids=_IDS,
+)
+
+
 @dataclass
 class SyncStats:
     versions_projected: int = 0
@@ -321,7 +331,8 @@ class Projector:
         self, version_ids: list[int], stats: SyncStats, known: dict[str, list[float]], *, embed: bool
     ) -> set[int]:
         started = time.perf_counter()
-        existing = await self.writer.existing_rows(version_ids, with_source=("*",))  # step 1: the index
+        # step 1: the index (the content path needs no refresh: a `create` of a row that exists conflicts)
+        existing = await self._read_rows(version_ids, refresh_if_missing=not embed, with_source=("*",))
         if not embed:
             # A version with no rows yet can only gain rows, and new rows need vectors: content lane work.
             version_ids = [version_id for version_id in version_ids if existing.get(version_id)]
@@ -353,8 +364,41 @@ class Projector:
             lost |= {int(group) for group in result.conflicts}
         needs = [(v, sum(write.needs_vector for _, write in plan.writes)) for v, plan in plans.items()]
         for group in micro_batches(needs, self.settings.streams.embed_micro_batch_rows):
-            lost |= await self._write_versions(group, plans, existing, stats, known)
+            group_lost = await self._write_versions(group, plans, existing, stats, known)
+            if embed:
+                # The access lane may have missed these rows (written after its read); re-check here.
+                basis = {v: _access_basis(states.get(v), grants.get(v)) for v in group if v not in group_lost}
+                group_lost |= await asyncio.to_thread(self._access_changed, basis)
+            lost |= group_lost
         return lost
+
+    async def _read_rows(
+        self, version_ids: list[int], *, refresh_if_missing: bool = True, **fields: Sequence[str]
+    ) -> dict[int, dict[str, ExistingRow]]:
+        """The stored rows of these versions. Search only sees refreshed rows, and rows the other lane (or
+        worker) wrote a moment ago may not be: a version found without rows is read again after a refresh,
+        so that access work never skips rows just because they are new."""
+        existing = await self.writer.existing_rows(version_ids, **fields)
+        missing = [version_id for version_id in version_ids if not existing.get(version_id)]
+        if missing and refresh_if_missing:
+            await self.writer.refresh()
+            existing.update(await self.writer.existing_rows(missing, **fields))
+        return existing
+
+    def _access_changed(self, basis: Mapping[int, tuple[GrantedPrincipals, int | None]]) -> set[int]:
+        """The versions whose projection or first observation changed in PostgreSQL since the rows were built.
+
+        A content write can take minutes of embedding; a grant committed meanwhile is projected by the
+        access lane, but only onto rows it can read, and rows created after its read were built from the
+        older state. Checking after the write closes that gap: such a version is simply projected again
+        (cheaply: its vectors are kept)."""
+        if not basis:
+            return set()
+        with self.engine.connect() as conn:
+            grants = version_projections(conn, basis.keys(), self.settings.security)
+            objects = {row.id: row.source_object_id for row in conn.execute(_FIRST_OBSERVATION, {"ids": list(basis)})}
+        current = {v: _access_basis_of(grants.get(v), objects.get(v)) for v in basis}
+        return {v for v, used in basis.items() if current[v] != used}
 
     async def _write_versions(
         self,
@@ -467,7 +511,7 @@ class Projector:
         started = time.perf_counter()
         # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
         # only be newer than what that seq_no holds, so a conditional write never regresses the row.
-        existing = await self.writer.existing_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
+        existing = await self._read_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
         grants = await asyncio.to_thread(self._load_grants, version_ids)
         stats.timed("read", started)
         ops: list[BulkOp | None] = []
@@ -479,6 +523,17 @@ class Projector:
         result = await self._write([op for op in ops if op is not None], stats)
         stats.access_rows_updated += result.written
         return {int(group) for group in result.conflicts}
+
+
+def _access_basis_of(
+    granted: GrantedPrincipals | None, source_object_id: int | None
+) -> tuple[GrantedPrincipals, int | None]:
+    return (granted or GrantedPrincipals((), ()), source_object_id)
+
+
+def _access_basis(state: _State | None, granted: GrantedPrincipals | None) -> tuple[GrantedPrincipals, int | None]:
+    """What a version's rows were built from beside their content: its projection and first observation."""
+    return _access_basis_of(granted, state.source_object_id if state else None)
 
 
 def _access_update(row: ExistingRow, granted: GrantedPrincipals, version_id: int) -> BulkOp | None:

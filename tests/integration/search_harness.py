@@ -56,12 +56,16 @@ class Child:
 
 class SyncWorker(Child):
     def __init__(self, env: dict[str, str]) -> None:
-        # A port of its own: another module's worker may still hold settings.streams.web_port.
-        self.port = free_port()
-        super().__init__("search-sync-worker", ["sync", "run"], {**env, "KI_STREAMS__WEB_PORT": str(self.port)})
+        # Ports of its own: another module's worker may still hold settings.streams.web_port.
+        self.port, self.access_port = free_port(), free_port()
+        ports = {"KI_STREAMS__WEB_PORT": str(self.port), "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_port)}
+        super().__init__("search-sync-worker", ["sync", "run"], {**env, **ports})
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
-        super().start(f"http://127.0.0.1:{self.port}/metrics", timeout)
+        self.process.start()
+        urls = [f"http://127.0.0.1:{port}/metrics" for port in (self.port, self.access_port)]
+        why = self.process.wait_ready(lambda: all(self._up(url) for url in urls), timeout)
+        assert why is None, f"{self.name} (both lanes): {why}; see {self.log_path}"
 
 
 class Server(Child):

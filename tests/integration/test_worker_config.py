@@ -21,7 +21,7 @@ from apps.processes import Child, free_port
 from ki.clients import make_kafka_consumer
 from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
 from streams.status import consumer_lag
-from streams.topics import cdc_topics
+from streams.topics import LANES, consumer_group, lane_topics
 from tests.conftest import wait_for
 from tests.integration.world import World
 
@@ -29,19 +29,20 @@ pytestmark = pytest.mark.stack
 
 
 def start_at_the_end(settings: Settings) -> None:
-    """Commit the log-end offsets for the new group, so its worker applies only what this test writes
-    (from the beginning it would re-embed every earlier test's documents)."""
-    consumer = make_kafka_consumer(settings, settings.streams.app_id, **{"enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(timeout=10)
-        ends = []
-        for topic in cdc_topics(settings):
-            for partition in metadata.topics[topic].partitions:
-                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                ends.append(TopicPartition(topic, partition, high))
-        consumer.commit(offsets=ends, asynchronous=False)
-    finally:
-        consumer.close()
+    """Commit the log-end offsets for the new groups (both lanes), so its worker applies only what this
+    test writes (from the beginning it would re-embed every earlier test's documents)."""
+    for lane in LANES:
+        consumer = make_kafka_consumer(settings, consumer_group(settings, lane), **{"enable.auto.commit": False})
+        try:
+            metadata = consumer.list_topics(timeout=10)
+            ends = []
+            for topic in lane_topics(settings, lane):
+                for partition in metadata.topics[topic].partitions:
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                    ends.append(TopicPartition(topic, partition, high))
+            consumer.commit(offsets=ends, asynchronous=False)
+        finally:
+            consumer.close()
 
 
 @pytest.fixture
@@ -92,7 +93,8 @@ def test_a_worker_started_with_another_config_uses_its_group_alias_and_port(
             return int(search.count(index=other.retrieval.index_name, body=body)["count"])
 
         wait_for(indexed_in_the_configured_alias, timeout=180, what="the version's rows in the configured alias")
-        committed = [p.committed for p in consumer_lag(other)]
-        assert committed and max(committed) > 0, "the configured consumer group committed nothing"
+        for lane in LANES:
+            committed = [p.committed for p in consumer_lag(other, lane)]
+            assert committed and max(committed) > 0, f"the configured {lane} lane's group committed nothing"
     finally:
         worker.stop()

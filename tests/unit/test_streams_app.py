@@ -2,8 +2,8 @@
 
 import streams.app
 from ki.db.models import CAPTURED_TABLES
-from projections.dirty import CONTENT_TABLES
 from ki.settings import Settings
+from projections.dirty import CONTENT_TABLES
 
 
 def test_importing_the_module_builds_no_app():
