@@ -21,8 +21,9 @@ from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
 from streams.replay import read_topics
-from streams.status import consumer_lag
+from streams.status import PartitionLag, group_lag
 from streams.sync import Projector
+from streams.topics import cdc_topics
 from streams.writer import IndexWriter
 from tests.conftest import wait_for
 
@@ -193,13 +194,18 @@ def _field_diff(live: dict, rebuilt: dict, prefix: str = "") -> str:
 # -- Kafka and the replication slot -----------------------------------------------------------------
 
 
+def worker_lag(settings: Settings) -> list[PartitionLag]:
+    """The worker group (`streams.app_id`) over every CDC topic."""
+    return group_lag(settings, settings.streams.app_id, cdc_topics(settings))
+
+
 def committed_offsets(settings: Settings) -> Offsets:
     """The worker group's committed offset per CDC partition (-1: none yet)."""
-    return {(p.topic, p.partition): p.committed for p in consumer_lag(settings)}
+    return {(p.topic, p.partition): p.committed for p in worker_lag(settings)}
 
 
 def end_offsets(settings: Settings) -> Offsets:
-    return {(p.topic, p.partition): p.end for p in consumer_lag(settings)}
+    return {(p.topic, p.partition): p.end for p in worker_lag(settings)}
 
 
 class GroupWatch:
@@ -246,7 +252,7 @@ def wait_until_synced(settings: Settings, engine: Engine, *, timeout: float = 24
     )
 
     def drained() -> list | None:
-        lags = consumer_lag(settings)
+        lags = worker_lag(settings)
         behind = [p for p in lags if p.end > 0 and p.lag]
         return None if behind else lags or None
 

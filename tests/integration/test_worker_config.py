@@ -92,7 +92,7 @@ def test_a_worker_started_with_another_config_uses_its_group_alias_and_port(
             return int(search.count(index=other.retrieval.index_name, body=body)["count"])
 
         wait_for(indexed_in_the_configured_alias, timeout=180, what="the version's rows in the configured alias")
-        committed = [p.committed for p in consumer_lag(other)]
+        committed = [p.committed for p in consumer_lag(other, "content")]
         assert committed and max(committed) > 0, "the configured consumer group committed nothing"
     finally:
         worker.stop()
