@@ -36,7 +36,12 @@ class LaneLag:
     lane: Lane
     group: str
     known: bool  # the broker knows the group (a worker has joined it, now or before)
-    members: int
+    members: int  # consumers in the group now: 0 when no worker runs this lane
+
+    @property
+    def running(self) -> bool:
+        return self.members > 0
+
     partitions: list[PartitionLag]
 
     @property
@@ -127,17 +132,18 @@ def group_lag(settings: Settings, group: str, topics: list[str]) -> list[Partiti
 
 
 def synced(lanes: list[LaneLag]) -> bool:
-    """Every lane a worker has joined has committed every partition to its end, and some lane has been
-    joined (before that, nothing has started). The lanes start together, so a lane still unknown here
-    is one that this deployment does not run."""
-    joined = [lane for lane in lanes if lane.known]
-    return bool(joined) and all(lane.caught_up for lane in joined)
+    """Every lane a worker runs now has committed every partition to its end, and some lane runs (before
+    that, nothing has started). A worker starts its lanes together, so a lane without members while
+    another one is caught up is one this deployment does not run (a group left by an earlier worker is
+    no reason to wait)."""
+    running = [lane for lane in lanes if lane.running]
+    return bool(running) and all(lane.caught_up for lane in running)
 
 
 def lag_summary(lanes: list[LaneLag]) -> str:
     """`Kafka lag: content 120, access 0` (events behind, per lane) for a progress line."""
     return "Kafka lag: " + ", ".join(
-        f"{lane.lane} {lane.total}" + ("" if lane.known else " (no worker has joined)") for lane in lanes
+        f"{lane.lane} {lane.total}" + ("" if lane.running else " (no worker)") for lane in lanes
     )
 
 

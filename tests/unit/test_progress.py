@@ -142,9 +142,9 @@ def test_steps_get_a_report_each() -> None:
     assert lines[-1] == "rebuild: alias swapped"
 
 
-def _lane(lane: str, known: bool, *offsets: tuple[int, int]) -> LaneLag:
+def _lane(lane: str, running: bool, *offsets: tuple[int, int]) -> LaneLag:
     partitions = [PartitionLag("t", i, committed, end) for i, (committed, end) in enumerate(offsets)]
-    return LaneLag(lane, f"g-{lane}", known, 1 if known else 0, partitions)  # type: ignore[arg-type]
+    return LaneLag(lane, f"g-{lane}", True, 1 if running else 0, partitions)  # type: ignore[arg-type]
 
 
 def test_lane_lag_counts_events_and_partitions_never_committed() -> None:
@@ -156,11 +156,11 @@ def test_lane_lag_counts_events_and_partitions_never_committed() -> None:
     assert not _lane("content", True).caught_up  # no partitions read: nothing says it is caught up
 
 
-def test_synced_needs_every_joined_lane_caught_up() -> None:
+def test_synced_needs_every_running_lane_caught_up() -> None:
     done, behind = ((4, 4),), ((2, 4),)
     assert synced([_lane("access", True, *done), _lane("content", True, *done)])
     assert not synced([_lane("access", True, *behind), _lane("content", True, *done)])
-    assert synced([_lane("access", False, *behind), _lane("content", True, *done)])  # not run here
+    assert synced([_lane("access", False, *behind), _lane("content", True, *done)])  # left by an earlier worker
     assert not synced([_lane("access", False, *done), _lane("content", False, *done)])  # nothing started
     summary = lag_summary([_lane("access", False, *behind), _lane("content", True, *done)])
-    assert summary == "Kafka lag: access 2 (no worker has joined), content 0"
+    assert summary == "Kafka lag: access 2 (no worker), content 0"
