@@ -37,12 +37,11 @@ class LaneLag:
     group: str
     known: bool  # the broker knows the group (a worker has joined it, now or before)
     members: int  # consumers in the group now: 0 when no worker runs this lane
+    partitions: list[PartitionLag]
 
     @property
     def running(self) -> bool:
         return self.members > 0
-
-    partitions: list[PartitionLag]
 
     @property
     def total(self) -> int:
