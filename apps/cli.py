@@ -100,18 +100,22 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
 def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from apps.progress import StepReport
     from streams.replay import rebuild
 
-    asyncio.run(rebuild(settings))
+    with StepReport("rebuild") as steps:
+        asyncio.run(rebuild(settings, progress=steps.line, on_progress=steps.advance))
     return 0
 
 
 def _backfill(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from apps.progress import StepReport
     from streams.replay import backfill
 
-    stats = asyncio.run(backfill(settings))
+    with StepReport("backfill") as steps:
+        stats = asyncio.run(backfill(settings, on_progress=steps.advance))
     print(
         f"backfill: {stats.versions_projected} versions, {stats.rows_written} rows written, "
         f"{stats.rows_embedded} embedded"
@@ -132,9 +136,11 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from apps.progress import StepReport
     from streams.replay import reconcile
 
-    report = asyncio.run(reconcile(settings))
+    with StepReport("reconcile") as steps:
+        report = asyncio.run(reconcile(settings, progress=steps.line, on_progress=steps.advance))
     return 0 if report is not None else 1
 
 

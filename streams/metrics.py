@@ -33,7 +33,9 @@ FRESHNESS = Histogram(
     ["lane"],
     buckets=(0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300),
 )
-CONSUMER_LAG = Gauge("ki_sync_consumer_lag", "records behind the log end", ["topic", "partition"])
+CONSUMER_LAG = Gauge(
+    "ki_sync_consumer_lag", "records behind the log end, per lane's consumer group", ["lane", "topic", "partition"]
+)
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 
 
@@ -66,16 +68,17 @@ _reader_lock = threading.Lock()
 
 
 def update_lag(settings: Settings) -> None:
-    """Consumer lag per partition as the broker sees it (log end - committed offset of our group), and the
-    WAL the replication slot retains. Blocking: call it from a thread. Failures leave the old values; a
-    scrape that finds another one reading skips the reading (its values are as fresh)."""
+    """Consumer lag per lane and partition as the broker sees it (log end - committed offset of the lane's
+    group), and the WAL the replication slot retains. Blocking: call it from a thread. Failures leave the
+    old values; a scrape that finds another one reading skips the reading (its values are as fresh)."""
     global _reader
     if not _reader_lock.acquire(blocking=False):
         return
     try:
         reader = _reader = _reader or _LagReader(settings)
-        for p in reader.probe.read():
-            CONSUMER_LAG.labels(topic=p.topic, partition=str(p.partition)).set(p.lag)
+        for lane in reader.probe.read_all():
+            for p in lane.partitions:
+                CONSUMER_LAG.labels(lane=lane.lane, topic=p.topic, partition=str(p.partition)).set(p.lag)
         retained = status.slot_retained_bytes(settings, reader.engine)
         if retained is not None:
             SLOT_RETAINED.set(retained)

@@ -1,6 +1,9 @@
 """Operator jobs: rebuild by replaying the topics, backfill from PostgreSQL, reconcile drift.
 
-All three reuse the worker's `Projector`, so they write exactly what the live sync would.
+All three reuse the worker's `Projector`, so they write exactly what the live sync would. They report
+through two callbacks: `progress` takes a line of text, `on_progress(unit, done, total)` how far the
+current long step is (events read, versions projected); the CLI turns the latter into a progress bar or
+plain lines (`apps.progress`), which this layer may not import.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from streams.topics import cdc_topics
 from streams.writer import IndexWriter
 
 Progress = Callable[[str], None]
+OnProgress = Callable[[str, int, int], None]  # (unit, done, total)
+REPORT_EVERY_EVENTS = 500  # on_progress while reading the topics: often enough, not per event
 
 
 def _print_progress(line: str) -> None:
@@ -45,8 +50,16 @@ def _end_offsets(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int],
     return ends
 
 
+def _no_progress(unit: str, done: int, total: int) -> None:
+    pass
+
+
 def read_topics(
-    settings: Settings, *, start: dict[tuple[str, int], int] | None = None, progress: Progress = _print_progress
+    settings: Settings,
+    *,
+    start: dict[tuple[str, int], int] | None = None,
+    progress: Progress = _print_progress,
+    on_progress: OnProgress = _no_progress,
 ) -> tuple[DirtyKeys, dict[tuple[str, int], int], int, int]:
     """Read every CDC topic from `start` (default: the beginning) up to the end offsets seen now.
 
@@ -70,7 +83,7 @@ def read_topics(
         if not assignment:
             return keys, ends, 0, 0
         consumer.assign(assignment)
-        last_report = time.monotonic()
+        on_progress("events", 0, total)
         while remaining:
             message = consumer.poll(1.0)
             if message is None:
@@ -85,11 +98,11 @@ def read_topics(
                     keys.update(dirty_keys(decode(message.topic(), message.key(), message.value())))
                 except (PoisonEvent, ValueError, TypeError):
                     poison += 1
+                if events % REPORT_EVERY_EVENTS == 0:
+                    on_progress("events", events, total)
             if message.offset() + 1 >= ends[tp]:
                 remaining.discard(tp)
-            if time.monotonic() - last_report > 2:
-                progress(f"replay: read {events}/{total} events")
-                last_report = time.monotonic()
+        on_progress("events", events, total)
         progress(f"replay: read {events} events ({poison} undecodable, left to the worker's DLQ)")
         return keys, ends, events, poison
     finally:
@@ -108,23 +121,23 @@ def _live_version_ids(engine: Engine) -> set[int]:
 
 
 async def _project_in_batches(
-    projector: Projector, version_ids: set[int], progress: Progress, label: str, batch: int = 64
+    projector: Projector, version_ids: set[int], on_progress: OnProgress, batch: int = 64
 ) -> SyncStats:
     total = SyncStats()
     ordered = sorted(version_ids)
-    started = time.monotonic()
+    on_progress("versions", 0, len(ordered))
     for i in range(0, len(ordered), batch):
         stats = await projector.project_versions(ordered[i : i + batch])
         total.versions_projected += stats.versions_projected
         total.rows_written += stats.rows_written
         total.rows_embedded += stats.rows_embedded
-        done = min(i + batch, len(ordered))
-        rate = done / max(time.monotonic() - started, 1e-6)
-        progress(f"{label}: {done}/{len(ordered)} versions, {total.rows_written} rows ({rate:.1f} versions/s)")
+        on_progress("versions", min(i + batch, len(ordered)), len(ordered))
     return total
 
 
-async def rebuild(settings: Settings, progress: Progress = _print_progress) -> str:
+async def rebuild(
+    settings: Settings, progress: Progress = _print_progress, on_progress: OnProgress = _no_progress
+) -> str:
     """Replay the topics into a fresh physical index, verify it against PostgreSQL, swap the alias."""
     embedder = create_embedder(settings)
     client = make_client(settings)
@@ -135,10 +148,11 @@ async def rebuild(settings: Settings, progress: Progress = _print_progress) -> s
         writer = IndexWriter(client, settings, index=physical)
         await writer.create_physical(physical)
         progress(f"rebuild: replaying the CDC topics into {physical}")
-        keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress)
+        keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
         projector = Projector(settings, engine, writer, embedder)
         content, access = await asyncio.to_thread(projector._resolve, keys)
-        await _project_in_batches(projector, content | access, progress, "rebuild")
+        stats = await _project_in_batches(projector, content | access, on_progress)
+        progress(f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written")
         await writer.refresh()
         expected = await asyncio.to_thread(_live_version_ids, engine)
         indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
@@ -151,7 +165,9 @@ async def rebuild(settings: Settings, progress: Progress = _print_progress) -> s
         previous = await writer.swap_alias(physical)
         progress(f"rebuild: alias {settings.retrieval.index_name} -> {physical} ({len(expected)} versions checked)")
         # Changes that arrived while we rebuilt were written to the old index by the worker: replay them.
-        catch_up, _, count, _ = await asyncio.to_thread(read_topics, settings, start=ends, progress=progress)
+        catch_up, _, count, _ = await asyncio.to_thread(
+            read_topics, settings, start=ends, progress=progress, on_progress=on_progress
+        )
         if catch_up:
             await projector.apply(catch_up)
             progress(f"rebuild: caught up on {count} event(s) that arrived during the rebuild")
@@ -165,7 +181,7 @@ async def rebuild(settings: Settings, progress: Progress = _print_progress) -> s
 
 
 async def backfill(
-    settings: Settings, progress: Progress = _print_progress, version_ids: Iterable[int] | None = None
+    settings: Settings, on_progress: OnProgress = _no_progress, version_ids: Iterable[int] | None = None
 ) -> SyncStats:
     """Project every version (or only `version_ids`) straight from PostgreSQL (for topics without history)."""
     embedder = create_embedder(settings)
@@ -179,7 +195,7 @@ async def backfill(
         else:
             with engine.connect() as conn:
                 ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
-        return await _project_in_batches(Projector(settings, engine, writer, embedder), ids, progress, "backfill")
+        return await _project_in_batches(Projector(settings, engine, writer, embedder), ids, on_progress)
     finally:
         await client.close()
         engine.dispose()
@@ -198,7 +214,9 @@ async def _all_indexed_versions(writer: IndexWriter) -> set[int]:
     return {int(b["key"]) for b in response["aggregations"]["versions"]["buckets"]}
 
 
-async def reconcile(settings: Settings, progress: Progress = _print_progress) -> ReconcileReport:
+async def reconcile(
+    settings: Settings, progress: Progress = _print_progress, on_progress: OnProgress = _no_progress
+) -> ReconcileReport:
     """Diff PostgreSQL against the index and repair: missing or stale versions are projected again,
     rows whose principal projection drifted are rewritten, rows of a version that lost some are rebuilt."""
     embedder = create_embedder(settings)
@@ -220,7 +238,7 @@ async def reconcile(settings: Settings, progress: Progress = _print_progress) ->
         projector = Projector(settings, engine, writer, embedder)
         # Re-projecting every indexed version is cheap when nothing changed: unchanged rows are not
         # re-embedded and identical rows are not written at all.
-        stats = await _project_in_batches(projector, expected | indexed, progress, "reconcile")
+        stats = await _project_in_batches(projector, expected | indexed, on_progress)
         report.rows_repaired = stats.rows_written
         progress(f"reconcile: {stats.rows_written} row(s) repaired, {stats.rows_embedded} embedded")
         return report

@@ -1,31 +1,63 @@
-"""`ki sync status`: how far behind the sync is, end to end."""
+"""`ki sync status` and consumer lag: how far behind the sync is, end to end, per lane."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, TopicPartition
 from sqlalchemy import Engine, text
 
 from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import Settings
-from streams.topics import Lane, consumer_group, lane_topics
+from streams.topics import LANES, Lane, consumer_group, lane_topics
 
 
 @dataclass(frozen=True)
 class PartitionLag:
     topic: str
     partition: int
-    committed: int
+    committed: int  # -1: the group has committed nothing for this partition
     end: int
 
     @property
     def lag(self) -> int:
         return max(0, self.end - max(self.committed, 0))
 
+    @property
+    def behind(self) -> bool:
+        """Events to go, or a partition with events the group has never committed (not even 0)."""
+        return self.lag > 0 or (self.committed < 0 and self.end > 0)
+
+
+@dataclass(frozen=True)
+class LaneLag:
+    """One lane's consumer group against the log end of that lane's topics."""
+
+    lane: Lane
+    group: str
+    known: bool  # the broker knows the group (a worker has joined it, now or before)
+    members: int  # consumers in the group now: 0 when no worker runs this lane
+    partitions: list[PartitionLag]
+
+    @property
+    def running(self) -> bool:
+        return self.members > 0
+
+    @property
+    def total(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def lagging(self) -> list[PartitionLag]:
+        return [p for p in self.partitions if p.behind]
+
+    @property
+    def caught_up(self) -> bool:
+        return bool(self.partitions) and not self.lagging
+
 
 class LagProbe:
-    """Reads consumer lag per partition: log end (a consumer's watermarks) minus the group's committed
+    """Reads consumer lag per partition: log end (a consumer's watermarks) minus a group's committed
     offset (the admin API). The two broker clients stay open between reads, so a worker answering a
     `/metrics` scrape every few seconds does not connect anew each time. Not thread-safe: one reader."""
 
@@ -34,12 +66,23 @@ class LagProbe:
         self._admin = make_kafka_admin(settings)
         self._consumer = make_kafka_consumer(settings, "ki-status-probe")
 
-    def read(self, lane: Lane = "content") -> list[PartitionLag]:
+    def read(self, lane: Lane) -> LaneLag:
+        """The lane's consumer group over the lane's topics (`streams.topics`)."""
         group = consumer_group(self.settings, lane)
+        described = self._admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        known = described.state not in (ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN)
+        partitions = self.read_group(group, lane_topics(self.settings, lane))
+        return LaneLag(lane, group, known, len(described.members), partitions)
+
+    def read_all(self) -> list[LaneLag]:
+        return [self.read(lane) for lane in LANES]
+
+    def read_group(self, group: str, topics: list[str]) -> list[PartitionLag]:
+        """Any group over any topics (only the topics that exist; their partitions as the broker has them)."""
         metadata = self._admin.list_topics(timeout=10)
         partitions = [
             TopicPartition(topic, p)
-            for topic in lane_topics(self.settings, lane)
+            for topic in topics
             if topic in metadata.topics
             for p in metadata.topics[topic].partitions
         ]
@@ -60,13 +103,47 @@ class LagProbe:
         self._consumer.close()
 
 
-def consumer_lag(settings: Settings, lane: Lane = "content") -> list[PartitionLag]:
-    """One reading of one lane's group, with clients opened and closed for it (CLI and one-off callers)."""
+def lane_lags(settings: Settings) -> list[LaneLag]:
+    """One reading of every lane, with clients opened and closed for it (CLI and one-off callers)."""
     probe = LagProbe(settings)
     try:
-        return probe.read(lane)
+        return probe.read_all()
     finally:
         probe.close()
+
+
+def consumer_lag(settings: Settings, lane: Lane) -> list[PartitionLag]:
+    """One lane's partitions, one-shot."""
+    probe = LagProbe(settings)
+    try:
+        return probe.read(lane).partitions
+    finally:
+        probe.close()
+
+
+def group_lag(settings: Settings, group: str, topics: list[str]) -> list[PartitionLag]:
+    """Any group over any topics, one-shot."""
+    probe = LagProbe(settings)
+    try:
+        return probe.read_group(group, topics)
+    finally:
+        probe.close()
+
+
+def synced(lanes: list[LaneLag]) -> bool:
+    """Every lane a worker runs now has committed every partition to its end, and some lane runs (before
+    that, nothing has started). A worker starts its lanes together, so a lane without members while
+    another one is caught up is one this deployment does not run (a group left by an earlier worker is
+    no reason to wait)."""
+    running = [lane for lane in lanes if lane.running]
+    return bool(running) and all(lane.caught_up for lane in running)
+
+
+def lag_summary(lanes: list[LaneLag]) -> str:
+    """`Kafka lag: content 120, access 0` (events behind, per lane) for a progress line."""
+    return "Kafka lag: " + ", ".join(
+        f"{lane.lane} {lane.total}" + ("" if lane.running else " (no worker)") for lane in lanes
+    )
 
 
 _SLOT_RETAINED_SQL = text(
@@ -88,12 +165,14 @@ def slot_retained_bytes(settings: Settings, engine: Engine | None = None) -> int
 
 
 def print_status(settings: Settings) -> int:
-    lags = consumer_lag(settings)
-    total = sum(p.lag for p in lags)
-    for p in lags:
-        if p.lag or p.committed < 0:
+    for lane in lane_lags(settings):
+        joined = f"{lane.members} member(s)" if lane.known else "unknown to the broker: no worker has joined it"
+        print(
+            f"{lane.lane} lane, consumer group {lane.group} ({joined}): total lag {lane.total} "
+            f"over {len(lane.partitions)} partitions, {len(lane.lagging)} behind"
+        )
+        for p in lane.lagging:
             print(f"  {p.topic}[{p.partition}]: committed {p.committed}, end {p.end}, lag {p.lag}")
-    print(f"consumer group {settings.streams.app_id}: total lag {total} over {len(lags)} partitions")
     retained = slot_retained_bytes(settings)
     print(
         f"replication slot {settings.connect.slot_name}: "

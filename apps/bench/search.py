@@ -63,6 +63,7 @@ from apps.demo.generator import (
 )
 from apps.plotting import pyplot, save_figure
 from apps.processes import Child, free_port
+from apps.progress import StepReport
 from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
@@ -220,7 +221,8 @@ async def ensure_corpus(
     elif missing:
         _progress(f"bench search: indexing {len(missing)} version(s) straight from PostgreSQL (backfill path)")
         started = time.perf_counter()
-        stats = await backfill(settings, progress=lambda line: _progress(f"  {line}"), version_ids=missing)
+        with StepReport("  backfill") as steps:
+            stats = await backfill(settings, on_progress=steps.advance, version_ids=missing)
         corpus.index_s = time.perf_counter() - started
         corpus.versions_indexed_now = stats.versions_projected
         corpus.rows_embedded_now = stats.rows_embedded

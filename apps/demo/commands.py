@@ -6,6 +6,7 @@ import asyncio
 import json
 import shlex
 import signal
+import sys
 import time
 from typing import Any
 
@@ -14,12 +15,13 @@ from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from apps.demo.generator import DEMO_TAG, demo_data_exists, generate
+from apps.progress import ProgressReport
 from apps.stack.paths import StackPaths
 from apps.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
 from ki.settings import Settings
 from search.auth import mint_token
-from streams.status import consumer_lag
+from streams.status import LagProbe, lag_summary, synced
 
 
 def _progress(line: str) -> None:
@@ -54,35 +56,37 @@ def _demo_user(engine: Engine) -> str:
 def _indexed_versions(search: OpenSearch, alias: str) -> int:
     if not search.indices.exists_alias(name=alias):
         return 0
-    body = {"size": 0, "aggs": {"versions": {"cardinality": {"field": "document_version_id"}}}}
+    # The highest precision threshold: exact counts far beyond any demo scale.
+    cardinality = {"field": "document_version_id", "precision_threshold": 40_000}
+    body = {"size": 0, "aggs": {"versions": {"cardinality": cardinality}}}
     return int(search.search(index=alias, body=body)["aggregations"]["versions"]["value"])
 
 
-def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 5.0) -> None:
-    """Progress lines until the worker has applied every CDC event (consumer lag 0 on every partition).
-    The worker commits offsets per batch, after OpenSearch acknowledged it, so the indexed version count
-    is what moves while a batch is being embedded."""
+def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0) -> None:
+    """Versions indexed against the versions to index (a bar on a terminal, plain lines otherwise) until
+    every lane has applied every CDC event: lag 0 on every partition of each lane a worker has joined.
+    The content lane writes each micro-batch as it is embedded, so the count moves while it works."""
     with engine.connect() as conn:
         total = conn.execute(
             text(
                 "SELECT count(*) FROM document_versions v JOIN documents d ON d.id = v.document_id"
-                " WHERE d.deleted_at IS NULL"
+                " WHERE d.deleted_at IS NULL AND btrim(v.text) <> ''"
             )  # fmt: skip
         ).scalar_one()
     search = make_sync_client(settings, timeout_s=30)
+    probe = LagProbe(settings)
     started = time.monotonic()
-    while True:
-        lags = consumer_lag(settings)
-        behind = sum(p.lag for p in lags)
-        waiting = [p for p in lags if p.committed < 0 and p.end > 0]
-        elapsed = time.monotonic() - started
-        if lags and not behind and not waiting:
-            print(f"ki demo: synced ({elapsed:.0f}s)", flush=True)
-            return
-        indexed = _indexed_versions(search, settings.retrieval.index_name)
-        print(f"ki demo: syncing through CDC: ~{indexed}/{total} versions indexed, {behind} events to go"
-              f" ({elapsed:.0f}s)", flush=True)  # fmt: skip
-        time.sleep(poll_s)
+    try:
+        with ProgressReport("ki demo: indexing", "versions", total, stream=sys.stdout) as report:
+            while True:
+                lanes = probe.read_all()
+                report.update(_indexed_versions(search, settings.retrieval.index_name), note=lag_summary(lanes))
+                if synced(lanes):
+                    break
+                time.sleep(poll_s)
+    finally:
+        probe.close()
+    print(f"ki demo: synced ({time.monotonic() - started:.0f}s)", flush=True)
 
 
 def example_requests() -> list[tuple[str, dict[str, Any]]]:

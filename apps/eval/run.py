@@ -31,7 +31,6 @@ import re
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -44,6 +43,7 @@ from sqlalchemy import Connection, Engine, bindparam, insert, text
 from apps.eval import beir, isolation, report, tuning
 from apps.eval.metrics import METRICS, evaluate
 from apps.processes import free_port
+from apps.progress import ProgressReport
 from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
 from ki.errors import PermanentError, Unavailable
@@ -310,13 +310,13 @@ async def indexed_rows(client: AsyncOpenSearch, alias: str) -> int:
     return int((await client.count(index=alias))["count"])
 
 
-def _kafka_lag(settings: Settings) -> int | None:
+def _lag_note(settings: Settings) -> str:
     try:
-        from streams.status import consumer_lag
+        from streams.status import lag_summary, lane_lags
 
-        return sum(p.lag for p in consumer_lag(settings))
+        return lag_summary(lane_lags(settings))
     except Exception:  # noqa: BLE001 - only decorates a progress line
-        return None
+        return ""
 
 
 def dlq_events(settings: Settings) -> int | None:
@@ -342,38 +342,6 @@ def dlq_events(settings: Settings) -> int | None:
         return None
 
 
-class RateWindow:
-    """Rows per second over the last `window_s` seconds (an ETA from the recent pace, not the average
-    since the start, which a slow warm-up or a resumed run would skew)."""
-
-    def __init__(self, window_s: float = 120.0) -> None:
-        self.window_s = window_s
-        self.points: deque[tuple[float, int]] = deque()
-
-    def add(self, at: float, count: int) -> None:
-        self.points.append((at, count))
-        while len(self.points) > 2 and at - self.points[1][0] >= self.window_s:
-            self.points.popleft()
-
-    def rate(self) -> float | None:
-        if len(self.points) < 2:
-            return None
-        (t0, c0), (t1, c1) = self.points[0], self.points[-1]
-        return (c1 - c0) / (t1 - t0) if t1 > t0 else None
-
-
-def progress_line(count: int, expected: int, rate: float | None, lag: int | None = None) -> str:
-    share = f" ({count / expected:.0%})" if expected else ""
-    line = f"eval: indexed {count}/{expected} rows{share}"
-    if rate is not None:
-        line += f", {rate:.1f} rows/s"
-        if rate > 0 and count < expected:
-            line += f", ETA {(expected - count) / rate / 60:.1f} min"
-    if lag is not None:
-        line += f", Kafka lag {lag} events"
-    return line
-
-
 async def wait_indexed(
     client: AsyncOpenSearch,
     settings: Settings,
@@ -382,39 +350,40 @@ async def wait_indexed(
     timeout_s: float,
     worker: isolation.EvalWorker | None,
     progress: Progress = _progress,
-    every_s: float = 15.0,
+    check_every_s: float = 5.0,
 ) -> tuple[int, int, float]:
     """Poll until the eval index holds `expected` rows; (rows, rows at the start, seconds waited).
+    Rows indexed, with rate and ETA from the recent window, show as a bar on a terminal and as plain
+    lines otherwise; every `check_every_s` the Kafka lag per lane is read for it and the DLQ checked.
     More rows than expected means something else reached the index: that is an error, not a result."""
     alias = settings.retrieval.index_name
     started = time.monotonic()
     first = count = await indexed_rows(client, alias)
     dead_before = await asyncio.to_thread(dlq_events, settings)
-    window = RateWindow()
-    window.add(started, count)
-    last_report = started
-    while count < expected:
-        if worker is not None:
-            worker.check_alive()
-        now = time.monotonic()
-        if now - started > timeout_s:
-            raise EvalError(
-                f"the eval index {alias} holds {count}/{expected} rows after {timeout_s:.0f}s; a re-run "
-                "continues where it stopped (check `ki stack status` and the worker log)"
-            )
-        if now - last_report >= every_s:
-            last_report = now
-            lag = await asyncio.to_thread(_kafka_lag, settings)
-            progress(progress_line(count, expected, window.rate(), lag))
-            dead = await asyncio.to_thread(dlq_events, settings)
-            if dead is not None and dead_before is not None and dead > dead_before:
+    last_check = started
+    with ProgressReport("eval: indexing", "rows", expected) as report:
+        report.update(count)
+        while count < expected:
+            if worker is not None:
+                worker.check_alive()
+            now = time.monotonic()
+            if now - started > timeout_s:
                 raise EvalError(
-                    f"the eval sync worker dead-lettered {dead - dead_before} events to {settings.streams.dlq_topic}: "
-                    "the index cannot become complete (see the worker log)"
+                    f"the eval index {alias} holds {count}/{expected} rows after {timeout_s:.0f}s; a re-run "
+                    "continues where it stopped (check `ki stack status` and the worker log)"
                 )
-        await asyncio.sleep(1.0)  # polling interval of a deadline loop
-        count = await indexed_rows(client, alias)
-        window.add(time.monotonic(), count)
+            if now - last_check >= check_every_s:
+                last_check = now
+                report.note = await asyncio.to_thread(_lag_note, settings)
+                dead = await asyncio.to_thread(dlq_events, settings)
+                if dead is not None and dead_before is not None and dead > dead_before:
+                    raise EvalError(
+                        f"the eval sync worker dead-lettered {dead - dead_before} events to "
+                        f"{settings.streams.dlq_topic}: the index cannot become complete (see the worker log)"
+                    )
+            await asyncio.sleep(1.0)  # polling interval of a deadline loop
+            count = await indexed_rows(client, alias)
+            report.update(count)
     await client.indices.refresh(index=alias)
     count = await indexed_rows(client, alias)
     if count != expected:

@@ -21,13 +21,13 @@ from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
 from streams.replay import read_topics
-from streams.status import consumer_lag
+from streams.status import PartitionLag, consumer_lag
 from streams.sync import Projector
 from streams.topics import LANES, Lane
 from streams.writer import IndexWriter
 from tests.conftest import wait_for
 
-Offsets = dict[tuple[str, int], int]
+Offsets = dict[tuple[Lane, str, int], int]
 
 
 class Worker:
@@ -212,13 +212,18 @@ def _field_diff(live: dict, rebuilt: dict, prefix: str = "") -> str:
 # -- Kafka and the replication slot -----------------------------------------------------------------
 
 
+def worker_lag(settings: Settings) -> dict[tuple[Lane, str, int], PartitionLag]:
+    """Both lanes' groups, each over its lane's topics: (lane, topic, partition) -> lag."""
+    return {(lane, p.topic, p.partition): p for lane in LANES for p in consumer_lag(settings, lane)}
+
+
 def committed_offsets(settings: Settings) -> Offsets:
-    """The worker group's committed offset per CDC partition (-1: none yet)."""
-    return {(p.topic, p.partition): p.committed for p in consumer_lag(settings)}
+    """Each lane group's committed offset per partition of its topics (-1: none yet)."""
+    return {key: p.committed for key, p in worker_lag(settings).items()}
 
 
 def end_offsets(settings: Settings) -> Offsets:
-    return {(p.topic, p.partition): p.end for p in consumer_lag(settings)}
+    return {key: p.end for key, p in worker_lag(settings).items()}
 
 
 class GroupWatch:
@@ -265,7 +270,7 @@ def wait_until_synced(settings: Settings, engine: Engine, *, timeout: float = 24
     )
 
     def drained() -> list | None:
-        lags = [p for lane in LANES for p in consumer_lag(settings, lane)]
+        lags = list(worker_lag(settings).values())
         behind = [p for p in lags if p.end > 0 and p.lag]
         return None if behind else lags or None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,9 @@ def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> N
     assert iso["index_alias"] != settings.retrieval.index_name
     assert record["corpus"]["written_now"] == 20 and record["timings_s"]["rows_indexed_while_waiting"] > 0
     assert "starting the eval sync worker" in run["stderr"]
+    # Not a terminal: plain progress lines, the last one at the full count.
+    lines = [line for line in run["stderr"].splitlines() if line.startswith("eval: indexing: ")]
+    assert lines and re.match(r"eval: indexing: (\d+)/\1 rows \(100%\), ", lines[-1]), lines
 
 
 def test_isolation_in_both_directions(run: dict, settings: Settings, search: OpenSearch) -> None:

@@ -1,13 +1,16 @@
-"""Faults: sync workers killed with SIGKILL (issue 6, items 3 and 4).
+"""Faults: sync workers killed with SIGKILL (issue 6, items 3 and 4; issue 13).
 
-Injected: (3) one worker SIGKILLed ten times, each time at a random moment 0–3 s after its successor
-started consuming, while a change stream writes ~25 row changes/s (a few thousand in all: grants,
-memberships and observations, ~3 % content edits); (4) two workers in one consumer group, the one holding
-every partition SIGKILLed while the group rebalances for the other's arrival. Observed: after the last
-kill the surviving (or restarted) worker catches up by itself and the index equals a clean rebuild —
-nothing lost, nothing extra. The random seed is printed; set KI_FAULT_SEED to repeat a run's kill
-moments and change mix. Takes ~140 s (3; each restarted worker waits out the killed one's 10 s session)
-and ~45 s (4) on the 2-core reference machine.
+Each worker is `ki sync run`: an access lane and a content lane, each a process and a consumer group of
+its own; SIGKILL of the worker kills both lanes. Injected: (3) one worker SIGKILLed ten times, each time
+at a random moment 0–3 s after its successor started consuming, while a change stream writes ~25 row
+changes/s (a few thousand in all: grants, memberships and observations, ~3 % content edits); (4) two
+workers in one consumer group, the one holding every partition SIGKILLed while the group rebalances for
+the other's arrival; (13) two workers with both lanes busy — access changes streaming and a content
+backlog being embedded — one SIGKILLed mid-stream. Observed: after the last kill the surviving (or
+restarted) worker catches up by itself and the index equals a clean rebuild — nothing lost, nothing
+extra. The random seed is printed; set KI_FAULT_SEED to repeat a run's kill moments and change mix.
+Takes ~140 s (3; each restarted worker waits out the killed one's 10 s session) and ~45 s (4) on the
+2-core reference machine.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ki.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, make_fault_world
 from tests.integration.sync_harness import GroupWatch, Worker, assert_index_equals_rebuild, wait_until_synced
+from tests.integration.world import World
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
@@ -83,7 +87,7 @@ def test_two_workers_one_killed_during_a_rebalance_lose_nothing(
 ) -> None:
     world = make_fault_world(engine, documents=12)
     first = Worker(settings, name="fault-group-worker-1")
-    second = Worker(settings, name="fault-group-worker-2", web_port=settings.streams.web_port + 1)
+    second = Worker(settings, name="fault-group-worker-2")
     group = GroupWatch(settings)
     first.start()
     try:
@@ -113,3 +117,60 @@ def test_two_workers_one_killed_during_a_rebalance_lose_nothing(
         second.stop()
     print(f"killed in group state {state}; {sum(counts.values())} row changes {dict(counts)}")
     assert_index_equals_rebuild(settings, engine, search, world.documents)
+
+
+def backlog_text(n: int) -> str:
+    return "\n\n".join(
+        f"Abschnitt {i} des Gutachtens {n}: Die Sachverständige stellt fest, dass die Mängel am Dach auf eine "
+        f"fehlerhafte Abdichtung zurückgehen und eine Nachbesserung binnen {i + 2} Wochen möglich ist." * 3
+        for i in range(12)
+    )
+
+
+def test_two_workers_with_both_lanes_busy_one_killed_during_a_content_backlog_lose_nothing(
+    engine: Engine, search: OpenSearch, settings: Settings, seed: int
+) -> None:
+    world = make_fault_world(engine, documents=12)
+    first, second = Worker(settings, name="lanes-kill-worker-1"), Worker(settings, name="lanes-kill-worker-2")
+    first.start()
+    second.start()
+    try:
+        wait_until_synced(settings, engine)
+        stream = ChangeStream(engine, world, rate=25, seed=seed).start()
+        try:
+            with engine.begin() as conn:  # a content backlog: every one of these chunks must be embedded
+                w = World(conn)
+                backlog = [w.document(world.project, f"Gutachten {n} {world.tag}") for n in range(8)]
+                for n, doc in enumerate(backlog):
+                    w.version(doc, backlog_text(n))
+            stream.wait_for_more(25)
+            wait_for(
+                lambda: indexed_documents(search, settings, backlog) >= 1,
+                timeout=180,
+                interval=0.5,
+                what="the content lanes writing the backlog",
+            )
+            assert indexed_documents(search, settings, backlog) < len(backlog), "the backlog drained before the kill"
+            first.kill()  # both its lanes, mid-stream, with access batches and an embedding micro-batch in flight
+            stream.wait_for_more(50)
+        finally:
+            counts = stream.stop()
+        wait_until_synced(settings, engine)
+        assert second.alive, f"the surviving worker died; see {second.log_path}"
+    finally:
+        first.stop()
+        second.stop()
+    print(f"{sum(counts.values())} row changes {dict(counts)} beside a backlog of {len(backlog)} documents")
+    assert indexed_documents(search, settings, backlog) == len(backlog)
+    assert_index_equals_rebuild(settings, engine, search, world.documents | set(backlog))
+
+
+def indexed_documents(search: OpenSearch, settings: Settings, documents: list[int]) -> int:
+    alias = settings.retrieval.index_name
+    search.indices.refresh(index=alias)
+    body = {
+        "size": 0,
+        "query": {"terms": {"document_id": [str(d) for d in documents]}},
+        "aggs": {"docs": {"cardinality": {"field": "document_id"}}},
+    }
+    return int(search.search(index=alias, body=body)["aggregations"]["docs"]["value"])

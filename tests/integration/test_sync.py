@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +13,8 @@ from confluent_kafka import Consumer, Producer
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from ki.settings import Settings
+from ki.settings import REPO_ROOT, Settings
+from streams.topics import consumer_group, lane_topics
 from tests.conftest import wait_for
 from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, wait_until_synced
 from tests.integration.world import World
@@ -301,26 +304,74 @@ def test_a_poison_event_goes_to_the_dlq_and_the_stream_goes_on(
     )
 
 
-def test_metrics_report_consumer_lag_per_partition_and_the_slot_s_retained_wal(
+def _gauges(worker: Worker, lane: str) -> dict[tuple[str, str], float]:
+    """The worker's `ki_sync_consumer_lag` gauges of one lane: (topic, partition) -> records behind."""
+    out = {}
+    for line in worker.metrics_text().splitlines():
+        if line.startswith("ki_sync_consumer_lag{") and f'lane="{lane}"' in line:
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(","))
+            out[(labels["topic"].strip('"'), labels["partition"].strip('"'))] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_metrics_report_consumer_lag_per_lane_and_partition_and_the_slot_s_retained_wal(
     worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
 ) -> None:
     ids = make_world(engine)
     wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90, what="sync")
 
-    def caught_up() -> dict[str, float] | None:
-        gauges = {
-            line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
-            for line in worker.metrics_text().splitlines()
-            if line.startswith("ki_sync_consumer_lag{")
-        }
-        # Every CDC topic's partition is reported, and all of them drain to zero once the worker is idle.
-        if any(f'topic="{settings.kafka.topic_prefix}.public.grants"' in name for name in gauges) and not any(
-            gauges.values()
-        ):
-            return gauges
-        return None
+    def content_drained() -> dict[tuple[str, str], float] | None:
+        gauges = _gauges(worker, "content")
+        return gauges if gauges and not any(gauges.values()) else None
 
-    gauges = wait_for(caught_up, timeout=60, what="consumer lag gauges for every partition, drained to 0")
-    assert any(".public.document_versions" in name for name in gauges)
+    # The worker's group is the content lane's: its gauges drain to zero once the worker is idle.
+    content = wait_for(content_drained, timeout=60, what="the content lane's lag gauges, drained to 0")
+    # Each lane reports every partition of exactly its own topics.
+    for lane, gauges in (("content", content), ("access", _gauges(worker, "access"))):
+        assert {topic for topic, _ in gauges} == set(lane_topics(settings, lane)), lane
+        assert len(gauges) == len(lane_topics(settings, lane)) * settings.kafka.partitions, lane
     retained = [line for line in worker.metrics_text().splitlines() if line.startswith("ki_sync_replication_slot")]
     assert retained and float(retained[0].rsplit(" ", 1)[1]) >= 0
+
+
+def test_sync_status_shows_each_lane_s_group_and_lag(
+    worker: Worker, engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    ids = make_world(engine)
+    wait_for(lambda: rows_of(search, settings, "document_version_id", ids["version"]), timeout=90, what="sync")
+    wait_until_synced(settings, engine)
+
+    def status() -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "apps.cli", "sync", "status"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result
+
+    lines = status().stdout.splitlines()
+    content = next(line for line in lines if line.startswith("content lane, "))
+    access = next(line for line in lines if line.startswith("access lane, "))
+    assert f"consumer group {consumer_group(settings, 'content')} (1 member(s)): total lag 0" in content
+    assert f"over {len(lane_topics(settings, 'content')) * settings.kafka.partitions} partitions, 0 behind" in content
+    assert f"consumer group {consumer_group(settings, 'access')} (" in access
+    assert f"over {len(lane_topics(settings, 'access')) * settings.kafka.partitions} partitions" in access
+    # A lane behind names its lagging partitions: stop the worker, change a version, read again.
+    worker.stop()
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE document_versions SET text = text || ' (changed)' WHERE id = :id"), {"id": ids["version"]}
+            )
+        topic = f"{settings.kafka.topic_prefix}.public.document_versions"
+
+        def content_behind() -> list[str] | None:
+            out = status().stdout.splitlines()
+            line = next(line for line in out if line.startswith("content lane, "))
+            return out if "total lag 0 " not in line else None
+
+        lines = wait_for(content_behind, timeout=60, what="the change to reach Kafka and show as content lag")
+        at = lines.index(next(line for line in lines if line.startswith("content lane, ")))
+        assert "total lag 1 " in lines[at] and lines[at].endswith(", 1 behind"), lines
+        assert lines[at + 1].startswith(f"  {topic}[") and lines[at + 1].endswith(", lag 1"), lines
+    finally:
+        worker.start()  # the module's worker, for whatever runs after

@@ -8,11 +8,9 @@ import pytest
 
 from apps.eval import beir, isolation, report, tuning
 from apps.eval.run import (
-    RateWindow,
     eval_key,
     mode_settings,
     out_stem,
-    progress_line,
     project,
     truncated_chunk_share,
 )
@@ -356,15 +354,6 @@ def test_truncated_chunk_share_says_how_it_counted():
     assert out["value"] == round(1 / 3, 4) and out["chunks"] == 3 and out["max_tokens"] == 5
     assert "count_tokens" in out["method"]
     assert truncated_chunk_share(["a"], object())["value"] is None
-
-
-def test_progress_lines_take_the_eta_from_the_recent_window():
-    window = RateWindow(window_s=10)
-    for t, n in [(0, 0), (5, 0), (10, 100), (15, 200), (20, 300)]:
-        window.add(t, n)
-    assert window.rate() == 20.0  # the last 10 s, not the slow start
-    line = progress_line(300, 1500, window.rate(), lag=7)
-    assert "300/1500 rows (20%)" in line and "20.0 rows/s" in line and "ETA 1.0 min" in line and "lag 7" in line
 
 
 def test_output_names_carry_the_data_set_and_the_subset():
