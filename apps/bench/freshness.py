@@ -234,7 +234,7 @@ def _bucket_percentiles(before: dict[float, float], after: dict[float, float]) -
     def at(q: float) -> float:
         return next(le for le in sorted(delta) if delta[le] >= q * total)
 
-    return {"events": int(total), "p50_at_most": at(0.5), "p99_at_most": at(0.99)}
+    return {"observations": int(total), "p50_at_most": at(0.5), "p99_at_most": at(0.99)}
 
 
 @dataclass
