@@ -124,6 +124,20 @@ def index_rows(search: OpenSearch, index: str, projects: list[int]) -> int:
     return int(search.count(index=index, body={"query": query})["count"])
 
 
+def _delete_rows(search: OpenSearch, index: str, projects: list[int]) -> int:
+    """Delete these projects' rows by id with `_bulk` (`_delete_by_query` needs the reindex module, which a
+    minimal OpenSearch lacks), refreshing so that each pass sees what the last one deleted."""
+    deleted = 0
+    query = {"terms": {"project_id": [str(p) for p in projects]}}
+    while True:
+        hits = search.search(index=index, body={"size": 5000, "_source": False, "query": query})["hits"]["hits"]
+        if not hits:
+            return deleted
+        body = [{"delete": {"_index": hit["_index"], "_id": hit["_id"]}} for hit in hits]
+        search.bulk(body=body, refresh=True)
+        deleted += len(hits)
+
+
 def remove_bench_rows(
     settings: Settings,
     footprint: Footprint,
@@ -168,13 +182,7 @@ def remove_bench_rows(
         if left > 0:
             why = "the sync worker did not remove them in time" if worker else "no sync worker removes them"
             progress(f"{what}: deleting {left} row(s) from the index directly ({why})")
-            search.delete_by_query(
-                index=index,
-                body={"query": {"terms": {"project_id": [str(p) for p in removal.projects]}}},
-                refresh=True,
-                conflicts="proceed",
-            )
-            removal.index_rows_removed_directly = left
+            removal.index_rows_removed_directly = _delete_rows(search, index, removal.projects)
             left = index_rows(search, index, removal.projects)
         removal.index_rows_left = left
         removal.seconds = round(time.monotonic() - started, 2)
