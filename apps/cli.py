@@ -187,10 +187,37 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "search":
         return _bench_search(args, settings)
+    if args.what == "clean":
+        from apps.bench.cleanup import clean
+
+        return clean(settings)
     if args.what == "freshness":
+        from pathlib import Path
+
+        from apps.bench.freshness import FreshnessOptions
         from apps.bench.freshness import main as bench_freshness
 
-        return bench_freshness(settings, rate=args.rate, seconds=args.seconds, docs=args.docs)
+        for flag, value in (("--rate", args.rate), ("--docs", args.docs)):
+            if value < 1:
+                raise CliError(f"{flag} must be at least 1")
+        for flag, seconds in (("--seconds", args.seconds), ("--step-seconds", args.step_seconds),
+                              ("--probe-interval", args.probe_interval)):  # fmt: skip
+            if seconds <= 0:
+                raise CliError(f"{flag} must be above 0")
+        if args.content_backlog < 0:
+            raise CliError("--content-backlog must be at least 0 (chunks)")
+        options = FreshnessOptions(
+            rate=args.rate,
+            seconds=args.seconds,
+            docs=args.docs,
+            probe_interval=args.probe_interval,
+            content_backlog=args.content_backlog,
+            access_rates=_int_list("--access-rates", args.access_rates, 1),
+            step_seconds=args.step_seconds,
+            config=args.config,
+            command="ki " + " ".join(sys.argv[1:]),
+        )
+        return bench_freshness(settings, options, Path(args.out) if args.out else None)
     from apps.bench.sync import main as bench_sync
 
     return bench_sync(
@@ -299,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.set_defaults(handler=_reconcile)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
-    bench.add_argument("what", choices=["sync", "freshness", "search"])
+    bench.add_argument(
+        "what",
+        choices=["sync", "freshness", "search", "clean"],
+        help="clean: remove what benchmark runs killed outright left in PostgreSQL and the index",
+    )
     bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
     bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
     bench.add_argument("--rounds", type=int, default=5, help="sync, search: rounds (median reported)")
@@ -314,6 +345,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rate", type=int, default=200, help="freshness: row changes per second")
     bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
     bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")
+    bench.add_argument("--probe-interval", type=float, default=0.5, help="freshness: seconds between probes")
+    bench.add_argument(
+        "--content-backlog",
+        type=int,
+        default=0,
+        help="freshness: also measure access changes while about this many chunks are being embedded",
+    )
+    bench.add_argument(
+        "--access-rates",
+        default="",
+        help="freshness: comma-separated access-change rates to step through until p99 > 2 s (e.g. 5,10,20,50)",
+    )
+    bench.add_argument("--step-seconds", type=float, default=20, help="freshness: seconds per --access-rates step")
     bench.add_argument("--scale", type=int, help="search: demo corpus versions (default 1000, ~6.4k chunks)")
     bench.add_argument(
         "--no-indexing",
@@ -325,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=160, help="search: requests per side and round")
     bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
                        help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
-    bench.add_argument("--out", help="search: output folder (default build/bench)")
+    bench.add_argument(
+        "--out", help="search: output folder (default build/bench); freshness: output folder (default benchmarks)"
+    )
     bench.set_defaults(handler=_bench)
 
     ev = sub.add_parser(

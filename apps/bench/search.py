@@ -2,9 +2,10 @@
 
 What runs:
 * **Corpus**: the demo generator's corpus (`ki demo generate --scale N --seed S`), reused when a complete
-  one of that seed and scale is already in PostgreSQL, indexed straight from PostgreSQL through the
-  backfill path (`streams.replay.backfill`: the worker's Projector, real embeddings) for the versions the
-  index lacks. No CDC wait.
+  one of that seed and scale is already in PostgreSQL (the demo's), indexed straight from PostgreSQL through
+  the backfill path (`streams.replay.backfill`: the worker's Projector, real embeddings) for the versions the
+  index lacks. No CDC wait. A corpus generated here is removed at the end with its index rows
+  (`apps.bench.cleanup`), so each run that finds none generates and indexes it again.
 * **Query mix** (deterministic from the seed): word queries from the generator's vocabulary, sentence
   fragments, Aktenzeichen and statute references taken from the corpus, a third to a half with metadata
   filters; asked by demo users (their scopes come from the demo grants and mirrored groups).
@@ -48,6 +49,7 @@ from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
+from apps.bench.cleanup import Footprint, Removal, remove_bench_rows
 from apps.bench.stats import percentile
 from apps.demo.generator import (
     ADJ,
@@ -58,6 +60,7 @@ from apps.demo.generator import (
     NAME_SEPARATOR,
     NOUNS,
     generate,
+    plan_setup,
     run_label,
     users,
 )
@@ -185,10 +188,17 @@ def _corpus_rows(engine: Engine, label: str) -> tuple[list[int], int]:
 
 
 async def ensure_corpus(
-    settings: Settings, engine: Engine, seed: int, scale: int, *, index_missing: bool = True
+    settings: Settings,
+    engine: Engine,
+    seed: int,
+    scale: int,
+    *,
+    index_missing: bool = True,
+    new_label: str | None = None,
 ) -> Corpus:
-    """Reuse or generate the corpus, then index the versions the index does not hold yet (backfill path;
-    not with `index_missing=False`, which measures a partly indexed corpus as it is)."""
+    """Reuse or generate the corpus (labelled `new_label` if generated), then index the versions the index
+    does not hold yet (backfill path; not with `index_missing=False`, which measures a partly indexed
+    corpus as it is)."""
     from streams.replay import backfill
 
     label = await asyncio.to_thread(find_corpus, engine, seed, scale)
@@ -198,7 +208,7 @@ async def ensure_corpus(
         _progress(f"bench search: generating the demo corpus (seed {seed}, {scale} versions) in PostgreSQL")
         started = time.perf_counter()
         summary = await asyncio.to_thread(
-            generate, engine, scale=scale, seed=seed, progress=lambda line: _progress(f"  {line}")
+            generate, engine, scale=scale, seed=seed, progress=lambda line: _progress(f"  {line}"), label=new_label
         )
         generate_s = time.perf_counter() - started
         label = summary.label
@@ -781,13 +791,36 @@ async def _versions(settings: Settings, engine: Engine, embedder: Embedder) -> d
 
 
 async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
+    """The benchmark; a corpus it generates is removed at the end (also on failure or Ctrl-C), with its rows
+    in the index. A corpus it reuses (e.g. the demo's) is not its own and stays."""
     if options.requests < 1 or options.rounds < 1 or not options.concurrency or options.scale < 1:
         raise BenchError("scale, requests and rounds must be at least 1, with at least one concurrency level")
+    new_label = run_label(options.seed, options.scale)
+    try:
+        result = await _run_search_bench(settings, options, new_label)
+    finally:
+        removal = remove_generated(settings, options.seed, options.scale, new_label)
+    return {**result, "cleanup": removal.as_dict()}
+
+
+def remove_generated(settings: Settings, seed: int, scale: int, label: str) -> Removal:
+    """Remove the demo corpus labelled `label` if this run generated one: its projects and sources (with all
+    that hangs off them), the aliases only it created, and its rows in the index. The rows were written
+    here (backfill path) into an index no worker may be writing, so they are deleted directly."""
+    run_aliases = tuple(a["alias"] for a in plan_setup(scale=scale, seed=seed, label=label).aliases)
+    # The e-mail aliases are shared by every demo corpus (inserted ON CONFLICT DO NOTHING); the SIDs are the run's.
+    footprint = Footprint.ending_in(NAME_SEPARATOR + label, tuple(a for a in run_aliases if a.startswith("sid:")))
+    return remove_bench_rows(settings, footprint, what="bench search", worker_writes_this_index=False)
+
+
+async def _run_search_bench(settings: Settings, options: BenchOptions, new_label: str) -> dict[str, Any]:
     load_start = os.getloadavg()
     engine = make_engine(settings)
     embedder = await asyncio.to_thread(create_embedder, settings)
     versions = await _versions(settings, engine, embedder)
-    corpus = await ensure_corpus(settings, engine, options.seed, options.scale, index_missing=options.index_missing)
+    corpus = await ensure_corpus(
+        settings, engine, options.seed, options.scale, index_missing=options.index_missing, new_label=new_label
+    )
     index = settings.retrieval.index_name
 
     # The service in-process, for planning the raw side's bodies (the child process serves the API side).

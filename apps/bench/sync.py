@@ -5,7 +5,9 @@ Writes a tagged corpus to PostgreSQL, then measures on the real services:
   embedder's own rate separately;
 * access-only reindex after a grant change touching every row, chunks/s;
 * the raw `_bulk` partial-update rate for the same rows and fields (the baseline), and the ratio.
-Prints progress and one JSON object with the figures.
+The corpus is written into a project of the run's own and removed at the end (`apps.bench.cleanup`), with
+the rows a running sync worker indexed from it; the private index is deleted. Prints progress and one JSON
+object with the figures.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from apps.bench.cleanup import Footprint, bench_label, remove_bench_rows
 from apps.bench.corpus import write_corpus
 from apps.plotting import pyplot, save_figure
 from ki.clients import make_client, make_engine
@@ -40,13 +43,13 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _write_corpus(settings: Settings, versions: int, paragraphs: int) -> tuple[int, list[int]]:
+def _write_corpus(settings: Settings, label: str, versions: int, paragraphs: int) -> tuple[int, list[int]]:
     body = "\n".join(PARAGRAPH.format(i=i) for i in range(paragraphs))
     engine = make_engine(settings, pooled=False)
     try:
         corpus = write_corpus(
             engine,
-            label=f"bench {uuid.uuid4().hex[:8]}",
+            label=label,
             docs=versions,
             text_of=lambda n: f"Vertrag Nr. {n}\n{body}",
             principal="group:bench",
@@ -60,8 +63,21 @@ async def run_sync_bench(
     settings: Settings, *, versions: int = 60, paragraphs: int = 40, rounds: int = 5, compare_model: str | None = None,
     compare_max_tokens: int = 256,
 ) -> dict[str, Any]:
-    _progress(f"bench sync: writing {versions} versions of {paragraphs} paragraphs to PostgreSQL")
-    project, version_ids = await asyncio.to_thread(_write_corpus, settings, versions, paragraphs)
+    label = bench_label("sync")
+    _progress(f"bench sync: writing {versions} versions of {paragraphs} paragraphs to PostgreSQL as `{label}`")
+    try:
+        result = await _measure(settings, label, versions, paragraphs, rounds, compare_model, compare_max_tokens)
+    finally:
+        # The corpus reached the shared index too if a sync worker runs (CDC); it deletes those rows.
+        removal = remove_bench_rows(settings, Footprint.of_label(label), what="bench sync")
+    return {**result, "cleanup": removal.as_dict()}
+
+
+async def _measure(
+    settings: Settings, label: str, versions: int, paragraphs: int, rounds: int, compare_model: str | None,
+    compare_max_tokens: int,
+) -> dict[str, Any]:
+    project, version_ids = await asyncio.to_thread(_write_corpus, settings, label, versions, paragraphs)
     embedder = create_embedder(settings)
     client = make_client(settings)
     engine = make_engine(settings)

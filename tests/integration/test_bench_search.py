@@ -161,3 +161,32 @@ def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
     assert corpus.versions_not_indexed == 5 and corpus.versions_indexed_now == 0
     client = make_sync_client(settings, timeout_s=30)
     assert not client.indices.exists_alias(name=alias), "nothing may have been indexed"
+
+
+def test_generated_corpus_left_no_trace(run: dict[str, Any], settings: Settings) -> None:
+    """The corpus this run generated is gone from PostgreSQL (projects, sources, documents, versions, the
+    run's aliases) and from the index it was backfilled into."""
+    from sqlalchemy import text
+
+    from apps.demo.generator import NAME_SEPARATOR
+    from ki.clients import make_engine
+
+    result = run["file"]
+    cleanup, label = result["cleanup"], result["corpus"]["label"]
+    assert not result["corpus"]["reused"] and cleanup["versions"] == SCALE and cleanup["aliases"] > 0
+    assert cleanup["index_rows_at_start"] == result["corpus"]["chunks"] and cleanup["index_rows_left"] == 0
+    engine = make_engine(settings, pooled=False)
+    try:
+        with engine.connect() as conn:
+            like = {"like": f"%{NAME_SEPARATOR}{label}"}
+            left = conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM projects WHERE name LIKE :like)"
+                    " + (SELECT count(*) FROM sources WHERE name LIKE :like)"
+                    " + (SELECT count(*) FROM documents WHERE project_id = ANY(:p))"
+                ),
+                {**like, "p": cleanup["projects"]},
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert left == 0
