@@ -57,6 +57,7 @@ from ki.settings import REPO_ROOT, Settings
 from projections.cdc import topic_name
 from projections.chunking import TokenBudget
 from projections.rows import AccessProjection, DocumentState, VersionState, build_rows
+from streams.topics import LANES, lane_web_port
 from streams.writer import interval_seconds
 
 GOAL_P99_S = 2.0
@@ -208,7 +209,7 @@ def _scrape_freshness(settings: Settings) -> tuple[dict[float, float], float]:
     and their summed consumer lag."""
     buckets: dict[float, float] = {}
     lag = 0.0
-    for port in sorted({settings.streams.web_port, settings.streams.access_web_port}):
+    for port in sorted({lane_web_port(settings, lane) for lane in LANES}):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
                 body = response.read().decode()
