@@ -172,7 +172,7 @@ def test_constant_grant_changes_while_documents_are_re_embedded_send_nothing_to_
 
 
 class RacingEmbedder:
-    """The real embedder; during its first call, another lane changes the same rows' projection."""
+    """The real embedder; once its first call has embedded, another lane changes the same rows' projection."""
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
@@ -190,90 +190,85 @@ class RacingEmbedder:
         return vectors
 
 
-def test_a_content_write_that_loses_to_the_access_lane_retries_with_its_vectors_and_embeds_nothing_twice(
-    engine: Engine, search: OpenSearch, settings: Settings
-) -> None:
-    index = f"ki-lanes-race-{uuid.uuid4().hex[:10]}"
-    tag, _project, (doc,), (version,) = make_documents(engine, 1, paragraphs("vorher", 4))
-    embedder = RacingEmbedder(create_embedder(settings))
+class Lanes:
+    """Both lanes' projectors in this process, writing to a private index: each `apply` runs in an event
+    loop of its own (in production each lane is a process of its own), so one can run inside the other's
+    embedding call."""
 
-    async def project(keys: DirtyKeys, lane: Lane | None, *, create: bool = False) -> SyncStats:
-        client = make_client(settings)
+    def __init__(self, settings: Settings, engine: Engine, embedder: RacingEmbedder, prefix: str) -> None:
+        self.settings, self.engine, self.embedder = settings, engine, embedder
+        self.index = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.access_stats: list[SyncStats] = []
+
+    async def _apply(self, keys: DirtyKeys, lane: Lane | None, create: bool) -> SyncStats:
+        client = make_client(self.settings)
         try:
-            writer = IndexWriter(client, settings, index=index)
+            writer = IndexWriter(client, self.settings, index=self.index)
             if create:
-                await writer.create_physical(index)
-            return await Projector(settings, engine, writer, embedder).apply(keys, lane)
+                await writer.create_physical(self.index)
+            return await Projector(self.settings, self.engine, writer, self.embedder).apply(keys, lane)
         finally:
             await client.close()
 
-    def access_lane_grants_bert() -> None:
-        with engine.begin() as conn:
-            World(conn).grant("document", doc, f"user:bert-{tag}")
-        # The access lane's projector, in its own event loop (its own process in production).
-        stats = asyncio.run(project(DirtyKeys(access_documents={doc}), "access"))
-        assert stats.access_rows_updated > 0, "the access lane rewrote no row: there was no race"
+    def apply(self, keys: DirtyKeys, lane: Lane | None, *, create: bool = False) -> SyncStats:
+        return asyncio.run(self._apply(keys, lane, create))
 
+    def grant_during_embedding(self, document: int, principal: str) -> None:
+        """During the next embedding call: commit a grant and let the access lane project it."""
+
+        def access_lane_grants() -> None:
+            with self.engine.begin() as conn:
+                World(conn).grant("document", document, principal)
+            self.access_stats.append(self.apply(DirtyKeys(access_documents={document}), "access"))
+
+        self.embedder.embedded.clear()
+        self.embedder.before_first_return.append(access_lane_grants)
+
+
+def test_a_content_write_that_loses_to_the_access_lane_retries_with_its_vectors_and_embeds_nothing_twice(
+    engine: Engine, search: OpenSearch, settings: Settings
+) -> None:
+    tag, _project, (doc,), (version,) = make_documents(engine, 1, paragraphs("vorher", 4))
+    lanes = Lanes(settings, engine, RacingEmbedder(create_embedder(settings)), "ki-lanes-race")
     try:
-        asyncio.run(project(DirtyKeys(content_versions={version}), None, create=True))
+        lanes.apply(DirtyKeys(content_versions={version}), None, create=True)
         with engine.begin() as conn:
             conn.execute(
                 text("UPDATE document_versions SET text = :t WHERE id = :v"),
                 {"t": paragraphs("nachher", 4), "v": version},
             )
-        embedder.embedded.clear()
-        embedder.before_first_return.append(access_lane_grants_bert)
+        lanes.grant_during_embedding(doc, f"user:bert-{tag}")
 
-        stats = asyncio.run(project(DirtyKeys(content_versions={version}), "content"))
+        stats = lanes.apply(DirtyKeys(content_versions={version}), "content")
 
+        assert lanes.access_stats[0].access_rows_updated > 0, "the access lane rewrote no row: there was no race"
         assert stats.conflict_rounds >= 1, "the content write did not lose the race it was set up to lose"
-        assert len(embedder.embedded) == len(set(embedder.embedded)), "a string was embedded twice"
-        assert stats.rows_embedded == len(embedder.embedded)
-        rows = rows_of(search, index, doc)
+        embedded = lanes.embedder.embedded
+        assert len(embedded) == len(set(embedded)), "a string was embedded twice"
+        assert stats.rows_embedded == len(embedded)
+        rows = rows_of(search, lanes.index, doc)
         assert rows and all(f"user:bert-{tag}" in row["allowed_principals"] for row in rows)
         assert all("nachher" in row["text"] for row in rows if row["chunk_kind"] == "chunk")
         assert all(row["access_version"] == 2 for row in rows)
     finally:
-        search.indices.delete(index=index, ignore=[404])
+        search.indices.delete(index=lanes.index, ignore=[404])
 
 
 def test_a_grant_committed_while_new_rows_are_embedded_reaches_them_though_the_access_lane_saw_no_rows(
     engine: Engine, search: OpenSearch, settings: Settings
 ) -> None:
-    index = f"ki-lanes-new-{uuid.uuid4().hex[:10]}"
     tag, _project, (doc,), (version,) = make_documents(engine, 1, paragraphs("neu", 3))
-    embedder = RacingEmbedder(create_embedder(settings))
-    access_stats: list[SyncStats] = []
-
-    async def project(keys: DirtyKeys, lane: Lane | None) -> SyncStats:
-        client = make_client(settings)
-        try:
-            return await Projector(settings, engine, IndexWriter(client, settings, index=index), embedder).apply(
-                keys, lane
-            )
-        finally:
-            await client.close()
-
-    def access_lane_grants_carla() -> None:
-        with engine.begin() as conn:
-            World(conn).grant("document", doc, f"user:carla-{tag}")
-        access_stats.append(asyncio.run(project(DirtyKeys(access_documents={doc}), "access")))
-
-    async def create_index() -> None:
-        client = make_client(settings)
-        try:
-            await IndexWriter(client, settings, index=index).create_physical(index)
-        finally:
-            await client.close()
-
+    lanes = Lanes(settings, engine, RacingEmbedder(create_embedder(settings)), "ki-lanes-new")
     try:
-        asyncio.run(create_index())
-        embedder.before_first_return.append(access_lane_grants_carla)
-        asyncio.run(project(DirtyKeys(content_versions={version}), "content"))
+        lanes.apply(DirtyKeys(), None, create=True)  # an empty index
+        lanes.grant_during_embedding(doc, f"user:carla-{tag}")
 
-        assert access_stats and access_stats[0].access_rows_updated == 0, "the access lane found rows to update"
-        rows = rows_of(search, index, doc)
+        lanes.apply(DirtyKeys(content_versions={version}), "content")
+
+        assert lanes.access_stats[0].access_rows_updated == 0, "the access lane found rows to update"
+        rows = rows_of(search, lanes.index, doc)
         assert rows and all(f"user:carla-{tag}" in row["allowed_principals"] for row in rows)
-        assert len(embedder.embedded) == len(set(embedder.embedded)), "a string was embedded twice"
+        embedded = lanes.embedder.embedded
+        assert len(embedded) == len(set(embedded)), "a string was embedded twice"
     finally:
-        search.indices.delete(index=index, ignore=[404])
+        search.indices.delete(index=lanes.index, ignore=[404])
