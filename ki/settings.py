@@ -183,9 +183,10 @@ class StreamsSettings(_Section):
     batch_max_bytes: int = Field(5_000_000, ge=1024)
     batch_linger_ms: int = Field(100, ge=0, le=60_000)
     # Content lane: small event batches (offsets advance after each), embedded in micro-batches of at most
-    # this many rows, each written as soon as its vectors exist (rows become searchable step by step).
+    # this many rows, each written as soon as its vectors exist (rows become searchable step by step; 16
+    # rows of e5-small take ~3-4 s on two cores, so progress moves at least every 5 s).
     content_batch_max_events: int = Field(50, ge=1, le=100_000)
-    embed_micro_batch_rows: int = Field(64, ge=1, le=100_000)
+    embed_micro_batch_rows: int = Field(16, ge=1, le=100_000)
     # The content lane's CPU niceness (0-19): embedding yields the CPU to the access lane, PostgreSQL,
     # Kafka and OpenSearch, and still takes all of it when they are idle.
     content_nice: int = Field(10, ge=0, le=19)
