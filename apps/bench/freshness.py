@@ -417,8 +417,10 @@ def _wait_indexed(search: OpenSearch, alias: str, version_ids: list[int], rows: 
     while True:
         if rows is None:
             body = {"size": 0, "query": query, "aggs": {"v": {"cardinality": {"field": "document_version_id"}}}}
-            have = int(search.search(index=alias, body=body)["aggregations"]["v"]["value"])
             want = len(version_ids)
+            have = 0  # on a fresh stack the worker creates the index with its first batch
+            if search.indices.exists_alias(name=alias):
+                have = int(search.search(index=alias, body=body)["aggregations"]["v"]["value"])
         else:
             have, want = _count(search, alias, query), rows
         _progress(f"  indexed {have}/{want}")

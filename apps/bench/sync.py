@@ -60,7 +60,12 @@ def _write_corpus(settings: Settings, label: str, versions: int, paragraphs: int
 
 
 async def run_sync_bench(
-    settings: Settings, *, versions: int = 60, paragraphs: int = 40, rounds: int = 5, compare_model: str | None = None,
+    settings: Settings,
+    *,
+    versions: int = 60,
+    paragraphs: int = 40,
+    rounds: int = 5,
+    compare_model: str | None = None,
     compare_max_tokens: int = 256,
 ) -> dict[str, Any]:
     label = bench_label("sync")
@@ -74,7 +79,12 @@ async def run_sync_bench(
 
 
 async def _measure(
-    settings: Settings, label: str, versions: int, paragraphs: int, rounds: int, compare_model: str | None,
+    settings: Settings,
+    label: str,
+    versions: int,
+    paragraphs: int,
+    rounds: int,
+    compare_model: str | None,
     compare_max_tokens: int,
 ) -> dict[str, Any]:
     project, version_ids = await asyncio.to_thread(_write_corpus, settings, label, versions, paragraphs)

@@ -105,7 +105,13 @@ class EvalTarget:
 
 
 def make_target(
-    base: Settings, key: str, *, analyzer: str, embedding_signature: str, web_port: int | None = None
+    base: Settings,
+    key: str,
+    *,
+    analyzer: str,
+    embedding_signature: str,
+    web_port: int | None = None,
+    access_web_port: int | None = None,
 ) -> EvalTarget:
     """The eval's settings derived from `base` (validated like a config file)."""
     name = f"{DB_PREFIX}{key}"
@@ -122,7 +128,7 @@ def make_target(
                 "app_id": f"{INDEX_PREFIX}{key}-{digest}",
                 "dlq_topic": f"{name}.dlq",
                 "web_port": web_port or base.streams.web_port + 2,  # +1 is the main access lane's
-                "access_web_port": None,  # web_port + 1, never the main worker's
+                "access_web_port": access_web_port,  # None: web_port + 1, never the main worker's
             },
         },
     )

@@ -619,6 +619,7 @@ async def evaluate_dataset(
     target = isolation.make_target(
         settings, key, analyzer=analyzer, embedding_signature=embedder.signature,
         web_port=options.worker_port or free_port(),
+        access_web_port=None if options.worker_port else free_port(),
     )  # fmt: skip
     es = target.settings
     if options.drop or options.fresh:

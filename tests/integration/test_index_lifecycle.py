@@ -134,6 +134,7 @@ def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothin
         "KI_RETRIEVAL__INDEX_NAME": group,
         "KI_STREAMS__APP_ID": group,  # a group of its own, reading the topics from the start
         "KI_STREAMS__WEB_PORT": str(port),
+        "KI_STREAMS__ACCESS_WEB_PORT": str(free_port()),
     }
     with log_path.open("wb") as log:
         worker = subprocess.Popen([sys.executable, "-m", "apps.cli", "sync", "run"], cwd=REPO_ROOT, stdout=log,
