@@ -363,12 +363,29 @@ class Projector:
             stats.access_rows_updated += result.written
             lost |= {int(group) for group in result.conflicts}
         needs = [(v, sum(write.needs_vector for _, write in plan.writes)) for v, plan in plans.items()]
-        for group in micro_batches(needs, self.settings.streams.embed_micro_batch_rows):
-            group_lost = await self._write_versions(group, plans, existing, stats, known)
-            if embed:
-                # The access lane may have missed these rows (written after its read); re-check here.
-                basis = {v: _access_basis(states.get(v), grants.get(v)) for v in group if v not in group_lost}
-                group_lost |= await asyncio.to_thread(self._access_changed, basis)
+        groups = micro_batches(needs, self.settings.streams.embed_micro_batch_rows)
+
+        def embedding(group: list[int]) -> asyncio.Task[dict[str, list[float]]]:
+            rows = [row for v in group for row, write in plans[v].writes if write.needs_vector]
+            return asyncio.create_task(self._vectors_for(rows, stats, known))
+
+        # A pipeline: the next micro-batch is embedded while this one is written and checked, so the
+        # embedder does not wait for OpenSearch and PostgreSQL between micro-batches.
+        next_vectors = embedding(groups[0]) if groups else None
+        for i, group in enumerate(groups):
+            assert next_vectors is not None
+            vectors = await next_vectors
+            next_vectors = embedding(groups[i + 1]) if i + 1 < len(groups) else None
+            try:
+                group_lost = await self._write_versions(group, plans, existing, stats, vectors)
+                if embed:
+                    # The access lane may have missed these rows (written after its read); re-check here.
+                    basis = {v: _access_basis(states.get(v), grants.get(v)) for v in group if v not in group_lost}
+                    group_lost |= await asyncio.to_thread(self._access_changed, basis)
+            except BaseException:
+                if next_vectors is not None:
+                    next_vectors.cancel()
+                raise
             lost |= group_lost
         return lost
 
@@ -406,9 +423,10 @@ class Projector:
         plans: Mapping[int, ContentPlan],
         existing: Mapping[int, Mapping[str, ExistingRow]],
         stats: SyncStats,
-        known: dict[str, list[float]],
+        vectors: Mapping[str, list[float]],
     ) -> set[int]:
-        """Embed and write one micro-batch of planned versions; returns the versions to project again."""
+        """Write one micro-batch of planned versions with the vectors of its rows that need one (by row
+        id); returns the versions to project again."""
         ops: list[BulkOp] = []
         planned: list[tuple[int, IndexRow, RowWrite, ExistingRow | None]] = []
         for version_id in version_ids:
@@ -418,7 +436,6 @@ class Projector:
             stats.rows_deleted += len(plan.deletes)
             planned.extend((version_id, row, write, stored.get(row.id)) for row, write in plan.writes)
 
-        vectors = await self._vectors_for([row for _, row, write, _ in planned if write.needs_vector], stats, known)
         # REPLACE keeps the stored vector, read here (after step 1, so a row deleted meanwhile is missing).
         kept = await self.writer.vectors(
             [old.doc_id for _, _, write, old in planned if old is not None and write is RowWrite.REPLACE]
