@@ -95,6 +95,12 @@ def dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
         keys.content_versions |= _ids(rows, "id") | _ids(key_rows, "id")
     elif table == "documents":
         keys.content_documents |= _ids(rows, "id") | _ids(key_rows, "id")
+    elif table in ("matters", "ontology_nodes") and event.op in ("c", "r"):
+        # A new matter or type node cannot change an existing row: a document that refers to it was
+        # inserted or updated afterwards, and that change has its own event. Resolving it anyway would
+        # re-project every version of the matter (a whole corpus on a first load) in one batch whose
+        # offsets then wait for all of it.
+        return keys
     elif table == "matters":
         keys.content_matters |= _ids(rows, "id") | _ids(key_rows, "id")
     elif table == "ontology_nodes":

@@ -7,7 +7,7 @@ time the row count stood still, the longest gap between two progress lines that 
 and the lines themselves; writes `benchmarks/demo-progress.json`.
 
 Start from an empty stack to measure the first indexing (`ki stack wipe`), e.g.
-`.venv/bin/ki stack wipe && .venv/bin/python scripts/demo_progress.py --scale 1`.
+`.venv/bin/ki stack down; .venv/bin/ki stack wipe && .venv/bin/python scripts/demo_progress.py`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def longest_stall(samples: list[tuple[float, int]]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=int, default=1)
+    parser.add_argument("--scale", type=int, default=200, help="demo versions (the demo's default, 200)")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "demo-progress.json"))
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args()

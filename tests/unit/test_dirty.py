@@ -84,3 +84,14 @@ def test_unknown_table_has_no_rule() -> None:
     event = ChangeEvent("t", "mystery", "c", {"id": 1}, None, {"id": 1}, SourceInfo(1, 1, False))
     with pytest.raises(ValueError, match="mystery"):
         dirty_keys(event)
+
+
+@pytest.mark.parametrize("table", ["matters", "ontology_nodes"])
+def test_a_new_matter_or_type_node_dirties_nothing_but_its_update_and_delete_do(table: str) -> None:
+    row = {"id": 7, "title": "Mietsache Müller", "label": "Vertrag"}
+    for op in ("c", "r"):  # insert, snapshot read: no existing row can refer to it yet
+        assert not dirty_keys(_event(table, op, after=row, key={"id": 7}))
+    updated = dirty_keys(_event(table, "u", before=row, after=row, key={"id": 7}))
+    deleted = dirty_keys(_event(table, "d", before=row, key={"id": 7}))
+    field = "content_matters" if table == "matters" else "content_ontology_nodes"
+    assert getattr(updated, field) == {7} and getattr(deleted, field) == {7}
