@@ -60,9 +60,9 @@ class GrantedPrincipals:
 
 _PRINCIPALS = bindparam("principals", type_=ARRAY(Text))
 
-_EXPAND_SQL = text(
-    """
-    WITH RECURSIVE config_aliases(alias, target) AS (
+# Alias and group expansion of :principals (raw), as CTEs so the re-verify can inline them.
+_EXPAND_CTES = """
+    config_aliases(alias, target) AS (
         SELECT ki_principal(c.alias), ki_principal(c.target)
         FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
     ),
@@ -85,16 +85,16 @@ _EXPAND_SQL = text(
         SELECT ki_principal(gm.group_principal)
         FROM group_memberships gm
         JOIN expanded e ON ki_principal(gm.member_principal) = e.principal
-    )
+    )"""
+_EXPAND_SELECT = """
     -- A malformed (NULL) principal reached through a link matches nothing and is dropped here, not in the
     -- recursion, where an IS NOT NULL filter would make the planner scan a whole index.
     SELECT principal,
            principal IN (SELECT principal FROM aliased WHERE principal IS NOT NULL)
            AND principal IN (SELECT ki_principal(x) FROM unnest(CAST(:admins AS text[])) AS x) AS admin
     FROM expanded
-    WHERE principal IS NOT NULL
-    """
-).bindparams(
+    WHERE principal IS NOT NULL"""
+_EXPAND_SQL = text("WITH RECURSIVE" + _EXPAND_CTES + _EXPAND_SELECT).bindparams(
     _PRINCIPALS,
     bindparam("alias_keys", type_=ARRAY(Text)),
     bindparam("alias_targets", type_=ARRAY(Text)),
@@ -243,22 +243,54 @@ _NARROWING = {
 }
 
 
-def _visible_sql(narrow_by: tuple[str, ...], select: str = _VISIBLE_SELECT, *, reachable: bool = False) -> TextClause:
+# The caller resolved inside the statement (`_EXPAND_SQL` as CTEs): the re-verify of a search then reads
+# aliases, memberships and grants in one snapshot and one round trip, whatever a cache says about the caller.
+_RESOLVED_CALLER_CTE = (
+    "RECURSIVE"
+    + _EXPAND_CTES
+    + """,
+    caller AS MATERIALIZED (
+        SELECT coalesce(array_agg(principal), '{}') AS principals, coalesce(bool_or(admin), false) AS is_admin
+        FROM ("""
+    + _EXPAND_SELECT
+    + """) resolved
+    ),"""
+)
+
+
+def _replace_once(sql: str, old: str, new: str, count: int = 1) -> str:
+    if sql.count(old) != count:
+        raise AssertionError(f"ACL statement template changed: {old!r} occurs {sql.count(old)} times")
+    return sql.replace(old, new)
+
+
+def _visible_sql(
+    narrow_by: tuple[str, ...],
+    select: str = _VISIBLE_SELECT,
+    *,
+    reachable: bool = False,
+    resolve: bool = False,
+) -> TextClause:
     """One statement per narrowing combination and driver, so each gets its own plan (a generic
     `$1 IS NULL OR` plan would scan everything even when re-verifying twenty versions). `reachable`:
-    start from the versions the caller's allow grants reach (non-admin callers with narrow grants)."""
+    start from the versions the caller's allow grants reach (non-admin callers with narrow grants).
+    `resolve`: `:principals` are the caller's raw principals, resolved in the statement (with
+    `:admins`, `:alias_keys`, `:alias_targets`), not already expanded ones with `:is_admin`."""
     narrowing = "\n          ".join(_NARROWING[n] for n in narrow_by)
     candidates = _CANDIDATE_SELECT.format(
         driver=_REACHABLE_DRIVER if reachable else _DIRECT_DRIVER, narrowing=narrowing
     )
-    statement = text(
-        _CANDIDATES_TEMPLATE.format(reachable=_REACHABLE_CTE if reachable else "", candidates=candidates) + select
-    )
-    params: list[BindParameter[Any]] = [
-        _PRINCIPALS,
-        bindparam("is_admin", type_=Boolean),
-        bindparam("intersect", type_=Boolean),
-    ]
+    sql = _CANDIDATES_TEMPLATE.format(reachable=_REACHABLE_CTE if reachable else "", candidates=candidates) + select
+    params: list[BindParameter[Any]] = [_PRINCIPALS, bindparam("intersect", type_=Boolean)]
+    if resolve:
+        sql = _replace_once(sql, "WITH caller_grants", f"WITH {_RESOLVED_CALLER_CTE}\n    caller_grants")
+        principals = "g.principal) = ANY(CAST(:principals AS text[]))"
+        sql = _replace_once(sql, principals, "g.principal) = ANY((SELECT principals FROM caller))")
+        sql = _replace_once(sql, "CAST(:is_admin AS boolean)", "(SELECT is_admin FROM caller)", sql.count(":is_admin"))
+        params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets", "admins")]
+    else:
+        params.append(bindparam("is_admin", type_=Boolean))
+    statement = text(sql)
     params += [bindparam(n, type_=ARRAY(BigInteger)) for n in narrow_by]
     return statement.bindparams(*params)
 
@@ -290,6 +322,7 @@ _VISIBLE_SQL = {
     for reachable in (False, True)
 }
 _OBSERVATIONS_SQL = _visible_sql(("version_ids",), _OBSERVATIONS_SELECT)
+_OBSERVATIONS_RESOLVING_SQL = _visible_sql(("version_ids",), _OBSERVATIONS_SELECT, resolve=True)
 _SCOPE_SQL = {
     (narrow_by, reachable): _visible_sql(narrow_by, _SCOPE_SELECT, reachable=reachable)
     for narrow_by in [(), ("project_ids",)]
@@ -395,19 +428,46 @@ class VisibleObservation:
     latest_final_version_id: int | None = None
 
 
+@dataclass(frozen=True)
+class Unresolved:
+    """A caller's principals as presented (a token's claims), to be resolved inside the statement that uses
+    them: aliases, memberships and grants are then read in one snapshot and one round trip."""
+
+    principals: tuple[str, ...]
+
+    @classmethod
+    def of(cls, raw: Iterable[object]) -> Unresolved:
+        return cls(tuple(sorted({r for r in raw if isinstance(r, str) and r.strip()})))
+
+
 def visible_observations(
-    conn: Connection, caller: Caller, security: SecuritySettings, version_ids: Sequence[int]
+    conn: Connection, caller: Caller | Unresolved, security: SecuritySettings, version_ids: Sequence[int]
 ) -> list[VisibleObservation]:
     """The observations a caller may cite, per source object: active and *accessible* to the caller (the
     rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
     never cited, even when the version is visible through another object. Admins: every active
     observation of a visible version. Fails closed. The versions named are exactly the visible ones among
     `version_ids` (a visible version always has a citable observation), so this can replace
-    `visible_versions` where citations are needed."""
-    if caller.is_anonymous or not version_ids:
+    `visible_versions` where citations are needed. An `Unresolved` caller is resolved (`resolve_caller`'s
+    rules) in the same statement."""
+    if not version_ids:
         return []
-    params = {**_caller_params(caller, security), "version_ids": sorted({int(v) for v in version_ids})}
-    rows = conn.execute(_OBSERVATIONS_SQL, params).all()
+    versions = sorted({int(v) for v in version_ids})
+    if isinstance(caller, Unresolved):
+        if not caller.principals:
+            return []
+        params: dict[str, object] = {
+            "principals": list(caller.principals),
+            "intersect": security.source_acl_mode == "intersect",
+            "admins": _strings(security.admin_principals),
+            "version_ids": versions,
+            **_config_alias_params(security),
+        }
+        rows = conn.execute(_OBSERVATIONS_RESOLVING_SQL, params).all()
+    else:
+        if caller.is_anonymous:
+            return []
+        rows = conn.execute(_OBSERVATIONS_SQL, {**_caller_params(caller, security), "version_ids": versions}).all()
     return [
         VisibleObservation(
             r.version_id,

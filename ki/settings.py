@@ -229,6 +229,14 @@ class ApiSettings(_Section):
     max_token_bytes: int = Field(4096, ge=256, le=8000)
     embedding_cache_ttl_s: int = Field(600, ge=0)
     embedding_cache_size: int = Field(1024, ge=0)
+    # Scope cache (search.scope_cache): entries (callers + scopes; 0 = off) and ids held across all scopes
+    # (8 bytes each), used only while its CDC invalidation feed is at most this far behind PostgreSQL.
+    scope_cache_size: int = Field(4096, ge=0)
+    scope_cache_max_ids: int = Field(5_000_000, ge=0)
+    scope_cache_max_feed_lag_s: float = Field(5.0, gt=0)
+    # The scope clause each leg carries (search.scope): a larger scope is sent as its projects, or not at
+    # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
+    max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
 
 
 class StackSettings(_Section):

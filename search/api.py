@@ -226,6 +226,7 @@ async def create_app(settings: Settings) -> web.Application:
     engine = make_async_engine(settings, isolation_level="AUTOCOMMIT")
     client = make_client(settings)
     service = SearchService(settings, engine, client, embedder)
+    service.start()
     log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
     app = build_app(settings, service)
 

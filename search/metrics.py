@@ -56,6 +56,46 @@ class SearchMetrics:
         self.embed_cache = Counter(
             "ki_search_embed_cache", "Query-embedding cache lookups by result (hit, miss)", ["result"], registry=r
         )
+        self.scope_cache = Counter(
+            "ki_search_scope_cache",
+            "Scope lookups by result: hit, miss (compiled in SQL and cached), bypass (the invalidation feed is "
+            "not current: compiled in SQL, not cached)",
+            ["result"],
+            registry=r,
+        )
+        self.scope_cache_ids = Gauge("ki_search_scope_cache_ids", "Ids held by the scope cache", registry=r)
+        self.feed_usable = Gauge(
+            "ki_search_scope_feed_usable", "1 while the scope cache's invalidation feed is current", registry=r
+        )
+        self.feed_lag = Gauge(
+            "ki_search_scope_feed_lag_seconds",
+            "Upper bound of how far the invalidation feed is behind PostgreSQL commits",
+            registry=r,
+        )
+        self.feed_events = Counter(
+            "ki_search_scope_feed_events",
+            "Change events the invalidation feed applied, by table",
+            ["table"],
+            registry=r,
+        )
+        self.scope_filter = Counter(
+            "ki_search_scope_filter",
+            "Scope clauses sent by kind: exact (document ids), projects or open (superset: hits checked against "
+            "the scope), none (empty scope)",
+            ["kind"],
+            registry=r,
+        )
+        self.scope_fill_rounds = Histogram(
+            "ki_search_scope_fill_rounds",
+            "_msearch round trips of a search sent with a superset scope filter",
+            buckets=(1, 2, 3, 4, 5, 8),
+            registry=r,
+        )
+        self.scope_fill_exhausted = Counter(
+            "ki_search_scope_fill_exhausted",
+            "Searches whose superset filter reached the fetch cap before a leg had its depth of in-scope hits",
+            registry=r,
+        )
         self.rerank_seconds = Histogram(
             "ki_search_rerank_duration_seconds",
             "Reranker gateway round trip by outcome (ok, error)",
@@ -70,6 +110,10 @@ class SearchMetrics:
         self.waiting = Gauge("ki_api_requests_waiting", "API requests waiting for a slot now", registry=r)
         for result in ("hit", "miss"):
             self.embed_cache.labels(result)  # both series exist from the start
+        for result in ("hit", "miss", "bypass"):
+            self.scope_cache.labels(result)
+        for kind in ("exact", "projects", "open", "none"):
+            self.scope_filter.labels(kind)
 
     def observe_legs(self, took_ms: Mapping[str, float]) -> None:
         for leg, ms in took_ms.items():

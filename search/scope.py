@@ -1,22 +1,29 @@
-"""Compile a caller's access scope in SQL (through `ki.acl`, the one ACL semantics) into id sets and
-the strict OpenSearch filter every leg carries.
+"""Compile a caller's access scope in SQL (through `ki.acl`, the one ACL semantics) into id sets, and
+encode it as an OpenSearch filter of bounded size.
 
-Large scopes: OpenSearch caps one `terms` query at `index.max_terms_count` values (65,536 by default,
-`opensearch.max_terms_count` here). A scope with more document ids is split into several `terms`
-clauses of at most that many values, OR-ed in a `bool.should` with `minimum_should_match: 1`. We chose
-splitting over alternatives because it keeps the filter an exact projection of the SQL decision
-(the principal projection fields can lag behind SQL, and integer bitmaps would need a numeric copy of
-the id fields in the mapping). Cost: the request body grows linearly with the scope (roughly 8 bytes
-per id), and each clause counts against `indices.query.bool.max_clause_count` — 1,024 chunks of
-65,536 ids cover 67 million documents. Whatever the filter lets through, every candidate is
-re-verified in SQL before it is returned.
+The filter every leg carries is chosen per request, smallest first within `api.max_scope_filter_bytes`:
+
+* **exact** -- `terms` on the scope's document ids and project ids: the filter *is* the scope;
+* **projects** -- `terms` on the scope's project ids only, a superset of the scope (documents of those
+  projects the caller may not see pass it);
+* **open** -- no scope clause at all (the metadata filters only), for callers whose projects alone exceed
+  the budget (administrators of a large deployment).
+
+A superset filter is made exact again in the service: every leg's hits are checked against the compiled
+scope (`CompiledScope.admits`, a binary search) and a leg that lost hits is asked again for more until
+it has as many in-scope hits as the exact filter would have returned, or none are left. So the ranked
+lists, and everything computed from them, are the ones the exact filter gives; the request stays small
+whatever the scope size (1M visible documents would be ~10 MB of ids). The SQL re-verify of every
+returned hit comes after either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import bisect
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection
 
@@ -24,6 +31,9 @@ from ki.acl import Caller, visible_scope
 from ki.settings import SecuritySettings
 
 MATCH_NONE: dict[str, Any] = {"match_none": {}}
+FilterKind = Literal["exact", "projects", "open", "none"]
+# A JSON string id costs its digits, two quotes and a comma.
+_ID_OVERHEAD_BYTES = 3
 
 
 def _terms(field: str, ids: Sequence[int], max_terms: int) -> dict[str, Any]:
@@ -34,26 +44,67 @@ def _terms(field: str, ids: Sequence[int], max_terms: int) -> dict[str, Any]:
     return {"bool": {"should": parts, "minimum_should_match": 1}}
 
 
-@dataclass(frozen=True)
-class CompiledScope:
-    """The concrete ids the SQL authorisation produced for one caller (sorted, de-duplicated)."""
+def terms_bytes(ids: Sequence[int]) -> int:
+    """An upper bound of the JSON size of `ids` as a `terms` list (sorted ids: the last is the longest)."""
+    if not ids:
+        return 0
+    return len(ids) * (len(str(ids[-1])) + _ID_OVERHEAD_BYTES)
 
-    project_ids: tuple[int, ...]
-    document_ids: tuple[int, ...]
+
+def _sorted_ids(values: Iterable[int]) -> array[int]:
+    return array("q", sorted(set(values)))
+
+
+@dataclass(frozen=True)
+class ScopeFilter:
+    """The scope clause of one request. `exact`: the clause admits exactly the scope's documents;
+    otherwise it admits a superset and every hit must pass `CompiledScope.admits`."""
+
+    kind: FilterKind
+    clause: dict[str, Any] | None  # None: no scope clause (kind "open")
+
+    @property
+    def exact(self) -> bool:
+        return self.kind in ("exact", "none")
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledScope:
+    """The concrete ids the SQL authorisation produced for one caller (sorted, distinct, 8 bytes each:
+    a cached scope of a million documents is 8 MB)."""
+
+    project_ids: array[int]
+    document_ids: array[int]
     max_terms_count: int = 65_536
 
     @classmethod
     def of(
         cls, project_ids: Iterable[int], document_ids: Iterable[int], max_terms_count: int = 65_536
     ) -> CompiledScope:
-        return cls(tuple(sorted(set(project_ids))), tuple(sorted(set(document_ids))), max_terms_count)
+        return cls(_sorted_ids(project_ids), _sorted_ids(document_ids), max_terms_count)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompiledScope):
+            return NotImplemented
+        return self.project_ids == other.project_ids and self.document_ids == other.document_ids
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def is_empty(self) -> bool:
         return not self.document_ids
 
+    @property
+    def size(self) -> int:
+        """Ids held (what the scope cache counts against its memory bound)."""
+        return len(self.project_ids) + len(self.document_ids)
+
+    def admits(self, document_id: int, project_id: int) -> bool:
+        """Is this (document, project) pair in the scope? The same test as the exact filter's."""
+        return _contains(self.document_ids, document_id) and _contains(self.project_ids, project_id)
+
     def opensearch_filter(self) -> dict[str, Any]:
-        """Terms on document_id and project_id; an empty scope is `match_none`, never unfiltered."""
+        """The exact filter: terms on document_id and project_id; an empty scope is `match_none`."""
         if self.is_empty:
             return MATCH_NONE
         return {
@@ -64,6 +115,22 @@ class CompiledScope:
                 ]
             }
         }
+
+    def bounded_filter(self, max_bytes: int | None) -> ScopeFilter:
+        """The smallest-first choice of the module docstring; `max_bytes=None`: always exact."""
+        if self.is_empty:
+            return ScopeFilter("none", MATCH_NONE)
+        projects = terms_bytes(self.project_ids)
+        if max_bytes is None or terms_bytes(self.document_ids) + projects <= max_bytes:
+            return ScopeFilter("exact", self.opensearch_filter())
+        if projects <= max_bytes:
+            return ScopeFilter("projects", _terms("project_id", self.project_ids, self.max_terms_count))
+        return ScopeFilter("open", None)
+
+
+def _contains(ids: Sequence[int], value: int) -> bool:
+    i = bisect.bisect_left(ids, value)
+    return i < len(ids) and ids[i] == value
 
 
 def compile_scope(
@@ -78,12 +145,15 @@ def compile_scope(
     if caller.is_anonymous:
         return CompiledScope.of((), (), max_terms_count)
     projects, documents = visible_scope(conn, caller, security, project_ids=project_ids)
-    return CompiledScope(projects, documents, max_terms_count)  # already sorted and distinct
+    # Already sorted and distinct.
+    return CompiledScope(array("q", projects), array("q", documents), max_terms_count)
 
 
-def strict_filter(scope: CompiledScope, metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The one filter all legs carry: the compiled scope AND the metadata filters."""
-    scope_filter = scope.opensearch_filter()
-    if scope_filter == MATCH_NONE:
+def strict_filter(scope: CompiledScope | ScopeFilter, metadata: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The one filter all legs carry: the scope clause (exact unless a `ScopeFilter` says otherwise) AND
+    the metadata filters."""
+    chosen = scope if isinstance(scope, ScopeFilter) else scope.bounded_filter(None)
+    if chosen.clause == MATCH_NONE:
         return MATCH_NONE
-    return {"bool": {"filter": [scope_filter, *metadata]}}
+    clauses = [*([chosen.clause] if chosen.clause is not None else []), *metadata]
+    return {"bool": {"filter": clauses}}

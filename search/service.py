@@ -20,7 +20,7 @@ from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ki.acl import Caller, VisibleObservation, resolve_caller, visible_observations
+from ki.acl import Caller, Unresolved, VisibleObservation, resolve_caller, visible_observations
 from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
@@ -29,9 +29,12 @@ from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
 from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
 from search.fusion import Candidate, apply_boost, collapse, rrf
+from search.invalidation import InvalidationFeed
 from search.legs import (
     SOURCE_INCLUDES,
+    LegHit,
     LegName,
+    LegRun,
     active_legs,
     build_leg_bodies,
     leg_depth,
@@ -39,7 +42,8 @@ from search.legs import (
 )
 from search.metrics import SearchMetrics
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
-from search.scope import MATCH_NONE, CompiledScope, compile_scope, strict_filter
+from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
+from search.scope_cache import ScopeCache
 
 
 class SemanticUnavailable(RequestInvalid):
@@ -114,25 +118,20 @@ class SearchResult:
 
 
 def reverify(
-    conn: Connection,
-    raw_principals: Sequence[str],
-    settings: Settings,
-    version_ids: Sequence[int],
-    caller: Caller | None = None,
+    conn: Connection, raw_principals: Sequence[str], settings: Settings, version_ids: Sequence[int]
 ) -> dict[int, VerifiedVersion]:
-    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only).
+    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
+    statement that resolves the caller's aliases and groups and reads the grants, observations and rows
+    in one snapshot -- whatever a cache holds, this is the authority on every hit.
 
     A citation lists only the source objects the caller may access (`ki.acl.visible_observations`): a
-    version visible through one object never cites another object the caller has no grant for.
-    `caller` is the caller as resolved (aliases, groups) at scope compilation of the same request, if
-    any; grants, observations and rows are always read afresh here."""
+    version visible through one object never cites another object the caller has no grant for."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
-    caller = caller or resolve_caller(conn, raw_principals, settings.security)
     first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
-    for o in visible_observations(conn, caller, settings.security, ids):
+    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids):
         first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
     return {
@@ -199,6 +198,48 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | N
     return hit
 
 
+# A leg asked again for more hits (superset scope filter) grows by this factor, up to OpenSearch's
+# default `index.max_result_window`.
+FILL_GROWTH = 4
+MAX_FILL_SIZE = 10_000
+
+
+def admitted(hits: Sequence[LegHit], scope: CompiledScope) -> list[LegHit]:
+    """The hits the exact scope filter would have let through."""
+    return [h for h in hits if _admits(scope, h.source)]
+
+
+def _admits(scope: CompiledScope, source: dict[str, Any]) -> bool:
+    try:
+        return scope.admits(int(source["document_id"]), int(source["project_id"]))
+    except (KeyError, TypeError, ValueError):
+        return False  # a row without its ids is no row of the scope
+
+
+def _resized(body: dict[str, Any], size: int) -> dict[str, Any]:
+    """The same leg asking for `size` hits (the kNN leg: `k` too)."""
+    out = {**body, "size": size}
+    knn = body.get("query", {}).get("knn")
+    if knn:
+        ((field_name, spec),) = knn.items()
+        out["query"] = {"knn": {field_name: {**spec, "k": size}}}
+    return out
+
+
+def first_size(chosen: ScopeFilter, depth: int) -> int:
+    """Hits a leg asks for first: `depth`, or twice that through a superset filter (some will not pass)."""
+    return depth if chosen.exact else min(depth * 2, MAX_FILL_SIZE)
+
+
+def prefix_end(candidates: Sequence[Candidate], n: int) -> int:
+    """`n`, moved past candidates scoring the same as the n-th: a prefix cut between equal scores could
+    collapse differently from the whole list."""
+    n = min(n, len(candidates))
+    while 0 < n < len(candidates) and candidates[n].score == candidates[n - 1].score:
+        n += 1
+    return n
+
+
 class SearchService:
     def __init__(
         self,
@@ -207,6 +248,8 @@ class SearchService:
         client: AsyncOpenSearch,
         embedder: Embedder,
         metrics: SearchMetrics | None = None,
+        *,
+        scope_cache: bool | None = None,
     ) -> None:
         self.reranker = Reranker(settings.retrieval) if settings.retrieval.rerank_enabled else None
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
@@ -215,28 +258,72 @@ class SearchService:
         self.index = settings.retrieval.index_name
         # Decided once at start-up from the evaluation reports (see search.evidence).
         self.gate = decide(load_reports(settings.retrieval.evidence_dir), settings, embedder.signature)
+        # The scope cache and its feed (search.scope_cache, search.invalidation); `start()` starts the feed.
+        use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
+        self.scope_cache: ScopeCache | None = None
+        self.feed: InvalidationFeed | None = None
+        if use_cache:
+            self.scope_cache = ScopeCache(settings.api.scope_cache_size, settings.api.scope_cache_max_ids)
+            self.feed = InvalidationFeed(
+                settings, self.scope_cache, on_event=lambda table: self.metrics.feed_events.labels(table).inc()
+            )
+
+    def start(self) -> None:
+        if self.feed is not None:
+            self.feed.start()
 
     # --- steps ---------------------------------------------------------------------------------
 
-    async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
-        return (await self._compile_scope(principals, project_ids))[0]
+    def usable_cache(self) -> ScopeCache | None:
+        """The scope cache, if its invalidation feed is current (else None: compile in SQL)."""
+        if self.scope_cache is None or self.feed is None:
+            return None
+        health = self.feed.health()
+        self.metrics.feed_usable.set(1 if health.usable else 0)
+        if health.lag_s is not None:
+            self.metrics.feed_lag.set(health.lag_s)
+        self.metrics.scope_cache_ids.set(self.scope_cache.ids_held)
+        return self.scope_cache if health.usable else None
 
-    async def _compile_scope(
-        self, principals: Sequence[str], project_ids: Sequence[int] | None
-    ) -> tuple[CompiledScope, Caller]:
+    async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
+        """The caller's scope: from the cache when its feed is current and it holds it, else in SQL
+        (and then cached, unless an invalidation arrived meanwhile)."""
+        started = time.perf_counter()
+        cache = self.usable_cache()
+        if cache is None and self.scope_cache is not None:
+            self.metrics.scope_cache.labels("bypass").inc()
+        raw, generation = ScopeCache.raw_key(principals), cache.generation if cache is not None else 0
+        caller = cache.caller(raw) if cache is not None else None
+        if cache is not None and caller is not None:
+            cached = cache.scope(ScopeCache.scope_key(caller, project_ids))
+            if cached is not None:
+                self.metrics.scope_cache.labels("hit").inc()
+                self._observe_scope(cached, started)
+                return cached
         security, max_terms = self.settings.security, self.settings.opensearch.max_terms_count
 
         def run(conn: Connection) -> tuple[CompiledScope, Caller]:
-            caller = resolve_caller(conn, principals, security)
-            return compile_scope(conn, caller, security, project_ids=project_ids, max_terms_count=max_terms), caller
+            resolved = caller or resolve_caller(conn, principals, security)
+            return compile_scope(conn, resolved, security, project_ids=project_ids, max_terms_count=max_terms), resolved
 
-        started = time.perf_counter()
         async with self.engine.connect() as conn:
-            scope, caller = await conn.run_sync(run)
+            scope, resolved = await conn.run_sync(run)
+        if cache is not None:
+            self.metrics.scope_cache.labels("miss").inc()
+            cache.put_caller(raw, resolved, generation)
+            cache.put_scope(ScopeCache.scope_key(resolved, project_ids), scope, generation)
+        self._observe_scope(scope, started)
+        return scope
+
+    def _observe_scope(self, scope: CompiledScope, started: float) -> None:
         self.metrics.scope_seconds.observe(time.perf_counter() - started)
         self.metrics.scope_documents.observe(len(scope.document_ids))
         self.metrics.scope_projects.observe(len(scope.project_ids))
-        return scope, caller
+
+    def scope_filter(self, scope: CompiledScope) -> ScopeFilter:
+        chosen = scope.bounded_filter(self.settings.api.max_scope_filter_bytes)
+        self.metrics.scope_filter.labels(chosen.kind).inc()
+        return chosen
 
     async def embed_query(self, query: str) -> list[float]:
         key = EmbeddingCache.key(self.embedder.signature, query)
@@ -250,11 +337,9 @@ class SearchService:
         self.cache.put(key, vector)
         return vector
 
-    async def _reverify(
-        self, principals: Sequence[str], version_ids: Sequence[int], caller: Caller | None = None
-    ) -> dict[int, VerifiedVersion]:
+    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
         async with self.engine.connect() as conn:
-            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids, caller))
+            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
 
     async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
         """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
@@ -271,6 +356,8 @@ class SearchService:
         return apply_rerank(kept, scores)
 
     async def close(self) -> None:
+        if self.feed is not None:
+            self.feed.stop()
         if self.reranker is not None:
             await self.reranker.close()
 
@@ -305,15 +392,87 @@ class SearchService:
         return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
 
     def plan_legs(
-        self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None
+        self,
+        request: SearchRequest,
+        scope: CompiledScope | ScopeFilter,
+        vector: list[float] | None,
     ) -> dict[LegName, dict[str, Any]]:
         """The `_msearch` bodies of one ranked search (also what `ki bench search` sends raw as its baseline).
 
         A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only trail the
         ranking with score 0 (this is how `ki eval` measures one leg alone)."""
-        strict = strict_filter(scope, metadata_clauses(request.filters))
+        chosen = self.scope_filter(scope) if isinstance(scope, CompiledScope) else scope
+        strict = strict_filter(chosen, metadata_clauses(request.filters))
         legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
-        return build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+        if chosen.exact:
+            return bodies
+        return {leg: _resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}
+
+    async def run_legs_in_scope(
+        self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None
+    ) -> tuple[LegRun, int]:
+        """Every leg's hits exactly as the exact scope filter gives them, through a filter of bounded size:
+        with a superset filter, each leg's hits are checked against the scope and a leg that lost some is
+        asked again for more (all such legs in one `_msearch`) until it has `depth` or has no more.
+        Returns the legs and the number of `_msearch` round trips."""
+        depth = leg_depth(request.window)
+        chosen = self.scope_filter(scope)
+        size = first_size(chosen, depth)
+        bodies = self.plan_legs(request, chosen, vector)
+        run = await self._opensearch(run_legs(self.client, self.index, bodies))
+        if chosen.exact:
+            return run, 1
+        hits = {leg: admitted(found, scope) for leg, found in run.hits.items()}
+        took = dict(run.took_ms)
+        full = {leg for leg in bodies if len(run.hits[leg]) >= size}  # the leg may have more
+        rounds = 1
+        while size < MAX_FILL_SIZE:
+            short = {leg: body for leg, body in bodies.items() if leg in full and len(hits[leg]) < depth}
+            if not short:
+                break
+            size = min(size * FILL_GROWTH, MAX_FILL_SIZE)
+            more = await self._opensearch(
+                run_legs(self.client, self.index, {leg: _resized(b, size) for leg, b in short.items()})
+            )
+            rounds += 1
+            for leg in short:
+                hits[leg] = admitted(more.hits[leg], scope)
+                took[leg] = took.get(leg, 0.0) + more.took_ms.get(leg, 0.0)
+                if len(more.hits[leg]) < size:
+                    full.discard(leg)
+        if any(leg in full and len(hits[leg]) < depth for leg in bodies):
+            self.metrics.scope_fill_exhausted.inc()
+        self.metrics.scope_fill_rounds.observe(rounds)
+        return LegRun({leg: found[:depth] for leg, found in hits.items()}, took), rounds
+
+    async def verified_head(
+        self, principals: Sequence[str], fused: Sequence[Candidate], need: int
+    ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
+        """Re-verify in fused order only as far as the page needs: the collapsed survivors of a prefix
+        (cut between different scores) begin exactly like those of the whole list once they number
+        `need`, since everything after the prefix scores lower. Usually one statement over a few dozen
+        versions instead of every candidate's."""
+        r = self.settings.retrieval
+        verified: dict[int, VerifiedVersion] = {}
+        checked: set[int] = set()
+        n, batch = 0, max(2 * need, 20)
+        while True:
+            end = prefix_end(fused, n + batch)
+            ids = {c.version_id for c in fused[n:end]} - checked
+            if ids:
+                verified.update(await self._reverify(principals, sorted(ids)))
+                checked |= ids
+            n, batch = end, batch * FILL_GROWTH
+            survivors = [c for c in fused[:n] if self._matches(c, verified)]
+            kept = collapse(
+                survivors,
+                per_document=r.collapse_per_document,
+                max_chunks_per_document=r.max_chunks_per_document,
+                is_latest_final=lambda c: verified[c.version_id].latest_final_version_id == c.version_id,
+            )
+            if len(kept) >= need or n >= len(fused):
+                return kept, verified
 
     # --- public --------------------------------------------------------------------------------
 
@@ -324,12 +483,12 @@ class SearchService:
         if "semantic" in active_legs(self.leg_weights(self.resolve_mode(request.mode))):
             vector = asyncio.ensure_future(self.embed_query(request.query))
         try:
-            scope, caller = await self._compile_scope(principals, request.filters.project_id)
+            scope = await self.compile_scope(principals, request.filters.project_id)
         except BaseException:
             if vector is not None:
                 vector.cancel()
             raise
-        return await self.search_in_scope(principals, request, scope, started=started, caller=caller, vector=vector)
+        return await self.search_in_scope(principals, request, scope, started=started, vector=vector)
 
     async def search_in_scope(
         self,
@@ -338,13 +497,12 @@ class SearchService:
         scope: CompiledScope,
         *,
         started: float | None = None,
-        caller: Caller | None = None,
         vector: Awaitable[list[float]] | None = None,
     ) -> SearchResult:
         """Steps 2-8 for an already compiled scope (the re-verify still checks grants in SQL afresh).
 
-        `caller`: as resolved for the scope (else resolved again); `vector`: the query vector being
-        computed (else embedded here). Timings: `embed` is the wait for the vector after the scope."""
+        `vector`: the query vector being computed (else embedded here). Timings: `embed` is the wait for
+        the vector after the scope."""
         t0 = started if started is not None else time.perf_counter()
         timings: dict[str, float] = {}
         t = time.perf_counter()
@@ -357,26 +515,20 @@ class SearchService:
         query_vector = await vector if vector is not None else None
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t) * 1000
-        bodies = self.plan_legs(request, scope, query_vector)
-        run = await self._opensearch(run_legs(self.client, self.index, bodies))
+        run, rounds = await self.run_legs_in_scope(request, scope, query_vector)
         t2 = time.perf_counter()
         timings["msearch"] = (t2 - t1) * 1000
-        if bodies:
+        if run.took_ms:
             self.metrics.msearch_seconds.observe(t2 - t1)
-            self.metrics.observe_legs(run.took_ms)
-        fused = apply_boost(rrf(run.hits, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
+            self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
+        legs = {str(leg): found for leg, found in run.hits.items()}
+        fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         t3 = time.perf_counter()
         timings["fuse"] = (t3 - t2) * 1000
-        verified = await self._reverify(principals, [c.version_id for c in fused], caller)
-        survivors = [c for c in fused if self._matches(c, verified)]
+        need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
+        kept, verified = await self.verified_head(principals, fused, need)
         t4 = time.perf_counter()
         timings["reverify"] = (t4 - t3) * 1000
-        kept = collapse(
-            survivors,
-            per_document=r.collapse_per_document,
-            max_chunks_per_document=r.max_chunks_per_document,
-            is_latest_final=lambda c: verified[c.version_id].latest_final_version_id == c.version_id,
-        )
         if self.reranker is not None and kept:
             t5 = time.perf_counter()
             kept = await self._rerank(request.query, kept, verified)
@@ -392,24 +544,33 @@ class SearchService:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
         t0 = time.perf_counter()
         scope = await self.compile_scope(principals, request.filters.project_id)
-        strict = strict_filter(scope, metadata_clauses(request.filters))
+        chosen = self.scope_filter(scope)
+        strict = strict_filter(chosen, metadata_clauses(request.filters))
         if strict == MATCH_NONE:
             return SearchResult([], request.offset, request.limit, False, {})
-        body = {
-            "size": leg_depth(request.window),
-            "track_total_hits": False,
-            "_source": {"includes": SOURCE_INCLUDES},
-            "query": {"bool": {"filter": [strict]}},
-            "sort": [
-                {"doc_date": {"order": "desc", "missing": "_last"}},
-                {"document_version_id": {"order": "asc"}},
-            ],
-            "collapse": {"field": "document_version_id"},
-        }
-        response = await self._opensearch(self.client.search(index=self.index, body=body))
-        candidates = [
-            Candidate(h["_id"], 0.0, h.get("_source") or {}) for h in response.get("hits", {}).get("hits", [])
-        ]
+        depth = leg_depth(request.window)
+        size = first_size(chosen, depth)
+        while True:  # with a superset filter: until `depth` versions pass the scope or none are left
+            body = {
+                "size": size,
+                "track_total_hits": False,
+                "_source": {"includes": SOURCE_INCLUDES},
+                "query": {"bool": {"filter": [strict]}},
+                "sort": [
+                    {"doc_date": {"order": "desc", "missing": "_last"}},
+                    {"document_version_id": {"order": "asc"}},
+                ],
+                "collapse": {"field": "document_version_id"},
+            }
+            response = await self._opensearch(self.client.search(index=self.index, body=body))
+            found = response.get("hits", {}).get("hits", [])
+            candidates = [Candidate(h["_id"], 0.0, h.get("_source") or {}) for h in found]
+            if not chosen.exact:
+                candidates = [c for c in candidates if _admits(scope, c.source)]
+            if chosen.exact or len(candidates) >= depth or len(found) < size or size >= MAX_FILL_SIZE:
+                break
+            size = min(size * FILL_GROWTH, MAX_FILL_SIZE)
+        candidates = candidates[:depth]
         verified = await self._reverify(principals, [c.version_id for c in candidates])
         seen: set[int] = set()
         survivors = []

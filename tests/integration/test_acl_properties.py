@@ -34,6 +34,7 @@ from sqlalchemy import Connection, Engine, text
 
 from ki.acl import (
     Driver,
+    Unresolved,
     resolve_caller,
     version_projections,
     visible_observations,
@@ -134,6 +135,9 @@ def check(engine: Engine, case: Case) -> None:
             }
             assert {o.observation_id for o in observations} == want
             assert len(observations) == len(want), "an observation is listed twice"
+            # The search's re-verify resolves the caller inside the statement: the same rows.
+            resolving = visible_observations(conn, Unresolved.of(case.caller), case.security, sorted(asked))
+            assert sorted(resolving, key=repr) == sorted(observations, key=repr)
             object_of = dict(zip(ids.observations, [o.object_id for o in world.observations], strict=True))
             version_of = dict(zip(ids.observations, [o.version_id for o in world.observations], strict=True))
             assert {o.version_id for o in observations} == {ids.versions[v] for v in expected} & asked

@@ -1,0 +1,246 @@
+"""The scope cache: compiled scopes reused across requests, invalidated by the CDC events of the tables
+that decide access (owners' decision in issue 14). Pure: no I/O; `search.invalidation` feeds it.
+
+Two maps, both LRU-bounded:
+
+* **callers** -- a token's raw principals -> the resolved `Caller` (aliases, groups, admin flag). A group
+  membership or alias event naming principal P drops every caller whose raw or resolved principals
+  include P (exactly the callers whose resolution it can change).
+* **scopes** -- (resolved principals, admin flag, project narrowing) -> `CompiledScope`. A scope is a
+  function of the resolved principals and the data, so memberships and aliases never touch this map
+  (a changed resolution is a different key). A grant event naming P drops the scopes whose principals
+  include P; an event on observations, source objects, sources, projects, a document's deletion or
+  project, or a version's existence drops every scope (any caller's scope can change).
+
+Why this cannot leak: the SQL re-verify of every hit runs on every request with the caller resolved
+afresh in the same statement, so a scope that is too broad (a revocation not yet seen) only costs
+candidates. A scope that is too narrow (a new grant not yet seen) hides a document until the event
+arrives -- the same staleness the index itself has. The service uses the cache only while the
+invalidation feed is healthy (`search.invalidation`), and never stores an entry computed before an
+invalidation that arrived while it was computed (`generation`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ki.acl import Caller
+from ki.principals import canonical_principal
+from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
+from search.scope import CompiledScope
+
+ScopeKey = tuple[frozenset[str], bool, tuple[int, ...] | None]
+RawKey = tuple[str, ...]
+
+# Tables whose every row event can change somebody's scope.
+_DATA_TABLES = frozenset({"source_observations", "source_objects", "sources", "projects"})
+# documents / document_versions: only these columns decide scope membership.
+_SCOPE_COLUMNS = {"documents": ("deleted_at", "project_id"), "document_versions": ("document_id",)}
+_PRINCIPAL_COLUMNS = {
+    "grants": ("principal",),
+    "group_memberships": ("group_principal", "member_principal"),
+    "principal_aliases": ("alias", "principal"),
+}
+
+
+@dataclass(frozen=True)
+class Invalidation:
+    """What one change event invalidates. `scopes`: "all", or the canonical principals whose scopes go;
+    `callers`: the canonical principals whose resolutions go."""
+
+    scopes: Literal["all"] | frozenset[str] = frozenset()
+    callers: Literal["all"] | frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not self.scopes and not self.callers
+
+
+NOTHING = Invalidation()
+EVERYTHING = Invalidation("all", "all")
+
+
+def _principals(rows: Iterable[Mapping[str, Any] | None], columns: Iterable[str]) -> frozenset[str] | None:
+    """The canonical principals in `columns` of `rows`; None if one is unavailable (invalidate all)."""
+    out: set[str] = set()
+    for row in rows:
+        if row is None:
+            continue
+        for column in columns:
+            value = row.get(column)
+            if value is UNAVAILABLE:
+                return None
+            canonical = canonical_principal(value)
+            if canonical is not None:  # a malformed principal matches nobody
+                out.add(canonical)
+    return frozenset(out)
+
+
+def invalidation_for(event: ChangeEvent | Tombstone) -> Invalidation:
+    """What a captured change invalidates (pure; the rules of the module docstring)."""
+    if isinstance(event, Tombstone):
+        return NOTHING  # follows a delete that was already handled
+    table, rows = event.table, (event.before, event.after)
+    if event.op == "t":
+        return EVERYTHING
+    if table in _PRINCIPAL_COLUMNS:
+        named = _principals(rows, _PRINCIPAL_COLUMNS[table])
+        if named is None:
+            return EVERYTHING
+        return Invalidation(scopes=named) if table == "grants" else Invalidation(callers=named)
+    if table in _DATA_TABLES:
+        return Invalidation(scopes="all")
+    if table in _SCOPE_COLUMNS:
+        if event.op != "u" or event.before is None or event.after is None:
+            return Invalidation(scopes="all")  # a row appeared or went
+        for column in _SCOPE_COLUMNS[table]:
+            old, new = event.before.get(column), event.after.get(column)
+            if old is UNAVAILABLE or new is UNAVAILABLE or old != new:
+                return Invalidation(scopes="all")
+        return NOTHING  # a title, text or status change: the same documents are visible
+    return NOTHING  # matters, type nodes, decision records, relations, heartbeats
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+    stale_stores: int = 0  # computed before an invalidation that arrived meanwhile: not stored
+    evictions: int = 0
+    invalidated: dict[str, int] = field(default_factory=lambda: {"scopes": 0, "callers": 0})
+
+
+class ScopeCache:
+    """Callers and compiled scopes, LRU-bounded by entries and by ids held; thread-safe (the invalidation
+    feed runs in a thread of its own)."""
+
+    def __init__(self, max_entries: int, max_ids: int) -> None:
+        self.max_entries, self.max_ids = max_entries, max_ids
+        self._lock = threading.Lock()
+        self._callers: OrderedDict[RawKey, Caller] = OrderedDict()
+        self._scopes: OrderedDict[ScopeKey, CompiledScope] = OrderedDict()
+        self._ids = 0
+        self.generation = 0  # bumped by every invalidation that dropped or could have dropped anything
+        self.stats = CacheStats()
+
+    @staticmethod
+    def raw_key(principals: Iterable[object]) -> RawKey:
+        return tuple(sorted({p for p in principals if isinstance(p, str) and p.strip()}))
+
+    @staticmethod
+    def scope_key(caller: Caller, project_ids: Iterable[int] | None) -> ScopeKey:
+        narrowing = None if project_ids is None else tuple(sorted({int(p) for p in project_ids}))
+        return (caller.principals, caller.is_admin, narrowing)
+
+    @property
+    def ids_held(self) -> int:
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._callers) + len(self._scopes)
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def caller(self, key: RawKey) -> Caller | None:
+        with self._lock:
+            return self._touch(self._callers, key)
+
+    def scope(self, key: ScopeKey) -> CompiledScope | None:
+        with self._lock:
+            return self._touch(self._scopes, key)
+
+    def _touch(self, entries: OrderedDict[Any, Any], key: Any) -> Any:
+        value = entries.get(key)
+        if value is None:
+            self.stats.misses += 1
+            return None
+        entries.move_to_end(key)
+        self.stats.hits += 1
+        return value
+
+    # --- stores --------------------------------------------------------------------------------
+
+    def put_caller(self, key: RawKey, caller: Caller, generation: int) -> bool:
+        with self._lock:
+            if not self._fresh(generation):
+                return False
+            self._callers[key] = caller
+            self._callers.move_to_end(key)
+            self._evict()
+            return True
+
+    def put_scope(self, key: ScopeKey, scope: CompiledScope, generation: int) -> bool:
+        """Store unless an invalidation arrived since `generation` was read (before the SQL ran), or the
+        scope alone exceeds the id bound."""
+        with self._lock:
+            if not self._fresh(generation) or scope.size > self.max_ids:
+                return False
+            old = self._scopes.pop(key, None)
+            if old is not None:
+                self._ids -= old.size
+            self._scopes[key] = scope
+            self._ids += scope.size
+            self._evict()
+            return True
+
+    def _fresh(self, generation: int) -> bool:
+        if generation != self.generation:
+            self.stats.stale_stores += 1
+            return False
+        self.stats.stores += 1
+        return True
+
+    def _evict(self) -> None:
+        while len(self._callers) + len(self._scopes) > self.max_entries or self._ids > self.max_ids:
+            # Scopes first (they hold the memory), oldest first; then callers.
+            if self._scopes:
+                _, scope = self._scopes.popitem(last=False)
+                self._ids -= scope.size
+            elif self._callers:
+                self._callers.popitem(last=False)
+            else:
+                break
+            self.stats.evictions += 1
+
+    # --- invalidation --------------------------------------------------------------------------
+
+    def apply(self, invalidation: Invalidation) -> None:
+        if invalidation.empty:
+            return
+        with self._lock:
+            self.generation += 1
+            if invalidation.scopes == "all":
+                self.stats.invalidated["scopes"] += len(self._scopes)
+                self._scopes.clear()
+                self._ids = 0
+            elif invalidation.scopes:
+                named = invalidation.scopes
+                gone = [k for k in self._scopes if not named.isdisjoint(k[0])]
+                for key in gone:
+                    self._ids -= self._scopes.pop(key).size
+                self.stats.invalidated["scopes"] += len(gone)
+            if invalidation.callers == "all":
+                self.stats.invalidated["callers"] += len(self._callers)
+                self._callers.clear()
+            elif invalidation.callers:
+                named = invalidation.callers
+                gone_callers = [
+                    k
+                    for k, c in self._callers.items()
+                    if not named.isdisjoint(c.principals) or not named.isdisjoint(_canonical(k))
+                ]
+                for raw in gone_callers:
+                    del self._callers[raw]
+                self.stats.invalidated["callers"] += len(gone_callers)
+
+    def clear(self) -> None:
+        self.apply(EVERYTHING)
+
+
+def _canonical(raw: RawKey) -> set[str]:
+    return {c for c in (canonical_principal(r) for r in raw) if c is not None}
