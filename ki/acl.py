@@ -285,7 +285,7 @@ def _visible_sql(
     if resolve:
         sql = _replace_once(sql, "WITH caller_grants", f"WITH {_RESOLVED_CALLER_CTE}\n    caller_grants")
         principals = "g.principal) = ANY(CAST(:principals AS text[]))"
-        sql = _replace_once(sql, principals, "g.principal) = ANY((SELECT principals FROM caller))")
+        sql = _replace_once(sql, principals, "g.principal) = ANY(CAST((SELECT principals FROM caller) AS text[]))")
         sql = _replace_once(sql, "CAST(:is_admin AS boolean)", "(SELECT is_admin FROM caller)", sql.count(":is_admin"))
         params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets", "admins")]
     else:

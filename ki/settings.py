@@ -126,7 +126,8 @@ class ConnectSettings(_Section):
     publication_name: str = Field("ki_publication", pattern=r"^[a-z_][a-z0-9_]*$")
     slot_name: str = Field("ki_slot", pattern=r"^[a-z_][a-z0-9_]*$")
     snapshot_mode: Literal["initial", "no_data", "always", "when_needed", "never"] = "initial"
-    heartbeat_interval_ms: int = Field(10_000, ge=100)
+    # Also the scope cache's proof that Debezium is current (search.invalidation): short on purpose.
+    heartbeat_interval_ms: int = Field(1_000, ge=100)
     # Host name Connect uses to reach PostgreSQL; empty = database.host (differs under docker compose).
     database_hostname: str = ""
 

@@ -145,9 +145,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks = await request.app[SERVICE_KEY].ready()
+    service = request.app[SERVICE_KEY]
+    checks = await service.ready()
     ok = all(v == "ok" for v in checks.values())
-    return web.json_response({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+    # The scope cache is not a readiness condition: without it, scopes are compiled in SQL.
+    body = {"status": "ok" if ok else "unavailable", "checks": checks, "scope_cache": service.scope_cache_state()}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -32,8 +32,8 @@ from ki.settings import SecuritySettings
 
 MATCH_NONE: dict[str, Any] = {"match_none": {}}
 FilterKind = Literal["exact", "projects", "open", "none"]
-# A JSON string id costs its digits, two quotes and a comma.
-_ID_OVERHEAD_BYTES = 3
+# A JSON string id costs its digits, two quotes, a comma and (some serialisers) a space.
+_ID_OVERHEAD_BYTES = 4
 
 
 def _terms(field: str, ids: Sequence[int], max_terms: int) -> dict[str, Any]:

@@ -258,6 +258,8 @@ class SearchService:
         self.index = settings.retrieval.index_name
         # Decided once at start-up from the evaluation reports (see search.evidence).
         self.gate = decide(load_reports(settings.retrieval.evidence_dir), settings, embedder.signature)
+        # Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests).
+        self.filter_budget: int | None = settings.api.max_scope_filter_bytes
         # The scope cache and its feed (search.scope_cache, search.invalidation); `start()` starts the feed.
         use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
@@ -284,6 +286,14 @@ class SearchService:
             self.metrics.feed_lag.set(health.lag_s)
         self.metrics.scope_cache_ids.set(self.scope_cache.ids_held)
         return self.scope_cache if health.usable else None
+
+    def scope_cache_state(self) -> dict[str, Any]:
+        """For `/readyz`: whether the scope cache is in use, and why not."""
+        if self.scope_cache is None or self.feed is None:
+            return {"enabled": False, "usable": False, "reason": "api.scope_cache_size is 0"}
+        health = self.feed.health()
+        lag = None if health.lag_s is None else round(health.lag_s, 3)
+        return {"enabled": True, "usable": health.usable, "reason": health.reason, "feed_lag_s": lag}
 
     async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
         """The caller's scope: from the cache when its feed is current and it holds it, else in SQL
@@ -321,7 +331,7 @@ class SearchService:
         self.metrics.scope_projects.observe(len(scope.project_ids))
 
     def scope_filter(self, scope: CompiledScope) -> ScopeFilter:
-        chosen = scope.bounded_filter(self.settings.api.max_scope_filter_bytes)
+        chosen = scope.bounded_filter(self.filter_budget)
         self.metrics.scope_filter.labels(chosen.kind).inc()
         return chosen
 

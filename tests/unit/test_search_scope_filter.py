@@ -1,0 +1,155 @@
+"""Bounded scope filters (search.scope) and the page-proportional re-verify (search.service): a request's
+scope clauses stay under 64 KiB at every scope size, a superset filter is made exact hit by hit, and
+re-verifying a prefix of the fused list gives the page that re-verifying all of it gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ki.settings import load_settings
+from search.fusion import Candidate, collapse
+from search.legs import LEGS, LegHit, build_leg_bodies
+from search.scope import MATCH_NONE, CompiledScope, strict_filter, terms_bytes
+from search.service import SearchService, VerifiedVersion, _resized, admitted, prefix_end
+
+BUDGET = load_settings(environ={}).api.max_scope_filter_bytes
+REQUEST_LIMIT = 64 * 1024
+
+
+def filter_bytes(scope: CompiledScope) -> int:
+    """Bytes of scope clauses in one ranked request: every leg carries the clause."""
+    bodies = build_leg_bodies("q", [0.0], strict_filter(scope.bounded_filter(BUDGET), []), 10)
+    return sum(len(json.dumps(strict_filter(scope.bounded_filter(BUDGET), []))) for _ in bodies)
+
+
+def test_the_scope_filters_of_a_request_stay_under_64_kib_at_every_scope_size() -> None:
+    kinds = {}
+    for documents, projects in ((10, 1), (1_000, 10), (2_000, 400), (100_000, 1_000), (1_000_000, 30_000)):
+        scope = CompiledScope.of(range(1, projects + 1), range(10_000_000, 10_000_000 + documents))
+        kinds[documents] = scope.bounded_filter(BUDGET).kind
+        assert filter_bytes(scope) <= REQUEST_LIMIT, documents
+    assert kinds == {10: "exact", 1_000: "exact", 2_000: "projects", 100_000: "projects", 1_000_000: "open"}
+
+
+def test_terms_bytes_bounds_the_json_of_the_ids() -> None:
+    ids = list(range(95, 12_000, 7))
+    assert len(json.dumps([str(i) for i in ids])) <= terms_bytes(ids) + 2
+
+
+def test_an_empty_scope_blocks_and_an_unbounded_one_is_exact() -> None:
+    assert CompiledScope.of([], []).bounded_filter(BUDGET).clause == MATCH_NONE
+    big = CompiledScope.of([1], range(50_000))
+    assert big.bounded_filter(None).kind == "exact"
+    assert strict_filter(big, []) == {"bool": {"filter": [big.opensearch_filter()]}}
+
+
+def test_open_filter_carries_only_the_metadata() -> None:
+    scope = CompiledScope.of(range(1, 30_000), range(1, 30_000))
+    chosen = scope.bounded_filter(1024)
+    assert chosen.kind == "open" and not chosen.exact
+    assert strict_filter(chosen, [{"term": {"language": "de"}}]) == {"bool": {"filter": [{"term": {"language": "de"}}]}}
+
+
+def test_admits_is_the_exact_filter() -> None:
+    scope = CompiledScope.of([1, 3], [10, 30, 31])
+    hits = [
+        LegHit(str(i), 1.0, {"document_id": str(d), "project_id": str(p)})
+        for i, (d, p) in enumerate([(10, 1), (30, 3), (30, 2), (11, 1), (31, 3)])
+    ]
+    assert [h.id for h in admitted(hits, scope)] == ["0", "1", "4"]
+    assert admitted([LegHit("x", 1.0, {"document_id": "10"})], scope) == []  # no project: not in scope
+
+
+def test_a_leg_asked_for_more_asks_knn_for_as_many() -> None:
+    bodies = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS))
+    assert _resized(bodies["semantic"], 400)["query"]["knn"]["embedding"]["k"] == 400
+    assert _resized(bodies["semantic"], 400)["size"] == 400
+    assert _resized(bodies["lexical"], 400)["size"] == 400
+    assert bodies["semantic"]["query"]["knn"]["embedding"]["k"] == 50  # unchanged
+
+
+# --- re-verifying a prefix ------------------------------------------------------------------------
+
+
+def candidate(i: int, score: float, document: int, version: int) -> Candidate:
+    return Candidate(f"c{i:03d}", score, {"document_id": document, "document_version_id": version, "project_id": 1})
+
+
+class _Verifier(SearchService):
+    """The service's prefix loop over an in-memory answer (the SQL statement itself is tested against
+    PostgreSQL in tests/integration)."""
+
+    def __init__(self, visible: dict[int, VerifiedVersion], per_document: bool) -> None:
+        none: Any = None
+        base = load_settings(environ={})
+        retrieval = base.retrieval.model_copy(update={"collapse_per_document": per_document})
+        self.settings = base.model_copy(update={"retrieval": retrieval})
+        self.engine = self.client = none
+        self.reranker = None
+        self.visible, self.statements = visible, 0
+
+    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
+        self.statements += 1
+        return {v: self.visible[v] for v in version_ids if v in self.visible}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from([1.0, 0.9, 0.8, 0.5, 0.2]), st.integers(1, 12), st.integers(0, 2)),
+        max_size=120,
+    ),
+    hidden=st.sets(st.integers(1, 40)),
+    latest=st.sets(st.integers(1, 40)),
+    need=st.integers(1, 30),
+    per_document=st.booleans(),
+)
+def test_the_head_of_a_verified_prefix_is_the_head_of_the_whole(
+    rows: list[tuple[float, int, int]],
+    hidden: set[int],
+    latest: set[int],
+    need: int,
+    per_document: bool,
+) -> None:
+    fused = sorted(
+        (candidate(i, score, doc, doc * 3 + v) for i, (score, doc, v) in enumerate(rows)),
+        key=lambda c: (-c.score, c.chunk_id),
+    )
+    visible = {
+        c.version_id: VerifiedVersion(
+            c.version_id, c.document_id, 1, "", 1, c.version_id if c.version_id in latest else None, ()
+        )
+        for c in fused
+        if c.version_id not in hidden
+    }
+    service = _Verifier(visible, per_document)
+    kept, _ = asyncio.run(service.verified_head(["user:x"], fused, need))
+    everything = collapse(
+        [c for c in fused if c.version_id in visible],
+        per_document=per_document,
+        max_chunks_per_document=service.settings.retrieval.max_chunks_per_document,
+        is_latest_final=lambda c: visible[c.version_id].latest_final_version_id == c.version_id,
+    )
+    assert kept[:need] == everything[:need]
+    assert (len(kept) >= need) == (len(everything) >= need)
+
+
+def test_prefix_end_never_cuts_between_equal_scores() -> None:
+    fused = [candidate(i, s, i, i) for i, s in enumerate([3.0, 2.0, 2.0, 2.0, 1.0])]
+    assert prefix_end(fused, 2) == 4
+    assert prefix_end(fused, 1) == 1
+    assert prefix_end(fused, 9) == 5
+
+
+def test_a_page_of_ten_verifies_a_few_dozen_versions_in_one_statement() -> None:
+    fused = [candidate(i, 1.0 / (i + 1), i, i) for i in range(150)]
+    visible = {c.version_id: VerifiedVersion(c.version_id, c.document_id, 1, "", 1, None, ()) for c in fused}
+    service = _Verifier(visible, True)
+    kept, verified = asyncio.run(service.verified_head(["user:x"], fused, 11))
+    assert service.statements == 1 and len(verified) == 22 and len(kept) == 22
