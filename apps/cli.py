@@ -55,9 +55,15 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    if args.workers < 1:
+        raise CliError("--workers must be at least 1")
+    if args.workers > 1:
+        from apps.serve_workers import run_workers
+
+        return run_workers(args.workers, config=args.config)
     from search.api import serve
 
-    serve(settings)
+    serve(settings, reuse_port=args.reuse_port)
     return 0
 
 
@@ -296,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(handler=_migrate)
 
     serve = sub.add_parser("serve", help="the search API (aiohttp) on api.host:api.port")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="API processes sharing the port (SO_REUSEPORT; default 1)"
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     serve.set_defaults(handler=_serve)
 
     token = sub.add_parser("token", help="mint a signed bearer token for local use")

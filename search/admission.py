@@ -8,7 +8,7 @@ until the process falls over): a full queue is `Overloaded(429)`, a wait that ti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from ki.errors import TransientError
@@ -23,11 +23,39 @@ class Overloaded(TransientError):
 
 
 class AdmissionGate:
-    def __init__(self, max_in_flight: int, max_queued: int, queue_timeout_s: float) -> None:
+    """`on_change(in_flight, waiting)` is told every change (the metrics' gauges: values set as they change
+    work in multiprocess mode, callbacks read at scrape time do not)."""
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        max_queued: int,
+        queue_timeout_s: float,
+        on_change: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.max_in_flight, self.max_queued, self.queue_timeout_s = max_in_flight, max_queued, queue_timeout_s
         self._slots = asyncio.Semaphore(max_in_flight)
-        self.in_flight = 0
-        self.waiting = 0
+        self._in_flight = 0
+        self._waiting = 0
+        self.on_change = on_change or (lambda in_flight, waiting: None)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self._in_flight = value
+        self.on_change(self._in_flight, self._waiting)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @waiting.setter
+    def waiting(self, value: int) -> None:
+        self._waiting = value
+        self.on_change(self._in_flight, self._waiting)
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:

@@ -207,9 +207,9 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
     api = settings.api
-    gate = app[GATE_KEY] = AdmissionGate(api.max_concurrent_requests, api.max_queued_requests, api.queue_timeout_s)
-    service.metrics.in_flight.set_function(lambda: gate.in_flight)
-    service.metrics.waiting.set_function(lambda: gate.waiting)
+    app[GATE_KEY] = AdmissionGate(
+        api.max_concurrent_requests, api.max_queued_requests, api.queue_timeout_s, on_change=service.metrics.admission
+    )
     app.router.add_post("/v1/search", search_handler)
     app.router.add_post("/v1/search/filter", filter_handler)
     app.router.add_post("/v1/decisions/search", decisions_handler)
@@ -242,7 +242,14 @@ async def create_app(settings: Settings) -> web.Application:
     return app
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, *, reuse_port: bool = False) -> None:
+    """Serve until stopped. `reuse_port`: bind with SO_REUSEPORT, as each of `ki serve --workers N` does."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opensearch").setLevel(logging.WARNING)
-    web.run_app(create_app(settings), host=settings.api.host, port=settings.api.port, access_log=None)
+    web.run_app(
+        create_app(settings),
+        host=settings.api.host,
+        port=settings.api.port,
+        access_log=None,
+        reuse_port=reuse_port or None,
+    )

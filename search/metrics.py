@@ -1,11 +1,18 @@
 """Prometheus metrics of the search API, in a registry of their own (one per app, so tests and several
-apps in one process never collide), exposed at `GET /metrics`."""
+apps in one process never collide), exposed at `GET /metrics`.
+
+Under `ki serve --workers N` (`PROMETHEUS_MULTIPROC_DIR` set) prometheus_client keeps every value in
+per-process files and `exposition` collects all workers' files: counters and histograms are summed,
+gauges combined by their `multiprocess_mode` (live workers only). So every gauge is *set* as its value
+changes -- a callback read at scrape time would only ever report the worker that was asked."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -63,14 +70,20 @@ class SearchMetrics:
             ["result"],
             registry=r,
         )
-        self.scope_cache_ids = Gauge("ki_search_scope_cache_ids", "Ids held by the scope cache", registry=r)
+        self.scope_cache_ids = Gauge(
+            "ki_search_scope_cache_ids", "Ids held by the scope caches", registry=r, multiprocess_mode="livesum"
+        )
         self.feed_usable = Gauge(
-            "ki_search_scope_feed_usable", "1 while the scope cache's invalidation feed is current", registry=r
+            "ki_search_scope_feed_usable",
+            "1 while the scope cache's invalidation feed is current (every worker's)",
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self.feed_lag = Gauge(
             "ki_search_scope_feed_lag_seconds",
-            "Upper bound of how far the invalidation feed is behind PostgreSQL commits",
+            "Upper bound of how far the invalidation feed is behind PostgreSQL commits (the worst worker's)",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.feed_events = Counter(
             "ki_search_scope_feed_events",
@@ -106,8 +119,12 @@ class SearchMetrics:
         self.rejected = Counter(
             "ki_api_rejected", "Requests refused before any work because the API was at capacity", registry=r
         )
-        self.in_flight = Gauge("ki_api_requests_in_flight", "API requests being served now", registry=r)
-        self.waiting = Gauge("ki_api_requests_waiting", "API requests waiting for a slot now", registry=r)
+        self.in_flight = Gauge(
+            "ki_api_requests_in_flight", "API requests being served now", registry=r, multiprocess_mode="livesum"
+        )
+        self.waiting = Gauge(
+            "ki_api_requests_waiting", "API requests waiting for a slot now", registry=r, multiprocess_mode="livesum"
+        )
         for result in ("hit", "miss"):
             self.embed_cache.labels(result)  # both series exist from the start
         for result in ("hit", "miss", "bypass"):
@@ -119,5 +136,14 @@ class SearchMetrics:
         for leg, ms in took_ms.items():
             self.leg_seconds.labels(leg).observe(ms / 1000)
 
+    def admission(self, in_flight: int, waiting: int) -> None:
+        self.in_flight.set(in_flight)
+        self.waiting.set(waiting)
+
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not directory:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=directory)
+        return generate_latest(every_worker)
