@@ -166,7 +166,12 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
     from apps.bench.search import DEFAULT_SCALE, BenchError, BenchOptions
     from apps.bench.search import main as bench_search
 
-    for flag, value in (("--scale", args.scale), ("--requests", args.requests), ("--rounds", args.rounds)):
+    for flag, value in (
+        ("--scale", args.scale),
+        ("--requests", args.requests),
+        ("--rounds", args.rounds),
+        ("--workers", args.workers),
+    ):
         if value is not None and value < 1:
             raise CliError(f"{flag} must be at least 1")
     concurrency = _int_list("--concurrency", args.concurrency, 1)
@@ -179,6 +184,8 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
         rounds=args.rounds,
         requests=args.requests,
         scope_sizes=_int_list("--scope-sizes", args.scope_sizes, 1),
+        caller_set=args.callers,
+        workers=args.workers,
         index_missing=not args.no_indexing,
         out_dir=Path(args.out) if args.out else BenchOptions().out_dir,
         config=args.config,
@@ -377,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=7, help="search: demo corpus and query-mix seed")
     bench.add_argument("--concurrency", default="1,8,32", help="search: comma-separated concurrency levels")
     bench.add_argument("--requests", type=int, default=160, help="search: requests per side and round")
+    bench.add_argument("--callers", choices=["mix", "broad", "narrow"], default="mix",
+                       help="search: the first four demo users who see anything (mix), or the one who sees the "
+                            "most (broad) or least (narrow)")  # fmt: skip
+    bench.add_argument("--workers", type=int, default=1, help="search: API processes (`ki serve --workers N`)")
     bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
                        help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
     bench.add_argument(

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from sqlalchemy import Connection, Engine, bindparam, text
@@ -75,7 +75,7 @@ from ki.settings import REPO_ROOT, Settings
 from search.auth import decode_token, mint_token, principals_from_claims
 from search.filters import SearchRequest, parse_search_request
 from search.legs import msearch_lines
-from search.scope import compile_scope
+from search.scope import CompiledScope, compile_scope, strict_filter
 from search.service import SearchService
 from streams.writer import IndexWriter
 
@@ -116,6 +116,8 @@ class BenchOptions:
     scope_sizes: tuple[int, ...] = DEFAULT_SCOPE_SIZES
     scope_repeats: int = 5
     callers: int = 4
+    caller_set: Literal["mix", "broad", "narrow"] = "mix"
+    workers: int = 1
     index_missing: bool = True  # False: measure the index as it is (versions not indexed yet are absent)
     out_dir: Path = REPO_ROOT / "build" / "bench"
     config: str | None = None
@@ -329,6 +331,15 @@ def query_mix(seed: int, identifiers: Sequence[str], doc_type_id: int | None) ->
     return bodies
 
 
+def _corpus_projects(engine: Engine, version_ids: Sequence[int]) -> list[int]:
+    sql = text(
+        "SELECT DISTINCT d.project_id FROM documents d JOIN document_versions v ON v.document_id = d.id"
+        " WHERE v.id = ANY(CAST(:v AS bigint[]))"
+    ).bindparams(bindparam("v", type_=ARRAY(BigInteger)))
+    with engine.connect() as conn:
+        return sorted(int(r.project_id) for r in conn.execute(sql, {"v": list(version_ids)}))
+
+
 def _corpus_identifiers(engine: Engine, label: str) -> tuple[list[str], int | None]:
     with engine.connect() as conn:
         rows = conn.execute(
@@ -353,17 +364,25 @@ def demo_callers(settings: Settings) -> list[BenchCaller]:
     return out
 
 
-async def pick_callers(service: SearchService, candidates: Sequence[BenchCaller], count: int) -> list[BenchCaller]:
-    """The first `count` demo users who can see anything (an empty scope would only time `match_none`)."""
-    chosen: list[BenchCaller] = []
+async def pick_callers(
+    service: SearchService, candidates: Sequence[BenchCaller], count: int, which: str = "mix"
+) -> list[BenchCaller]:
+    """`mix`: the first `count` demo users who can see anything (an empty scope would only time
+    `match_none`); `broad` / `narrow`: the one demo user who sees the most / the fewest documents."""
+    sizes: list[tuple[int, BenchCaller]] = []
     for caller in candidates:
-        if len(chosen) == count:
+        if which == "mix" and len(sizes) == count:
             break
-        if not (await service.compile_scope(caller.principals, None)).is_empty:
-            chosen.append(caller)
-    if not chosen:
+        seen = len((await service.compile_scope(caller.principals, None)).document_ids)
+        if seen:
+            sizes.append((seen, caller))
+    if not sizes:
         raise BenchError("no demo user can see any document of the corpus; is it the demo generator's corpus?")
-    return chosen
+    if which == "broad":
+        return [max(sizes, key=lambda pair: pair[0])[1]]
+    if which == "narrow":
+        return [min(sizes, key=lambda pair: pair[0])[1]]
+    return [caller for _, caller in sizes]
 
 
 async def plan_specs(
@@ -481,20 +500,34 @@ class RawClient:
 class ServeChild:
     """`ki serve` as a child process on a free port, logging to build/bench/search-api.log."""
 
-    def __init__(self, config: str | None, log_path: Path) -> None:
+    def __init__(self, config: str | None, log_path: Path, workers: int = 1) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else []) + ["serve"]
+        argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else [])
+        argv += ["serve", "--workers", str(workers)]
         env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)}
         self.child = Child(argv, log_path, cwd=REPO_ROOT, env=env)
 
     def _ready(self) -> bool:
+        """Ready, and its scope cache in use when it has one (timed rounds must not run on the SQL path)."""
         try:
             with urllib.request.urlopen(f"{self.base}/readyz", timeout=5) as response:
-                return response.status == 200
+                state = json.loads(response.read()).get("scope_cache", {})
+                return response.status == 200 and (state.get("usable") or not state.get("enabled"))
         except OSError:
             return False
+
+    def metric(self, family: str, label: str) -> dict[str, float]:
+        """`<family>_total` samples by the value of `label`, from the API's /metrics (every worker's)."""
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+            exposition = response.read().decode()
+        out: dict[str, float] = {}
+        for line in exposition.splitlines():
+            match = re.match(rf'{family}_total{{(?:[^}}]*,)?{label}="([^"]+)"[^}}]*}} (\S+)', line)
+            if match:
+                out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(2))
+        return out
 
     async def start(self, timeout: float = 180) -> None:
         self.child.start()
@@ -532,9 +565,10 @@ _SCOPE_DOCS_SQL = text(
 ).bindparams(bindparam("pids", type_=ARRAY(BigInteger)))
 
 
-def _insert_scope_caller(conn: Connection, source: int, tag: str, n: int) -> str:
+def _insert_scope_caller(conn: Connection, source: int, tag: str, n: int, also: Sequence[int] = ()) -> str:
     """`n` one-version documents in ceil(n/1000) projects, visible to one user through a mirrored group
-    that holds project allows (the `local_fs` objects have no ACL, so they delegate to the project)."""
+    that holds project allows (the `local_fs` objects have no ACL, so they delegate to the project); the
+    group also gets the projects `also` (the indexed corpus: something for the legs to find)."""
     group, user = f"group:bench-scope-{tag}-{n}", f"user:bench-scope-{tag}-{n}"
     projects = max(1, math.ceil(n / 1000))
     pids = [
@@ -549,7 +583,7 @@ def _insert_scope_caller(conn: Connection, source: int, tag: str, n: int) -> str
             "INSERT INTO grants (scope, project_id, principal, effect)"
             " SELECT 'project', p, :g, 'allow' FROM unnest(CAST(:pids AS bigint[])) p"
         ).bindparams(bindparam("pids", type_=ARRAY(BigInteger))),
-        {"g": group, "pids": pids},
+        {"g": group, "pids": [*pids, *also]},
     )
     conn.execute(
         text("INSERT INTO group_memberships (source_id, group_principal, member_principal) VALUES (:s, :g, :u)"),
@@ -571,6 +605,32 @@ _SCOPE_TABLES = (
 )
 
 
+async def _bounded_against_exact(
+    service: SearchService, scope: CompiledScope, request: SearchRequest, vector: list[float]
+) -> dict[str, Any]:
+    """The legs through the service's bounded filter next to the legs through the exact filter."""
+    budget = service.filter_budget
+    chosen = service.scope_filter(scope)
+    filter_bytes = len(json.dumps(strict_filter(chosen, [])))
+    started = time.perf_counter()
+    bounded, rounds = await service.run_legs_in_scope(request, scope, vector)
+    legs_ms = (time.perf_counter() - started) * 1000
+    service.filter_budget = None
+    try:
+        exact, _ = await service.run_legs_in_scope(request, scope, vector)
+    finally:
+        service.filter_budget = budget
+    equal = all([h.id for h in bounded.hits[leg]] == [h.id for h in exact.hits[leg]] for leg in exact.hits)
+    return {
+        "kind": chosen.kind,
+        "filter_bytes": filter_bytes,
+        "legs_ms": round(legs_ms, 2),
+        "rounds": rounds,
+        "hits_per_leg": {leg: len(hits) for leg, hits in bounded.hits.items()},
+        "legs_equal": equal,
+    }
+
+
 async def scope_compilation(
     settings: Settings,
     engine: Engine,
@@ -578,9 +638,12 @@ async def scope_compilation(
     sizes: Sequence[int],
     repeats: int,
     probe: tuple[SearchRequest, list[float]],
+    corpus_projects: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Compile time (resolve the caller + `compile_scope`) per visible-document count, all sizes inserted
-    first so the database is the same size for each; plus the filter's size and one `_msearch` with it."""
+    first so the database is the same size for each; plus the exact filter's size and one `_msearch` with
+    it, and the bounded filter the service sends instead: its size, its legs' time (with the fetch-more
+    rounds) and whether its legs equal the exact filter's hit for hit (each caller also sees the corpus)."""
     tag = uuid.uuid4().hex[:8]
     security, max_terms = settings.security, settings.opensearch.max_terms_count
     results = []
@@ -593,7 +656,7 @@ async def scope_compilation(
         ).scalar_one()
         callers = {}
         for n in sizes:
-            callers[n] = _insert_scope_caller(conn, source, tag, n)
+            callers[n] = _insert_scope_caller(conn, source, tag, n, corpus_projects)
             _progress(f"  scope: {n} visible documents inserted (uncommitted)")
         # Planner statistics as a database of this size would have them.
         conn.execute(text(f"ANALYZE {', '.join(_SCOPE_TABLES)}"))
@@ -609,7 +672,8 @@ async def scope_compilation(
                 scope = compile_scope(conn, caller, security, max_terms_count=max_terms)
                 times.append((time.perf_counter() - t) * 1000)
             assert scope is not None
-            if len(scope.document_ids) != n:
+            corpus_documents = len(scope.document_ids) - n
+            if corpus_documents < 0 or (corpus_projects and corpus_documents == 0):
                 raise BenchError(f"scope bench: the caller of {n} documents sees {len(scope.document_ids)}")
             t = time.perf_counter()
             scope_filter = scope.opensearch_filter()
@@ -625,7 +689,10 @@ async def scope_compilation(
                     raise BenchError(f"scope bench: _msearch with a {n}-document scope failed")
             doc_terms = scope_filter["bool"]["filter"][0]
             clauses = len(doc_terms["bool"]["should"]) if "bool" in doc_terms else 1
+            bounded = await _bounded_against_exact(service, scope, request, vector)
             row = {
+                "synthetic_documents": n,
+                "corpus_documents": corpus_documents,
                 "visible_documents": n,
                 "compile_ms_p50": round(statistics.median(times), 2),
                 "compile_ms_min": round(min(times), 2),
@@ -633,11 +700,15 @@ async def scope_compilation(
                 "filter_bytes": filter_bytes,
                 "document_terms_clauses": clauses,
                 "msearch_ms_p50": round(statistics.median(search_ms), 2),
+                "bounded": bounded,
             }
             results.append(row)
             _progress(
                 f"  scope: {n:>7} documents: compile p50 {row['compile_ms_p50']:.1f} ms, filter "
-                f"{filter_bytes / 1024:.0f} KiB in {clauses} terms clause(s), _msearch {row['msearch_ms_p50']:.0f} ms"
+                f"{filter_bytes / 1024:.0f} KiB in {clauses} terms clause(s), _msearch {row['msearch_ms_p50']:.0f} ms; "
+                f"bounded: {bounded['kind']} {bounded['filter_bytes'] / 1024:.1f} KiB, legs "
+                f"{bounded['legs_ms']:.0f} ms in {bounded['rounds']} round(s), equal to the exact filter's: "
+                f"{bounded['legs_equal']}"
             )
     finally:
         trans.rollback()
@@ -826,7 +897,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     # The service in-process, for planning the raw side's bodies (the child process serves the API side).
     async_engine = make_async_engine(settings)
     service = SearchService(settings, async_engine, make_client(settings), embedder)
-    server = ServeChild(options.config, options.out_dir / "search-api.log")
+    server = ServeChild(options.config, options.out_dir / "search-api.log", options.workers)
     api = raw = None
     try:
         await service.client.indices.refresh(index=index)
@@ -836,7 +907,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         total_chunks = await _count(service.client, index, {"match_all": {}})
         identifiers, doc_type = await asyncio.to_thread(_corpus_identifiers, engine, corpus.label)
         bodies = query_mix(options.seed, identifiers, doc_type)
-        callers = await pick_callers(service, demo_callers(settings), options.callers)
+        callers = await pick_callers(service, demo_callers(settings), options.callers, options.caller_set)
         _progress(f"bench search: planning {len(callers)} callers x {len(bodies)} queries (scope, legs, vectors)")
         specs, direct = await plan_specs(service, settings, callers, bodies)
         scopes = {c.subject: next(s.scope_documents for s in specs if s.caller is c) for c in callers}
@@ -853,10 +924,23 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
             _progress(f"bench search: concurrency {c}, {options.rounds} rounds (warm-up pass first)")
             levels.append(await measure_level(api, raw, specs, c, options.rounds, options.requests))
 
+        api_scope = {
+            "cache": server.metric("ki_search_scope_cache", "result"),
+            "filters": server.metric("ki_search_scope_filter", "kind"),
+        }
         _progress(f"bench search: scope compilation for {', '.join(map(str, options.scope_sizes))} visible documents")
-        probe = (specs[0].request, await service.embed_query(specs[0].request.query))
+        unfiltered = next((s.request for s in specs if "filters" not in s.body), specs[0].request)
+        probe = (unfiltered, await service.embed_query(unfiltered.query))
         scope_result = (
-            await scope_compilation(settings, engine, service, options.scope_sizes, options.scope_repeats, probe)
+            await scope_compilation(
+                settings,
+                engine,
+                service,
+                options.scope_sizes,
+                options.scope_repeats,
+                probe,
+                await asyncio.to_thread(_corpus_projects, engine, corpus.version_ids),
+            )
             if options.scope_sizes
             else None
         )
@@ -899,6 +983,9 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
             {"subject": c.subject, "principals": list(c.principals), "scope_documents": scopes[c.subject]}
             for c in callers
         ],
+        "caller_set": options.caller_set,
+        "api_workers": options.workers,
+        "api_scope": api_scope,
         "queries": {
             "texts": [b["query"] for b in bodies],
             "with_filters": sum(1 for b in bodies if "filters" in b),
