@@ -693,7 +693,7 @@ async def scope_compilation(
             row = {
                 "synthetic_documents": n,
                 "corpus_documents": corpus_documents,
-                "visible_documents": n,
+                "visible_documents": len(scope.document_ids),
                 "compile_ms_p50": round(statistics.median(times), 2),
                 "compile_ms_min": round(min(times), 2),
                 "filter_build_and_json_ms": round(filter_ms, 2),

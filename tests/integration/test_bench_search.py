@@ -44,6 +44,8 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "PYTHONUNBUFFERED": "1",
         "KI_RETRIEVAL__INDEX_NAME": alias,
         "KI_OPENSEARCH__MAX_TERMS_COUNT": str(MAX_TERMS),
+        # Small enough that the larger scope goes out as its projects and is checked hit by hit.
+        "KI_API__MAX_SCOPE_FILTER_BYTES": "256",
     }
     try:
         done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1100, env=env)
@@ -114,10 +116,15 @@ def test_callers_queries_and_embedding_cost_are_reported(run: dict[str, Any]) ->
 def test_scope_compilation_covers_every_size_and_splits_large_terms(run: dict[str, Any]) -> None:
     scope = run["file"]["scope_compilation"]
     sizes = scope["sizes"]
-    assert [s["visible_documents"] for s in sizes] == list(SCOPE_SIZES)
+    assert [s["synthetic_documents"] for s in sizes] == list(SCOPE_SIZES)
     for s in sizes:
+        assert s["corpus_documents"] > 0 and s["visible_documents"] == s["synthetic_documents"] + s["corpus_documents"]
         assert _positive(s["compile_ms_p50"]) and _positive(s["msearch_ms_p50"]) and s["filter_bytes"] > 0
         assert s["document_terms_clauses"] == math.ceil(s["visible_documents"] / MAX_TERMS)
+        bounded = s["bounded"]
+        assert bounded["legs_equal"] is True, bounded
+        assert bounded["filter_bytes"] <= 256 + 64, bounded  # the budget, plus the `bool` wrapper
+    assert {s["bounded"]["kind"] for s in sizes} == {"exact", "projects"}
     assert scope["observations_in_database"] >= sum(SCOPE_SIZES)
 
 
