@@ -35,45 +35,32 @@ class AdmissionGate:
     ) -> None:
         self.max_in_flight, self.max_queued, self.queue_timeout_s = max_in_flight, max_queued, queue_timeout_s
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._in_flight = 0
-        self._waiting = 0
+        self.in_flight = 0
+        self.waiting = 0
         self.on_change = on_change or (lambda in_flight, waiting: None)
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @in_flight.setter
-    def in_flight(self, value: int) -> None:
-        self._in_flight = value
-        self.on_change(self._in_flight, self._waiting)
-
-    @property
-    def waiting(self) -> int:
-        return self._waiting
-
-    @waiting.setter
-    def waiting(self, value: int) -> None:
-        self._waiting = value
-        self.on_change(self._in_flight, self._waiting)
+    def _count(self, in_flight: int = 0, waiting: int = 0) -> None:
+        self.in_flight += in_flight
+        self.waiting += waiting
+        self.on_change(self.in_flight, self.waiting)
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
         if self._slots.locked():
             if self.waiting >= self.max_queued:
                 raise Overloaded(429, f"{self.in_flight} requests in flight and {self.waiting} waiting; retry later")
-            self.waiting += 1
+            self._count(waiting=1)
             try:
                 await asyncio.wait_for(self._slots.acquire(), self.queue_timeout_s)
             except TimeoutError:
                 raise Overloaded(503, f"no capacity within {self.queue_timeout_s:g} s; retry later") from None
             finally:
-                self.waiting -= 1
+                self._count(waiting=-1)
         else:
             await self._slots.acquire()  # free: returns at once
-        self.in_flight += 1
+        self._count(in_flight=1)
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self._count(in_flight=-1)
             self._slots.release()

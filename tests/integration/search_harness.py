@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from apps.processes import Child as Process
 from apps.processes import free_port
@@ -76,6 +77,16 @@ class Server(Child):
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         super().start(f"{self.base}/healthz", timeout)
+
+    def metric(self, sample: str, **labels: str) -> float:
+        """The sum of `/metrics` samples named `sample` whose labels include `labels` (0 if none)."""
+        _, _, payload = self.request("/metrics")
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(payload.decode())
+            for s in family.samples
+            if s.name == sample and labels.items() <= s.labels.items()
+        )
 
     def call(self, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
         """Status and JSON body of one `request` (same arguments). A non-JSON body fails the test."""

@@ -59,7 +59,6 @@ from typing import Any
 
 import pytest
 from opensearchpy import OpenSearch
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, text
 
 from ki.clients import make_engine, make_sync_client
@@ -561,15 +560,6 @@ def one_query(soak: Soak, rng: random.Random, lock: TurnLock, tally: Tally) -> N
     check(query, status, body, world, indexed, soak, tally, [w for _, w in soak.history])
 
 
-def scope_cache_hits(server: Server) -> float:
-    _, _, payload = server.request("/metrics")
-    for family in text_string_to_metric_families(payload.decode()):
-        for sample in family.samples:
-            if sample.name == "ki_search_scope_cache_total" and sample.labels.get("result") == "hit":
-                return sample.value
-    return 0.0
-
-
 def index_caught_up(soak: Soak) -> bool:
     """Every indexed version's rows carry the projection of the current rows (and nothing else)."""
     with soak.engine.connect() as conn:
@@ -600,7 +590,7 @@ def test_no_hit_outside_the_callers_scope_while_grants_change(soak: Soak) -> Non
         f"answer depends on source_acl_mode, {tally.cache_lagged} missing what became visible within the scope "
         f"cache's freshness bound ({soak.freshness_bound_s:.0f} s); {dict(tally.by)}"
     )
-    cache_hits = {mode: scope_cache_hits(server) for mode, server in soak.servers.items()}
+    cache_hits = {mode: s.metric("ki_search_scope_cache_total", result="hit") for mode, s in soak.servers.items()}
     print(f"soak: scope cache hits per server: {cache_hits}")
     assert all(cache_hits.values()), "a server never answered from its scope cache"
     assert tally.hits > 0, "no query returned anything"

@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from apps.stack.http import request_json
@@ -338,16 +337,6 @@ def search(server: Server, iso_settings: Settings, user: str, word: str) -> set[
     return {h["document_id"] for h in body["hits"]}
 
 
-def cache_count(server: Server, result: str) -> float:
-    _, _, payload = server.request("/metrics")
-    for family in text_string_to_metric_families(payload.decode()):
-        if family.name == "ki_search_scope_cache":
-            for sample in family.samples:
-                if sample.name.endswith("_total") and sample.labels.get("result") == result:
-                    return sample.value
-    return 0.0
-
-
 def test_a_revoked_grant_is_invisible_at_once_on_a_cached_scope(
     engine: Engine, scene: Scene, server: Server, iso_settings: Settings
 ) -> None:
@@ -356,9 +345,11 @@ def test_a_revoked_grant_is_invisible_at_once_on_a_cached_scope(
         grant = World(conn, scene.tag).grant("document", scene.docs[3], user)
     seen = wait_for(lambda: search(server, iso_settings, user, scene.word) or None, timeout=30, what="the grant")
     assert seen == {scene.docs[3]}
-    hits_before = cache_count(server, "hit")
+    hits_before = server.metric("ki_search_scope_cache_total", result="hit")
     assert search(server, iso_settings, user, scene.word) == {scene.docs[3]}
-    assert cache_count(server, "hit") > hits_before, "the second search did not use the cached scope"
+    assert server.metric("ki_search_scope_cache_total", result="hit") > hits_before, (
+        "the second search did not use the cached scope"
+    )
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM grants WHERE id = :g"), {"g": grant})
     assert search(server, iso_settings, user, scene.word) == set()  # at once: no waiting for any event
@@ -400,11 +391,11 @@ def test_with_debezium_paused_the_cache_is_bypassed_and_grants_apply_at_once(
             what="the scope cache to stop trusting the paused feed",
         )
         assert "Debezium" in state["reason"] or "behind" in state["reason"], state
-        bypassed = cache_count(server, "bypass")
+        bypassed = server.metric("ki_search_scope_cache_total", result="bypass")
         with engine.begin() as conn:
             World(conn, scene.tag).grant("document", scene.docs[5], user)
         assert search(server, iso_settings, user, scene.word) == {scene.docs[5]}  # SQL path: at once
-        assert cache_count(server, "bypass") > bypassed
+        assert server.metric("ki_search_scope_cache_total", result="bypass") > bypassed
     finally:
         request_json("PUT", f"{connector}/resume")
     wait_for(

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from apps.processes import proc_stat
 from ki.settings import Settings
@@ -49,24 +48,15 @@ def workers() -> Iterator[Workers]:
         w.stop()
 
 
-def search_requests_counted(server: Server) -> float:
-    _, _, payload = server.request("/metrics")
-    total = 0.0
-    for family in text_string_to_metric_families(payload.decode()):
-        if family.name == "ki_api_requests":
-            for sample in family.samples:
-                if sample.name == "ki_api_requests_total" and sample.labels.get("route") == "/v1/search/filter":
-                    total += sample.value
-    return total
-
-
 def test_two_workers_share_the_port_and_report_metrics_together(workers: Workers, settings: Settings) -> None:
     pids = wait_for(lambda: len(p := worker_pids(workers.process.pid)) == 2 and p, timeout=60, what="two workers")
     token = mint_token(settings.api, "nobody-serve-workers")
     for _ in range(REQUESTS):  # a new connection each: the kernel spreads them over the workers
         status, body = workers.call("/v1/search/filter", {"limit": 5}, token=token)
         assert status == 200 and body["hits"] == [], body
-    assert search_requests_counted(workers) == REQUESTS  # whichever worker answered /metrics
+    assert (
+        workers.metric("ki_api_requests_total", route="/v1/search/filter") == REQUESTS
+    )  # whichever worker answered /metrics
     # A worker killed: the supervisor stops the other and exits non-zero; nothing is left behind.
     os.kill(pids[0], signal.SIGKILL)
     wait_for(lambda: not workers.process.alive, timeout=90, what="the supervisor to stop")
