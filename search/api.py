@@ -227,8 +227,9 @@ async def create_app(settings: Settings) -> web.Application:
     # Read-only statements that each take their own snapshot anyway (READ COMMITTED): autocommit spares
     # every connection checkout a BEGIN and a ROLLBACK round trip to PostgreSQL.
     engine = make_async_engine(settings, isolation_level="AUTOCOMMIT")
+    verify_engine = make_async_engine(settings, isolation_level="AUTOCOMMIT", generic_plans=True)
     client = make_client(settings)
-    service = SearchService(settings, engine, client, embedder)
+    service = SearchService(settings, engine, client, embedder, verify_engine=verify_engine)
     service.start()
     log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
     app = build_app(settings, service)
@@ -237,6 +238,7 @@ async def create_app(settings: Settings) -> web.Application:
         await service.close()
         await client.close()
         await engine.dispose()
+        await verify_engine.dispose()
 
     app.on_cleanup.append(close)
     return app

@@ -250,9 +250,12 @@ class SearchService:
         metrics: SearchMetrics | None = None,
         *,
         scope_cache: bool | None = None,
+        verify_engine: AsyncEngine | None = None,
     ) -> None:
         self.reranker = Reranker(settings.retrieval) if settings.retrieval.rerank_enabled else None
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
+        # The re-verify's connections (`ki.clients.make_async_engine(generic_plans=True)` in the API).
+        self.verify_engine = verify_engine or engine
         self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
@@ -348,7 +351,7 @@ class SearchService:
         return vector
 
     async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
-        async with self.engine.connect() as conn:
+        async with self.verify_engine.connect() as conn:
             return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
 
     async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
