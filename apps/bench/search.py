@@ -74,7 +74,7 @@ from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, Settings
 from search.auth import decode_token, mint_token, principals_from_claims
 from search.filters import SearchRequest, parse_search_request
-from search.legs import msearch_lines
+from search.legs import LegRun, msearch_lines
 from search.scope import CompiledScope, compile_scope, strict_filter
 from search.service import SearchService
 from streams.writer import IndexWriter
@@ -608,7 +608,9 @@ _SCOPE_TABLES = (
 async def _bounded_against_exact(
     service: SearchService, scope: CompiledScope, request: SearchRequest, vector: list[float]
 ) -> dict[str, Any]:
-    """The legs through the service's bounded filter next to the legs through the exact filter."""
+    """The legs through the service's bounded filter next to the legs through the exact filter, leg by
+    leg; for the semantic leg (approximate kNN in both) also each one's recall of the true nearest
+    in-scope neighbours (brute force over the exact filter)."""
     budget = service.filter_budget
     chosen = service.scope_filter(scope)
     filter_bytes = len(json.dumps(strict_filter(chosen, [])))
@@ -620,14 +622,37 @@ async def _bounded_against_exact(
         exact, _ = await service.run_legs_in_scope(request, scope, vector)
     finally:
         service.filter_budget = budget
-    equal = all([h.id for h in bounded.hits[leg]] == [h.id for h in exact.hits[leg]] for leg in exact.hits)
+    equal = {leg: [h.id for h in bounded.hits[leg]] == [h.id for h in exact.hits[leg]] for leg in exact.hits}
+    depth = max(len(exact.hits["semantic"]), 1)
+    truth_body = {
+        "size": depth,
+        "_source": False,
+        "query": {
+            "script_score": {
+                "query": {"bool": {"filter": [scope.opensearch_filter()]}},
+                "script": {
+                    "source": "knn_score",
+                    "lang": "knn",
+                    "params": {"field": "embedding", "query_value": vector, "space_type": "cosinesimil"},
+                },
+            }
+        },
+    }
+    truth = {h["_id"] for h in (await service.client.search(index=service.index, body=truth_body))["hits"]["hits"]}
+
+    def recall(run: LegRun) -> float:
+        return round(len(truth & {h.id for h in run.hits["semantic"]}) / max(len(truth), 1), 3)
+
     return {
         "kind": chosen.kind,
         "filter_bytes": filter_bytes,
         "legs_ms": round(legs_ms, 2),
         "rounds": rounds,
         "hits_per_leg": {leg: len(hits) for leg, hits in bounded.hits.items()},
-        "legs_equal": equal,
+        "legs_equal": all(equal.values()),
+        "equal_per_leg": equal,
+        "semantic_recall_exact_filter": recall(exact),
+        "semantic_recall_bounded_filter": recall(bounded),
     }
 
 
@@ -708,7 +733,8 @@ async def scope_compilation(
                 f"{filter_bytes / 1024:.0f} KiB in {clauses} terms clause(s), _msearch {row['msearch_ms_p50']:.0f} ms; "
                 f"bounded: {bounded['kind']} {bounded['filter_bytes'] / 1024:.1f} KiB, legs "
                 f"{bounded['legs_ms']:.0f} ms in {bounded['rounds']} round(s), equal to the exact filter's: "
-                f"{bounded['legs_equal']}"
+                f"{bounded['equal_per_leg']}; kNN recall exact {bounded['semantic_recall_exact_filter']}, "
+                f"bounded {bounded['semantic_recall_bounded_filter']}"
             )
     finally:
         trans.rollback()
