@@ -130,7 +130,9 @@ class ScopeCache:
 
     @staticmethod
     def raw_key(principals: Iterable[object]) -> RawKey:
-        return tuple(sorted({p for p in principals if isinstance(p, str) and p.strip()}))
+        """The token's principals in canonical form (`ki.principals`, the definition SQL's `ki_principal`
+        resolves with): "User:Anna" and "user:anna " are one caller; a malformed one matches nothing."""
+        return tuple(sorted({c for c in (canonical_principal(p) for p in principals) if c is not None}))
 
     @staticmethod
     def scope_key(caller: Caller, project_ids: Iterable[int] | None) -> ScopeKey:

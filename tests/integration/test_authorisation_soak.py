@@ -590,9 +590,13 @@ def test_no_hit_outside_the_callers_scope_while_grants_change(soak: Soak) -> Non
         f"answer depends on source_acl_mode, {tally.cache_lagged} missing what became visible within the scope "
         f"cache's freshness bound ({soak.freshness_bound_s:.0f} s); {dict(tally.by)}"
     )
-    cache_hits = {mode: s.metric("ki_search_scope_cache_total", result="hit") for mode, s in soak.servers.items()}
-    print(f"soak: scope cache hits per server: {cache_hits}")
-    assert all(cache_hits.values()), "a server never answered from its scope cache"
+    cache = {
+        mode: {r: s.metric("ki_search_scope_cache_total", result=r) for r in ("hit", "miss", "bypass")}
+        for mode, s in soak.servers.items()
+    }
+    print(f"soak: scope cache lookups per server: {cache}")
+    # A miss is only counted while the cache is in use (it then stores the scope): both servers used it.
+    assert all(c["hit"] + c["miss"] > 0 for c in cache.values()), "a server never used its scope cache"
     assert tally.hits > 0, "no query returned anything"
     assert all(changes[k] for k in Changer.SHRINKING), f"not every kind of access removal happened: {changes}"
     assert tally.stale_queries > 0, "the index was never stale: the soak did not race the worker"

@@ -124,3 +124,10 @@ def test_clear_drops_everything() -> None:
     filled(cache)
     cache.clear()
     assert len(cache) == 0 and cache.ids_held == 0
+
+
+def test_raw_keys_are_canonical_so_spelling_variants_share_an_entry() -> None:
+    assert ScopeCache.raw_key([" User:Anna ", "user:anna", "GROUP:Straße", "no-kind", "", 7]) == (
+        "group:strasse",
+        "user:anna",
+    )
