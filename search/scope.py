@@ -25,7 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger
 
 from ki.acl import Caller, visible_scope
 from ki.settings import SecuritySettings
@@ -58,10 +60,13 @@ def _sorted_ids(values: Iterable[int]) -> array[int]:
 @dataclass(frozen=True)
 class ScopeFilter:
     """The scope clause of one request. `exact`: the clause admits exactly the scope's documents;
-    otherwise it admits a superset and every hit must pass `CompiledScope.admits`."""
+    otherwise it admits a superset and every hit must pass `CompiledScope.admits`. `density`: the share
+    of the documents it admits that are in scope (1.0 when exact; 0.5 when unknown), so a leg can ask
+    for enough hits at once."""
 
     kind: FilterKind
     clause: dict[str, Any] | None  # None: no scope clause (kind "open")
+    density: float = 1.0
 
     @property
     def exact(self) -> bool:
@@ -76,6 +81,10 @@ class CompiledScope:
     project_ids: array[int]
     document_ids: array[int]
     max_terms_count: int = 65_536
+    # Live documents in the scope's projects, and in the database (0: unknown): what a superset filter
+    # admits, for its density.
+    project_documents: int = 0
+    all_documents: int = 0
 
     @classmethod
     def of(
@@ -124,8 +133,12 @@ class CompiledScope:
         if max_bytes is None or terms_bytes(self.document_ids) + projects <= max_bytes:
             return ScopeFilter("exact", self.opensearch_filter())
         if projects <= max_bytes:
-            return ScopeFilter("projects", _terms("project_id", self.project_ids, self.max_terms_count))
-        return ScopeFilter("open", None)
+            clause = _terms("project_id", self.project_ids, self.max_terms_count)
+            return ScopeFilter("projects", clause, self._density(self.project_documents))
+        return ScopeFilter("open", None, self._density(self.all_documents))
+
+    def _density(self, admitted: int) -> float:
+        return min(1.0, len(self.document_ids) / admitted) if admitted > 0 else 0.5
 
 
 def _contains(ids: Sequence[int], value: int) -> bool:
@@ -145,8 +158,25 @@ def compile_scope(
     if caller.is_anonymous:
         return CompiledScope.of((), (), max_terms_count)
     projects, documents = visible_scope(conn, caller, security, project_ids=project_ids)
-    # Already sorted and distinct.
-    return CompiledScope(array("q", projects), array("q", documents), max_terms_count)
+    population = conn.execute(_POPULATION_SQL, {"p": list(projects)}).one() if documents else None
+    return CompiledScope(  # ids already sorted and distinct
+        array("q", projects),
+        array("q", documents),
+        max_terms_count,
+        project_documents=int(population.in_projects) if population else 0,
+        all_documents=int(population.everywhere) if population else 0,
+    )
+
+
+# What a superset filter admits: live documents of the scope's projects (index on project_id), and the
+# planner's estimate of all documents (an exact count of millions of rows would cost more than it saves).
+_POPULATION_SQL = text(
+    """
+    SELECT (SELECT count(*) FROM documents WHERE deleted_at IS NULL AND project_id = ANY(CAST(:p AS bigint[])))
+               AS in_projects,
+           (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'documents'::regclass) AS everywhere
+    """
+).bindparams(bindparam("p", type_=ARRAY(BigInteger)))
 
 
 def strict_filter(scope: CompiledScope | ScopeFilter, metadata: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

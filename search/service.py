@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -202,6 +203,7 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | N
 # default `index.max_result_window`.
 FILL_GROWTH = 4
 MAX_FILL_SIZE = 10_000
+MIN_DENSITY = 0.02  # a sparser scope starts at 50x depth and grows from there
 
 
 def admitted(hits: Sequence[LegHit], scope: CompiledScope) -> list[LegHit]:
@@ -227,8 +229,11 @@ def _resized(body: dict[str, Any], size: int) -> dict[str, Any]:
 
 
 def first_size(chosen: ScopeFilter, depth: int) -> int:
-    """Hits a leg asks for first: `depth`, or twice that through a superset filter (some will not pass)."""
-    return depth if chosen.exact else min(depth * 2, MAX_FILL_SIZE)
+    """Hits a leg asks for first: `depth`, or through a superset filter as many as should leave `depth`
+    in scope at the filter's density, with a quarter to spare (so one round trip usually suffices)."""
+    if chosen.exact:
+        return depth
+    return min(math.ceil(depth / max(chosen.density, MIN_DENSITY) * 1.25), MAX_FILL_SIZE)
 
 
 def prefix_end(candidates: Sequence[Candidate], n: int) -> int:

@@ -153,3 +153,19 @@ def test_a_page_of_ten_verifies_a_few_dozen_versions_in_one_statement() -> None:
     service = _Verifier(visible, True)
     kept, verified = asyncio.run(service.verified_head(["user:x"], fused, 11))
     assert service.statements == 1 and len(verified) == 22 and len(kept) == 22
+
+
+def test_a_superset_filter_asks_for_enough_hits_at_its_density() -> None:
+    from search.service import MAX_FILL_SIZE, first_size
+
+    wide = CompiledScope.of([1, 2], range(100, 3100))  # 3,000 documents: over the budget
+    half = CompiledScope(wide.project_ids, wide.document_ids, project_documents=6000, all_documents=60_000)
+    chosen = half.bounded_filter(BUDGET)
+    assert chosen.kind == "projects" and chosen.density == 0.5
+    assert first_size(chosen, 50) == 125  # 50 / 0.5 * 1.25
+    assert wide.bounded_filter(BUDGET).density == 0.5  # unknown population: a guess
+    assert first_size(half.bounded_filter(5), 50) == 1250  # open: 3,000 of 60,000 -> 50 / 0.05 * 1.25
+    sparse = CompiledScope(wide.project_ids, wide.document_ids, project_documents=10_000_000)
+    assert first_size(sparse.bounded_filter(BUDGET), 50) == 3125  # floored at 2 % density
+    assert first_size(sparse.bounded_filter(BUDGET), 2500) == MAX_FILL_SIZE
+    assert first_size(CompiledScope.of([1], [5]).bounded_filter(BUDGET), 50) == 50  # exact
