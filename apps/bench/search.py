@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
@@ -523,10 +524,10 @@ class ServeChild:
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
             exposition = response.read().decode()
         out: dict[str, float] = {}
-        for line in exposition.splitlines():
-            match = re.match(rf'{family}_total{{(?:[^}}]*,)?{label}="([^"]+)"[^}}]*}} (\S+)', line)
-            if match:
-                out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(2))
+        for metric in text_string_to_metric_families(exposition):
+            for sample in metric.samples:
+                if sample.name == f"{family}_total" and label in sample.labels:
+                    out[sample.labels[label]] = out.get(sample.labels[label], 0.0) + sample.value
         return out
 
     async def start(self, timeout: float = 180) -> None:
