@@ -71,6 +71,16 @@ class RetrievalSettings(_Section):
     # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
     rerank_api_key_env: str = "KI_RERANK_API_KEY"
     graph_rag_enabled: bool = False
+    # Identity preflight (search.identity): identifiers and exact titles named in the query are resolved
+    # against the caller's scope before ranking; one named document is the top hit, several are reported
+    # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more
+    # than `identity_max_documents_per_name` documents at all) is common and names nothing.
+    identity_enabled: bool = True
+    identity_max_candidates: int = Field(5, ge=1, le=50)
+    identity_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
+    # longest names looked up, in tokens of the identity key
+    identity_max_title_tokens: int = Field(24, ge=1, le=200)
+    identity_max_identifier_tokens: int = Field(8, ge=1, le=64)
     # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)
     # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these

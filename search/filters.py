@@ -161,6 +161,12 @@ class SearchRequest(_Paged):
         "semantic only; default: what the evaluation reports support (see the response's `mode`)",
     )
 
+    as_of: dt.date | None = Field(
+        None,
+        description="point in time: per document only the latest final or executed version dated on or before "
+        "this day is searched (also for the document a query names)",
+    )
+
     @field_validator("query")
     @classmethod
     def _query(cls, value: str, info: ValidationInfo) -> str:
@@ -230,6 +236,16 @@ def parse_filter_request(data: Any, api: ApiSettings) -> FilterRequest:
 
 def parse_decision_request(data: Any, api: ApiSettings) -> DecisionSearchRequest:
     return _parse(DecisionSearchRequest, data, api)
+
+
+def point_in_time_clauses(as_of: dt.date | None) -> list[dict[str, Any]]:
+    """What every version in force on `as_of` satisfies (which of them is in force is checked in SQL)."""
+    if as_of is None:
+        return []
+    return [
+        {"terms": {"version_status": ["final", "executed"]}},
+        {"range": {"doc_date": {"lte": as_of.isoformat()}}},
+    ]
 
 
 def metadata_clauses(filters: SearchFilters) -> list[dict[str, Any]]:

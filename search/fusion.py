@@ -25,6 +25,8 @@ class Candidate:
     boost: float = 1.0
     matched_identifiers: tuple[str, ...] = ()
     rerank_score: float | None = None
+    # "ranked", or why the identity preflight put it first ("identifier" / "title")
+    match_reason: str = "ranked"
 
     @property
     def final_score(self) -> float:
@@ -110,3 +112,21 @@ def collapse(
         kept.extend(group[:keep])
     kept.sort(key=lambda c: (-c.score, not is_latest_final(c), c.chunk_id))
     return kept
+
+
+def put_first(
+    hit: Candidate, kept: Sequence[Candidate], *, per_document: bool, max_chunks_per_document: int
+) -> list[Candidate]:
+    """`hit` (the identity preflight's) first, then `kept` without it and, as collapse would, without its
+    document's other chunks (one hit per document) or beyond that document's chunk cap."""
+    rest: list[Candidate] = []
+    same_document = 1
+    for c in kept:
+        if c.chunk_id == hit.chunk_id:
+            continue
+        if c.document_id == hit.document_id:
+            if per_document or same_document >= max_chunks_per_document:
+                continue
+            same_document += 1
+        rest.append(c)
+    return [hit, *rest]

@@ -67,6 +67,11 @@ _HIT = {
         "title": {"type": "string"},
         "text": {"type": "string"},
         "matched_identifiers": {"type": "array", "items": {"type": "string"}},
+        "match_reason": {
+            "type": "string",
+            "enum": ["ranked", "identifier", "title"],
+            "description": "`identifier` / `title`: the document the query names (identity preflight), put first",
+        },
         "citation": {"$ref": "#/components/schemas/Citation"},
         "explain": {"$ref": "#/components/schemas/Explain"},
     },
@@ -113,9 +118,40 @@ _MODE = {
 }
 
 
+_SUBJECT = {
+    "type": "object",
+    "description": "a document the query names (only documents the caller may see)",
+    "properties": {
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "title": {"type": "string"},
+        "why": {"type": "string", "enum": ["identifier", "title"]},
+        "matched": {"type": "string", "description": "the name as compared (identity key)"},
+    },
+}
+
+_IDENTITY = {
+    "type": "object",
+    "description": "the identity preflight (with `explain`): what the query names",
+    "properties": {
+        "outcome": {"type": "string", "enum": ["unique", "ambiguous", "none", "off"]},
+        "subjects": {"type": "array", "items": {"$ref": "#/components/schemas/Subject"}},
+        "shadowed": {"type": "array", "items": {"type": "string"}, "description": "names inside a longer named one"},
+        "common": {"type": "array", "items": {"type": "string"}, "description": "names too many documents carry"},
+        "hit": {"type": "string", "description": "`filtered_out`: the named document is outside the filters"},
+    },
+}
+
+
 def _ranked_page(item: str) -> dict[str, Any]:
     page = _page(item)
     page["properties"]["mode"] = {"$ref": "#/components/schemas/Mode"}
+    page["properties"]["ambiguous"] = {
+        "type": "array",
+        "items": {"$ref": "#/components/schemas/Subject"},
+        "description": "present when the query names several documents: they are listed, none is picked",
+    }
+    page["properties"]["identity"] = {"$ref": "#/components/schemas/Identity"}
     return page
 
 
@@ -166,6 +202,8 @@ def openapi_document() -> dict[str, Any]:
         Explain=_EXPLAIN,
         Hit=_HIT,
         Mode=_MODE,
+        Subject=_SUBJECT,
+        Identity=_IDENTITY,
         SearchResponse=_ranked_page("Hit"),
         FilterResponse=_page("Hit"),
         Decision=_DECISION,

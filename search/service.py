@@ -8,12 +8,13 @@ re-verify drop rows after ranking, so the offset cannot be pushed down into Open
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opensearchpy import AsyncOpenSearch
@@ -28,8 +29,15 @@ from ki.errors import RequestInvalid
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
-from search.filters import DecisionSearchRequest, FilterRequest, SearchRequest, metadata_clauses
-from search.fusion import Candidate, apply_boost, collapse, rrf
+from search.filters import (
+    DecisionSearchRequest,
+    FilterRequest,
+    SearchRequest,
+    metadata_clauses,
+    point_in_time_clauses,
+)
+from search.fusion import Candidate, apply_boost, collapse, put_first, rrf
+from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, query_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
     SOURCE_INCLUDES,
@@ -42,6 +50,7 @@ from search.legs import (
     run_legs,
 )
 from search.metrics import SearchMetrics
+from search.preflight import named_documents, point_in_time_versions, subject_versions
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.scope_cache import ScopeCache
@@ -104,6 +113,8 @@ class SearchResult:
     has_more: bool
     timings_ms: dict[str, float] = field(default_factory=dict)
     mode: dict[str, Any] | None = None  # ranked search: which legs ran and why
+    ambiguous: list[dict[str, Any]] | None = None  # the documents the query names, when it names several
+    identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -115,6 +126,10 @@ class SearchResult:
         }
         if self.mode is not None:
             out["mode"] = self.mode
+        if self.ambiguous is not None:
+            out["ambiguous"] = self.ambiguous
+        if self.identity is not None:
+            out["identity"] = self.identity
         return out
 
 
@@ -184,6 +199,7 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | N
         "text": src.get("text", ""),
         "identifiers": list(src.get("identifiers") or []),
         "matched_identifiers": list(c.matched_identifiers),
+        "match_reason": c.match_reason,
         "citation": {
             "project_id": verified.project_id,
             "document_id": verified.document_id,
@@ -359,6 +375,12 @@ class SearchService:
         async with self.verify_engine.connect() as conn:
             return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
 
+    async def _in_force(self, found: dict[int, VerifiedVersion], as_of: dt.date) -> dict[int, VerifiedVersion]:
+        documents = [v.document_id for v in found.values()]
+        async with self.verify_engine.connect() as conn:
+            in_force = await conn.run_sync(lambda c: point_in_time_versions(c, documents, as_of))
+        return {v: found[v] for v in found if in_force.get(found[v].document_id) == v}
+
     async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
         """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
         assert self.reranker is not None
@@ -420,7 +442,7 @@ class SearchService:
         A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only trail the
         ranking with score 0 (this is how `ki eval` measures one leg alone)."""
         chosen = self.scope_filter(scope) if isinstance(scope, CompiledScope) else scope
-        strict = strict_filter(chosen, metadata_clauses(request.filters))
+        strict = strict_filter(chosen, metadata_clauses(request.filters) + point_in_time_clauses(request.as_of))
         legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
         bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on)
         if chosen.exact:
@@ -465,7 +487,7 @@ class SearchService:
         return LegRun({leg: found[:depth] for leg, found in hits.items()}, took), rounds
 
     async def verified_head(
-        self, principals: Sequence[str], fused: Sequence[Candidate], need: int
+        self, principals: Sequence[str], fused: Sequence[Candidate], need: int, as_of: dt.date | None = None
     ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
         """Re-verify in fused order only as far as the page needs: the collapsed survivors of a prefix
         (cut between different scores) begin exactly like those of the whole list once they number
@@ -479,7 +501,10 @@ class SearchService:
             end = prefix_end(fused, n + batch)
             ids = {c.version_id for c in fused[n:end]} - checked
             if ids:
-                verified.update(await self._reverify(principals, sorted(ids)))
+                found = await self._reverify(principals, sorted(ids))
+                if as_of is not None:  # a version not in force on `as_of` is no answer for that day
+                    found = await self._in_force(found, as_of)
+                verified.update(found)
                 checked |= ids
             n, batch = end, batch * FILL_GROWTH
             survivors = [c for c in fused[:n] if self._matches(c, verified)]
@@ -491,6 +516,67 @@ class SearchService:
             )
             if len(kept) >= need or n >= len(fused):
                 return kept, verified
+
+    async def identify(
+        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
+    ) -> tuple[Identity, dict[int, VerifiedVersion]]:
+        """The identity preflight (search.identity): the documents the query names, among those the
+        caller's scope holds, each with the version its hit would show, verified in SQL like every hit."""
+        r = self.settings.retrieval
+        if not r.identity_enabled:
+            return OFF, {}
+        longest = max(r.identity_max_title_tokens, r.identity_max_identifier_tokens)
+        grams = query_grams(request.query, longest)
+        title_keys = [g for g in grams if g.count(" ") < r.identity_max_title_tokens]
+        identifier_keys = [g for g in grams if g.count(" ") < r.identity_max_identifier_tokens]
+        if not grams:
+            return NONE, {}
+
+        def run(conn: Connection) -> tuple[Identity, dict[int, VerifiedVersion]]:
+            named, saturated = named_documents(conn, title_keys, identifier_keys, r.identity_max_documents_per_name)
+            named = [n for n in named if scope.admits(n.document_id, n.project_id)]
+            identity = resolve(named, r.identity_max_candidates, saturated)
+            if not identity.subjects:
+                return identity, {}
+            versions, latest_final = subject_versions(conn, [s.document_id for s in identity.subjects])
+            verified = reverify(conn, principals, self.settings, [v.version_id for v in versions])
+            chosen = choose_versions(versions, verified.keys(), latest_final, request.as_of)
+            return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}
+
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(run)
+
+    async def identity_hit(
+        self, request: SearchRequest, scope: CompiledScope, subject: Subject, fused: Sequence[Candidate]
+    ) -> Candidate | None:
+        """The chunk that stands for the named document: its best-ranked chunk of the chosen version, or
+        (not ranked at all) the version's chunk that best matches the query, through the same scope and
+        metadata filters as the legs (None if they exclude it)."""
+        version_id = subject.version_id
+        ranked = next((c for c in fused if c.version_id == version_id), None)
+        if ranked is not None:
+            return replace(ranked, match_reason=subject.why)
+        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
+        strict = strict_filter(self.scope_filter(scope), clauses)
+        if strict == MATCH_NONE:
+            return None
+        body = {
+            "size": 3,
+            "track_total_hits": False,
+            "_source": {"includes": SOURCE_INCLUDES},
+            "query": {
+                "bool": {
+                    "filter": [strict, {"term": {"document_version_id": str(version_id)}}],
+                    "should": [{"match": {"text": {"query": request.query}}}],
+                }
+            },
+        }
+        response = await self._opensearch(self.client.search(index=self.index, body=body))
+        found = response.get("hits", {}).get("hits", [])
+        if not found:
+            return None
+        best = min(found, key=lambda h: (-float(h.get("_score") or 0.0), h["_id"]))
+        return Candidate(best["_id"], 0.0, best.get("_source") or {}, match_reason=subject.why)
 
     # --- public --------------------------------------------------------------------------------
 
@@ -528,35 +614,66 @@ class SearchService:
         r = self.settings.retrieval
         mode = self.resolve_mode(request.mode)
         weights = self.leg_weights(mode)
-        if vector is None and "semantic" in active_legs(weights):
-            vector = self.embed_query(request.query)
-        query_vector = await vector if vector is not None else None
-        t1 = time.perf_counter()
-        timings["embed"] = (t1 - t) * 1000
-        run, rounds = await self.run_legs_in_scope(request, scope, query_vector)
-        t2 = time.perf_counter()
-        timings["msearch"] = (t2 - t1) * 1000
+        # The identity preflight runs beside the legs (it needs the scope, not their hits).
+        preflight = asyncio.ensure_future(self.identify(principals, request, scope))
+        try:
+            if vector is None and "semantic" in active_legs(weights):
+                vector = self.embed_query(request.query)
+            query_vector = await vector if vector is not None else None
+            t1 = time.perf_counter()
+            timings["embed"] = (t1 - t) * 1000
+            run, rounds = await self.run_legs_in_scope(request, scope, query_vector)
+            t2 = time.perf_counter()
+            timings["msearch"] = (t2 - t1) * 1000
+            identity, identity_verified = await preflight
+        finally:
+            preflight.cancel()  # a no-op once it is done
+        t_id = time.perf_counter()
+        timings["identity_wait"] = (t_id - t2) * 1000
         if run.took_ms:
             self.metrics.msearch_seconds.observe(t2 - t1)
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
         legs = {str(leg): found for leg, found in run.hits.items()}
         fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         t3 = time.perf_counter()
-        timings["fuse"] = (t3 - t2) * 1000
-        need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
-        kept, verified = await self.verified_head(principals, fused, need)
+        timings["fuse"] = (t3 - t_id) * 1000
+        subject = identity.unique
+        need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1 + (subject is not None)
+        kept, verified = await self.verified_head(principals, fused, need, request.as_of)
         t4 = time.perf_counter()
         timings["reverify"] = (t4 - t3) * 1000
         if self.reranker is not None and kept:
             t5 = time.perf_counter()
             kept = await self._rerank(request.query, kept, verified)
             timings["rerank"] = (time.perf_counter() - t5) * 1000
+        if subject is not None:  # the named document first, whatever the ranking (and the rerank) said
+            hit = await self.identity_hit(request, scope, subject, fused)
+            if hit is not None and self._matches(hit, identity_verified):
+                verified = {**verified, **identity_verified}
+                kept = put_first(
+                    hit,
+                    kept,
+                    per_document=r.collapse_per_document,
+                    max_chunks_per_document=r.max_chunks_per_document,
+                )
+            else:
+                identity = replace(identity, extra={"hit": "filtered_out"})
         page = kept[request.offset : request.window]
         explain = FusionParams(weights, r.fusion_rrf_k, mode) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         timings["total"] = (time.perf_counter() - t0) * 1000
         mode_info = self.mode_json(request.mode, mode)
-        return SearchResult(hits, request.offset, request.limit, len(kept) > request.window, timings, mode_info)
+        ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
+        return SearchResult(
+            hits,
+            request.offset,
+            request.limit,
+            len(kept) > request.window,
+            timings,
+            mode_info,
+            ambiguous=ambiguous,
+            identity=identity.to_json() if request.explain else None,
+        )
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""

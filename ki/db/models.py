@@ -230,6 +230,19 @@ class Document(Base):
             deferrable=True,
             initially="DEFERRED",
         ),
+        # The identity preflight's look-ups (search.identity, migration 0005): titles and identifiers by key.
+        Index(
+            "ix_documents_title_identity",
+            func.ki_identity_key(sql_text("title")),
+            postgresql_using="hash",
+            postgresql_where=sql_text("deleted_at IS NULL"),
+        ),
+        Index(
+            "ix_documents_identifiers_identity",
+            func.ki_identity_keys(sql_text("identifiers")),
+            postgresql_using="gin",
+            postgresql_where=sql_text("deleted_at IS NULL"),
+        ),
     )
 
     id: Mapped[int] = _pk()

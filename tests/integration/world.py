@@ -54,6 +54,7 @@ class World:
         status: str = "final",
         clauses: list[dict] | None = None,
         latest: bool = True,
+        doc_date: dt.date = dt.date(2024, 5, 17),
     ) -> int:
         version_id = _one(
             self.conn,
@@ -63,7 +64,7 @@ class World:
             n=version_no,
             s=status,
             t=body,
-            dt=dt.date(2024, 5, 17),
+            dt=doc_date,
             c=json.dumps(clauses or []),
         )
         if latest and status in ("final", "executed"):

@@ -1,0 +1,99 @@
+"""The identity preflight's SQL: which documents carry a name the query contains, and their versions.
+
+The decisions are pure (`search.identity`); this module only reads. Both statements run on the
+re-verify's connections; what the caller may see is decided by the compiled scope and by the SQL
+re-verify (`search.service.reverify`, through `ki.acl`), never here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, text
+
+from search.identity import NamedDocument, VersionRow
+
+# Per name, at most `per_name` documents (+1 to know it has more): a name carried by more documents than
+# that is common for every caller, and the look-up stays bounded. Keys equal the indexed expressions of
+# migration 0005, so each probe is an index look-up.
+_NAMED_SQL = text(
+    """
+    SELECT g.key, 'title' AS why, d.id AS document_id, d.project_id, d.title
+    FROM unnest(CAST(:title_keys AS text[])) AS g(key)
+    CROSS JOIN LATERAL (
+        SELECT id, project_id, title FROM documents
+        WHERE deleted_at IS NULL AND ki_identity_key(title) = g.key
+        LIMIT :per_name_plus_one
+    ) AS d
+    UNION ALL
+    SELECT g.key, 'identifier', d.id, d.project_id, d.title
+    FROM unnest(CAST(:identifier_keys AS text[])) AS g(key)
+    CROSS JOIN LATERAL (
+        SELECT id, project_id, title FROM documents
+        WHERE deleted_at IS NULL AND ki_identity_keys(identifiers) @> ARRAY[g.key]
+        LIMIT :per_name_plus_one
+    ) AS d
+    """
+)
+
+_VERSIONS_SQL = text(
+    """
+    SELECT v.id, v.document_id, v.status, v.doc_date, v.version_no, d.latest_final_version_id
+    FROM document_versions v JOIN documents d ON d.id = v.document_id
+    WHERE v.document_id = ANY(CAST(:document_ids AS bigint[]))
+    """
+)
+
+
+_POINT_IN_TIME_SQL = text(
+    """
+    SELECT DISTINCT ON (document_id) document_id, id
+    FROM document_versions
+    WHERE document_id = ANY(CAST(:document_ids AS bigint[]))
+      AND status IN ('final', 'executed') AND doc_date <= :as_of
+    ORDER BY document_id, doc_date DESC, version_no DESC
+    """
+)
+
+
+def point_in_time_versions(conn: Connection, document_ids: Sequence[int], as_of: dt.date) -> dict[int, int]:
+    """Per document, the version in force on `as_of`: the latest final or executed version dated on or
+    before it (the rule of `search.identity.choose_versions`). Documents without one are absent."""
+    if not document_ids:
+        return {}
+    rows = conn.execute(_POINT_IN_TIME_SQL, {"document_ids": sorted(set(document_ids)), "as_of": as_of}).all()
+    return {int(r.document_id): int(r.id) for r in rows}
+
+
+def named_documents(
+    conn: Connection, title_keys: Sequence[str], identifier_keys: Sequence[str], per_name: int
+) -> tuple[list[NamedDocument], set[str]]:
+    """Documents (not soft-deleted) whose title key or one of whose identifier keys is among the keys
+    given, and the keys carried by more than `per_name` documents (those list only `per_name`)."""
+    if not title_keys and not identifier_keys:
+        return [], set()
+    rows = conn.execute(
+        _NAMED_SQL,
+        {
+            "title_keys": list(title_keys),
+            "identifier_keys": list(identifier_keys),
+            "per_name_plus_one": per_name + 1,
+        },
+    ).all()
+    counts: dict[tuple[str, str], int] = {}
+    named: list[NamedDocument] = []
+    for r in rows:
+        counts[(r.key, r.why)] = counts.get((r.key, r.why), 0) + 1
+        named.append(NamedDocument(int(r.document_id), int(r.project_id), str(r.title), r.why, str(r.key)))
+    saturated = {key for (key, _), n in counts.items() if n > per_name}
+    return [n for n in named if n.key not in saturated], saturated
+
+
+def subject_versions(conn: Connection, document_ids: Sequence[int]) -> tuple[list[VersionRow], dict[int, int | None]]:
+    """Every version of the given documents, and each document's latest final version pointer."""
+    if not document_ids:
+        return [], {}
+    rows = conn.execute(_VERSIONS_SQL, {"document_ids": sorted(set(document_ids))}).all()
+    versions = [VersionRow(int(r.id), int(r.document_id), str(r.status), r.doc_date, int(r.version_no)) for r in rows]
+    return versions, {int(r.document_id): r.latest_final_version_id for r in rows}

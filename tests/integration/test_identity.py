@@ -1,0 +1,270 @@
+"""The identity preflight end to end: documents written to PostgreSQL, synced by a real worker, queried
+over HTTP. The expected answers below are written by hand from the world (not computed by the matcher):
+which document each name belongs to, which names are shared, shadowed or hidden from whom."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ki.settings import Settings
+from search.auth import mint_token
+from tests.conftest import wait_for
+from tests.integration.search_harness import Server, SyncWorker, isolated
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+BODY = "Die Parteien vereinbaren Folgendes. Stichwort {word}. {extra}"
+
+
+@dataclass
+class Data:
+    tag: str
+    word: str
+    docs: dict[str, int]
+    versions: dict[str, int]
+    projects: list[int]
+    sources: list[int]
+
+    def token(self, settings: Settings, who: str) -> str:
+        return mint_token(settings.api, f"{who}-{self.tag}")
+
+
+@pytest.fixture(scope="module")
+def isolation(settings: Settings) -> Iterator[dict[str, str]]:
+    with isolated(settings, prefix="ki-identity-test") as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def server(isolation: dict[str, str]) -> Iterator[Server]:
+    worker = SyncWorker(isolation)
+    worker.start()
+    srv = Server("identity-api", **isolation)
+    srv.start()
+    yield srv
+    srv.stop()
+    worker.stop()
+
+
+# anna sees every document of project P; ben only `gutachten_a`; nobody of ours sees project Q.
+# "§ 573 BGB" is carried by six documents of P (a citation, more than identity_max_candidates = 5).
+#   key            title                                                  identifiers
+#   miete          Mietvertrag Hauptstraße 5, Berlin – Müller GmbH       V-2023-00417, § 573 BGB
+#   urteil         Urteil Landgericht Berlin, Az. 5 O 1234/22 – …        5 O 1234/22, § 573 BGB   (2 versions)
+#   berufung       Berufungsbegründung                                   12 U 77/23, § 573 BGB
+#   bgh            Revisionsentscheidung Bundesgerichtshof               VII ZR 45/21, § 242 BGB, § 573 BGB
+#   gutachten_a/b  Gutachten zur Mietpreisbremse (both)                  GA-2024-0001 / GA-2024-0002
+#   atlas          Atlas Migration                                       § 573 BGB
+#   atlas_plan     Atlas Migration Weekly Plan                           § 573 BGB
+#   hidden (Q)     Vergleichsvereinbarung Nordhafen                      3 O 999/24
+#   hidden_twin(Q) Berufungsbegründung                                   12 U 77/23
+@pytest.fixture(scope="module")
+def data(engine: Engine, server: Server, settings: Settings) -> Iterator[Data]:
+    with engine.begin() as conn:
+        w = World(conn)
+        word = f"qzv{w.tag}"
+        p, q = w.project("Identität"), w.project("Verborgen")
+        source = w.source("local_fs")
+        obj = w.source_object(source)
+        docs: dict[str, int] = {}
+        versions: dict[str, int] = {}
+
+        def add(key: str, project: int, title: str, identifiers: list[str], extra: str = "") -> None:
+            docs[key] = w.document(project, title, identifiers=identifiers)
+            versions[key] = w.version(docs[key], BODY.format(word=word, extra=extra or title))
+            w.observe(versions[key], obj)
+
+        add("miete", p, "Mietvertrag Hauptstraße 5, Berlin – Müller GmbH", ["V-2023-00417", "§ 573 BGB"])
+        docs["urteil"] = w.document(
+            p, "Urteil Landgericht Berlin, Az. 5 O 1234/22 – Schulz ./. Weber", identifiers=["5 O 1234/22", "§ 573 BGB"]
+        )
+        early = w.version(docs["urteil"], BODY.format(word=word, extra="Erste Fassung."), doc_date=dt.date(2023, 1, 10))
+        versions["urteil"] = w.version(
+            docs["urteil"], BODY.format(word=word, extra="Zweite Fassung."), version_no=2, doc_date=dt.date(2024, 3, 1)
+        )
+        versions["urteil_early"] = early
+        w.observe(early, obj)
+        w.observe(versions["urteil"], obj)
+        add("berufung", p, "Berufungsbegründung", ["12 U 77/23", "§ 573 BGB"])
+        add("bgh", p, "Revisionsentscheidung Bundesgerichtshof", ["VII ZR 45/21", "§ 242 BGB", "§ 573 BGB"])
+        add("gutachten_a", p, "Gutachten zur Mietpreisbremse", ["GA-2024-0001"], "Erstes Gutachten.")
+        add("gutachten_b", p, "Gutachten zur Mietpreisbremse", ["GA-2024-0002"], "Zweites Gutachten.")
+        add("atlas", p, "Atlas Migration", ["§ 573 BGB"])
+        add("atlas_plan", p, "Atlas Migration Weekly Plan", ["§ 573 BGB"])
+        add("hidden", q, "Vergleichsvereinbarung Nordhafen", ["3 O 999/24"])
+        add("hidden_twin", q, "Berufungsbegründung", ["12 U 77/23"])
+        w.grant("project", p, f"user:anna-{w.tag}")
+        w.grant("document", docs["gutachten_a"], f"user:ben-{w.tag}")
+        w.grant("project", q, f"user:nobody-{w.tag}")
+        d = Data(w.tag, word, docs, versions, [p, q], [source])
+    admin = mint_token(settings.api, "root", roles=["admin"])
+
+    def all_indexed() -> bool:  # metadata-only search lists every version (ranked search collapses them)
+        status, body = server.call("/v1/search/filter", {"limit": 50, "filters": {"project_id": d.projects}}, admin)
+        if status == 503:
+            return False
+        assert status == 200, body
+        return {h["version_id"] for h in body["hits"]} >= set(versions.values())
+
+    try:
+        wait_for(all_indexed, timeout=120, what="the identity world in the index")
+        yield d
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": d.projects})
+            conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
+
+
+def ask(server: Server, data: Data, settings: Settings, who: str, query: str, **extra: Any) -> dict[str, Any]:
+    status, body = server.call(
+        "/v1/search", {"query": query, "limit": 10, "explain": True, **extra}, data.token(settings, who)
+    )
+    assert status == 200, body
+    return body
+
+
+# Each name of a document anna alone can name, in the spellings lawyers type.
+UNAMBIGUOUS = {
+    "miete": [
+        "V-2023-00417",
+        "v-2023-00417",
+        "V 2023 00417",
+        "Vertrag V2023-00417 kündigen",
+        "Mietvertrag Hauptstraße 5, Berlin – Müller GmbH",
+        "mietvertrag hauptstrasse 5 berlin müller gmbh",
+        "MIETVERTRAG HAUPTSTRASSE 5 BERLIN - MÜLLER GMBH",
+    ],
+    "urteil": [
+        "5 O 1234/22",
+        "5 o 1234/22",
+        "5O 1234/22",
+        "5 O 1234-22",
+        "Was sagt das Urteil Az. 5 O 1234 / 22 zur Kündigung?",
+        "Urteil Landgericht Berlin, Az. 5 O 1234/22 – Schulz ./. Weber",
+    ],
+    "berufung": ["12 U 77/23", "12U 77/23", "Berufungsbegründung", "berufungsbegründung frist"],
+    "bgh": ["VII ZR 45/21", "vii zr 45-21", "§ 242 BGB", "§242 BGB", "§242BGB Treu und Glauben"],
+    "gutachten_a": ["GA-2024-0001", "ga 2024 0001"],
+    "atlas": ["Atlas Migration", "atlas migration status"],
+    "atlas_plan": ["Atlas Migration Weekly Plan", "Stand des Atlas Migration Weekly Plan?"],
+}
+
+
+def test_a_named_document_is_the_top_hit_in_every_spelling(server: Server, data: Data, settings: Settings) -> None:
+    misses = []
+    for key, queries in UNAMBIGUOUS.items():
+        for query in queries:
+            body = ask(server, data, settings, "anna", query)
+            first = body["hits"][0] if body["hits"] else {}
+            if first.get("document_id") != data.docs[key] or first.get("match_reason") not in ("identifier", "title"):
+                misses.append((query, key, body["identity"], first.get("document_id")))
+            assert "ambiguous" not in body, (query, body["ambiguous"])
+            assert [h["match_reason"] for h in body["hits"][1:]] == ["ranked"] * (len(body["hits"]) - 1)
+            assert data.docs[key] not in [h["document_id"] for h in body["hits"][1:]]  # collapsed away
+    assert not misses, misses
+
+
+def test_the_reason_says_which_name_matched(server: Server, data: Data, settings: Settings) -> None:
+    assert ask(server, data, settings, "anna", "12 U 77/23")["hits"][0]["match_reason"] == "identifier"
+    body = ask(server, data, settings, "anna", "Berufungsbegründung")
+    assert body["hits"][0]["match_reason"] == "title"
+    assert body["identity"]["outcome"] == "unique"
+    assert body["identity"]["subjects"][0]["matched"] == "berufungsbegründung"
+
+
+def test_a_shared_title_is_reported_as_ambiguous_not_picked(server: Server, data: Data, settings: Settings) -> None:
+    body = ask(server, data, settings, "anna", "Gutachten zur Mietpreisbremse")
+    assert sorted(c["document_id"] for c in body["ambiguous"]) == sorted(
+        [data.docs["gutachten_a"], data.docs["gutachten_b"]]
+    )
+    assert {c["why"] for c in body["ambiguous"]} == {"title"}
+    assert all(h["match_reason"] == "ranked" for h in body["hits"])
+    # Two different named titles are two subjects as well.
+    body = ask(server, data, settings, "anna", "Atlas Migration und Mietvertrag Hauptstraße 5, Berlin – Müller GmbH")
+    assert sorted(c["document_id"] for c in body["ambiguous"]) == sorted([data.docs["atlas"], data.docs["miete"]])
+
+
+def test_shadowed_title_leaves_the_identity_group(server: Server, data: Data, settings: Settings) -> None:
+    body = ask(server, data, settings, "anna", "Atlas Migration Weekly Plan")
+    assert body["identity"]["shadowed"] == ["atlas migration"]
+    assert body["hits"][0]["document_id"] == data.docs["atlas_plan"]
+    # The shadowed document keeps its rank on merit: it is still among the ranked hits.
+    assert data.docs["atlas"] in [h["document_id"] for h in body["hits"][1:]]
+
+
+def test_a_citation_many_documents_carry_names_nothing(server: Server, data: Data, settings: Settings) -> None:
+    body = ask(server, data, settings, "anna", "§ 573 BGB")
+    assert body["identity"]["outcome"] == "none"
+    assert body["identity"]["common"] == ["573 bgb"]
+    assert "ambiguous" not in body
+    assert all(h["match_reason"] == "ranked" for h in body["hits"])
+
+
+def test_only_names_the_caller_may_see_take_part(server: Server, data: Data, settings: Settings) -> None:
+    hidden = {data.docs["hidden"], data.docs["hidden_twin"]}
+    for query in ("3 O 999/24", "Vergleichsvereinbarung Nordhafen"):
+        body = ask(server, data, settings, "anna", query)
+        assert body["identity"]["outcome"] == "none", body["identity"]
+        assert not hidden & {h["document_id"] for h in body["hits"]}
+    # The invisible twin of a title does not make anna's answer ambiguous.
+    body = ask(server, data, settings, "anna", "12 U 77/23")
+    assert body["identity"]["outcome"] == "unique" and "ambiguous" not in body
+    # ben sees one of the two Gutachten: for him the title is unique, and the other is never mentioned.
+    body = ask(server, data, settings, "ben", "Gutachten zur Mietpreisbremse")
+    assert body["hits"][0]["document_id"] == data.docs["gutachten_a"]
+    assert "ambiguous" not in body
+    assert [s["document_id"] for s in body["identity"]["subjects"]] == [data.docs["gutachten_a"]]
+    for query in ("GA-2024-0002", "Mietvertrag Hauptstraße 5, Berlin – Müller GmbH", "3 O 999/24"):
+        body = ask(server, data, settings, "ben", query)
+        assert body["identity"]["outcome"] == "none", (query, body["identity"])
+        assert {h["document_id"] for h in body["hits"]} <= {data.docs["gutachten_a"]}
+    # A stranger names nothing and finds nothing.
+    body = ask(server, data, settings, "stranger", "5 O 1234/22")
+    assert body["hits"] == [] and body["identity"]["outcome"] == "none"
+
+
+def test_point_in_time_picks_the_version_in_force(server: Server, data: Data, settings: Settings) -> None:
+    now = ask(server, data, settings, "anna", "5 O 1234/22")
+    assert now["hits"][0]["version_id"] == data.versions["urteil"]
+    then = ask(server, data, settings, "anna", "5 O 1234/22", as_of="2023-06-30")
+    assert then["hits"][0]["version_id"] == data.versions["urteil_early"]
+    assert then["hits"][0]["match_reason"] == "identifier"
+    # Ranked hits on that day are the versions in force then: nothing dated later.
+    ranked = ask(server, data, settings, "anna", data.word, as_of="2023-06-30")
+    assert [h["version_id"] for h in ranked["hits"]] == [data.versions["urteil_early"]]
+    before = ask(server, data, settings, "anna", "5 O 1234/22", as_of="2022-01-01")
+    assert before["identity"]["outcome"] == "none" and before["hits"] == []
+
+
+def test_paging_keeps_the_identity_hit_on_the_first_page_only(server: Server, data: Data, settings: Settings) -> None:
+    whole = ask(server, data, settings, "anna", f"12 U 77/23 {data.word}")
+    pages = [
+        ask(server, data, settings, "anna", f"12 U 77/23 {data.word}", limit=3, offset=offset) for offset in (0, 3, 6)
+    ]
+    assert [h["chunk_id"] for p in pages for h in p["hits"]] == [h["chunk_id"] for h in whole["hits"]][:9]
+    assert whole["hits"][0]["document_id"] == data.docs["berufung"]
+
+
+def test_identity_can_be_switched_off(isolation: dict[str, str], data: Data, settings: Settings) -> None:
+    srv = Server("identity-off-api", **isolation, KI_RETRIEVAL__IDENTITY_ENABLED="false")
+    srv.start()
+    try:
+        body = ask(srv, data, settings, "anna", "Gutachten zur Mietpreisbremse")
+        assert body["identity"]["outcome"] == "off" and "ambiguous" not in body
+        assert all(h["match_reason"] == "ranked" for h in body["hits"])
+    finally:
+        srv.stop()
+
+
+def test_bad_as_of_is_a_400_naming_the_field(server: Server, data: Data, settings: Settings) -> None:
+    status, body = server.call("/v1/search", {"query": "x", "as_of": "gestern"}, data.token(settings, "anna"))
+    assert status == 400 and body["field"] == "as_of", body
+    status, doc = server.call("/openapi.json")
+    assert "as_of" in doc["components"]["schemas"]["SearchRequest"]["properties"]
