@@ -263,6 +263,19 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
     if args.drop and args.fresh:
         raise CliError("--drop and --fresh exclude each other (--fresh drops, then runs)")
     defaults = EvalOptions()
+    if args.identity_reach:  # offline: no services, no index
+        from apps.eval.beir import DataError
+        from apps.eval.identity_reach import write_reach
+
+        root = data or defaults.data_dir
+        out = Path(args.out or "build/eval") / f"identity-reach-{root.resolve().name}.json"
+        try:
+            report = write_reach(root, settings, out)
+        except (DataError, OSError) as exc:
+            raise CliError(f"--identity-reach {root}: {exc}") from None
+        print(f"{report['data_set']}: {report['test_queries']} test queries, identity outcomes {report['outcomes']}, "
+              f"unique and relevant {report['unique_and_relevant']}; {out}")  # fmt: skip
+        return 0
     options = EvalOptions(
         data_dir=data or defaults.data_dir,
         name=args.name,
@@ -421,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drop this eval's database, connector, slot, topics and indexes first, then run")  # fmt: skip
     ev.add_argument("--drop", action="store_true",
                     help="only drop this eval's database, connector, slot, topics, groups and indexes")  # fmt: skip
+    ev.add_argument("--identity-reach", action="store_true",
+                    help="only count the test queries that name a document (identity preflight), offline")  # fmt: skip
     ev.set_defaults(handler=_eval)
 
     demo = sub.add_parser("demo", help="stack up + demo corpus (if none yet) + sync worker; or `demo generate`")

@@ -78,8 +78,10 @@ class RetrievalSettings(_Section):
     identity_enabled: bool = True
     identity_max_candidates: int = Field(5, ge=1, le=50)
     identity_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
-    # longest names looked up, in tokens of the identity key
+    # longest names looked up, in tokens of the identity key; a title shorter than identity_min_title_tokens
+    # names its document only as the whole query (a one-word title inside a query is a topic, not a name)
     identity_max_title_tokens: int = Field(24, ge=1, le=200)
+    identity_min_title_tokens: int = Field(2, ge=1, le=200)
     identity_max_identifier_tokens: int = Field(8, ge=1, le=64)
     # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)

@@ -72,6 +72,19 @@ def query_grams(query: str, max_tokens: int) -> list[str]:
     return list(grams)
 
 
+def name_grams(
+    query: str, *, max_title_tokens: int, min_title_tokens: int, max_identifier_tokens: int
+) -> tuple[list[str], list[str]]:
+    """The keys to look up as titles and as identifiers. A title of fewer than `min_title_tokens` tokens
+    ("Anxiety", "Kündigung") names its document only when it is the whole query: inside a longer query
+    such a word is a topic, not a name."""
+    grams = query_grams(query, max(max_title_tokens, max_identifier_tokens))
+    whole = identity_key(query)
+    titles = [g for g in grams if min_title_tokens - 1 <= g.count(" ") < max_title_tokens or g == whole]
+    identifiers = [g for g in grams if g.count(" ") < max_identifier_tokens]
+    return titles, identifiers
+
+
 def contains(outer: str, inner: str) -> bool:
     """`inner` is a whole-token run of `outer` (keys)."""
     return f" {inner} " in f" {outer} "

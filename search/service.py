@@ -37,7 +37,7 @@ from search.filters import (
     point_in_time_clauses,
 )
 from search.fusion import Candidate, apply_boost, collapse, put_first, rrf
-from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, query_grams, resolve
+from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
     SOURCE_INCLUDES,
@@ -525,11 +525,13 @@ class SearchService:
         r = self.settings.retrieval
         if not r.identity_enabled:
             return OFF, {}
-        longest = max(r.identity_max_title_tokens, r.identity_max_identifier_tokens)
-        grams = query_grams(request.query, longest)
-        title_keys = [g for g in grams if g.count(" ") < r.identity_max_title_tokens]
-        identifier_keys = [g for g in grams if g.count(" ") < r.identity_max_identifier_tokens]
-        if not grams:
+        title_keys, identifier_keys = name_grams(
+            request.query,
+            max_title_tokens=r.identity_max_title_tokens,
+            min_title_tokens=r.identity_min_title_tokens,
+            max_identifier_tokens=r.identity_max_identifier_tokens,
+        )
+        if not title_keys and not identifier_keys:
             return NONE, {}
 
         def run(conn: Connection) -> tuple[Identity, dict[int, VerifiedVersion]]:

@@ -13,6 +13,7 @@ from search.identity import (
     contains,
     identity_key,
     keep_subjects,
+    name_grams,
     query_grams,
     resolve,
 )
@@ -58,6 +59,17 @@ def test_query_grams_are_whole_token_runs_of_three_characters_or_more() -> None:
     assert not [g for g in grams if len(g.replace(" ", "")) < 3]
     assert query_grams("§ 1 a", 5) == []  # "1a": two characters name nothing
     assert "ündigung" not in grams  # never part of a token
+
+
+def test_short_titles_name_only_as_the_whole_query() -> None:
+    titles, identifiers = name_grams("Anxiety and air pollution", **LIMITS)
+    assert "anxiety" not in titles and "anxiety and" in titles
+    assert "anxiety" in identifiers  # identifiers have no minimum length in tokens
+    titles, _ = name_grams("  Anxiety! ", **LIMITS)
+    assert titles == ["anxiety"]
+
+
+LIMITS = {"max_title_tokens": 24, "min_title_tokens": 2, "max_identifier_tokens": 8}
 
 
 def test_contains_is_whole_token() -> None:
