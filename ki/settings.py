@@ -75,6 +75,12 @@ class RetrievalSettings(_Section):
     # against the caller's scope before ranking; one named document is the top hit, several are reported
     # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more
     # than `identity_max_documents_per_name` documents at all) is common and names nothing.
+    # Temporal decay: fused score x (floor + (1 - floor) / (1 + age in years)) from doc_date (as of the
+    # request's `as_of`, else today); off by default -- the dev sets carry no dates to measure it on.
+    decay_enabled: bool = False
+    decay_floor: float = Field(0.8, ge=0.0, le=1.0)
+    # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
+    expand_max_chunks_per_document: int = Field(3, ge=1, le=100)
     identity_enabled: bool = True
     identity_max_candidates: int = Field(5, ge=1, le=50)
     identity_max_documents_per_name: int = Field(1000, ge=1, le=100_000)

@@ -161,6 +161,11 @@ class SearchRequest(_Paged):
         "semantic only; default: what the evaluation reports support (see the response's `mode`)",
     )
 
+    expand: bool = Field(
+        False,
+        description="add each hit's neighbouring body chunks (ordinal ± 1, same version) as `context`; per document "
+        "at most retrieval.expand_max_chunks_per_document chunks in all",
+    )
     as_of: dt.date | None = Field(
         None,
         description="point in time: per document only the latest final or executed version dated on or before "

@@ -4,6 +4,7 @@ per-document collapse. No I/O.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,8 +15,9 @@ from search.legs import LEGS, LegHit
 @dataclass(frozen=True)
 class Candidate:
     """One chunk after fusion. `ranks` is its 0-based rank per leg it appeared in; `parts` the RRF
-    contribution of each of those legs; `boost` the version-status multiplier applied afterwards, so
-    `score == sum(parts) * boost` (the fused score); `rerank_score`, when set, replaces it in the answer."""
+    contribution of each of those legs; `boost` the version-status multiplier and `decay` the age
+    multiplier applied afterwards, so `score == sum(parts) * boost * decay` (the fused score);
+    `rerank_score`, when set, replaces it in the answer."""
 
     chunk_id: str
     score: float
@@ -23,6 +25,7 @@ class Candidate:
     ranks: dict[str, int] = field(default_factory=dict)
     parts: dict[str, float] = field(default_factory=dict)
     boost: float = 1.0
+    decay: float = 1.0  # temporal decay multiplier (1.0 when off)
     matched_identifiers: tuple[str, ...] = ()
     rerank_score: float | None = None
     # "ranked", or why the identity preflight put it first ("identifier" / "title")
@@ -76,7 +79,7 @@ def rrf(legs: Mapping[str, Sequence[LegHit]], weights: Mapping[str, float], k: i
         matched: tuple[str, ...] = ()
         if "identifier" in ranks[chunk_id]:
             matched = matched_identifiers(source.get("identifiers") or [], query)
-        out.append(Candidate(chunk_id, score, source, ranks[chunk_id], parts[chunk_id], 1.0, matched))
+        out.append(Candidate(chunk_id, score, source, ranks[chunk_id], parts[chunk_id], matched_identifiers=matched))
     return sort_candidates(out)
 
 
@@ -91,6 +94,31 @@ def apply_boost(candidates: Sequence[Candidate], boosts: Mapping[str, float]) ->
         factor = float(boosts.get(str(c.source.get("version_status")), 1.0))
         boosted.append(replace(c, score=c.score * factor, boost=factor))
     return sort_candidates(boosted)
+
+
+DAYS_PER_YEAR = 365.25
+
+
+def age_factor(doc_date: str | None, today: dt.date, floor: float) -> float:
+    """`floor + (1 - floor) / (1 + age_years)`: 1.0 for a document of `today`, 0.9 at one year with floor
+    0.8, tending to `floor`. A document without a date counts as old (`floor`); a future date as new."""
+    if not doc_date:
+        return floor
+    try:
+        day = dt.date.fromisoformat(str(doc_date)[:10])
+    except ValueError:
+        return floor
+    age_years = max((today - day).days, 0) / DAYS_PER_YEAR
+    return floor + (1.0 - floor) / (1.0 + age_years)
+
+
+def apply_decay(candidates: Sequence[Candidate], today: dt.date, floor: float) -> list[Candidate]:
+    """Multiply each score by its document age factor (`age_factor`) and re-sort."""
+    decayed = []
+    for c in candidates:
+        factor = age_factor(c.source.get("doc_date"), today, floor)
+        decayed.append(replace(c, score=c.score * factor, decay=factor))
+    return sort_candidates(decayed)
 
 
 def collapse(

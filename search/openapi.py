@@ -38,7 +38,7 @@ _CITATION = {
 
 _EXPLAIN = {
     "type": "object",
-    "description": "score = sum(rrf_parts) * status_boost (replaced by rerank_score when the hit was reranked)",
+    "description": "score = sum(rrf_parts) * status_boost * decay (replaced by rerank_score when the hit was reranked)",
     "properties": {
         "mode": {"type": "string", "enum": ["hybrid", "lexical", "semantic"], "description": "the legs that ran"},
         "ranks": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "0-based per leg"},
@@ -51,6 +51,7 @@ _EXPLAIN = {
         },
         "rrf_score": {"type": "number"},
         "status_boost": {"type": "number"},
+        "decay": {"type": "number", "description": "temporal decay multiplier (1 when retrieval.decay_enabled is off)"},
         "fused_score": {"type": "number"},
         "rerank_score": {"type": "number", "nullable": True},
     },

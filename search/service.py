@@ -29,6 +29,7 @@ from ki.errors import RequestInvalid
 from ki.settings import Settings
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
+from search.expansion import plan_neighbours
 from search.filters import (
     DecisionSearchRequest,
     FilterRequest,
@@ -36,7 +37,7 @@ from search.filters import (
     metadata_clauses,
     point_in_time_clauses,
 )
-from search.fusion import Candidate, apply_boost, collapse, put_first, rrf
+from search.fusion import Candidate, apply_boost, apply_decay, collapse, put_first, rrf
 from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
@@ -177,6 +178,7 @@ def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
         "rrf_parts": dict(c.parts),
         "rrf_score": rrf_score,
         "status_boost": c.boost,
+        "decay": c.decay,
         "fused_score": c.score,
         "rerank_score": c.rerank_score,
     }
@@ -580,6 +582,30 @@ class SearchService:
         best = min(found, key=lambda h: (-float(h.get("_score") or 0.0), h["_id"]))
         return Candidate(best["_id"], 0.0, best.get("_source") or {}, match_reason=subject.why)
 
+    async def expand(self, hits: list[dict[str, Any]]) -> None:
+        """Chunk expansion (search.expansion): every hit's neighbours, fetched in one `mget`, as `context`."""
+        planned = plan_neighbours(
+            [(h["chunk_id"], h["document_id"]) for h in hits], self.settings.retrieval.expand_max_chunks_per_document
+        )
+        for hit in hits:
+            hit["context"] = []
+        if not planned:
+            return
+        response = await self._opensearch(
+            self.client.mget(
+                index=self.index, body={"ids": [n.chunk_id for n in planned]}, params={"_source_includes": "text"}
+            )
+        )
+        texts = {d["_id"]: (d.get("_source") or {}).get("text", "") for d in response.get("docs", []) if d.get("found")}
+        by_hit = {h["chunk_id"]: h for h in hits}
+        for n in planned:
+            if n.chunk_id in texts:
+                by_hit[n.hit_chunk_id]["context"].append(
+                    {"chunk_id": n.chunk_id, "position": n.position, "text": texts[n.chunk_id]}
+                )
+        for hit in hits:  # reading order: before, after
+            hit["context"].sort(key=lambda c: c["position"] != "before")
+
     # --- public --------------------------------------------------------------------------------
 
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
@@ -637,6 +663,8 @@ class SearchService:
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
         legs = {str(leg): found for leg, found in run.hits.items()}
         fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
+        if r.decay_enabled:
+            fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
         t3 = time.perf_counter()
         timings["fuse"] = (t3 - t_id) * 1000
         subject = identity.unique
@@ -663,6 +691,10 @@ class SearchService:
         page = kept[request.offset : request.window]
         explain = FusionParams(weights, r.fusion_rrf_k, mode) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
+        if request.expand and hits:
+            t6 = time.perf_counter()
+            await self.expand(hits)
+            timings["expand"] = (time.perf_counter() - t6) * 1000
         timings["total"] = (time.perf_counter() - t0) * 1000
         mode_info = self.mode_json(request.mode, mode)
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None

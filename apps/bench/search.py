@@ -221,10 +221,13 @@ async def ensure_corpus(
     corpus = Corpus(label, reused, version_ids, documents, generate_s=generate_s)
 
     client = make_client(settings)
-    try:
-        indexed = await IndexWriter(client, settings).indexed_versions("document_version_id", version_ids)
-    except Exception:  # noqa: BLE001 - no index yet: the backfill creates it
-        indexed = set()
+    try:  # no alias yet: nothing is indexed (the backfill creates it) -- asked, not retried as an error
+        exists = await client.indices.exists_alias(name=settings.retrieval.index_name)
+        indexed = (
+            await IndexWriter(client, settings).indexed_versions("document_version_id", version_ids)
+            if exists
+            else set()
+        )
     finally:
         await client.close()
     missing = sorted(set(version_ids) - indexed)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
-from search.fusion import Candidate, apply_boost, collapse, matched_identifiers, rrf
+from search.fusion import Candidate, age_factor, apply_boost, apply_decay, collapse, matched_identifiers, rrf
 from search.legs import LegHit
 
 W = {"lexical": 1.0, "semantic": 1.0, "identifier": 1.5}
@@ -93,3 +95,22 @@ def test_collapse_off_caps_chunks_per_document() -> None:
     cands = [cand(f"c{i}", 1, 10, 1 - i / 10) for i in range(5)] + [cand("z", 2, 20, 0.05)]
     out = collapse(cands, per_document=False, max_chunks_per_document=3, is_latest_final=lambda c: True)
     assert [c.chunk_id for c in out] == ["c0", "c1", "c2", "z"]
+
+
+def test_age_factor_follows_the_formula() -> None:
+    today = dt.date(2026, 1, 1)
+    assert age_factor("2026-01-01", today, 0.8) == 1.0
+    assert age_factor("2025-01-01", today, 0.8) == pytest.approx(0.8 + 0.2 / (1 + 365 / 365.25))
+    assert age_factor("2030-01-01", today, 0.8) == 1.0  # a future date counts as new
+    assert age_factor(None, today, 0.8) == 0.8  # no date: old
+    assert age_factor("1900-01-01", today, 0.5) == pytest.approx(0.5, abs=0.01)
+    assert age_factor("2020-01-01", today, 1.0) == 1.0  # floor 1: no decay
+
+
+def test_decay_reorders_by_age_and_keeps_the_product() -> None:
+    old = Candidate("a", 1.0, {"doc_date": "2016-01-01"})
+    new = Candidate("b", 0.95, {"doc_date": "2025-12-01"})
+    decayed = apply_decay([old, new], dt.date(2026, 1, 1), 0.8)
+    assert [c.chunk_id for c in decayed] == ["b", "a"]
+    assert all(c.score == pytest.approx(next(o for o in (old, new) if o.chunk_id == c.chunk_id).score * c.decay)
+               for c in decayed)  # fmt: skip
