@@ -153,6 +153,12 @@ def _ranked_page(item: str) -> dict[str, Any]:
         "description": "present when the query names several documents: they are listed, none is picked",
     }
     page["properties"]["identity"] = {"$ref": "#/components/schemas/Identity"}
+    page["properties"]["reason"] = {
+        "type": "string",
+        "enum": ["scope_empty", "filtered_out", "no_credible_evidence"],
+        "description": "present when nothing is found: the caller may see no document; the filters leave none of "
+        "them; or documents are there but nothing matched",
+    }
     return page
 
 

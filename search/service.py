@@ -116,6 +116,7 @@ class SearchResult:
     mode: dict[str, Any] | None = None  # ranked search: which legs ran and why
     ambiguous: list[dict[str, Any]] | None = None  # the documents the query names, when it names several
     identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
+    reason: str | None = None  # why a ranked answer is empty (`SearchService.empty_reason`)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -131,6 +132,8 @@ class SearchResult:
             out["ambiguous"] = self.ambiguous
         if self.identity is not None:
             out["identity"] = self.identity
+        if self.reason is not None:
+            out["reason"] = self.reason
         return out
 
 
@@ -222,6 +225,7 @@ def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | N
 FILL_GROWTH = 4
 MAX_FILL_SIZE = 10_000
 MIN_DENSITY = 0.02  # a sparser scope starts at 50x depth and grows from there
+EMPTY_REASON_PROBE = 200  # rows an empty answer's reason looks at through a superset scope filter
 
 
 def admitted(hits: Sequence[LegHit], scope: CompiledScope) -> list[LegHit]:
@@ -582,6 +586,37 @@ class SearchService:
         best = min(found, key=lambda h: (-float(h.get("_score") or 0.0), h["_id"]))
         return Candidate(best["_id"], 0.0, best.get("_source") or {}, match_reason=subject.why)
 
+    async def empty_reason(self, request: SearchRequest, scope: CompiledScope) -> str:
+        """Why a ranked answer is empty: `scope_empty` (the caller may see no document, within the project
+        narrowing), `filtered_out` (the metadata filters and `as_of` leave none of them), else
+        `no_credible_evidence` (documents are there, nothing matched). Decided on the caller's scope only:
+        with a superset scope filter, rows are counted only if the scope admits them, so the reason never
+        depends on documents the caller may not see."""
+        if scope.is_empty:
+            return "scope_empty"
+        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
+        if not clauses:
+            return "no_credible_evidence"
+        chosen = self.scope_filter(scope)
+        strict = strict_filter(chosen, clauses)
+        if strict == MATCH_NONE:
+            return "filtered_out"
+        size = 0 if chosen.exact else EMPTY_REASON_PROBE
+        body = {
+            "size": size,
+            "track_total_hits": 1,
+            "_source": {"includes": ["document_id", "project_id"]},
+            "query": {"bool": {"filter": [strict]}},
+        }
+        response = await self._opensearch(self.client.search(index=self.index, body=body))
+        hits = response.get("hits", {})
+        if chosen.exact:
+            return "no_credible_evidence" if hits.get("total", {}).get("value", 0) else "filtered_out"
+        found = hits.get("hits", [])
+        if any(_admits(scope, h.get("_source") or {}) for h in found):
+            return "no_credible_evidence"
+        return "filtered_out" if len(found) < size else "no_credible_evidence"  # not sure: say less
+
     async def expand(self, hits: list[dict[str, Any]]) -> None:
         """Chunk expansion (search.expansion): every hit's neighbours, fetched in one `mget`, as `context`."""
         planned = plan_neighbours(
@@ -695,6 +730,7 @@ class SearchService:
             t6 = time.perf_counter()
             await self.expand(hits)
             timings["expand"] = (time.perf_counter() - t6) * 1000
+        reason = await self.empty_reason(request, scope) if not kept else None
         timings["total"] = (time.perf_counter() - t0) * 1000
         mode_info = self.mode_json(request.mode, mode)
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
@@ -707,6 +743,7 @@ class SearchService:
             mode_info,
             ambiguous=ambiguous,
             identity=identity.to_json() if request.explain else None,
+            reason=reason,
         )
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:

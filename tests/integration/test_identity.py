@@ -98,6 +98,14 @@ def data(engine: Engine, server: Server, settings: Settings) -> Iterator[Data]:
         add("gutachten_b", p, "Gutachten zur Mietpreisbremse", ["GA-2024-0002"], "Zweites Gutachten.")
         add("atlas", p, "Atlas Migration", ["§ 573 BGB"])
         add("atlas_plan", p, "Atlas Migration Weekly Plan", ["§ 573 BGB"])
+        # A long document (several body chunks) for chunk expansion; each paragraph carries a marker.
+        long_body = " ".join(
+            f"Absatz {n} Marker{n}x{w.tag}. " + "Der Mieter hat die Mietsache pfleglich zu behandeln. " * 22
+            for n in range(6)
+        )
+        docs["lang"] = w.document(p, "Hausordnung Nordstadt Anlage", identifiers=[])
+        versions["lang"] = w.version(docs["lang"], f"{word} {long_body}", doc_date=dt.date(2020, 1, 1))
+        w.observe(versions["lang"], obj)
         add("hidden", q, "Vergleichsvereinbarung Nordhafen", ["3 O 999/24"])
         add("hidden_twin", q, "Berufungsbegründung", ["12 U 77/23"])
         w.grant("project", p, f"user:anna-{w.tag}")
@@ -230,6 +238,7 @@ def test_only_names_the_caller_may_see_take_part(server: Server, data: Data, set
     # A stranger names nothing and finds nothing.
     body = ask(server, data, settings, "stranger", "5 O 1234/22")
     assert body["hits"] == [] and body["identity"]["outcome"] == "none"
+    assert body["reason"] == "scope_empty"
 
 
 def test_point_in_time_picks_the_version_in_force(server: Server, data: Data, settings: Settings) -> None:
@@ -243,6 +252,7 @@ def test_point_in_time_picks_the_version_in_force(server: Server, data: Data, se
     assert [h["version_id"] for h in ranked["hits"]] == [data.versions["urteil_early"]]
     before = ask(server, data, settings, "anna", "5 O 1234/22", as_of="2022-01-01")
     assert before["identity"]["outcome"] == "none" and before["hits"] == []
+    assert before["reason"] == "filtered_out"
 
 
 def test_paging_keeps_the_identity_hit_on_the_first_page_only(server: Server, data: Data, settings: Settings) -> None:
@@ -270,3 +280,53 @@ def test_bad_as_of_is_a_400_naming_the_field(server: Server, data: Data, setting
     assert status == 400 and body["field"] == "as_of", body
     status, doc = server.call("/openapi.json")
     assert "as_of" in doc["components"]["schemas"]["SearchRequest"]["properties"]
+
+
+def test_expand_adds_the_neighbouring_chunks_of_the_same_version(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    body = ask(server, data, settings, "anna", f"Marker3x{data.tag}", mode="lexical", expand=True, limit=1)
+    hit = body["hits"][0]
+    assert hit["document_id"] == data.docs["lang"] and hit["chunk_id"].split(":")[1] == "chunk"
+    version, _, ordinal = hit["chunk_id"].split(":")
+    context = hit["context"]
+    assert [c["position"] for c in context] == ["before", "after"]
+    assert [c["chunk_id"] for c in context] == [
+        f"{version}:chunk:{int(ordinal) - 1}",
+        f"{version}:chunk:{int(ordinal) + 1}",
+    ]
+    assert f"Marker3x{data.tag}" in hit["text"]
+    assert all(c["text"] and c["text"] != hit["text"] for c in context)
+    assert "expand" in body["timings_ms"]
+    # Without expand: no context.
+    assert "context" not in ask(server, data, settings, "anna", f"Marker3x{data.tag}", limit=1)["hits"][0]
+
+
+def test_expand_cap_counts_the_documents_hits(isolation: dict[str, str], data: Data, settings: Settings) -> None:
+    srv = Server("shaping-api", **isolation, KI_RETRIEVAL__EXPAND_MAX_CHUNKS_PER_DOCUMENT="2",
+                 KI_RETRIEVAL__DECAY_ENABLED="true", KI_RETRIEVAL__DECAY_FLOOR="0.5")  # fmt: skip
+    srv.start()
+    try:
+        body = ask(srv, data, settings, "anna", f"Marker3x{data.tag}", mode="lexical", expand=True, limit=1)
+        assert len(body["hits"][0]["context"]) == 1  # the hit and one neighbour: 2 chunks of the document
+        # Decay: the 2020 document's score carries its age factor (as of the request's day).
+        body = ask(srv, data, settings, "anna", f"Marker3x{data.tag}", mode="lexical", as_of="2024-01-01", limit=1)
+        explain = body["hits"][0]["explain"]
+        age_years = (dt.date(2024, 1, 1) - dt.date(2020, 1, 1)).days / 365.25
+        assert explain["decay"] == pytest.approx(0.5 + 0.5 / (1 + age_years))
+        assert explain["fused_score"] == pytest.approx(
+            explain["rrf_score"] * explain["status_boost"] * explain["decay"]
+        )
+    finally:
+        srv.stop()
+
+
+def test_an_empty_answer_says_why(server: Server, data: Data, settings: Settings) -> None:
+    drafts = ask(server, data, settings, "anna", data.word, filters={"version_status": "draft"})
+    assert drafts["hits"] == [] and drafts["reason"] == "filtered_out"
+    nothing = ask(server, data, settings, "anna", f"xylophon{data.tag}", mode="lexical")
+    assert nothing["hits"] == [] and nothing["reason"] == "no_credible_evidence"
+    assert "reason" not in ask(server, data, settings, "anna", data.word)
+    # ben's project filter names a project he sees nothing of: his scope there is empty.
+    narrowed = ask(server, data, settings, "ben", data.word, filters={"project_id": data.projects[1]})
+    assert narrowed["hits"] == [] and narrowed["reason"] == "scope_empty"
