@@ -76,7 +76,10 @@ def analyzer_hash(retrieval: RetrievalSettings) -> str:
 
 
 def ranking_hash(retrieval: RetrievalSettings) -> str:
-    return _digest({name: getattr(retrieval, name) for name in RANKING_FIELDS}, 12)
+    fields = {name: getattr(retrieval, name) for name in RANKING_FIELDS}
+    if retrieval.decay_enabled:  # off, it changes nothing: reports measured before it existed still hold
+        fields["decay_floor"] = retrieval.decay_floor
+    return _digest(fields, 12)
 
 
 def binding_for(settings: Settings, embedding_signature: str, dataset_sha256: str) -> dict[str, str]:

@@ -51,6 +51,11 @@ def test_hashes_change_with_what_they_bind():
     # Settings that do not change a ranking do not invalidate reports.
     assert ranking_hash(base.retrieval) == ranking_hash(settings(rerank_timeout_s=5).retrieval)
     assert analyzer_hash(base.retrieval) == analyzer_hash(settings(index_name="other").retrieval)
+    # Temporal decay binds reports only when it is on (off, it changes no ranking).
+    assert ranking_hash(base.retrieval) == ranking_hash(settings(decay_floor=0.5).retrieval)
+    decayed = ranking_hash(settings(decay_enabled=True).retrieval)
+    assert decayed != ranking_hash(base.retrieval)
+    assert decayed != ranking_hash(settings(decay_enabled=True, decay_floor=0.5).retrieval)
 
 
 def test_hybrid_by_default_when_a_matching_report_shows_it_helps():
