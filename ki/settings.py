@@ -256,6 +256,16 @@ class ApiSettings(_Section):
     # The scope clause each leg carries (search.scope): a larger scope is sent as its projects, or not at
     # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
+    # Retrieval statistics (search.stats): one row per ranked query in ki_search_stats, written in batches
+    # (buffer bounded; a full buffer drops the oldest), kept stats_retention_days and at most stats_max_rows;
+    # the query text only when stats_store_query_text (queries can name clients and matters).
+    stats_enabled: bool = True
+    stats_store_query_text: bool = False
+    stats_retention_days: int = Field(30, ge=1, le=3650)
+    stats_max_rows: int = Field(1_000_000, ge=1)
+    stats_buffer_rows: int = Field(10_000, ge=1)
+    stats_batch_rows: int = Field(200, ge=1)
+    stats_flush_s: float = Field(1.0, gt=0, le=3600)
 
 
 class StackSettings(_Section):

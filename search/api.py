@@ -1,10 +1,11 @@
 """The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
-`POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /healthz`, `GET /readyz`,
-`GET /openapi.json`, `GET /metrics` (Prometheus).
+`POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/stats`, `GET /healthz`,
+`GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
-(a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 413 body too large,
+(a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
+administrator (`/v1/stats`), 413 body too large,
 422 window too deep, 429 / 503 `overloaded` (admission control, with Retry-After), 503 a service we depend
 on unavailable (`search_unavailable`, `rerank_unavailable`, `embedding_unavailable`, `service_unavailable`
 for PostgreSQL): never a partial or silently unreranked answer. 500 `internal_error` for everything else,
@@ -24,7 +25,7 @@ from aiohttp import web
 
 from ki.clients import as_ki_error, make_async_engine, make_client
 from ki.embedding import EmbeddingUnavailable, create_embedder
-from ki.errors import KiError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
+from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from ki.settings import ApiSettings, Settings
 from search.admission import AdmissionGate, Overloaded
 from search.auth import AuthError, authenticate
@@ -80,6 +81,8 @@ def error_response(exc: KiError, where: str = "") -> web.Response:
     """The one map from the error tree to HTTP: status, `error` code, message and `field`."""
     if isinstance(exc, AuthError):
         return _error(401, "unauthorized", str(exc))
+    if isinstance(exc, Forbidden):
+        return _error(403, "forbidden", str(exc))
     if isinstance(exc, Overloaded):
         response = _error(exc.status, "overloaded", exc.message)
         response.headers["Retry-After"] = "1"
@@ -138,6 +141,30 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
 search_handler = _endpoint(parse_search_request, SearchService.search)
 filter_handler = _endpoint(parse_filter_request, SearchService.search_filter)
 decisions_handler = _endpoint(parse_decision_request, SearchService.search_decisions)
+
+
+class Forbidden(PermanentError):
+    """An authenticated caller asked for something only administrators may see."""
+
+
+MAX_STATS_HOURS = 24 * 366
+
+
+async def stats_handler(request: web.Request) -> web.Response:
+    """`GET /v1/stats?hours=24`: the retrieval statistics of the last hours (administrators only: they
+    aggregate every caller's queries)."""
+    principals = _principals(request)
+    raw = request.query.get("hours", "24")
+    try:
+        hours = int(raw)
+    except ValueError:
+        raise RequestInvalid("hours", f"must be a whole number of hours, got {raw[:40]!r}") from None
+    if not 1 <= hours <= MAX_STATS_HOURS:
+        raise RequestInvalid("hours", f"must be between 1 and {MAX_STATS_HOURS}")
+    service = request.app[SERVICE_KEY]
+    if not await service.is_admin(principals):
+        raise Forbidden("retrieval statistics are for administrators (security.admin_principals)")
+    return web.json_response(await service.stats_summary(hours))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -213,6 +240,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app.router.add_post("/v1/search", search_handler)
     app.router.add_post("/v1/search/filter", filter_handler)
     app.router.add_post("/v1/decisions/search", decisions_handler)
+    app.router.add_get("/v1/stats", stats_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

@@ -134,6 +134,7 @@ def leg_took(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) ->
 class LegRun:
     hits: dict[LegName, list[LegHit]]
     took_ms: dict[LegName, float]
+    scope_filter: str = "exact"  # the kind of scope clause the legs carried (search.scope)
 
 
 async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+if TYPE_CHECKING:
+    from search.stats import QueryStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -125,6 +129,26 @@ class SearchMetrics:
         self.waiting = Gauge(
             "ki_api_requests_waiting", "API requests waiting for a slot now", registry=r, multiprocess_mode="livesum"
         )
+        self.queries = Counter(
+            "ki_search_queries",
+            "Ranked queries by the legs that ran and the identity preflight's outcome",
+            ["mode", "identity"],
+            registry=r,
+        )
+        self.zero_results = Counter(
+            "ki_search_zero_results", "Ranked queries without any hit, by reason", ["reason"], registry=r
+        )
+        self.hit_sources = Counter(
+            "ki_search_hit_sources",
+            "Hits returned, by the legs that found them: lexical_only (lexical or identifier), semantic_only, both",
+            ["source"],
+            registry=r,
+        )
+        self.stats_dropped = Counter(
+            "ki_search_stats_dropped", "Statistics rows not written (buffer full or database error)", registry=r
+        )
+        for source in ("lexical_only", "semantic_only", "both"):
+            self.hit_sources.labels(source)
         for result in ("hit", "miss"):
             self.embed_cache.labels(result)  # both series exist from the start
         for result in ("hit", "miss", "bypass"):
@@ -147,3 +171,12 @@ class SearchMetrics:
         every_worker = CollectorRegistry()
         MultiProcessCollector(every_worker, path=directory)
         return generate_latest(every_worker)
+
+    def observe_query(self, stats: QueryStats) -> None:
+        self.queries.labels(stats.mode, stats.identity).inc()
+        if stats.zero_result:
+            self.zero_results.labels(stats.reason or "unknown").inc()
+        for source, n in (("lexical_only", stats.lexical_only), ("semantic_only", stats.semantic_only),
+                          ("both", stats.both)):  # fmt: skip
+            if n:
+                self.hit_sources.labels(source).inc(n)

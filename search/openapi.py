@@ -233,6 +233,29 @@ def openapi_document() -> dict[str, Any]:
                 "DecisionSearchRequest",
                 "DecisionResponse",
             ),
+            "/v1/stats": {
+                "get": {
+                    "summary": "Retrieval statistics of the last hours, aggregated (administrators only): queries, "
+                    "zero-result queries and why, hit sources (lexical only, semantic only, both), identity "
+                    "outcomes, fallbacks",
+                    "parameters": [
+                        {
+                            "name": "hours",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 24 * 366, "default": 24},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the aggregate",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "400": _err("`hours` is not a whole number in range; `field` is `hours`"),
+                        "401": _err("missing or invalid bearer token"),
+                        "403": _err("the caller is not an administrator"),
+                    },
+                }
+            },
             "/healthz": {"get": {"summary": "process is up", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {
                 "get": {

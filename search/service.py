@@ -55,6 +55,8 @@ from search.preflight import named_documents, point_in_time_versions, subject_ve
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.scope_cache import ScopeCache
+from search.stats import StatsRecorder, query_stats
+from search.stats import summary as stats_summary
 
 
 class SemanticUnavailable(RequestInvalid):
@@ -294,6 +296,10 @@ class SearchService:
         use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
         self.feed: InvalidationFeed | None = None
+        # Retrieval statistics (search.stats): buffered here, written by `start()`'s background task.
+        self.stats: StatsRecorder | None = None
+        if settings.api.stats_enabled:
+            self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
         if use_cache:
             self.scope_cache = ScopeCache(settings.api.scope_cache_size, settings.api.scope_cache_max_ids)
             self.feed = InvalidationFeed(
@@ -303,6 +309,8 @@ class SearchService:
     def start(self) -> None:
         if self.feed is not None:
             self.feed.start()
+        if self.stats is not None:
+            self.stats.start()
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -404,6 +412,8 @@ class SearchService:
     async def close(self) -> None:
         if self.feed is not None:
             self.feed.stop()
+        if self.stats is not None:
+            await self.stats.close()
         if self.reranker is not None:
             await self.reranker.close()
 
@@ -490,7 +500,7 @@ class SearchService:
         if any(leg in full and len(hits[leg]) < depth for leg in bodies):
             self.metrics.scope_fill_exhausted.inc()
         self.metrics.scope_fill_rounds.observe(rounds)
-        return LegRun({leg: found[:depth] for leg, found in hits.items()}, took), rounds
+        return LegRun({leg: found[:depth] for leg, found in hits.items()}, took, chosen.kind), rounds
 
     async def verified_head(
         self, principals: Sequence[str], fused: Sequence[Candidate], need: int, as_of: dt.date | None = None
@@ -733,6 +743,24 @@ class SearchService:
         reason = await self.empty_reason(request, scope) if not kept else None
         timings["total"] = (time.perf_counter() - t0) * 1000
         mode_info = self.mode_json(request.mode, mode)
+        fallbacks = [] if run.scope_filter == "exact" else [f"scope_filter_{run.scope_filter}"]
+        if identity.extra.get("hit") == "filtered_out":
+            fallbacks.append("identity_filtered_out")
+        if request.mode is None and mode != "hybrid":
+            fallbacks.append(f"default_mode_{mode}")
+        stats = query_stats(
+            mode=mode,
+            page=page,
+            legs=legs,
+            identity=identity.outcome,
+            reason=reason,
+            fallbacks=fallbacks,
+            took_ms=timings["total"],
+            query=request.query if self.settings.api.stats_store_query_text else None,
+        )
+        self.metrics.observe_query(stats)
+        if self.stats is not None:
+            self.stats.record(stats)
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
         return SearchResult(
             hits,
@@ -789,6 +817,21 @@ class SearchService:
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
+
+    async def is_admin(self, principals: Sequence[str]) -> bool:
+        """Whether the caller is an administrator (aliases and groups resolved in SQL, as for search)."""
+        security = self.settings.security
+        async with self.engine.connect() as conn:
+            caller = await conn.run_sync(lambda c: resolve_caller(c, principals, security))
+        return caller.is_admin
+
+    async def stats_summary(self, hours: int) -> dict[str, Any]:
+        """The last `hours` of retrieval statistics (search.stats), with what is still buffered written first."""
+        if self.stats is not None:
+            await self.stats.flush()
+        async with self.engine.connect() as conn:
+            out = await conn.run_sync(lambda c: stats_summary(c, hours))
+        return {"enabled": self.stats is not None, **out}
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
         """Decision records by token overlap, checked against the caller's principals (SQL only)."""

@@ -24,6 +24,7 @@ from sqlalchemy import (
     CheckConstraint,
     Date,
     DateTime,
+    Double,
     ForeignKey,
     ForeignKeyConstraint,
     Identity,
@@ -494,3 +495,27 @@ class DebeziumHeartbeat(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     ts: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+class SearchStat(Base):
+    """One ranked query's retrieval statistics (search.stats; written by the API, not captured by CDC)."""
+
+    __tablename__ = "ki_search_stats"
+
+    id: Mapped[int] = _pk()
+    at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now(), index=True
+    )
+    mode: Mapped[str] = mapped_column(Text, nullable=False)
+    hits: Mapped[int] = mapped_column(Integer, nullable=False)
+    lexical_only: Mapped[int] = mapped_column(Integer, nullable=False)
+    semantic_only: Mapped[int] = mapped_column(Integer, nullable=False)
+    both_legs: Mapped[int] = mapped_column(Integer, nullable=False)
+    top_lexical: Mapped[float | None] = mapped_column(Double)
+    top_semantic: Mapped[float | None] = mapped_column(Double)
+    top_fused: Mapped[float | None] = mapped_column(Double)
+    identity: Mapped[str] = mapped_column(Text, nullable=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    fallbacks: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]"))
+    took_ms: Mapped[float] = mapped_column(Double, nullable=False)
+    query: Mapped[str | None] = mapped_column(Text)

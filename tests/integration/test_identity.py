@@ -5,6 +5,7 @@ which document each name belongs to, which names are shared, shadowed or hidden 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -330,3 +331,50 @@ def test_an_empty_answer_says_why(server: Server, data: Data, settings: Settings
     # ben's project filter names a project he sees nothing of: his scope there is empty.
     narrowed = ask(server, data, settings, "ben", data.word, filters={"project_id": data.projects[1]})
     assert narrowed["hits"] == [] and narrowed["reason"] == "scope_empty"
+
+
+def test_statistics_count_every_ranked_query_for_administrators_only(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    admin = mint_token(settings.api, "root", roles=["admin"])
+    status, before = server.call("/v1/stats", token=admin)
+    assert status == 200 and before["enabled"] is True
+    zero_before = server.metric("ki_search_zero_results_total", reason="no_credible_evidence")
+    ask(server, data, settings, "anna", "5 O 1234/22")  # unique
+    ask(server, data, settings, "anna", f"xylophon{data.tag}", mode="lexical")  # empty
+    status, after = server.call("/v1/stats", token=admin)  # written before it is read
+    assert status == 200
+    assert after["queries"] >= before["queries"] + 2
+    assert after["zero_result"] >= before["zero_result"] + 1
+    assert after["identity"].get("unique", 0) >= before["identity"].get("unique", 0) + 1
+    assert after["reason"].get("no_credible_evidence", 0) >= before["reason"].get("no_credible_evidence", 0) + 1
+    assert after["top_zero_result_queries"] == [] or all(q["query"] for q in after["top_zero_result_queries"])
+    assert f"xylophon{data.tag}" not in json.dumps(after)  # no query text unless enabled
+    assert server.metric("ki_search_zero_results_total", reason="no_credible_evidence") == zero_before + 1
+    # Not an administrator: 403; bad input: 400 naming the field; no token: 401.
+    status, body = server.call("/v1/stats", token=data.token(settings, "anna"))
+    assert status == 403 and body["error"] == "forbidden"
+    status, body = server.call("/v1/stats?hours=abc", token=admin)
+    assert status == 400 and body["field"] == "hours"
+    assert server.call("/v1/stats?hours=0", token=admin)[0] == 400
+    assert server.call("/v1/stats")[0] == 401
+
+
+def test_statistics_keep_query_text_only_when_enabled_and_stay_bounded(
+    isolation: dict[str, str], data: Data, settings: Settings, engine: Engine
+) -> None:
+    srv = Server("stats-api", **isolation, KI_API__STATS_STORE_QUERY_TEXT="true", KI_API__STATS_MAX_ROWS="5")
+    srv.start()
+    try:
+        for n in range(8):
+            ask(srv, data, settings, "anna", f"nirgends{n}x{data.tag}", mode="lexical")
+        admin = mint_token(settings.api, "root", roles=["admin"])
+        status, body = srv.call("/v1/stats", token=admin)
+        assert status == 200
+        zero = {q["query"] for q in body["top_zero_result_queries"]}
+        assert f"nirgends7x{data.tag}" in zero
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT count(*) FROM ki_search_stats")).scalar_one()
+        assert rows <= 5
+    finally:
+        srv.stop()

@@ -1,0 +1,219 @@
+"""Retrieval statistics: what each ranked query found and where from, kept to see where the index fails
+its users -- persisted to PostgreSQL (`ki_search_stats`, migration 0006), counted in Prometheus, and
+aggregated by `GET /v1/stats` (administrators only).
+
+Per query: the legs' hit sources among the page (lexical only, semantic only, both; the identifier leg
+counts as lexical), the legs' top scores, the identity outcome, the empty-answer reason, fallbacks taken
+(the scope cache bypassed, a superset scope filter that ran out of rounds, a named document outside the
+filters), and the query text only with `api.stats_store_query_text`. Recording never slows or fails a
+search: rows are buffered (bounded) and written in batches by a background task; a failed write is
+logged, counted and dropped. Retention: rows older than `api.stats_retention_days` and beyond
+`api.stats_max_rows` are deleted as rows are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ki.settings import ApiSettings
+from search.fusion import Candidate
+from search.legs import LegHit
+
+log = logging.getLogger(__name__)
+
+LEXICAL_SIDE = ("lexical", "identifier")
+
+
+@dataclass(frozen=True)
+class QueryStats:
+    mode: str
+    hits: int  # on the page
+    lexical_only: int
+    semantic_only: int
+    both: int
+    top_lexical: float | None  # the legs' best raw scores (BM25 / cosine-based kNN score)
+    top_semantic: float | None
+    top_fused: float | None
+    identity: str
+    reason: str | None
+    fallbacks: tuple[str, ...]
+    took_ms: float
+    query: str | None = None
+
+    @property
+    def zero_result(self) -> bool:
+        return self.hits == 0
+
+
+def query_stats(
+    *,
+    mode: str,
+    page: Sequence[Candidate],
+    legs: Mapping[str, Sequence[LegHit]],
+    identity: str,
+    reason: str | None,
+    fallbacks: Iterable[str],
+    took_ms: float,
+    query: str | None,
+) -> QueryStats:
+    """The statistics of one ranked answer (pure)."""
+    lexical = semantic = both = 0
+    for c in page:
+        lex, sem = any(leg in c.ranks for leg in LEXICAL_SIDE), "semantic" in c.ranks
+        both += lex and sem
+        lexical += lex and not sem
+        semantic += sem and not lex
+
+    def top(names: Sequence[str]) -> float | None:
+        scores = [legs[n][0].score for n in names if legs.get(n)]
+        return max(scores) if scores else None
+
+    return QueryStats(
+        mode=mode,
+        hits=len(page),
+        lexical_only=lexical,
+        semantic_only=semantic,
+        both=both,
+        top_lexical=top(["lexical"]),
+        top_semantic=top(["semantic"]),
+        top_fused=page[0].score if page else None,
+        identity=identity,
+        reason=reason,
+        fallbacks=tuple(sorted(set(fallbacks))),
+        took_ms=round(took_ms, 3),
+        query=query,
+    )
+
+
+_INSERT = text(
+    """
+    INSERT INTO ki_search_stats (mode, hits, lexical_only, semantic_only, both_legs, top_lexical, top_semantic,
+                                 top_fused, identity, reason, fallbacks, took_ms, query)
+    VALUES (:mode, :hits, :lexical_only, :semantic_only, :both, :top_lexical, :top_semantic,
+            :top_fused, :identity, :reason, CAST(:fallbacks AS text[]), :took_ms, :query)
+    """
+)
+_EXPIRE = text(
+    """
+    DELETE FROM ki_search_stats
+    WHERE at < now() - make_interval(days => :days)
+       OR id <= (SELECT max(id) FROM ki_search_stats) - :max_rows
+    """
+)
+
+
+class StatsRecorder:
+    """Buffers `QueryStats` and writes them in batches (see the module doc)."""
+
+    def __init__(self, engine: AsyncEngine, api: ApiSettings, on_dropped: Any = None) -> None:
+        self.engine, self.api = engine, api
+        self.buffer: deque[QueryStats] = deque(maxlen=api.stats_buffer_rows)
+        self.on_dropped = on_dropped or (lambda n: None)
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def record(self, stats: QueryStats) -> None:
+        if len(self.buffer) == self.buffer.maxlen:
+            self.on_dropped(1)  # the oldest unwritten row makes room
+        self.buffer.append(stats)
+        if len(self.buffer) >= self.api.stats_batch_rows:
+            self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.api.stats_flush_s)
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> int:
+        """Write what is buffered now (and expire old rows); returns the rows written."""
+        rows = [self.buffer.popleft() for _ in range(len(self.buffer))]
+        if not rows:
+            return 0
+        params = [{**asdict(r), "fallbacks": list(r.fallbacks)} for r in rows]
+        started = time.perf_counter()
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(_INSERT, params)
+                await conn.execute(
+                    _EXPIRE, {"days": self.api.stats_retention_days, "max_rows": self.api.stats_max_rows}
+                )
+        except Exception as exc:  # noqa: BLE001 - statistics never fail or slow a search
+            log.warning("search statistics: %d rows not written (%s: %s)", len(rows), type(exc).__name__, exc)
+            self.on_dropped(len(rows))
+            return 0
+        log.debug("search statistics: %d rows in %.1f ms", len(rows), (time.perf_counter() - started) * 1000)
+        return len(rows)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+
+_SUMMARY = text(
+    """
+    SELECT count(*) AS queries,
+           count(*) FILTER (WHERE hits = 0) AS zero_result,
+           coalesce(sum(lexical_only), 0) AS lexical_only,
+           coalesce(sum(semantic_only), 0) AS semantic_only,
+           coalesce(sum(both_legs), 0) AS both_legs,
+           avg(top_fused) AS mean_top_fused,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY took_ms) AS p50_took_ms,
+           min(at) AS first_at, max(at) AS last_at
+    FROM ki_search_stats WHERE at >= now() - make_interval(hours => :hours)
+    """
+)
+_GROUPED = {
+    name: text(
+        f"SELECT {column} AS key, count(*) AS n FROM ki_search_stats "
+        f"WHERE at >= now() - make_interval(hours => :hours) {extra} GROUP BY 1 ORDER BY 2 DESC, 1"
+    )
+    for name, column, extra in (
+        ("mode", "mode", ""),
+        ("identity", "identity", ""),
+        ("reason", "reason", "AND reason IS NOT NULL"),
+        ("fallbacks", "unnest(fallbacks)", ""),
+    )
+}
+_ZERO_QUERIES = text(
+    "SELECT query, count(*) AS n FROM ki_search_stats WHERE at >= now() - make_interval(hours => :hours) "
+    "AND hits = 0 AND query IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 20"
+)
+
+
+def summary(conn: Connection, hours: int) -> dict[str, Any]:
+    """`GET /v1/stats`: the last `hours` of statistics, aggregated."""
+    params = {"hours": hours}
+    row = conn.execute(_SUMMARY, params).one()
+    out: dict[str, Any] = {
+        "hours": hours,
+        "queries": row.queries,
+        "zero_result": row.zero_result,
+        "hit_sources": {"lexical_only": row.lexical_only, "semantic_only": row.semantic_only, "both": row.both_legs},
+        "mean_top_fused": None if row.mean_top_fused is None else float(row.mean_top_fused),
+        "p50_took_ms": None if row.p50_took_ms is None else float(row.p50_took_ms),
+        "first_at": row.first_at.isoformat() if row.first_at else None,
+        "last_at": row.last_at.isoformat() if row.last_at else None,
+    }
+    for name, statement in _GROUPED.items():
+        out[name] = {str(r.key): r.n for r in conn.execute(statement, params)}
+    out["top_zero_result_queries"] = [{"query": r.query, "count": r.n} for r in conn.execute(_ZERO_QUERIES, params)]
+    return out
