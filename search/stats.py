@@ -97,7 +97,7 @@ def query_stats(
 
 _INSERT = text(
     """
-    INSERT INTO ki_search_stats (mode, hits, lexical_only, semantic_only, both_legs, top_lexical, top_semantic,
+    INSERT INTO ki_search_stats (mode, hit_count, lexical_only, semantic_only, both_legs, top_lexical, top_semantic,
                                  top_fused, identity, reason, fallbacks, took_ms, query)
     VALUES (:mode, :hits, :lexical_only, :semantic_only, :both, :top_lexical, :top_semantic,
             :top_fused, :identity, :reason, CAST(:fallbacks AS text[]), :took_ms, :query)
@@ -171,7 +171,7 @@ class StatsRecorder:
 _SUMMARY = text(
     """
     SELECT count(*) AS queries,
-           count(*) FILTER (WHERE hits = 0) AS zero_result,
+           count(*) FILTER (WHERE hit_count = 0) AS zero_result,
            coalesce(sum(lexical_only), 0) AS lexical_only,
            coalesce(sum(semantic_only), 0) AS semantic_only,
            coalesce(sum(both_legs), 0) AS both_legs,
@@ -195,7 +195,7 @@ _GROUPED = {
 }
 _ZERO_QUERIES = text(
     "SELECT query, count(*) AS n FROM ki_search_stats WHERE at >= now() - make_interval(hours => :hours) "
-    "AND hits = 0 AND query IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 20"
+    "AND hit_count = 0 AND query IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 20"
 )
 
 

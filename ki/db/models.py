@@ -507,7 +507,7 @@ class SearchStat(Base):
         DateTime(timezone=True), nullable=False, server_default=func.now(), index=True
     )
     mode: Mapped[str] = mapped_column(Text, nullable=False)
-    hits: Mapped[int] = mapped_column(Integer, nullable=False)
+    hit_count: Mapped[int] = mapped_column(Integer, nullable=False)
     lexical_only: Mapped[int] = mapped_column(Integer, nullable=False)
     semantic_only: Mapped[int] = mapped_column(Integer, nullable=False)
     both_legs: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column("at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
         sa.Column("mode", sa.Text(), nullable=False),
-        sa.Column("hits", sa.Integer(), nullable=False),
+        sa.Column("hit_count", sa.Integer(), nullable=False),
         sa.Column("lexical_only", sa.Integer(), nullable=False),
         sa.Column("semantic_only", sa.Integer(), nullable=False),
         sa.Column("both_legs", sa.Integer(), nullable=False),
