@@ -79,6 +79,10 @@ class RetrievalSettings(_Section):
     # request's `as_of`, else today); off by default -- the dev sets carry no dates to measure it on.
     decay_enabled: bool = False
     decay_floor: float = Field(0.8, ge=0.0, le=1.0)
+    # Synonyms (search.synonyms): groups of phrases meaning the same; a query containing one gets the others
+    # added for the lexical and semantic legs. None: the shipped German list (docs/search-api.md).
+    synonyms_enabled: bool = False
+    synonyms: list[list[str]] | None = None
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     expand_max_chunks_per_document: int = Field(3, ge=1, le=100)
     identity_enabled: bool = True
@@ -106,6 +110,9 @@ class RetrievalSettings(_Section):
         for status, boost in self.version_status_boost.items():
             if boost < 0:
                 raise ValueError(f"version_status_boost[{status!r}] must be >= 0, got {boost}")
+        for group in self.synonyms or []:
+            if len(group) < 2 or any(not phrase.strip() for phrase in group):
+                raise ValueError(f"synonyms: each group needs two or more non-blank phrases, got {group!r}")
         if self.rerank_enabled and not self.rerank_url:
             raise ValueError("rerank_enabled is true but rerank_url is empty (the gateway's base URL, e.g. .../v1)")
         check_analysis(self.text_analyzer, self.text_analysis.as_map())

@@ -65,14 +65,17 @@ def build_leg_bodies(
     strict: dict[str, Any],
     window: int,
     legs: frozenset[LegName] = frozenset(LEGS),
+    lexical_query: str | None = None,
 ) -> dict[LegName, dict[str, Any]]:
-    """The request body of every leg that can match, keyed by leg name (insertion order = send order)."""
+    """The request body of every leg that can match, keyed by leg name (insertion order = send order).
+    `lexical_query`: what the lexical leg matches, if not `query` (the query with synonyms added)."""
     depth = leg_depth(window)
     common: dict[str, Any] = {"size": depth, "_source": {"includes": SOURCE_INCLUDES}, "track_total_hits": False}
     bodies: dict[LegName, dict[str, Any]] = {}
     blocked = strict == MATCH_NONE
     if not blocked and "lexical" in legs:
-        bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": query}}}, strict)}
+        lexical = lexical_query or query
+        bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": lexical}}}, strict)}
     if vector is not None and "semantic" in legs:
         bodies["semantic"] = {
             **common,

@@ -57,6 +57,7 @@ from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, 
 from search.scope_cache import ScopeCache
 from search.stats import StatsRecorder, query_stats
 from search.stats import summary as stats_summary
+from search.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 
 
 class SemanticUnavailable(RequestInvalid):
@@ -119,6 +120,7 @@ class SearchResult:
     ambiguous: list[dict[str, Any]] | None = None  # the documents the query names, when it names several
     identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
     reason: str | None = None  # why a ranked answer is empty (`SearchService.empty_reason`)
+    synonyms: list[str] | None = None  # phrases added to the query (with `explain`)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -136,6 +138,8 @@ class SearchResult:
             out["identity"] = self.identity
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.synonyms is not None:
+            out["synonyms_added"] = self.synonyms
         return out
 
 
@@ -296,6 +300,10 @@ class SearchService:
         use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
         self.feed: InvalidationFeed | None = None
+        r = settings.retrieval
+        self.synonym_groups: list[list[str]] | None = None
+        if r.synonyms_enabled:
+            self.synonym_groups = r.synonyms if r.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
         # Retrieval statistics (search.stats): buffered here, written by `start()`'s background task.
         self.stats: StatsRecorder | None = None
         if settings.api.stats_enabled:
@@ -424,6 +432,12 @@ class SearchService:
         except OpenSearchException as exc:
             raise opensearch_error(exc) from exc
 
+    def expansion(self, query: str) -> Expansion:
+        """The query with synonyms added (search.synonyms), what the lexical and semantic legs use."""
+        if self.synonym_groups is None:
+            return Expansion(query, ())
+        return expand_query(query, self.synonym_groups)
+
     def resolve_mode(self, requested: Mode | None) -> Mode:
         """The request's mode if it names one (always honoured), else the evidence gate's default."""
         if requested is None:
@@ -460,7 +474,8 @@ class SearchService:
         chosen = self.scope_filter(scope) if isinstance(scope, CompiledScope) else scope
         strict = strict_filter(chosen, metadata_clauses(request.filters) + point_in_time_clauses(request.as_of))
         legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
-        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on)
+        lexical = self.expansion(request.query).text
+        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on, lexical_query=lexical)
         if chosen.exact:
             return bodies
         return {leg: _resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}
@@ -658,7 +673,7 @@ class SearchService:
         # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
         vector = None
         if "semantic" in active_legs(self.leg_weights(self.resolve_mode(request.mode))):
-            vector = asyncio.ensure_future(self.embed_query(request.query))
+            vector = asyncio.ensure_future(self.embed_query(self.expansion(request.query).text))
         try:
             scope = await self.compile_scope(principals, request.filters.project_id)
         except BaseException:
@@ -691,7 +706,7 @@ class SearchService:
         preflight = asyncio.ensure_future(self.identify(principals, request, scope))
         try:
             if vector is None and "semantic" in active_legs(weights):
-                vector = self.embed_query(request.query)
+                vector = self.embed_query(self.expansion(request.query).text)
             query_vector = await vector if vector is not None else None
             t1 = time.perf_counter()
             timings["embed"] = (t1 - t) * 1000
@@ -771,6 +786,7 @@ class SearchService:
             mode_info,
             ambiguous=ambiguous,
             identity=identity.to_json() if request.explain else None,
+            synonyms=list(self.expansion(request.query).added) if request.explain else None,
             reason=reason,
         )
 

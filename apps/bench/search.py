@@ -397,7 +397,7 @@ async def plan_specs(
     embed_ms: list[float] = []
     for body in bodies:
         started = time.perf_counter()
-        vectors[body["query"]] = await service.embed_query(body["query"])
+        vectors[body["query"]] = await service.embed_query(service.expansion(body["query"]).text)
         embed_ms.append((time.perf_counter() - started) * 1000)
     specs = []
     for caller in callers:
@@ -960,7 +960,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         }
         _progress(f"bench search: scope compilation for {', '.join(map(str, options.scope_sizes))} visible documents")
         unfiltered = next((s.request for s in specs if "filters" not in s.body), specs[0].request)
-        probe = (unfiltered, await service.embed_query(unfiltered.query))
+        probe = (unfiltered, await service.embed_query(service.expansion(unfiltered.query).text))
         scope_result = (
             await scope_compilation(
                 settings,

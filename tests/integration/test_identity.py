@@ -107,6 +107,7 @@ def data(engine: Engine, server: Server, settings: Settings) -> Iterator[Data]:
         docs["lang"] = w.document(p, "Hausordnung Nordstadt Anlage", identifiers=[])
         versions["lang"] = w.version(docs["lang"], f"{word} {long_body}", doc_date=dt.date(2020, 1, 1))
         w.observe(versions["lang"], obj)
+        add("kaution", p, "Mietvertrag Anlage Sicherheit", [], "Die Mietsicherheit beträgt drei Monatsmieten.")
         add("hidden", q, "Vergleichsvereinbarung Nordhafen", ["3 O 999/24"])
         add("hidden_twin", q, "Berufungsbegründung", ["12 U 77/23"])
         w.grant("project", p, f"user:anna-{w.tag}")
@@ -303,9 +304,12 @@ def test_expand_adds_the_neighbouring_chunks_of_the_same_version(
     assert "context" not in ask(server, data, settings, "anna", f"Marker3x{data.tag}", limit=1)["hits"][0]
 
 
-def test_expand_cap_counts_the_documents_hits(isolation: dict[str, str], data: Data, settings: Settings) -> None:
+def test_expand_cap_decay_and_synonyms(
+    isolation: dict[str, str], data: Data, settings: Settings, server: Server
+) -> None:
     srv = Server("shaping-api", **isolation, KI_RETRIEVAL__EXPAND_MAX_CHUNKS_PER_DOCUMENT="2",
-                 KI_RETRIEVAL__DECAY_ENABLED="true", KI_RETRIEVAL__DECAY_FLOOR="0.5")  # fmt: skip
+                 KI_RETRIEVAL__DECAY_ENABLED="true", KI_RETRIEVAL__DECAY_FLOOR="0.5",
+                 KI_RETRIEVAL__SYNONYMS_ENABLED="true")  # fmt: skip
     srv.start()
     try:
         body = ask(srv, data, settings, "anna", f"Marker3x{data.tag}", mode="lexical", expand=True, limit=1)
@@ -318,6 +322,12 @@ def test_expand_cap_counts_the_documents_hits(isolation: dict[str, str], data: D
         assert explain["fused_score"] == pytest.approx(
             explain["rrf_score"] * explain["status_boost"] * explain["decay"]
         )
+        # Synonyms (the shipped list): "Kaution" finds the document that says "Mietsicherheit"; off, it does not.
+        found = ask(srv, data, settings, "anna", "Kaution", mode="lexical")
+        assert found["synonyms_added"] == ["Mietsicherheit"]
+        assert found["hits"][0]["document_id"] == data.docs["kaution"]
+        plain = ask(server, data, settings, "anna", "Kaution", mode="lexical")
+        assert plain["hits"] == [] and plain["synonyms_added"] == []
     finally:
         srv.stop()
 
