@@ -74,6 +74,18 @@ _HIT = {
             "description": "`identifier` / `title`: the document the query names (identity preflight), put first",
         },
         "citation": {"$ref": "#/components/schemas/Citation"},
+        "context": {
+            "type": "array",
+            "description": "with `expand`: neighbouring body chunks of the same version",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "chunk_id": {"type": "string"},
+                    "position": {"type": "string", "enum": ["before", "after"]},
+                    "text": {"type": "string"},
+                },
+            },
+        },
         "explain": {"$ref": "#/components/schemas/Explain"},
     },
 }
@@ -153,6 +165,11 @@ def _ranked_page(item: str) -> dict[str, Any]:
         "description": "present when the query names several documents: they are listed, none is picked",
     }
     page["properties"]["identity"] = {"$ref": "#/components/schemas/Identity"}
+    page["properties"]["synonyms_added"] = {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "with `explain`: phrases the synonym list added to the query",
+    }
     page["properties"]["reason"] = {
         "type": "string",
         "enum": ["scope_empty", "filtered_out", "no_credible_evidence"],
