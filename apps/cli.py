@@ -284,6 +284,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         limit_docs=args.limit_docs,
         queries=args.queries,
         tune=args.tune,
+        features=args.features,
         analyzer=args.analyzer,
         worker=args.worker,
         worker_port=args.worker_port,
@@ -421,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--queries", type=int, help="evaluate only the first N test queries")
     ev.add_argument("--tune", action="store_true",
                     help="grid-search semantic weight / rrf_k on the train split (needs qrels/train.tsv)")  # fmt: skip
+    ev.add_argument("--features", action="store_true",
+                    help="also measure each ranking feature (identity, synonyms, semantic floor, fair legs) switched "
+                    "from its default, top 10 on the test queries")  # fmt: skip
     ev.add_argument("--analyzer", help="text analyzer of the eval index (default: retrieval.text_analyzer)")
     ev.add_argument("--out", help="output folder for JSON, per-query diff and PNG (default: build/eval)")
     ev.add_argument("--worker", choices=["auto", "external"], default="auto",

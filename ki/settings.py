@@ -85,6 +85,18 @@ class RetrievalSettings(_Section):
     synonyms: list[list[str]] | None = None
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     expand_max_chunks_per_document: int = Field(3, ge=1, le=100)
+    # Relevance floor of the semantic leg (search.floor): a kNN hit whose cosine similarity to the query is
+    # below the floor stored for the index's embedding signature is no evidence and leaves before fusion.
+    # Cosine ranges differ by model, so the floor is per signature (tuned on train splits by
+    # `ki eval --tune`); a signature without an entry has no floor.
+    semantic_floor_enabled: bool = False
+    semantic_floor: dict[str, float] = Field(default_factory=dict)
+    # Fair legs: each leg keeps at most max_chunks_per_document chunks per document before fusion, and its
+    # ranks close up behind them (one long document cannot fill a leg's depth).
+    fair_legs: bool = False
+    # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
+    # A request's `evidence_budget_chars` overrides it.
+    evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)
     identity_enabled: bool = True
     identity_max_candidates: int = Field(5, ge=1, le=50)
     identity_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
@@ -110,6 +122,9 @@ class RetrievalSettings(_Section):
         for status, boost in self.version_status_boost.items():
             if boost < 0:
                 raise ValueError(f"version_status_boost[{status!r}] must be >= 0, got {boost}")
+        for signature, floor in self.semantic_floor.items():
+            if not -1.0 <= floor <= 1.0:
+                raise ValueError(f"semantic_floor[{signature!r}] is a cosine similarity in [-1, 1], got {floor}")
         for group in self.synonyms or []:
             if len(group) < 2 or any(not phrase.strip() for phrase in group):
                 raise ValueError(f"synonyms: each group needs two or more non-blank phrases, got {group!r}")

@@ -32,6 +32,7 @@ from ki.analysis import canonical, used_analysis
 from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
+from search.synonyms import DEFAULT_SYNONYMS
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,20 @@ def analyzer_hash(retrieval: RetrievalSettings) -> str:
     return _digest(analyzer_definition(retrieval), 12)
 
 
-def ranking_hash(retrieval: RetrievalSettings) -> str:
+def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None = None) -> str:
+    """What turns the legs into a ranking; with a signature, only the relevance floor stored for it counts."""
     fields = {name: getattr(retrieval, name) for name in RANKING_FIELDS}
-    if retrieval.decay_enabled:  # off, it changes nothing: reports measured before it existed still hold
+    # Ranking steps added later enter only when on: off, they change nothing, so reports measured before
+    # they existed still hold.
+    if retrieval.decay_enabled:
         fields["decay_floor"] = retrieval.decay_floor
+    if retrieval.semantic_floor_enabled:
+        floors = retrieval.semantic_floor
+        fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
+    if retrieval.fair_legs:
+        fields["fair_legs"] = True
+    if retrieval.synonyms_enabled:  # None: the shipped list, as it is in this version
+        fields["synonyms"] = retrieval.synonyms if retrieval.synonyms is not None else DEFAULT_SYNONYMS
     return _digest(fields, 12)
 
 
@@ -88,7 +99,7 @@ def binding_for(settings: Settings, embedding_signature: str, dataset_sha256: st
         "dataset_sha256": dataset_sha256,
         "embedding_signature": embedding_signature,
         "analyzer_hash": analyzer_hash(settings.retrieval),
-        "ranking_hash": ranking_hash(settings.retrieval),
+        "ranking_hash": ranking_hash(settings.retrieval, embedding_signature),
     }
 
 
@@ -111,7 +122,7 @@ class EvidenceReport:
         return (
             b.get("embedding_signature") == embedding_signature
             and b.get("analyzer_hash") == analyzer_hash(settings.retrieval)
-            and b.get("ranking_hash") == ranking_hash(settings.retrieval)
+            and b.get("ranking_hash") == ranking_hash(settings.retrieval, embedding_signature)
         )
 
 
@@ -152,13 +163,28 @@ def load_reports(directory: str) -> list[EvidenceReport]:
     reports: list[EvidenceReport] = []
     for file in sorted(folder.glob("*.json")):
         try:
-            report = parse_report(str(file), json.loads(file.read_text(encoding="utf-8")))
+            found = parse_reports(str(file), json.loads(file.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError, ReportInvalid) as exc:
             log.warning("evidence: ignoring %s: %s", file, exc)
             continue
-        if report is not None:
-            reports.append(report)
+        reports.extend(found)
     return reports
+
+
+def parse_reports(path: str, data: Any) -> list[EvidenceReport]:
+    """The report in `data` and its `variants`: the same run measured with one ranking feature switched
+    from its default (`ki eval --features`), each bound to its own ranking hash, so switching that feature
+    on keeps the evidence the run gathered for it."""
+    main = parse_report(path, data)
+    if main is None:
+        return []
+    out = [main]
+    for variant in data.get("variants") or []:
+        name = variant.get("name") if isinstance(variant, dict) else None
+        found = parse_report(f"{path}#{name}", {"dataset": f"{main.dataset} ({name})", **variant})
+        if found is not None:
+            out.append(found)
+    return out
 
 
 @dataclass(frozen=True)
@@ -183,7 +209,8 @@ def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_sign
         return GateDecision(
             "lexical",
             f"no evaluation report matches these settings (model {embedding_signature}, analyzer "
-            f"{analyzer_hash(r)}, ranking {ranking_hash(r)}): keyword-only until `ki eval` shows hybrid helps",
+            f"{analyzer_hash(r)}, ranking {ranking_hash(r, embedding_signature)}): keyword-only until `ki eval` "
+            "shows hybrid helps",
         )
     names = tuple(rep.dataset for rep in matching)
     worse = [rep for rep in matching if rep.hybrid < rep.lexical]

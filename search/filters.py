@@ -21,6 +21,7 @@ from ki.settings import ApiSettings
 from projections.text import normalise_text
 
 MAX_RANKED_WINDOW = 500
+MAX_EVIDENCE_BUDGET = 10_000_000  # characters; the same bound as retrieval.evidence_budget_chars
 #: Ids are PostgreSQL bigints; a larger number is bad input, not a database error.
 MAX_ID = 2**63 - 1
 
@@ -170,6 +171,14 @@ class SearchRequest(_Paged):
         None,
         description="point in time: per document only the latest final or executed version dated on or before "
         "this day is searched (also for the document a query names)",
+    )
+    evidence_budget_chars: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_EVIDENCE_BUDGET,
+        description="total characters of hit text (and `context`) in the answer: hits in rank order while they "
+        "fit, the first hit cut to it if longer; `evidence` in the answer tells what was used and where the "
+        "next page starts; default retrieval.evidence_budget_chars (none)",
     )
 
     @field_validator("query")

@@ -147,6 +147,11 @@ class SearchMetrics:
         self.stats_dropped = Counter(
             "ki_search_stats_dropped", "Statistics rows not written (buffer full or database error)", registry=r
         )
+        self.floor_dropped = Counter(
+            "ki_search_semantic_floor_dropped",
+            "Semantic-leg hits below the relevance floor (retrieval.semantic_floor), left out before fusion",
+            registry=r,
+        )
         for source in ("lexical_only", "semantic_only", "both"):
             self.hit_sources.labels(source)
         for result in ("hit", "miss"):

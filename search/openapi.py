@@ -86,6 +86,10 @@ _HIT = {
                 },
             },
         },
+        "text_truncated": {
+            "type": "boolean",
+            "description": "present (true) when the evidence budget cut the first hit's text to fit",
+        },
         "explain": {"$ref": "#/components/schemas/Explain"},
     },
 }
@@ -169,6 +173,23 @@ def _ranked_page(item: str) -> dict[str, Any]:
         "type": "array",
         "items": {"type": "string"},
         "description": "with `explain`: phrases the synonym list added to the query",
+    }
+    page["properties"]["semantic_floor"] = {
+        "type": "object",
+        "description": "with `explain`: the semantic leg's relevance floor (cosine similarity; null when off or "
+        "none is stored for the index's embedding signature) and how many of its hits fell below it",
+        "properties": {"similarity": {"type": "number", "nullable": True}, "dropped": {"type": "integer"}},
+    }
+    page["properties"]["evidence"] = {
+        "type": "object",
+        "description": "when an evidence budget applies: characters allowed and used, hits left out for it, and "
+        "the offset of the next page (hits left out are not skipped)",
+        "properties": {
+            "budget_chars": {"type": "integer"},
+            "used_chars": {"type": "integer"},
+            "hits_dropped": {"type": "integer"},
+            "next_offset": {"type": "integer"},
+        },
     }
     page["properties"]["reason"] = {
         "type": "string",

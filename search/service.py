@@ -27,6 +27,7 @@ from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
 from ki.settings import Settings
+from search.budget import fit_budget
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
 from search.expansion import plan_neighbours
@@ -37,7 +38,8 @@ from search.filters import (
     metadata_clauses,
     point_in_time_clauses,
 )
-from search.fusion import Candidate, apply_boost, apply_decay, collapse, put_first, rrf
+from search.floor import apply_floor, floor_for
+from search.fusion import Candidate, apply_boost, apply_decay, collapse, fair_leg, put_first, rrf
 from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
@@ -121,6 +123,8 @@ class SearchResult:
     identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
     reason: str | None = None  # why a ranked answer is empty (`SearchService.empty_reason`)
     synonyms: list[str] | None = None  # phrases added to the query (with `explain`)
+    semantic_floor: dict[str, Any] | None = None  # the relevance floor and what it dropped (with `explain`)
+    evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -140,6 +144,10 @@ class SearchResult:
             out["reason"] = self.reason
         if self.synonyms is not None:
             out["synonyms_added"] = self.synonyms
+        if self.semantic_floor is not None:
+            out["semantic_floor"] = self.semantic_floor
+        if self.evidence is not None:
+            out["evidence"] = self.evidence
         return out
 
 
@@ -722,6 +730,14 @@ class SearchService:
             self.metrics.msearch_seconds.observe(t2 - t1)
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
         legs = {str(leg): found for leg, found in run.hits.items()}
+        floor = floor_for(r, self.embedder.signature)
+        below_floor = 0
+        if "semantic" in legs:
+            legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
+        if below_floor:
+            self.metrics.floor_dropped.inc(below_floor)
+        if r.fair_legs:
+            legs = {leg: fair_leg(found, r.max_chunks_per_document) for leg, found in legs.items()}
         fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         if r.decay_enabled:
             fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
@@ -755,6 +771,13 @@ class SearchService:
             t6 = time.perf_counter()
             await self.expand(hits)
             timings["expand"] = (time.perf_counter() - t6) * 1000
+        has_more = len(kept) > request.window
+        budget = request.evidence_budget_chars or r.evidence_budget_chars
+        evidence = None
+        if budget is not None and hits:
+            hits, use = fit_budget(hits, budget, request.offset)
+            has_more = has_more or use.hits_dropped > 0
+            evidence = use.to_json()
         reason = await self.empty_reason(request, scope) if not kept else None
         timings["total"] = (time.perf_counter() - t0) * 1000
         mode_info = self.mode_json(request.mode, mode)
@@ -781,12 +804,14 @@ class SearchService:
             hits,
             request.offset,
             request.limit,
-            len(kept) > request.window,
+            has_more,
             timings,
             mode_info,
             ambiguous=ambiguous,
             identity=identity.to_json() if request.explain else None,
             synonyms=list(self.expansion(request.query).added) if request.explain else None,
+            semantic_floor={"similarity": floor, "dropped": below_floor} if request.explain else None,
+            evidence=evidence,
             reason=reason,
         )
 

@@ -40,7 +40,7 @@ from typing import Any, Literal, cast
 from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 
-from apps.eval import beir, isolation, report, tuning
+from apps.eval import beir, features, isolation, report, tuning
 from apps.eval.metrics import METRICS, evaluate
 from apps.processes import free_port
 from apps.progress import ProgressReport
@@ -76,6 +76,7 @@ class EvalOptions:
     limit_docs: int | None = None
     queries: int | None = None
     tune: bool = False
+    features: bool = False  # measure each ranking feature switched from its default (apps.eval.features)
     analyzer: str | None = None  # default: the settings' retrieval.text_analyzer
     worker: Literal["auto", "external"] = "auto"
     worker_port: int | None = None
@@ -661,6 +662,7 @@ async def evaluate_dataset(
             results: dict[str, dict[str, float]] = {}
             details: dict[str, dict[str, Any]] = {}
             runs: dict[str, dict[str, list[str]]] = {}
+            floor_record: dict[str, Any] | None = None
 
             async def measure(label: str, run_settings: Settings, mode: Mode) -> None:
                 service = SearchService(run_settings, async_engine, client, embedder)
@@ -697,6 +699,17 @@ async def evaluate_dataset(
                 tuned = {"weight_lexical": best.weight_lexical, "weight_semantic": best.weight_semantic,
                          "fusion_rrf_k": best.rrf_k}  # fmt: skip
                 await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
+                floor_record = await _tune_floor(es, async_engine, client, embedder, cache, principals, data,
+                                                 loaded, options, progress)  # fmt: skip
+                if tuning_record is not None:
+                    tuning_record["semantic_floor"] = floor_record
+            feature_record: dict[str, Any] | None = None
+            if options.features:
+                tuned_floor = floor_record.get("similarity") if floor_record else None
+                feature_record = await _measure_features(
+                    es, async_engine, client, embedder, cache, principals, test_queries, data, loaded, options,
+                    progress, tuned_floor,
+                )  # fmt: skip
         finally:
             await async_engine.dispose()
     finally:
@@ -799,8 +812,10 @@ async def evaluate_dataset(
         "results": details,
         "tuned": tuned,
         "tuning": tuning_record,
+        "features": feature_record["features"] if feature_record else None,
         "binding": binding,
         "binding_hash": binding_hash(binding),
+        "variants": feature_record["variants"] if feature_record else [],
         "baselines": [b.__dict__ for b in data.baselines],
         "table": table,
         "markdown": report.markdown_table(results, data.baselines),
@@ -917,4 +932,145 @@ async def _tune(
         "grid": [{**c.__dict__, "ndcg@10": s} for c, s in scored],
         "best": {**best.__dict__, "ndcg@10": best_score},
         "default": {**default.__dict__, "ndcg@10": default_score},
+    }
+
+
+async def _tune_floor(
+    settings: Settings,
+    engine: Any,
+    client: AsyncOpenSearch,
+    embedder: Any,
+    cache: Any,
+    principals: list[str],
+    data: Data,
+    loaded: Loaded,
+    options: EvalOptions,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The semantic leg's relevance floor proposed by the train split (`search.floor.floor_from_train`):
+    for each sampled train query, the cosine similarity of its best-ranked relevant chunk among the leg's
+    top hits; the floor keeps `FLOOR_KEEPS` of those queries."""
+    from search.filters import parse_search_request
+    from search.floor import FLOOR_KEEPS, cosine_from_score, floor_from_train
+    from search.legs import run_legs
+    from search.service import SearchService
+
+    assert data.train is not None
+    judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
+    ids = tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+    semantic = mode_settings(settings, "semantic")
+    service = SearchService(semantic, engine, client, embedder)
+    service.cache = cache
+    scope = await service.compile_scope(principals, [loaded.project_id])
+    space = settings.retrieval.vector_space_type
+    best: list[float] = []
+    missed = 0
+    started = time.monotonic()
+    for n, qid in enumerate(ids, start=1):
+        request = parse_search_request(
+            {"query": data.queries[qid], "limit": features.FEATURE_LIMIT, "mode": "semantic",
+             "filters": {"project_id": [loaded.project_id]}},
+            semantic.api,
+        )  # fmt: skip
+        vector = await service.embed_query(service.expansion(request.query).text)
+        bodies = service.plan_legs(request, scope, vector)
+        run = await run_legs(client, semantic.retrieval.index_name, {"semantic": bodies["semantic"]})
+        relevant = {doc for doc, grade in judged.qrels[qid].items() if grade > 0}
+        found = [h for h in run.hits["semantic"] if loaded.documents.get(int(h.source["document_id"])) in relevant]
+        if found:
+            best.append(cosine_from_score(found[0].score, space))
+        else:
+            missed += 1
+        if n % 200 == 0 or n == len(ids):
+            progress(f"eval: semantic floor: {n}/{len(ids)} train queries ({time.monotonic() - started:.0f}s)")
+    floor = floor_from_train(best, FLOOR_KEEPS)
+    progress(f"eval: semantic floor on train: cosine {floor} keeps {FLOOR_KEEPS:.0%} of the {len(best)} train "
+             f"queries whose relevant document the leg found ({missed} not found in its top hits)")  # fmt: skip
+    return {
+        "split": "train",
+        "embedding_signature": embedder.signature,
+        "similarity": floor,
+        "keeps": FLOOR_KEEPS,
+        "queries": len(ids),
+        "queries_found": len(best),
+        "queries_not_found": missed,
+        "best_relevant_quantiles": {
+            q: round(sorted(best)[min(int(q * len(best)), len(best) - 1)], 4) for q in (0.01, 0.05, 0.5)
+        }
+        if best
+        else {},  # fmt: skip
+    }
+
+
+async def _measure_features(
+    settings: Settings,
+    engine: Any,
+    client: AsyncOpenSearch,
+    embedder: Any,
+    cache: Any,
+    principals: list[str],
+    test_queries: list[tuple[str, str]],
+    data: Data,
+    loaded: Loaded,
+    options: EvalOptions,
+    progress: Progress,
+    tuned_floor: float | None,
+) -> dict[str, Any]:
+    """Base (lexical, hybrid) and every feature switched from its default, top 10, on the test queries."""
+    from search.evidence import binding_for, binding_hash
+    from search.service import SearchService
+
+    async def ndcg(run_settings: Settings, mode: Mode, label: str) -> float:
+        service = SearchService(run_settings, engine, client, embedder)
+        service.cache = cache
+        mode_run = await run_queries(
+            service, principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
+            limit=features.FEATURE_LIMIT, concurrency=options.concurrency, label=label, mode=mode, progress=None,
+        )  # fmt: skip
+        score = evaluate(mode_run.run, data.judged.qrels)["ndcg@10"]
+        progress(f"eval: features: {label}: nDCG@10 {score:.4f} ({mode_run.seconds:.0f}s)")
+        return score
+
+    base_lexical = await ndcg(mode_settings(settings, "lexical"), "lexical", "base lexical")
+    base_hybrid = await ndcg(settings, "hybrid", "base hybrid")
+    entries: list[dict[str, Any]] = []
+    variants: list[dict[str, Any]] = []
+    signature = embedder.signature
+    for feature in features.FEATURES:
+        default_on = features.default_state(settings, feature)
+        entry: dict[str, Any] = {"feature": feature.name, "setting": f"retrieval.{feature.setting}",
+                                 "default_on": default_on}  # fmt: skip
+        extra = features.floor_override(settings, signature, tuned_floor) if feature.name == "semantic_floor" else {}
+        why = feature.unmeasurable
+        if feature.name == "semantic_floor" and not extra and signature not in settings.retrieval.semantic_floor:
+            why = f"no floor stored for {signature} and none tuned in this run (--tune)"
+        if why is not None:
+            entries.append({**entry, "unmeasurable": why, "ndcg@10_off": None, "ndcg@10_on": None})
+            continue
+        flipped = features.switched(settings, feature, extra)
+        label = f"{feature.name} {'off' if default_on else 'on'}"
+        hybrid = await ndcg(flipped, "hybrid", f"{label}, hybrid")
+        lexical = base_lexical
+        if feature.touches_lexical:
+            lexical = await ndcg(mode_settings(flipped, "lexical"), "lexical", f"{label}, lexical")
+        binding = binding_for(flipped, signature, data.sha256)
+        variants.append({
+            "name": label,
+            "overrides": {feature.setting: not default_on, **extra},
+            "hits_per_query": features.FEATURE_LIMIT,
+            "results": {"lexical": {"ndcg@10": lexical}, "hybrid": {"ndcg@10": hybrid}},
+            "binding": binding,
+            "binding_hash": binding_hash(binding),
+        })  # fmt: skip
+        on, off = (base_hybrid, hybrid) if default_on else (hybrid, base_hybrid)
+        entries.append({**entry, **extra, "ndcg@10_off": off, "ndcg@10_on": on,
+                        "verdict": features.verdict(default_on, base_hybrid, hybrid)})  # fmt: skip
+    return {
+        "features": {
+            "hits_per_query": features.FEATURE_LIMIT,
+            "base": {"lexical": base_lexical, "hybrid": base_hybrid},
+            "entries": entries,
+            "markdown": features.markdown_rows(data.dataset.name, entries),
+        },
+        "variants": variants,
     }

@@ -116,3 +116,49 @@ def test_load_reports_reads_a_folder_and_skips_what_it_cannot_use(tmp_path: Path
     assert [type(r) for r in found] == [EvidenceReport]
     assert found[0].dataset == "gesetze-headings-dev"
     assert load_reports(str(tmp_path / "missing")) == []
+
+
+def test_new_ranking_steps_bind_reports_only_when_on():
+    base = ranking_hash(settings().retrieval, SIGNATURE)
+    floors = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.2}}
+    assert ranking_hash(settings(**floors).retrieval, SIGNATURE) == base
+    floored = ranking_hash(settings(semantic_floor_enabled=True, **floors).retrieval, SIGNATURE)
+    assert floored != base
+    # Only the floor stored for the report's own signature counts.
+    other_model = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.3}}
+    assert ranking_hash(settings(semantic_floor_enabled=True, **other_model).retrieval, SIGNATURE) == floored
+    assert ranking_hash(settings(fair_legs=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(synonyms_enabled=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
+
+
+def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
+    """`ki eval --features` writes, beside the default run, each feature switched: switching the feature on
+    keeps hybrid as the default when the variant showed it still beats lexical, and turns it off where not."""
+    s = settings()
+    fair = settings(fair_legs=True)
+    floored = settings(semantic_floor_enabled=True, semantic_floor={SIGNATURE: 0.9})
+    data = report_json(s)
+    data["variants"] = []
+    for name, variant_settings, hybrid in (("fair_legs on", fair, 0.56), ("semantic_floor on", floored, 0.45)):
+        binding = binding_for(variant_settings, SIGNATURE, "ab" * 32)
+        data["variants"].append({
+            "name": name,
+            "binding": binding,
+            "binding_hash": binding_hash(binding),
+            "results": {"lexical": {"ndcg@10": 0.50}, "hybrid": {"ndcg@10": hybrid}},
+        })  # fmt: skip
+    (tmp_path / "gesetze.json").write_text(json.dumps(data))
+    found = load_reports(str(tmp_path))
+    assert [r.dataset for r in found] == [
+        "gesetze-headings-dev",
+        "gesetze-headings-dev (fair_legs on)",
+        "gesetze-headings-dev (semantic_floor on)",
+    ]
+    assert decide(found, s, SIGNATURE).default_mode == "hybrid"
+    assert decide(found, fair, SIGNATURE).reports == ("gesetze-headings-dev (fair_legs on)",)
+    assert decide(found, fair, SIGNATURE).default_mode == "hybrid"
+    assert decide(found, floored, SIGNATURE).default_mode == "lexical"  # 0.45 < 0.50
+    data["variants"][0]["binding_hash"] = "0" * 16  # edited by hand: the whole file is refused
+    (tmp_path / "gesetze.json").write_text(json.dumps(data))
+    assert load_reports(str(tmp_path)) == []
