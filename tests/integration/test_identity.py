@@ -388,3 +388,77 @@ def test_statistics_keep_query_text_only_when_enabled_and_stay_bounded(
         assert rows <= 5
     finally:
         srv.stop()
+
+
+def test_semantic_floor_turns_a_least_bad_match_into_an_honest_empty_answer(
+    isolation: dict[str, str], data: Data, settings: Settings, server: Server
+) -> None:
+    from ki.embedding import create_embedder
+
+    signature = create_embedder(settings).signature
+    off_topic = f"Quantenchromodynamik der Gluonen {data.tag}"
+    plain = ask(server, data, settings, "anna", off_topic, mode="semantic")
+    assert plain["hits"], "without a floor the nearest chunks are returned, however far"
+    assert plain["semantic_floor"] == {"similarity": None, "dropped": 0}
+    floors = json.dumps({signature: 0.9999, "another-model-384": -1.0})
+    srv = Server("floor-api", **isolation, KI_RETRIEVAL__SEMANTIC_FLOOR_ENABLED="true",
+                 KI_RETRIEVAL__SEMANTIC_FLOOR=floors)  # fmt: skip
+    srv.start()
+    try:
+        floored = ask(srv, data, settings, "anna", off_topic, mode="semantic")
+        assert floored["hits"] == [] and floored["reason"] == "no_credible_evidence"
+        assert floored["semantic_floor"]["similarity"] == 0.9999 and floored["semantic_floor"]["dropped"] > 0
+        # The lexical leg has no floor: a query that matches words still answers in hybrid mode.
+        hybrid = ask(srv, data, settings, "anna", data.word, mode="hybrid")
+        assert hybrid["hits"] and all("semantic" not in h["explain"]["ranks"] for h in hybrid["hits"])
+    finally:
+        srv.stop()
+
+
+def test_evidence_budget_stops_in_rank_order_and_pages_on_without_a_gap(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    whole = ask(server, data, settings, "anna", data.word, mode="lexical")
+    texts = [len(h["text"]) for h in whole["hits"]]
+    assert len(texts) >= 3 and "evidence" not in whole
+    budget = texts[0] + texts[1] + 1  # two hits fit, the third does not
+    first = ask(server, data, settings, "anna", data.word, mode="lexical", evidence_budget_chars=budget)
+    assert [h["chunk_id"] for h in first["hits"]] == [h["chunk_id"] for h in whole["hits"][:2]]
+    assert first["evidence"] == {
+        "budget_chars": budget, "used_chars": texts[0] + texts[1], "hits_dropped": len(texts) - 2, "next_offset": 2,
+    }  # fmt: skip
+    assert first["has_more"] is True
+    rest = ask(server, data, settings, "anna", data.word, mode="lexical", offset=first["evidence"]["next_offset"])
+    assert rest["hits"][0]["chunk_id"] == whole["hits"][2]["chunk_id"]
+    # A budget smaller than the best hit cuts that hit's text rather than answering with nothing.
+    tiny = ask(server, data, settings, "anna", data.word, mode="lexical", evidence_budget_chars=10)
+    assert len(tiny["hits"]) == 1 and tiny["hits"][0]["text"] == whole["hits"][0]["text"][:10]
+    assert tiny["hits"][0]["text_truncated"] is True
+    for bad in (0, -5, "viel", 10**9):
+        status, body = server.call(
+            "/v1/search", {"query": "x", "evidence_budget_chars": bad}, data.token(settings, "anna")
+        )
+        assert status == 400 and body["field"] == "evidence_budget_chars", body
+    status, doc = server.call("/openapi.json")
+    schemas = doc["components"]["schemas"]
+    assert "evidence_budget_chars" in schemas["SearchRequest"]["properties"]
+    assert {"evidence", "semantic_floor"} <= set(schemas["SearchResponse"]["properties"])
+
+
+def test_fair_legs_keep_one_long_document_from_filling_a_leg(
+    isolation: dict[str, str], data: Data, settings: Settings
+) -> None:
+    srv = Server("fair-legs-api", **isolation, KI_RETRIEVAL__FAIR_LEGS="true",
+                 KI_RETRIEVAL__COLLAPSE_PER_DOCUMENT="false")  # fmt: skip
+    srv.start()
+    try:
+        body = ask(srv, data, settings, "anna", f"{data.word} Mietsache pfleglich behandeln", mode="lexical", limit=20)
+        per_document: dict[int, int] = {}
+        for h in body["hits"]:
+            per_document[h["document_id"]] = per_document.get(h["document_id"], 0) + 1
+        assert per_document[data.docs["lang"]] == settings.retrieval.max_chunks_per_document  # it has 6+ chunks
+        # Leg ranks close up behind a capped document: the k-th document first seen has a rank < 3 (k + 1).
+        ranks = sorted(h["explain"]["ranks"]["lexical"] for h in body["hits"] if "lexical" in h["explain"]["ranks"])
+        assert ranks == list(range(len(ranks)))  # no gaps left by dropped chunks
+    finally:
+        srv.stop()
