@@ -284,6 +284,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         limit_docs=args.limit_docs,
         queries=args.queries,
         tune=args.tune,
+        tune_floor=args.tune_floor,
         features=args.features,
         analyzer=args.analyzer,
         worker=args.worker,
@@ -422,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--queries", type=int, help="evaluate only the first N test queries")
     ev.add_argument("--tune", action="store_true",
                     help="grid-search semantic weight / rrf_k on the train split (needs qrels/train.tsv)")  # fmt: skip
+    ev.add_argument("--tune-floor", action="store_true",
+                    help="only propose the semantic floor from the train split (a part of --tune)")  # fmt: skip
     ev.add_argument("--features", action="store_true",
                     help="also measure each ranking feature (identity, synonyms, semantic floor, fair legs) switched "
                     "from its default, top 10 on the test queries")  # fmt: skip

@@ -76,6 +76,7 @@ class EvalOptions:
     limit_docs: int | None = None
     queries: int | None = None
     tune: bool = False
+    tune_floor: bool = False  # only the semantic floor of --tune (no fusion grid)
     features: bool = False  # measure each ranking feature switched from its default (apps.eval.features)
     analyzer: str | None = None  # default: the settings' retrieval.text_analyzer
     worker: Literal["auto", "external"] = "auto"
@@ -571,8 +572,9 @@ def load_data(options: EvalOptions) -> Data:
     """Read the BEIR folder, resolve name and language, choose documents and queries, hash the files."""
     root = options.data_dir
     train_path = beir.train_qrels_path(root)
-    if options.tune and train_path is None:
-        raise EvalError(f"--tune needs the train split {root / 'qrels' / 'train.tsv'}, which is missing")
+    if (options.tune or options.tune_floor) and train_path is None:
+        flag = "--tune" if options.tune else "--tune-floor"
+        raise EvalError(f"{flag} needs the train split {root / 'qrels' / 'train.tsv'}, which is missing")
     corpus = beir.load_corpus(root)
     dataset = beir.resolve_dataset(root, name=options.name, language=options.language, corpus=corpus)
     queries = beir.load_queries(root)
@@ -699,10 +701,9 @@ async def evaluate_dataset(
                 tuned = {"weight_lexical": best.weight_lexical, "weight_semantic": best.weight_semantic,
                          "fusion_rrf_k": best.rrf_k}  # fmt: skip
                 await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
+            if options.tune or options.tune_floor:
                 floor_record = await _tune_floor(es, async_engine, client, embedder, cache, principals, data,
                                                  loaded, options, progress)  # fmt: skip
-                if tuning_record is not None:
-                    tuning_record["semantic_floor"] = floor_record
             feature_record: dict[str, Any] | None = None
             if options.features:
                 tuned_floor = floor_record.get("similarity") if floor_record else None
@@ -812,6 +813,7 @@ async def evaluate_dataset(
         "results": details,
         "tuned": tuned,
         "tuning": tuning_record,
+        "semantic_floor": floor_record,
         "features": feature_record["features"] if feature_record else None,
         "binding": binding,
         "binding_hash": binding_hash(binding),
