@@ -692,25 +692,21 @@ async def evaluate_dataset(
 
             for mode in MODES:
                 await measure(mode, mode_settings(es, mode), mode)
+            phase = QueryPhase(es, async_engine, client, embedder, cache, principals, data, loaded, options, progress)
             tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None
             if options.tune:
                 assert data.train is not None  # load_data refused --tune without it
-                best, tuning_record = await _tune(es, async_engine, client, embedder, cache, principals, data,
-                                                  loaded, options, progress)  # fmt: skip
+                best, tuning_record = await _tune(phase)
                 tuned = {"weight_lexical": best.weight_lexical, "weight_semantic": best.weight_semantic,
                          "fusion_rrf_k": best.rrf_k}  # fmt: skip
                 await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
             if options.tune or options.tune_floor:
-                floor_record = await _tune_floor(es, async_engine, client, embedder, cache, principals, data,
-                                                 loaded, options, progress)  # fmt: skip
+                floor_record = await _tune_floor(phase)
             feature_record: dict[str, Any] | None = None
             if options.features:
                 tuned_floor = floor_record.get("similarity") if floor_record else None
-                feature_record = await _measure_features(
-                    es, async_engine, client, embedder, cache, principals, test_queries, data, loaded, options,
-                    progress, tuned_floor,
-                )  # fmt: skip
+                feature_record = await _measure_features(phase, test_queries, tuned_floor)
         finally:
             await async_engine.dispose()
     finally:
@@ -878,24 +874,35 @@ def _start_worker(
     return worker
 
 
-async def _tune(
-    settings: Settings,
-    engine: Any,
-    client: AsyncOpenSearch,
-    embedder: Any,
-    cache: Any,
-    principals: list[str],
-    data: Data,
-    loaded: Loaded,
-    options: EvalOptions,
-    progress: Progress,
-) -> tuple[tuning.FusionConfig, dict[str, Any]]:
+@dataclass(frozen=True)
+class QueryPhase:
+    """What every query phase of one eval run (modes, tuning, floor, features) works with."""
+
+    settings: Settings
+    engine: Any
+    client: AsyncOpenSearch
+    embedder: Any
+    cache: Any
+    principals: list[str]
+    data: Data
+    loaded: Loaded
+    options: EvalOptions
+    progress: Progress
+
+    def train_sample(self) -> tuple[beir.Restricted, list[str]]:
+        """The train judgments on the loaded documents and at most 1,000 sampled train query ids."""
+        data = self.data
+        assert data.train is not None  # load_data refused --tune / --tune-floor without it
+        judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
+        return judged, tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+
+
+async def _tune(q: QueryPhase) -> tuple[tuning.FusionConfig, dict[str, Any]]:
     """Grid-search the fusion on (at most 1,000 sampled) train queries, never test; the best and a record."""
     from search.service import SearchService
 
-    assert data.train is not None
-    judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
-    ids = tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+    settings, engine, client, embedder, data, loaded = q.settings, q.engine, q.client, q.embedder, q.data, q.loaded
+    judged, ids = q.train_sample()
     train_queries = [(qid, data.queries[qid]) for qid in ids]
     if not train_queries:
         raise EvalError("--tune: no train query has a relevant document among the loaded ones")
@@ -907,24 +914,24 @@ async def _tune(
     if default not in configs:
         configs.append(default)
     probe = SearchService(settings, engine, memo, embedder)
-    scope = await probe.compile_scope(principals, [loaded.project_id])
-    progress(f"eval: tuning {len(configs)} fusion settings on {len(train_queries)} train queries (nDCG@10)")
+    scope = await probe.compile_scope(q.principals, [loaded.project_id])
+    q.progress(f"eval: tuning {len(configs)} fusion settings on {len(train_queries)} train queries (nDCG@10)")
     scored: list[tuple[tuning.FusionConfig, float]] = []
     started = time.monotonic()
     for n, config in enumerate(configs, start=1):
         service = SearchService(mode_settings(settings, "hybrid", config), engine, memo, embedder)
-        service.cache = cache
+        service.cache = q.cache
         mode_run = await run_queries(
-            service, principals, train_queries, project_id=loaded.project_id, documents=loaded.documents,
-            limit=TUNE_LIMIT, concurrency=options.concurrency, scope=scope, mode="hybrid", progress=None,
+            service, q.principals, train_queries, project_id=loaded.project_id, documents=loaded.documents,
+            limit=TUNE_LIMIT, concurrency=q.options.concurrency, scope=scope, mode="hybrid", progress=None,
         )  # fmt: skip
         score = evaluate(mode_run.run, train_qrels)["ndcg@10"]
         scored.append((config, score))
-        progress(f"eval: tune {n}/{len(configs)}: {config.label()} -> nDCG@10 {score:.4f} "
+        q.progress(f"eval: tune {n}/{len(configs)}: {config.label()} -> nDCG@10 {score:.4f} "
                  f"({time.monotonic() - started:.0f}s)")  # fmt: skip
     best, best_score = tuning.pick_best(scored, default)
     default_score = next((s for c, s in scored if c == default), None)
-    progress(f"eval: best on train: {best.label()} (nDCG@10 {best_score:.4f}; configured default "
+    q.progress(f"eval: best on train: {best.label()} (nDCG@10 {best_score:.4f}; configured default "
              f"{default.label()}: {'n/a' if default_score is None else f'{default_score:.4f}'})")  # fmt: skip
     return best, {
         "split": "train",
@@ -937,18 +944,7 @@ async def _tune(
     }
 
 
-async def _tune_floor(
-    settings: Settings,
-    engine: Any,
-    client: AsyncOpenSearch,
-    embedder: Any,
-    cache: Any,
-    principals: list[str],
-    data: Data,
-    loaded: Loaded,
-    options: EvalOptions,
-    progress: Progress,
-) -> dict[str, Any]:
+async def _tune_floor(q: QueryPhase) -> dict[str, Any]:
     """The semantic leg's relevance floor proposed by the train split (`search.floor.floor_from_train`):
     for each sampled train query, the cosine similarity of its best-ranked relevant chunk among the leg's
     top hits; the floor keeps `FLOOR_KEEPS` of those queries."""
@@ -957,13 +953,12 @@ async def _tune_floor(
     from search.legs import run_legs
     from search.service import SearchService
 
-    assert data.train is not None
-    judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
-    ids = tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+    settings, engine, client, embedder, data, loaded = q.settings, q.engine, q.client, q.embedder, q.data, q.loaded
+    judged, ids = q.train_sample()
     semantic = mode_settings(settings, "semantic")
     service = SearchService(semantic, engine, client, embedder)
-    service.cache = cache
-    scope = await service.compile_scope(principals, [loaded.project_id])
+    service.cache = q.cache
+    scope = await service.compile_scope(q.principals, [loaded.project_id])
     space = settings.retrieval.vector_space_type
     best: list[float] = []
     missed = 0
@@ -984,9 +979,9 @@ async def _tune_floor(
         else:
             missed += 1
         if n % 200 == 0 or n == len(ids):
-            progress(f"eval: semantic floor: {n}/{len(ids)} train queries ({time.monotonic() - started:.0f}s)")
+            q.progress(f"eval: semantic floor: {n}/{len(ids)} train queries ({time.monotonic() - started:.0f}s)")
     floor = floor_from_train(best, FLOOR_KEEPS)
-    progress(f"eval: semantic floor on train: cosine {floor} keeps {FLOOR_KEEPS:.0%} of the {len(best)} train "
+    q.progress(f"eval: semantic floor on train: cosine {floor} keeps {FLOOR_KEEPS:.0%} of the {len(best)} train "
              f"queries whose relevant document the leg found ({missed} not found in its top hits)")  # fmt: skip
     return {
         "split": "train",
@@ -1005,32 +1000,23 @@ async def _tune_floor(
 
 
 async def _measure_features(
-    settings: Settings,
-    engine: Any,
-    client: AsyncOpenSearch,
-    embedder: Any,
-    cache: Any,
-    principals: list[str],
-    test_queries: list[tuple[str, str]],
-    data: Data,
-    loaded: Loaded,
-    options: EvalOptions,
-    progress: Progress,
-    tuned_floor: float | None,
+    q: QueryPhase, test_queries: list[tuple[str, str]], tuned_floor: float | None
 ) -> dict[str, Any]:
     """Base (lexical, hybrid) and every feature switched from its default, top 10, on the test queries."""
     from search.evidence import binding_for, binding_hash
     from search.service import SearchService
 
+    settings, engine, client, embedder, data, loaded = q.settings, q.engine, q.client, q.embedder, q.data, q.loaded
+
     async def ndcg(run_settings: Settings, mode: Mode, label: str) -> float:
         service = SearchService(run_settings, engine, client, embedder)
-        service.cache = cache
+        service.cache = q.cache
         mode_run = await run_queries(
-            service, principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
-            limit=features.FEATURE_LIMIT, concurrency=options.concurrency, label=label, mode=mode, progress=None,
+            service, q.principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
+            limit=features.FEATURE_LIMIT, concurrency=q.options.concurrency, label=label, mode=mode, progress=None,
         )  # fmt: skip
         score = evaluate(mode_run.run, data.judged.qrels)["ndcg@10"]
-        progress(f"eval: features: {label}: nDCG@10 {score:.4f} ({mode_run.seconds:.0f}s)")
+        q.progress(f"eval: features: {label}: nDCG@10 {score:.4f} ({mode_run.seconds:.0f}s)")
         return score
 
     base_lexical = await ndcg(mode_settings(settings, "lexical"), "lexical", "base lexical")

@@ -34,7 +34,7 @@ from apps.processes import free_port
 from apps.stack.http import request_json
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
-from search.evidence import parse_report
+from search.evidence import parse_report, parse_reports
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]
@@ -78,7 +78,7 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     _write_marker(settings, marker)  # in the main database's CDC stream while the eval runs
     # --fresh: drop what an earlier run left, so the rows travel the whole CDC path every time.
     started = time.monotonic()
-    done = _ki("eval", "--data", str(DATA), "--tune", "--fresh", "--out", str(out), "--timeout", "400")
+    done = _ki("eval", "--data", str(DATA), "--tune", "--features", "--fresh", "--out", str(out), "--timeout", "400")
     seconds = time.monotonic() - started
     assert done.returncode == 0, f"ki eval failed ({done.returncode}):\n{done.stderr[-4000:]}"
     _write_marker(settings, marker + "b")
@@ -129,6 +129,29 @@ def test_tuning_binding_truncation_and_the_query_diff(run: dict) -> None:
     assert [r["loss"] for r in rows] == sorted((r["loss"] for r in rows), reverse=True)
     for row in rows:
         assert row["ndcg@10_hybrid"] < row["ndcg@10_lexical"] and row["text"] and "rank_lexical" in row
+
+
+def test_the_semantic_floor_and_every_feature_off_and_on(run: dict) -> None:
+    record = run["record"]
+    floor = record["semantic_floor"]
+    signature = record["settings"]["embedding_signature"]
+    assert floor["split"] == "train" and floor["embedding_signature"] == signature
+    assert floor["queries_found"] + floor["queries_not_found"] == floor["queries"] == 4
+    assert floor["similarity"] is None or -1.0 <= floor["similarity"] <= 1.0
+    features = {e["feature"]: e for e in record["features"]["entries"]}
+    assert set(features) == {"identity", "synonyms", "semantic_floor", "fair_legs", "decay"}
+    assert features["identity"]["default_on"] is True and features["synonyms"]["default_on"] is False
+    assert features["decay"]["ndcg@10_on"] is None and features["decay"]["unmeasurable"]
+    base = record["features"]["base"]["hybrid"]
+    for name in ("identity", "synonyms", "fair_legs"):
+        entry = features[name]
+        assert base == (entry["ndcg@10_on"] if entry["default_on"] else entry["ndcg@10_off"]), name
+        assert 0.0 <= entry["ndcg@10_on"] <= 1.0 and 0.0 <= entry["ndcg@10_off"] <= 1.0
+    # Every measured variant is evidence the gate reads, bound to its own ranking settings.
+    found = parse_reports("mietrecht-mini.json", record)
+    assert [r.dataset for r in found[1:]] == [f"mietrecht-mini ({v['name']})" for v in record["variants"]]
+    assert len({r.binding["ranking_hash"] for r in found}) == len(found) - 1  # identity off ranks like the default
+    assert any(line.startswith("| mietrecht-mini | fair_legs | off |") for line in record["features"]["markdown"])
 
 
 def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> None:
