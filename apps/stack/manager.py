@@ -27,9 +27,11 @@ from apps.stack.java import find_java
 from apps.stack.kafka import Kafka
 from apps.stack.opensearch import OpenSearch
 from apps.stack.paths import StackPaths
+from apps.stack.ports import reserve as reserve_ports
 from apps.stack.postgres import Postgres
 from apps.stack.service import Runtime, Service
 from ki.settings import Settings
+from streams.topics import lane_web_port
 
 #: Start order; `down` walks it backwards.
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
@@ -108,6 +110,9 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
         _fail(str(exc))
         return None
     runtime = Runtime(java=java, artifacts=artifacts)
+    # The services' ports and the sync lanes' web ports (workers restart often; each must get its port back).
+    lanes = [lane_web_port(settings, "content"), lane_web_port(settings, "access")]
+    reserve_ports([*(port for svc in services for port in svc.ports), *lanes])
     launched: list[Service] = []
     for index, svc in enumerate(services, 1):
         try:
@@ -225,6 +230,7 @@ def start_service(settings: Settings, name: str | None) -> int:
         except StackError as exc:
             _fail(str(exc))
             return 1
+        reserve_ports(svc.ports)
         launched: list[Service] = []
         try:
             _bring_up(svc, runtime, settings.stack.start_timeout_s, f"[{svc.name}]", launched)
