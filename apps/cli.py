@@ -160,6 +160,17 @@ def _int_list(flag: str, value: str, low: int) -> tuple[int, ...]:
     return values
 
 
+def _env_pairs(flag: str, value: str) -> dict[str, str]:
+    """`KI_A=1,KI_B=x` -> {"KI_A": "1", "KI_B": "x"}: settings overrides only (names starting KI_)."""
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, setting = item.partition("=")
+        if not sep or not name.startswith("KI_") or not setting:
+            raise CliError(f"{flag}: {item!r} is not KI_<SECTION>__<FIELD>=<value>")
+        pairs[name] = setting
+    return pairs
+
+
 def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
@@ -190,6 +201,7 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
         out_dir=Path(args.out) if args.out else BenchOptions().out_dir,
         config=args.config,
         command="ki " + " ".join(sys.argv[1:]),
+        compare_env=_env_pairs("--compare-env", args.compare_env),
     )
     try:
         return bench_search(settings, options)
@@ -403,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="search: the first four demo users who see anything (mix), or the one who sees the "
                             "most (broad) or least (narrow)")  # fmt: skip
     bench.add_argument("--workers", type=int, default=1, help="search: API processes (`ki serve --workers N`)")
+    bench.add_argument("--compare-env", default="",
+                       help="search: a second API with these settings overrides (KI_A=1,KI_B=x), measured in the "
+                            "same rounds; reports the difference of the two API/raw ratios")  # fmt: skip
     bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
                        help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
     bench.add_argument(

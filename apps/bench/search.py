@@ -123,6 +123,9 @@ class BenchOptions:
     out_dir: Path = REPO_ROOT / "build" / "bench"
     config: str | None = None
     command: str = "ki bench search"
+    # A second API with these environment overrides (e.g. a feature off), measured in the same rounds: the
+    # difference of the two API/raw ratios is then read off the same machine state, round by round.
+    compare_env: dict[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -504,13 +507,15 @@ class RawClient:
 class ServeChild:
     """`ki serve` as a child process on a free port, logging to build/bench/search-api.log."""
 
-    def __init__(self, config: str | None, log_path: Path, workers: int = 1) -> None:
+    def __init__(
+        self, config: str | None, log_path: Path, workers: int = 1, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else [])
         argv += ["serve", "--workers", str(workers)]
-        env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)}
+        env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port), **(extra_env or {})}
         self.child = Child(argv, log_path, cwd=REPO_ROOT, env=env)
 
     def _ready(self) -> bool:
@@ -763,6 +768,10 @@ async def scope_compilation(
 # --------------------------------------------------------------------------------------------------
 
 
+def _env_label(env: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
 def _median_of(rounds: Sequence[dict[str, float]], key: str) -> float:
     return round(statistics.median(r[key] for r in rounds), 2)
 
@@ -777,33 +786,56 @@ async def _warm(api: ApiClient, specs: Sequence[Spec]) -> SideRound:
     return await run_side(api.call, specs, len(specs), 1)
 
 
+def side_order(sides: Sequence[str], r: int) -> list[str]:
+    """Round `r`'s order: the sides rotated by r, so each goes first, middle and last in turn."""
+    k = r % len(sides)
+    return [*sides[k:], *sides[:k]]
+
+
 async def measure_level(
-    api: ApiClient, raw: RawClient, specs: Sequence[Spec], concurrency: int, rounds: int, requests: int
+    api: ApiClient,
+    raw: RawClient,
+    specs: Sequence[Spec],
+    concurrency: int,
+    rounds: int,
+    requests: int,
+    compare: ApiClient | None = None,
 ) -> dict[str, Any]:
     n = max(requests, 4 * concurrency)
-    warm = await _warm(api, specs)
-    if warm.errors:
-        raise BenchError(f"warm-up requests failed: {warm.errors[:2]}")
+    clients: dict[str, ApiClient | RawClient] = {"api": api, "raw_msearch": raw}
+    if compare is not None:
+        clients["api_compare"] = compare
+    for name, client in (("api", api), ("api_compare", compare)):
+        if client is not None:
+            warm = await _warm(client, specs)
+            if warm.errors:
+                raise BenchError(f"{name}: warm-up requests failed: {warm.errors[:2]}")
     per_round: list[dict[str, Any]] = []
-    pooled: dict[str, list[float]] = {"api": [], "raw_msearch": []}
+    pooled: dict[str, list[float]] = {side: [] for side in clients}
     server: list[dict[str, float]] = []
-    hits: dict[str, list[int]] = {"api": [], "raw_msearch": []}
-    errors: dict[str, list[str]] = {"api": [], "raw_msearch": []}
+    server_compare: list[dict[str, float]] = []
+    hits: dict[str, list[int]] = {side: [] for side in clients}
+    errors: dict[str, list[str]] = {side: [] for side in clients}
     for r in range(rounds):
-        order = ("api", "raw_msearch") if r % 2 == 0 else ("raw_msearch", "api")
         figures: dict[str, dict[str, float]] = {}
-        for side in order:
-            result = await run_side(api.call if side == "api" else raw.call, specs, n, concurrency)
+        for side in side_order(list(clients), r):
+            result = await run_side(clients[side].call, specs, n, concurrency)
             errors[side] += result.errors
             if not result.latencies_s:
                 raise BenchError(f"{side}: every request failed at concurrency {concurrency}: {result.errors[:2]}")
             figures[side] = summarize(result.latencies_s, result.wall_s)
             pooled[side] += result.latencies_s
             hits[side] += result.hits
-            server += result.server_timings
+            (server_compare if side == "api_compare" else server).extend(result.server_timings)
         ratio_p50 = figures["api"]["p50_ms"] / figures["raw_msearch"]["p50_ms"]
         ratio_p99 = figures["api"]["p99_ms"] / figures["raw_msearch"]["p99_ms"]
         per_round.append({**figures, "ratio_p50": round(ratio_p50, 3), "ratio_p99": round(ratio_p99, 3)})
+        if compare is not None:
+            ratio_b = figures["api_compare"]["p50_ms"] / figures["raw_msearch"]["p50_ms"]
+            per_round[-1] |= {"ratio_p50_compare": round(ratio_b, 3), "ratio_p50_delta": round(ratio_p50 - ratio_b, 3)}
+            _progress(f"  c={concurrency} round {r + 1}/{rounds}: compared API p50 "
+                      f"{figures['api_compare']['p50_ms']:.1f} ms, ratio p50 {ratio_b:.2f} "
+                      f"(delta {ratio_p50 - ratio_b:+.3f})")  # fmt: skip
         _progress(
             f"  c={concurrency} round {r + 1}/{rounds}: API p50 {figures['api']['p50_ms']:.1f} ms "
             f"p99 {figures['api']['p99_ms']:.1f} ms {figures['api']['throughput_rps']:.0f} req/s | raw _msearch "
@@ -811,7 +843,7 @@ async def measure_level(
             f"{figures['raw_msearch']['throughput_rps']:.0f} req/s | ratio p50 {ratio_p50:.2f}"
         )
     sides: dict[str, dict[str, Any]] = {}
-    for side in ("api", "raw_msearch"):
+    for side in clients:
         rs = [pr[side] for pr in per_round]
         sides[side] = {
             "requests_per_round": n,
@@ -825,6 +857,16 @@ async def measure_level(
             "hits_per_request_p50": statistics.median(hits[side]) if hits[side] else 0,
         }
     server_p50 = _timings_p50(server)
+    compared: dict[str, Any] = {}
+    if compare is not None:
+        compared = {
+            "compare": {
+                "api": sides["api_compare"],
+                "ratio_p50": round(statistics.median(pr["ratio_p50_compare"] for pr in per_round), 3),
+                "ratio_p50_delta": round(statistics.median(pr["ratio_p50_delta"] for pr in per_round), 3),
+                "api_server_timings_ms_p50": _timings_p50(server_compare),
+            }
+        }
     return {
         "concurrency": concurrency,
         "rounds": rounds,
@@ -839,6 +881,7 @@ async def measure_level(
         "api_server_timings_ms_p50": server_p50,
         "per_round": per_round,
         "latencies_ms": {side: [round(x * 1000, 3) for x in v] for side, v in pooled.items()},
+        **compared,
     }
 
 
@@ -928,7 +971,11 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     async_engine = make_async_engine(settings)
     service = SearchService(settings, async_engine, make_client(settings), embedder)
     server = ServeChild(options.config, options.out_dir / "search-api.log", options.workers)
-    api = raw = None
+    other = None
+    if options.compare_env:
+        other = ServeChild(options.config, options.out_dir / "search-api-compare.log", options.workers,
+                           options.compare_env)  # fmt: skip
+    api = raw = compare = None
     try:
         await service.client.indices.refresh(index=index)
         chunks = await _count(
@@ -945,6 +992,11 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         _progress(f"bench search: starting `ki serve` on port {server.port}")
         await server.start()
         api = ApiClient(server.base, max(options.concurrency))
+        if other is not None:
+            _progress(f"bench search: starting the compared `ki serve` ({_env_label(options.compare_env)}) "
+                      f"on port {other.port}")  # fmt: skip
+            await other.start()
+            compare = ApiClient(other.base, max(options.concurrency))
         raw = RawClient(settings)
         _progress("bench search: embedding cost on the cold server (cache empty), then warm")
         embedding = {**await embedding_cost(api, specs), **direct}
@@ -952,7 +1004,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         levels = []
         for c in options.concurrency:
             _progress(f"bench search: concurrency {c}, {options.rounds} rounds (warm-up pass first)")
-            levels.append(await measure_level(api, raw, specs, c, options.rounds, options.requests))
+            levels.append(await measure_level(api, raw, specs, c, options.rounds, options.requests, compare))
 
         api_scope = {
             "cache": server.metric("ki_search_scope_cache", "result"),
@@ -976,7 +1028,9 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         )
     finally:
         server.stop()
-        for closer in (api, raw):
+        if other is not None:
+            other.stop()
+        for closer in (api, raw, compare):
             if closer is not None:
                 await closer.close()
         await service.client.close()
@@ -1015,6 +1069,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         ],
         "caller_set": options.caller_set,
         "api_workers": options.workers,
+        "compare_env": options.compare_env or None,
         "api_scope": api_scope,
         "queries": {
             "texts": [b["query"] for b in bodies],

@@ -30,6 +30,7 @@ CONCURRENCY = (1, 2)
 SCOPE_SIZES = (10, 120)
 # Small enough that the 120-document scope is split into two `terms` clauses, which OpenSearch must accept.
 MAX_TERMS = 100
+COMPARE = "KI_RETRIEVAL__IDENTITY_ENABLED=false,KI_API__STATS_ENABLED=false"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     argv = [sys.executable, "-m", "apps.cli", "bench", "search", "--scale", str(SCALE), "--seed", str(SEED)]
     argv += ["--requests", str(REQUESTS), "--rounds", str(ROUNDS), "--out", str(out)]
     argv += ["--concurrency", ",".join(map(str, CONCURRENCY)), "--scope-sizes", ",".join(map(str, SCOPE_SIZES))]
+    argv += ["--compare-env", COMPARE]
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -96,6 +98,18 @@ def test_every_level_has_both_sides_with_ordered_percentiles(run: dict[str, Any]
         assert {"scope", "embed", "msearch", "fuse", "reverify", "total", "outside_service"} <= set(
             level["api_server_timings_ms_p50"]
         )
+
+
+def test_the_compared_api_ran_in_the_same_rounds(run: dict[str, Any]) -> None:
+    result = run["file"]
+    assert result["compare_env"] == {"KI_RETRIEVAL__IDENTITY_ENABLED": "false", "KI_API__STATS_ENABLED": "false"}
+    for level in result["levels"]:
+        compare = level["compare"]
+        assert compare["api"]["errors"] == 0 and _positive(compare["api"]["p50_ms"]) and _positive(compare["ratio_p50"])
+        for r in level["per_round"]:
+            assert r["ratio_p50_delta"] == pytest.approx(r["ratio_p50"] - r["ratio_p50_compare"], abs=0.002)
+        assert compare["api_server_timings_ms_p50"]["total"] > 0
+    assert (run["out"] / "search-api-compare.log").is_file()
 
 
 def test_callers_queries_and_embedding_cost_are_reported(run: dict[str, Any]) -> None:

@@ -77,3 +77,25 @@ def test_bad_options_exit_2_with_one_line(argv: list[str], message: str, capsys:
     assert main(["bench", "search", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ki: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_sides_take_turns_going_first():
+    from apps.bench.search import side_order
+
+    sides = ["api", "raw_msearch", "api_compare"]
+    orders = [side_order(sides, r) for r in range(3)]
+    assert [o[0] for o in orders] == sides  # each side goes first once in three rounds
+    assert all(sorted(o) == sorted(sides) for o in orders)
+    assert side_order(["api", "raw_msearch"], 1) == ["raw_msearch", "api"]
+
+
+def test_compare_env_takes_settings_overrides_only():
+    import pytest
+
+    from apps.cli import CliError, _env_pairs
+
+    assert _env_pairs("--compare-env", "") == {}
+    assert _env_pairs("--compare-env", "KI_A__B=1, KI_C__D=x") == {"KI_A__B": "1", "KI_C__D": "x"}
+    for bad in ("PATH=/tmp", "KI_A__B", "KI_A__B="):
+        with pytest.raises(CliError, match="--compare-env"):
+            _env_pairs("--compare-env", bad)
