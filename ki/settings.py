@@ -288,6 +288,11 @@ class ApiSettings(_Section):
     stats_buffer_rows: int = Field(10_000, ge=1)
     stats_batch_rows: int = Field(200, ge=1)
     stats_flush_s: float = Field(1.0, gt=0, le=3600)
+    # Relations (search.documents, search.graph): how deep `POST /v1/traverse` may go, how many edges it
+    # follows out of one document at most, and how many related documents one answer lists at most.
+    max_traverse_depth: int = Field(3, ge=1, le=10)
+    max_traverse_fanout: int = Field(50, ge=1, le=1000)
+    max_related: int = Field(200, ge=1, le=10_000)
 
 
 class StackSettings(_Section):

@@ -1,11 +1,12 @@
 """The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
-`POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/stats`, `GET /healthz`,
+`POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/documents/{id}`,
+`GET /v1/documents/{id}/related`, `POST /v1/traverse`, `GET /v1/stats`, `GET /healthz`,
 `GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
 (a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
-administrator (`/v1/stats`), 413 body too large,
+administrator (`/v1/stats`), 404 no document the caller may see, 413 body too large,
 422 window too deep, 429 / 503 `overloaded` (admission control, with Retry-After), 503 a service we depend
 on unavailable (`search_unavailable`, `rerank_unavailable`, `embedding_unavailable`, `service_unavailable`
 for PostgreSQL): never a partial or silently unreranked answer. 500 `internal_error` for everything else,
@@ -30,10 +31,13 @@ from ki.settings import ApiSettings, Settings
 from search.admission import AdmissionGate, Overloaded
 from search.auth import AuthError, authenticate
 from search.filters import (
+    MAX_ID,
     WindowTooDeep,
     parse_decision_request,
     parse_filter_request,
+    parse_related_request,
     parse_search_request,
+    parse_traverse_request,
 )
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
@@ -83,6 +87,8 @@ def error_response(exc: KiError, where: str = "") -> web.Response:
         return _error(401, "unauthorized", str(exc))
     if isinstance(exc, Forbidden):
         return _error(403, "forbidden", str(exc))
+    if isinstance(exc, NotFound):
+        return _error(404, "not_found", str(exc))
     if isinstance(exc, Overloaded):
         response = _error(exc.status, "overloaded", exc.message)
         response.headers["Retry-After"] = "1"
@@ -167,6 +173,42 @@ async def stats_handler(request: web.Request) -> web.Response:
     return web.json_response(await service.stats_summary(hours))
 
 
+class NotFound(PermanentError):
+    """No document the caller may see has this id (whether it exists is not said)."""
+
+
+def _document_id(request: web.Request) -> int:
+    raw = request.match_info["document_id"]
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
+        raise RequestInvalid("document_id", f"must be a positive whole number, got {raw[:40]!r}")
+    return int(raw)
+
+
+async def document_handler(request: web.Request) -> web.Response:
+    """`GET /v1/documents/{id}`: 404 alike for a document that is not there and one the caller may not see."""
+    principals = _principals(request)
+    found = await request.app[SERVICE_KEY].get_document(principals, _document_id(request))
+    if found is None:
+        raise NotFound("no such document")
+    return web.json_response(found)
+
+
+async def related_handler(request: web.Request) -> web.Response:
+    principals = _principals(request)
+    document_id = _document_id(request)
+    parsed = parse_related_request(request.query, request.app[SETTINGS_KEY].api)
+    found = await request.app[SERVICE_KEY].related(principals, document_id, parsed)
+    if found is None:
+        raise NotFound("no such document")
+    return web.json_response(found)
+
+
+async def traverse_handler(request: web.Request) -> web.Response:
+    principals = _principals(request)
+    parsed = parse_traverse_request(await _body(request), request.app[SETTINGS_KEY].api)
+    return web.json_response(await request.app[SERVICE_KEY].traverse(principals, parsed))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -241,6 +283,9 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app.router.add_post("/v1/search/filter", filter_handler)
     app.router.add_post("/v1/decisions/search", decisions_handler)
     app.router.add_get("/v1/stats", stats_handler)
+    app.router.add_get("/v1/documents/{document_id}", document_handler)
+    app.router.add_get("/v1/documents/{document_id}/related", related_handler)
+    app.router.add_post("/v1/traverse", traverse_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

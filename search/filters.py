@@ -12,6 +12,7 @@ shrink the candidate set after ranking), so it raises the distinct `WindowTooDee
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -222,22 +223,127 @@ class DecisionSearchRequest(_Window):
         return _check_query(value, info, "")
 
 
+RelationKind = Literal["supersedes", "annex_of", "responds_to", "references", "thread"]  # ki.db.models
+
+
+def _api_limit(info: ValidationInfo, name: str) -> int:
+    return int(getattr(_api(info), name))
+
+
+class _Relations(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kinds: list[RelationKind] | None = Field(None, description="edge types to follow (default: all)")
+    direction: Literal["outgoing", "incoming", "both"] = Field(
+        "both", description="outgoing: from the document to others; incoming: from others to it"
+    )
+
+    @field_validator("kinds", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("kinds")
+    @classmethod
+    def _bounded(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        return _bounded_list(value, info)
+
+
+class RelatedRequest(_Relations):
+    """`GET /v1/documents/{id}/related?kinds=references,annex_of&direction=both&limit=50`."""
+
+    limit: int = Field(50, ge=1, description="at most this many edges (api.max_related)")
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, value: int, info: ValidationInfo) -> int:
+        limit = _api_limit(info, "max_related")
+        if value > limit:
+            raise ValueError(f"must be at most {limit}")
+        return value
+
+
+class TraverseRequest(_Relations):
+    """`POST /v1/traverse`: the documents reachable from `start` over relations, every one access-checked."""
+
+    start: list[Id] = Field(..., description="document ids to start from")
+    direction: Literal["outgoing", "incoming", "both"] = "outgoing"
+    depth: int = Field(1, ge=1, description="edges deep (at most api.max_traverse_depth)")
+    max_fanout: int | None = Field(
+        None, ge=1, description="edges followed out of one document (default and maximum api.max_traverse_fanout)"
+    )
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _listify_start(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("start")
+    @classmethod
+    def _bounded_start(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
+        return _bounded_list(value, info) or []
+
+    @field_validator("depth")
+    @classmethod
+    def _depth(cls, value: int, info: ValidationInfo) -> int:
+        limit = _api_limit(info, "max_traverse_depth")
+        if value > limit:
+            raise ValueError(f"must be at most {limit} (api.max_traverse_depth)")
+        return value
+
+    @field_validator("max_fanout")
+    @classmethod
+    def _fanout(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limit = _api_limit(info, "max_traverse_fanout")
+        if value is not None and value > limit:
+            raise ValueError(f"must be at most {limit} (api.max_traverse_fanout)")
+        return value
+
+
 W = TypeVar("W", bound=_Window)
 
 
-def _parse(model: type[W], data: Any, api: ApiSettings) -> W:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(model: type[M], data: Any, api: ApiSettings) -> M:
+    """`data` as `model` under the `api` limits; the first error as `RequestInvalid` naming its field."""
     if not isinstance(data, dict):
         raise RequestInvalid("body", "must be a JSON object")
     try:
-        request = model.model_validate(data, context={"api": api})
+        return model.model_validate(data, context={"api": api})
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
         field = ".".join(loc) or "body"
         raise RequestInvalid(field, err["msg"].removeprefix("Value error, ")) from None
+
+
+def _parse(model: type[W], data: Any, api: ApiSettings) -> W:
+    request = _validate(model, data, api)
     if request.window > MAX_RANKED_WINDOW:
         raise WindowTooDeep(request.offset, request.limit)
     return request
+
+
+def parse_traverse_request(data: Any, api: ApiSettings) -> TraverseRequest:
+    return _validate(TraverseRequest, data, api)
+
+
+def parse_related_request(query: Mapping[str, str], api: ApiSettings) -> RelatedRequest:
+    """From a query string: `kinds` comma-separated, `direction`, `limit` (a number)."""
+    data: dict[str, Any] = {}
+    for name, value in query.items():
+        if name == "kinds":
+            data[name] = [k.strip() for k in value.split(",") if k.strip()]
+        elif name == "limit":
+            try:
+                data[name] = int(value)
+            except ValueError:
+                raise RequestInvalid("limit", f"must be a whole number, got {value[:40]!r}") from None
+        else:
+            data[name] = value
+    return _validate(RelatedRequest, data, api)
 
 
 def parse_search_request(data: Any, api: ApiSettings) -> SearchRequest:

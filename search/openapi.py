@@ -7,13 +7,156 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from search.filters import MAX_RANKED_WINDOW, DecisionSearchRequest, FilterRequest, SearchRequest
+from search.filters import (
+    MAX_RANKED_WINDOW,
+    DecisionSearchRequest,
+    FilterRequest,
+    RelatedRequest,
+    SearchRequest,
+    TraverseRequest,
+)
 
 _REQUESTS: dict[str, type[BaseModel]] = {
     "SearchRequest": SearchRequest,
     "FilterRequest": FilterRequest,
     "DecisionSearchRequest": DecisionSearchRequest,
+    "TraverseRequest": TraverseRequest,
 }
+
+_DOCUMENT_CITATION = {
+    "type": "object",
+    "description": "the version a document is cited by (its latest final one if visible, else the newest visible "
+    "one) and the source objects the caller may cite it at",
+    "properties": {
+        "project_id": {"type": "integer"},
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "source_object_ids": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+
+_SUMMARY_PROPERTIES: dict[str, Any] = {
+    "document_id": {"type": "integer"},
+    "project_id": {"type": "integer"},
+    "title": {"type": "string"},
+    "citation": {"$ref": "#/components/schemas/DocumentCitation"},
+}
+
+_DOCUMENT_SUMMARY = {"type": "object", "properties": _SUMMARY_PROPERTIES}
+
+_DOCUMENT = {
+    "type": "object",
+    "description": "a document with the versions the caller may see (and only those)",
+    "properties": {
+        **_SUMMARY_PROPERTIES,
+        "identifiers": {"type": "array", "items": {"type": "string"}},
+        "matter": {"type": "object", "nullable": True},
+        "doc_type": {"type": "object", "nullable": True},
+        "latest_final_version_id": {
+            "type": "integer",
+            "nullable": True,
+            "description": "null when the document has none or it is not a version the caller may see",
+        },
+        "versions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "version_id": {"type": "integer"},
+                    "version_no": {"type": "integer"},
+                    "status": {"type": "string"},
+                    "doc_date": {"type": "string", "format": "date", "nullable": True},
+                    "language": {"type": "string"},
+                    "latest_final": {"type": "boolean"},
+                    "source_object_ids": {"type": "array", "items": {"type": "integer"}},
+                },
+            },
+        },
+    },
+}
+
+_RELATED = {
+    "type": "object",
+    "properties": {
+        "document_id": {"type": "integer"},
+        "related": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {
+                        "type": "string",
+                        "enum": ["supersedes", "annex_of", "responds_to", "references", "thread"],
+                    },
+                    "direction": {"type": "string", "enum": ["outgoing", "incoming"]},
+                    "document": {"$ref": "#/components/schemas/DocumentSummary"},
+                },
+            },
+        },
+        "truncated": {"type": "boolean", "description": "more edges than `limit`"},
+    },
+}
+
+_TRAVERSAL = {
+    "type": "object",
+    "properties": {
+        "nodes": {
+            "type": "array",
+            "items": {
+                "allOf": [
+                    {"$ref": "#/components/schemas/DocumentSummary"},
+                    {"type": "object", "properties": {"depth": {"type": "integer"}}},
+                ]
+            },
+        },
+        "edges": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {"type": "string"},
+                    "from_document_id": {"type": "integer"},
+                    "to_document_id": {"type": "integer"},
+                },
+            },
+        },
+        "not_found": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "start documents the caller may not see or that do not exist (not told apart)",
+        },
+        "truncated": {"type": "boolean", "description": "some document had more edges than `max_fanout`"},
+    },
+}
+
+
+def _document_get(summary: str, response: str, parameters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "security": [{"bearer": []}],
+            "parameters": [
+                {"name": "document_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
+                *(parameters or []),
+            ],
+            "responses": {
+                "200": {
+                    "description": "found",
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}}},
+                },
+                "400": _err("invalid input; `field` names the offending parameter"),
+                "401": _err("missing or invalid bearer token"),
+                "404": _err("no document the caller may see has this id (whether one exists is not said)"),
+            },
+        }
+    }
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A flat request model's fields as query parameters (lists comma-separated)."""
+    schema = model.model_json_schema()
+    return [{"name": name, "in": "query", "schema": prop} for name, prop in schema["properties"].items()]
+
 
 _ERROR = {
     "type": "object",
@@ -253,6 +396,11 @@ def openapi_document() -> dict[str, Any]:
         FilterResponse=_page("Hit"),
         Decision=_DECISION,
         DecisionResponse=_page("Decision"),
+        DocumentCitation=_DOCUMENT_CITATION,
+        DocumentSummary=_DOCUMENT_SUMMARY,
+        Document=_DOCUMENT,
+        RelatedResponse=_RELATED,
+        TraverseResponse=_TRAVERSAL,
     )
     return {
         "openapi": "3.0.3",
@@ -270,6 +418,21 @@ def openapi_document() -> dict[str, Any]:
                 "Decision records by token overlap; only those whose document and evidence the caller may see",
                 "DecisionSearchRequest",
                 "DecisionResponse",
+            ),
+            "/v1/documents/{document_id}": _document_get(
+                "A document with the versions the caller may see, its identifiers, matter, type and citations",
+                "Document",
+            ),
+            "/v1/documents/{document_id}/related": _document_get(
+                "The document's typed, directed relations whose other end the caller may also see",
+                "RelatedResponse",
+                _query_parameters(RelatedRequest),
+            ),
+            "/v1/traverse": _post(
+                "Documents reachable over relations, every one checked against the caller's access; documents "
+                "the caller may not see are cut, not shown",
+                "TraverseRequest",
+                "TraverseResponse",
             ),
             "/v1/stats": {
                 "get": {

@@ -27,6 +27,7 @@ from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
 from ki.settings import Settings
+from search import documents
 from search.budget import fit_budget
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
@@ -34,7 +35,9 @@ from search.expansion import plan_neighbours
 from search.filters import (
     DecisionSearchRequest,
     FilterRequest,
+    RelatedRequest,
     SearchRequest,
+    TraverseRequest,
     metadata_clauses,
     point_in_time_clauses,
 )
@@ -873,6 +876,40 @@ class SearchService:
         async with self.engine.connect() as conn:
             out = await conn.run_sync(lambda c: stats_summary(c, hours))
         return {"enabled": self.stats is not None, **out}
+
+    async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
+        """The document with the versions the caller may see (None: not visible or not there)."""
+        security = self.settings.security
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(lambda c: documents.get_document(c, principals, security, document_id))
+
+    async def related(
+        self, principals: Sequence[str], document_id: int, request: RelatedRequest
+    ) -> dict[str, Any] | None:
+        """A visible document's relations whose other end the caller may see (None: not visible)."""
+        security = self.settings.security
+
+        def run(conn: Connection) -> dict[str, Any] | None:
+            return documents.related(
+                conn, principals, security, document_id,
+                kinds=request.kinds, direction=request.direction, limit=request.limit,
+            )  # fmt: skip
+
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(run)
+
+    async def traverse(self, principals: Sequence[str], request: TraverseRequest) -> dict[str, Any]:
+        """Documents reachable from the start documents, each one checked against the caller's access."""
+        security, api = self.settings.security, self.settings.api
+
+        def run(conn: Connection) -> dict[str, Any]:
+            return documents.run_traversal(
+                conn, principals, security, request.start, kinds=request.kinds, direction=request.direction,
+                depth=request.depth, fanout=request.max_fanout or api.max_traverse_fanout,
+            )  # fmt: skip
+
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(run)
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
         """Decision records by token overlap, checked against the caller's principals (SQL only)."""

@@ -1,0 +1,238 @@
+"""Documents and their relations as a caller may see them: `GET /v1/documents/{id}`, its related documents
+and `POST /v1/traverse`. SQL only; every document shown is checked through `ki.acl` (the one ACL), and
+each carries the version it is cited by and the source objects the caller may cite it at.
+
+A document is visible when at least one of its versions is (`ki.acl.visible_observations`); only those
+versions are listed. A document the caller may not see is answered exactly like one that does not exist
+(`None` here, 404 over HTTP), so no answer reveals that it exists.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger
+
+from ki.acl import Unresolved, visible_observations
+from ki.settings import SecuritySettings
+from search.graph import Direction, Edge, Traversal, steps, traverse
+
+_IDS = bindparam("ids", type_=ARRAY(BigInteger))
+
+_VERSIONS_SQL = text(
+    """
+    SELECT dv.id, dv.document_id, dv.version_no, dv.status, dv.doc_date, dv.language
+    FROM document_versions dv JOIN documents d ON d.id = dv.document_id
+    WHERE dv.document_id = ANY(:ids) AND d.deleted_at IS NULL
+    ORDER BY dv.document_id, dv.version_no
+    """
+).bindparams(_IDS)
+
+_DOCUMENTS_SQL = text(
+    """
+    SELECT d.id, d.project_id, d.title, d.identifiers, d.latest_final_version_id,
+           d.matter_id, m.title AS matter_title, m.reference AS matter_reference,
+           d.doc_type_id, n.key AS doc_type_key, n.label AS doc_type_label
+    FROM documents d
+    LEFT JOIN matters m ON m.id = d.matter_id
+    LEFT JOIN ontology_nodes n ON n.id = d.doc_type_id
+    WHERE d.id = ANY(:ids) AND d.deleted_at IS NULL
+    """
+).bindparams(_IDS)
+
+_EDGES_SQL = text(
+    """
+    SELECT kind, from_document_id, to_document_id FROM relations
+    WHERE from_document_id = ANY(:ids) OR to_document_id = ANY(:ids)
+    """
+).bindparams(_IDS)
+
+
+@dataclass(frozen=True)
+class VisibleVersionRow:
+    version_id: int
+    version_no: int
+    status: str
+    doc_date: dt.date | None
+    language: str
+    source_object_ids: tuple[int, ...]
+
+
+def visible_versions_of(
+    conn: Connection, principals: Sequence[str], security: SecuritySettings, document_ids: Collection[int]
+) -> dict[int, list[VisibleVersionRow]]:
+    """Per document, the versions the caller may see, with the source objects the caller may cite them at;
+    documents without such a version are absent."""
+    ids = sorted({int(d) for d in document_ids})
+    if not ids:
+        return {}
+    rows = conn.execute(_VERSIONS_SQL, {"ids": ids}).all()
+    cited: dict[int, set[int]] = {}
+    for o in visible_observations(conn, Unresolved.of(principals), security, [r.id for r in rows]):
+        cited.setdefault(o.version_id, set()).add(o.source_object_id)
+    out: dict[int, list[VisibleVersionRow]] = {}
+    for r in rows:
+        if r.id in cited:
+            out.setdefault(r.document_id, []).append(
+                VisibleVersionRow(r.id, r.version_no, r.status, r.doc_date, r.language, tuple(sorted(cited[r.id])))
+            )
+    return out
+
+
+def cited_version(versions: Sequence[VisibleVersionRow], latest_final_version_id: int | None) -> VisibleVersionRow:
+    """The version a document is cited by: its latest final one if visible, else the newest visible one."""
+    return next((v for v in versions if v.version_id == latest_final_version_id), versions[-1])
+
+
+def _summary(doc: Any, versions: Sequence[VisibleVersionRow]) -> dict[str, Any]:
+    cited = cited_version(versions, doc.latest_final_version_id)
+    return {
+        "document_id": doc.id,
+        "project_id": doc.project_id,
+        "title": doc.title,
+        "citation": {
+            "project_id": doc.project_id,
+            "document_id": doc.id,
+            "version_id": cited.version_id,
+            "source_object_ids": list(cited.source_object_ids),
+        },
+    }
+
+
+def summaries(
+    conn: Connection, principals: Sequence[str], security: SecuritySettings, document_ids: Collection[int]
+) -> dict[int, dict[str, Any]]:
+    """A short, citable view of each document the caller may see among `document_ids`."""
+    versions = visible_versions_of(conn, principals, security, document_ids)
+    if not versions:
+        return {}
+    docs = conn.execute(_DOCUMENTS_SQL, {"ids": sorted(versions)}).all()
+    return {d.id: _summary(d, versions[d.id]) for d in docs if d.id in versions}
+
+
+def get_document(
+    conn: Connection, principals: Sequence[str], security: SecuritySettings, document_id: int
+) -> dict[str, Any] | None:
+    """The document with every version the caller may see, or None (not visible, or no such document)."""
+    versions = visible_versions_of(conn, principals, security, [document_id]).get(document_id)
+    if not versions:
+        return None
+    doc = conn.execute(_DOCUMENTS_SQL, {"ids": [document_id]}).one()
+    latest_final = (
+        doc.latest_final_version_id if any(v.version_id == doc.latest_final_version_id for v in versions) else None
+    )
+    return {
+        **_summary(doc, versions),
+        "identifiers": list(doc.identifiers or []),
+        "matter": None
+        if doc.matter_id is None
+        else {"matter_id": doc.matter_id, "title": doc.matter_title, "reference": doc.matter_reference},
+        "doc_type": None
+        if doc.doc_type_id is None
+        else {"doc_type_id": doc.doc_type_id, "key": doc.doc_type_key, "label": doc.doc_type_label},
+        "latest_final_version_id": latest_final,  # null when that version is not one the caller may see
+        "versions": [
+            {
+                "version_id": v.version_id,
+                "version_no": v.version_no,
+                "status": v.status,
+                "doc_date": v.doc_date.isoformat() if v.doc_date else None,
+                "language": v.language,
+                "latest_final": v.version_id == latest_final,
+                "source_object_ids": list(v.source_object_ids),
+            }
+            for v in versions
+        ],
+    }
+
+
+def edges_of(conn: Connection, document_ids: Collection[int]) -> list[Edge]:
+    ids = sorted({int(d) for d in document_ids})
+    if not ids:
+        return []
+    return [Edge(r.kind, r.from_document_id, r.to_document_id) for r in conn.execute(_EDGES_SQL, {"ids": ids})]
+
+
+def _visible_ids(
+    conn: Connection, principals: Sequence[str], security: SecuritySettings
+) -> Callable[[Collection[int]], set[int]]:
+    """Which of some documents the caller may see (through `ki.acl`, like everything here)."""
+    return lambda ids: set(visible_versions_of(conn, principals, security, ids))
+
+
+def related(
+    conn: Connection,
+    principals: Sequence[str],
+    security: SecuritySettings,
+    document_id: int,
+    *,
+    kinds: Collection[str] | None,
+    direction: Direction,
+    limit: int,
+) -> dict[str, Any] | None:
+    """The typed, directed edges of a visible document whose other end the caller may also see (None: the
+    document itself is not visible)."""
+    found = traverse(
+        [document_id],
+        edges_of=lambda ids: edges_of(conn, ids),
+        visible=_visible_ids(conn, principals, security),
+        depth=1,
+        fanout=limit,
+        kinds=kinds,
+        direction=direction,
+    )
+    if found.not_found:
+        return None
+    shown = summaries(conn, principals, security, found.nodes)
+    items = [
+        {"kind": s.edge.kind, "direction": s.direction, "document": shown[s.other]}
+        for s in steps(found.edges, document_id, kinds, direction)
+        if s.other in shown and s.other != document_id
+    ]
+    return {"document_id": document_id, "related": items, "truncated": found.truncated}
+
+
+def traversal_json(
+    conn: Connection, principals: Sequence[str], security: SecuritySettings, found: Traversal
+) -> dict[str, Any]:
+    shown = summaries(conn, principals, security, found.nodes)
+    nodes = [
+        {**shown[d], "depth": depth}
+        for d, depth in sorted(found.nodes.items(), key=lambda x: (x[1], x[0]))
+        if d in shown
+    ]
+    kept = {n["document_id"] for n in nodes}
+    edges = [
+        {"kind": e.kind, "from_document_id": e.from_id, "to_document_id": e.to_id}
+        for e in found.edges
+        if e.from_id in kept and e.to_id in kept
+    ]
+    return {"nodes": nodes, "edges": edges, "not_found": found.not_found, "truncated": found.truncated}
+
+
+def run_traversal(
+    conn: Connection,
+    principals: Sequence[str],
+    security: SecuritySettings,
+    starts: Sequence[int],
+    *,
+    kinds: Collection[str] | None,
+    direction: Direction,
+    depth: int,
+    fanout: int,
+) -> dict[str, Any]:
+    found = traverse(
+        starts,
+        edges_of=lambda ids: edges_of(conn, ids),
+        visible=_visible_ids(conn, principals, security),
+        depth=depth,
+        fanout=fanout,
+        kinds=kinds,
+        direction=direction,
+    )
+    return traversal_json(conn, principals, security, found)
