@@ -39,6 +39,7 @@ from ki.db.models import (
     OntologyNode,
     PrincipalAlias,
     Project,
+    Relation,
     Source,
     SourceObject,
     SourceObservation,
@@ -368,6 +369,7 @@ class DocumentBundle:
     #: (scope, object index or None for the document, principal, effect)
     grants: list[tuple[str, int | None, str, str]]
     latest_final_index: int | None
+    doc_type_key: str = ""  # what the relations between documents are planned from (`plan_relations`)
 
 
 def _slug(value: str) -> str:
@@ -649,7 +651,7 @@ def build_document(seed: int, index: int, setup: SetupPlan, ids: SetupIds, *, ma
         "doc_type_id": ids.ontology[doc_type_key],
         "identifiers": identifiers,
     }
-    return DocumentBundle(document, versions, objects, observations, grants, latest_final)
+    return DocumentBundle(document, versions, objects, observations, grants, latest_final, doc_type_key)
 
 
 def iter_documents(seed: int, setup: SetupPlan, ids: SetupIds, scale: int) -> Iterator[DocumentBundle]:
@@ -662,6 +664,52 @@ def iter_documents(seed: int, setup: SetupPlan, ids: SetupIds, scale: int) -> It
         remaining -= len(bundle.versions)
         index += 1
         yield bundle
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A written document, as far as relations between documents care."""
+
+    document_id: int
+    doc_type_key: str
+    project_id: int
+    matter_id: int | None
+
+
+def _family(doc_type_key: str) -> str:
+    return next(f for k, f, _ in DOC_TYPE_CHOICES if k == doc_type_key)
+
+
+def plan_relations(seed: int, label: str, placed: Sequence[Placed]) -> list[tuple[str, int, int]]:
+    """(kind, from document, to document) among documents of one matter, in the order they were written:
+    a later contract supersedes an earlier one or is its annex; opinions and pleadings reference the
+    matter's contracts; a statement of defence responds to the statement of claim; a matter's pleadings
+    and judgments form a thread (each one points to the one before). Pure: decided by (seed, label)."""
+    rng = random.Random(f"{seed}:{label}:relations")
+    by_matter: dict[int, list[Placed]] = {}
+    for doc in placed:
+        if doc.matter_id is not None:
+            by_matter.setdefault(doc.matter_id, []).append(doc)
+    out: set[tuple[str, int, int]] = set()
+    for docs in by_matter.values():
+        contracts = [d for d in docs if _family(d.doc_type_key) == "vertrag"]
+        for earlier, later in zip(contracts, contracts[1:], strict=False):
+            roll = rng.random()
+            if roll < 0.35:
+                out.add(("supersedes", later.document_id, earlier.document_id))
+            elif roll < 0.55:
+                out.add(("annex_of", later.document_id, earlier.document_id))
+        for doc in docs:
+            if _family(doc.doc_type_key) in ("gutachten", "schriftsatz") and contracts and rng.random() < 0.6:
+                out.add(("references", doc.document_id, rng.choice(contracts).document_id))
+        claims = [d for d in docs if d.doc_type_key == "demo.doc.schriftsatz.klageschrift"]
+        for doc in docs:
+            if doc.doc_type_key == "demo.doc.schriftsatz.klageerwiderung" and claims:
+                out.add(("responds_to", doc.document_id, rng.choice(claims).document_id))
+        thread = [d for d in docs if _family(d.doc_type_key) in ("schriftsatz", "urteil")]
+        for earlier, later in zip(thread, thread[1:], strict=False):
+            out.add(("thread", later.document_id, earlier.document_id))
+    return sorted(out)
 
 
 def run_label(seed: int, scale: int, now: dt.datetime | None = None) -> str:
@@ -687,6 +735,7 @@ class GenerationSummary:
     source_objects: int = 0
     observations: int = 0
     grants: int = 0
+    relations: int = 0
     memberships: int = 0
     aliases: int = 0
     text_chars: int = 0
@@ -699,7 +748,7 @@ class GenerationSummary:
             f"  {self.projects} projects, {self.matters} matters, {self.documents} documents, "
             f"{self.versions} versions ({statuses}), {self.text_chars / 1e6:.1f} M chars of text",
             f"  {self.source_objects} source objects, {self.observations} observations, {self.grants} grants, "
-            f"{self.memberships} group memberships, {self.aliases} new aliases",
+            f"{self.memberships} group memberships, {self.aliases} new aliases, {self.relations} relations",
         ]
 
 
@@ -772,7 +821,9 @@ _SET_LATEST = text(
 ).bindparams(bindparam("doc_ids"), bindparam("version_ids"))
 
 
-def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary: GenerationSummary) -> None:
+def _write_batch(
+    conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary: GenerationSummary
+) -> list[Placed]:
     doc_ids = _insert_returning(conn, _table(Document), [b.document for b in batch])
     version_rows: list[Row] = []
     for doc_id, bundle in zip(doc_ids, batch, strict=True):
@@ -833,6 +884,10 @@ def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary:
     summary.source_objects += len(object_ids)
     summary.observations += len(observations)
     summary.grants += len(grants)
+    return [
+        Placed(doc_id, b.doc_type_key, b.document["project_id"], b.document["matter_id"])
+        for doc_id, b in zip(doc_ids, batch, strict=True)
+    ]
 
 
 def generate(
@@ -858,11 +913,12 @@ def generate(
     batch: list[DocumentBundle] = []
     batch_versions = 0
     last_report = 0
+    placed: list[Placed] = []
 
     def flush() -> None:
         nonlocal batch, batch_versions, last_report
         with engine.begin() as conn:
-            _write_batch(conn, batch, ids, summary)
+            placed.extend(_write_batch(conn, batch, ids, summary))
         batch, batch_versions = [], 0
         if summary.versions - last_report >= 2000 or summary.versions == scale or summary.versions < 2000:
             last_report = summary.versions
@@ -877,6 +933,15 @@ def generate(
             flush()
     if batch:
         flush()
+    relations = plan_relations(seed, label, placed)
+    if relations:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(_table(Relation)),
+                [{"kind": k, "from_document_id": a, "to_document_id": b} for k, a, b in relations],
+            )
+    summary.relations = len(relations)
+    progress(f"demo: {len(relations)} relations between documents of a matter")
     summary.seconds = time.monotonic() - began
     return summary
 

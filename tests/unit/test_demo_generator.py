@@ -164,3 +164,22 @@ def test_every_principal_the_demo_writes_is_canonical() -> None:
         p for p in written if canonical_principal(p) != p
     ]
     assert {"alias": "user:anna.schmidt@kanzlei-demo.de", "principal": "user:anna.schmidt"} in plan.aliases
+
+
+def test_relations_join_documents_of_one_matter_deterministically() -> None:
+    from apps.demo.generator import DOC_TYPE_CHOICES, Placed, plan_relations
+    from ki.db.models import RELATION_KINDS
+
+    keys = [k for k, _, _ in DOC_TYPE_CHOICES]
+    placed = [Placed(100 + i, keys[(i * 7) % len(keys)], 1, (i % 3) or None) for i in range(60)]
+    relations = plan_relations(7, "label", placed)
+    assert relations == plan_relations(7, "label", placed) != plan_relations(8, "label", placed)
+    matter = {p.document_id: p.matter_id for p in placed}
+    kind_of = {p.document_id: p.doc_type_key for p in placed}
+    assert {k for k, _, _ in relations} == set(RELATION_KINDS)  # the demo shows every kind
+    for kind, a, b in relations:
+        assert a != b and matter[a] is not None and matter[a] == matter[b]
+        if kind in ("supersedes", "annex_of"):
+            assert ".vertrag." in kind_of[a] and ".vertrag." in kind_of[b] and a > b  # the later one points back
+        if kind == "responds_to":
+            assert kind_of[a].endswith("klageerwiderung") and kind_of[b].endswith("klageschrift")
