@@ -54,6 +54,14 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from apps.mcp_server import main as mcp_main
+
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise CliError("--port must be a port number (1-65535)")
+    return mcp_main(settings, stdio=args.stdio, port=args.port)
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
@@ -334,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
     migrate.add_argument("--down-to", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
     migrate.set_defaults(handler=_migrate)
+
+    mcp = sub.add_parser("mcp", help="the search tools as an MCP server (streamable HTTP on mcp.host:mcp.port)")
+    mcp.add_argument("--stdio", action="store_true",
+                     help="speak MCP on stdin/stdout instead; the caller is mcp.stdio_principals")  # fmt: skip
+    mcp.add_argument("--port", type=int, help="HTTP port (default mcp.port)")
+    mcp.set_defaults(handler=_mcp)
 
     serve = sub.add_parser("serve", help="the search API (aiohttp) on api.host:api.port")
     serve.add_argument(

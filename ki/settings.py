@@ -295,6 +295,16 @@ class ApiSettings(_Section):
     max_related: int = Field(200, ge=1, le=10_000)
 
 
+class McpSettings(_Section):
+    """`ki mcp`: the MCP server (apps.mcp_server). Over HTTP callers bring bearer tokens as for the API; over
+    stdio there is no token, so the caller is `stdio_principals` (empty: nothing is visible)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=1, le=65535)
+    path: str = Field("/mcp", pattern=r"^/[A-Za-z0-9/_-]*$")
+    stdio_principals: list[str] = Field(default_factory=list)
+
+
 class StackSettings(_Section):
     home: str = "~/.cache/ki-sidecar"
     java_home: str = ""
@@ -314,6 +324,7 @@ class Settings(_Section):
     streams: StreamsSettings = StreamsSettings()
     security: SecuritySettings = SecuritySettings()
     api: ApiSettings = ApiSettings()
+    mcp: McpSettings = McpSettings()
     stack: StackSettings = StackSettings()
 
 

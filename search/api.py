@@ -81,33 +81,44 @@ _UNAVAILABLE: list[tuple[type[Unavailable], str, str]] = [
 ]
 
 
-def error_response(exc: KiError, where: str = "") -> web.Response:
-    """The one map from the error tree to HTTP: status, `error` code, message and `field`."""
+def error_body(exc: KiError, where: str = "") -> tuple[int, dict[str, Any]]:
+    """The one map from the error tree to an answer: status and `{error, message, [field]}` (HTTP here,
+    tool errors in the MCP server)."""
+
+    def body(status: int, code: str, message: str, **extra: Any) -> tuple[int, dict[str, Any]]:
+        return status, {"error": code, "message": message, **extra}
+
     if isinstance(exc, AuthError):
-        return _error(401, "unauthorized", str(exc))
+        return body(401, "unauthorized", str(exc))
     if isinstance(exc, Forbidden):
-        return _error(403, "forbidden", str(exc))
+        return body(403, "forbidden", str(exc))
     if isinstance(exc, NotFound):
-        return _error(404, "not_found", str(exc))
+        return body(404, "not_found", str(exc))
     if isinstance(exc, Overloaded):
-        response = _error(exc.status, "overloaded", exc.message)
-        response.headers["Retry-After"] = "1"
-        return response
+        return body(exc.status, "overloaded", exc.message)
     if isinstance(exc, SemanticUnavailable):
-        return _error(409, "semantic_unavailable", exc.message, field=exc.field)
+        return body(409, "semantic_unavailable", exc.message, field=exc.field)
     if isinstance(exc, WindowTooDeep):
-        return _error(422, "window_too_deep", exc.message, field=exc.field, max_window=exc.max_window)
+        return body(422, "window_too_deep", exc.message, field=exc.field, max_window=exc.max_window)
     if isinstance(exc, RequestInvalid):
-        return _error(400, "invalid_request", exc.message, field=exc.field)
+        return body(400, "invalid_request", exc.message, field=exc.field)
     if isinstance(exc, Unavailable):
         log.warning("%s: %s unavailable: %s", where, exc.service, exc)
         code, message = next((c, m) for kind, c, m in _UNAVAILABLE if isinstance(exc, kind))
-        return _error(503, code, message)
+        return body(503, code, message)
     if isinstance(exc, TransientError):
         log.warning("%s: %s: %s", where, type(exc).__name__, exc)
-        return _error(503, "unavailable", "temporarily unavailable; retry later")
+        return body(503, "unavailable", "temporarily unavailable; retry later")
     log.error("%s: %s: %s", where, type(exc).__name__, exc)
-    return _error(500, "internal_error", "internal error")
+    return body(500, "internal_error", "internal error")
+
+
+def error_response(exc: KiError, where: str = "") -> web.Response:
+    status, payload = error_body(exc, where)
+    response = web.json_response(payload, status=status)
+    if isinstance(exc, Overloaded):
+        response.headers["Retry-After"] = "1"
+    return response
 
 
 @web.middleware
@@ -293,8 +304,9 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     return app
 
 
-async def create_app(settings: Settings) -> web.Application:
-    """The app with its own OpenSearch client, async engine and embedder, closed on cleanup."""
+async def create_service(settings: Settings) -> tuple[SearchService, Callable[[], Awaitable[None]]]:
+    """A started search service with its own OpenSearch client, async engines and embedder, and what closes
+    them (the HTTP API and the MCP server each make one)."""
     loop = asyncio.get_running_loop()
     embedder = await loop.run_in_executor(None, create_embedder, settings)
     # Read-only statements that each take their own snapshot anyway (READ COMMITTED): autocommit spares
@@ -305,15 +317,25 @@ async def create_app(settings: Settings) -> web.Application:
     service = SearchService(settings, engine, client, embedder, verify_engine=verify_engine)
     service.start()
     log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
-    app = build_app(settings, service)
 
-    async def close(_: web.Application) -> None:
+    async def close() -> None:
         await service.close()
         await client.close()
         await engine.dispose()
         await verify_engine.dispose()
 
-    app.on_cleanup.append(close)
+    return service, close
+
+
+async def create_app(settings: Settings) -> web.Application:
+    """The app with its own search service, closed on cleanup."""
+    service, close = await create_service(settings)
+    app = build_app(settings, service)
+
+    async def cleanup(_: web.Application) -> None:
+        await close()
+
+    app.on_cleanup.append(cleanup)
     return app
 
 

@@ -306,7 +306,7 @@ W = TypeVar("W", bound=_Window)
 M = TypeVar("M", bound=BaseModel)
 
 
-def _validate(model: type[M], data: Any, api: ApiSettings) -> M:
+def validate_request(model: type[M], data: Any, api: ApiSettings) -> M:
     """`data` as `model` under the `api` limits; the first error as `RequestInvalid` naming its field."""
     if not isinstance(data, dict):
         raise RequestInvalid("body", "must be a JSON object")
@@ -320,14 +320,14 @@ def _validate(model: type[M], data: Any, api: ApiSettings) -> M:
 
 
 def _parse(model: type[W], data: Any, api: ApiSettings) -> W:
-    request = _validate(model, data, api)
+    request = validate_request(model, data, api)
     if request.window > MAX_RANKED_WINDOW:
         raise WindowTooDeep(request.offset, request.limit)
     return request
 
 
 def parse_traverse_request(data: Any, api: ApiSettings) -> TraverseRequest:
-    return _validate(TraverseRequest, data, api)
+    return validate_request(TraverseRequest, data, api)
 
 
 def parse_related_request(query: Mapping[str, str], api: ApiSettings) -> RelatedRequest:
@@ -343,7 +343,7 @@ def parse_related_request(query: Mapping[str, str], api: ApiSettings) -> Related
                 raise RequestInvalid("limit", f"must be a whole number, got {value[:40]!r}") from None
         else:
             data[name] = value
-    return _validate(RelatedRequest, data, api)
+    return validate_request(RelatedRequest, data, api)
 
 
 def parse_search_request(data: Any, api: ApiSettings) -> SearchRequest:

@@ -1,0 +1,279 @@
+"""`ki mcp`: the search service as an MCP server, for agents (the official Python SDK, `mcp` on PyPI).
+
+Tools: `search`, `search_filter`, `search_decisions`, `get_document`, `related_documents`, `traverse`. Each
+tool's input schema is the JSON schema of the request model the HTTP API validates with
+(`search.filters`), and each call is parsed by the same parser under the same `api.*` limits, answered by
+the same `SearchService` method and the same authorization: a tool answer is what the HTTP endpoint
+would answer, as structured content (and as JSON text for clients that only read text). A refused call
+is a tool error carrying the HTTP API's error body (`error`, `message`, `field`).
+
+Transports:
+* **streamable HTTP** (`ki mcp`, `mcp.host:mcp.port`, path `/mcp`): every request needs
+  `Authorization: Bearer <token>`, verified like the API's (`search.auth.authenticate`) before the MCP
+  layer sees it -- a missing or bad token is an HTTP 401 with a JSON body; the principals are read from
+  the request of each tool call. Stateless JSON responses: no session state to lose between requests.
+* **stdio** (`ki mcp --stdio`, for a local client that starts the server itself): there is no token, so
+  the caller's principals come from `mcp.stdio_principals`; none configured, nothing is visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from pydantic import BaseModel, ConfigDict, Field
+
+from ki.errors import KiError, RequestInvalid
+from ki.settings import ApiSettings, Settings
+from search.api import NotFound, create_service, error_body
+from search.auth import AuthError, authenticate
+from search.filters import (
+    DecisionSearchRequest,
+    FilterRequest,
+    Id,
+    RelatedRequest,
+    SearchRequest,
+    TraverseRequest,
+    parse_decision_request,
+    parse_filter_request,
+    parse_search_request,
+    parse_traverse_request,
+    validate_request,
+)
+from search.service import SearchService
+
+log = logging.getLogger(__name__)
+
+
+class DocumentRequest(BaseModel):
+    """`get_document`: the document `GET /v1/documents/{document_id}` answers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: Id = Field(..., description="the document's id")
+
+
+class RelatedDocumentsRequest(RelatedRequest):
+    """`related_documents`: what `GET /v1/documents/{document_id}/related` answers."""
+
+    document_id: Id = Field(..., description="the document whose relations are listed")
+
+
+Call = Callable[[SearchService, list[str], Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    model: type[BaseModel]
+    parse: Callable[[Any, ApiSettings], Any]
+    call: Call
+    http: str  # the HTTP endpoint it mirrors
+
+
+async def _search(service: SearchService, principals: list[str], request: SearchRequest) -> Any:
+    return (await service.search(principals, request)).to_json()
+
+
+async def _filter(service: SearchService, principals: list[str], request: FilterRequest) -> Any:
+    return (await service.search_filter(principals, request)).to_json()
+
+
+async def _decisions(service: SearchService, principals: list[str], request: DecisionSearchRequest) -> Any:
+    return (await service.search_decisions(principals, request)).to_json()
+
+
+async def _document(service: SearchService, principals: list[str], request: DocumentRequest) -> Any:
+    found = await service.get_document(principals, request.document_id)
+    if found is None:
+        raise NotFound("no such document")
+    return found
+
+
+async def _related(service: SearchService, principals: list[str], request: RelatedDocumentsRequest) -> Any:
+    found = await service.related(principals, request.document_id, request)
+    if found is None:
+        raise NotFound("no such document")
+    return found
+
+
+async def _traverse(service: SearchService, principals: list[str], request: TraverseRequest) -> Any:
+    return await service.traverse(principals, request)
+
+
+def _parser(model: type[BaseModel]) -> Callable[[Any, ApiSettings], Any]:
+    return lambda data, api: validate_request(model, data, api)
+
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec("search", "Ranked hybrid search over the legal documents the caller may see (German first): "
+             "lexical, semantic and identifier legs, fused, re-verified in SQL, one hit per document, with "
+             "citations. Name an Aktenzeichen, contract number or exact title and that document comes first.",
+             SearchRequest, parse_search_request, _search, "POST /v1/search"),  # fmt: skip
+    ToolSpec("search_filter", "Metadata-only search (no query text): the caller's documents matching the "
+             "filters, newest first.",
+             FilterRequest, parse_filter_request, _filter, "POST /v1/search/filter"),  # fmt: skip
+    ToolSpec("search_decisions", "Decision records (what changed in a document, where and why) matching the "
+             "query words, only where the caller may see the document and its evidence.",
+             DecisionSearchRequest, parse_decision_request, _decisions, "POST /v1/decisions/search"),  # fmt: skip
+    ToolSpec("get_document", "One document with the versions the caller may see, its identifiers, matter, "
+             "type and citations. Not found for a document the caller may not see.",
+             DocumentRequest, _parser(DocumentRequest), _document, "GET /v1/documents/{id}"),  # fmt: skip
+    ToolSpec("related_documents", "A document's typed relations (supersedes, annex_of, responds_to, "
+             "references, thread) whose other end the caller may also see.",
+             RelatedDocumentsRequest, _parser(RelatedDocumentsRequest), _related,
+             "GET /v1/documents/{id}/related"),  # fmt: skip
+    ToolSpec("traverse", "Documents reachable over relations from the start documents, breadth-first, every "
+             "one checked against the caller's access (hidden ones are cut, not shown).",
+             TraverseRequest, parse_traverse_request, _traverse, "POST /v1/traverse"),  # fmt: skip
+)
+TOOL_BY_NAME = {t.name: t for t in TOOLS}
+
+
+def input_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The request model's JSON schema, self-contained (`$defs` inside): the HTTP API's schema."""
+    return spec.model.model_json_schema()
+
+
+def tool_result(payload: Any) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(payload, ensure_ascii=False))], structured_content=payload
+    )
+
+
+def tool_error(exc: KiError, where: str) -> types.CallToolResult:
+    status, body = error_body(exc, where)
+    payload = {**body, "status": status}
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(payload, ensure_ascii=False))],
+        structured_content=payload,
+        is_error=True,
+    )
+
+
+PrincipalsOf = Callable[[Any], list[str]]
+
+
+def build_server(settings: Settings, service: SearchService, principals_of: PrincipalsOf) -> Server[Any]:
+    """The MCP server over `service`; `principals_of(ctx)` says who calls (raises `AuthError` if nobody)."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(
+            tools=[types.Tool(name=t.name, description=t.description, input_schema=input_schema(t)) for t in TOOLS]
+        )
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        spec = TOOL_BY_NAME.get(params.name)
+        where = f"mcp {params.name}"
+        try:
+            if spec is None:
+                raise RequestInvalid("name", f"no tool {params.name!r}; tools: {', '.join(TOOL_BY_NAME)}")
+            principals = principals_of(ctx)
+            request = spec.parse(params.arguments or {}, settings.api)
+            return tool_result(await spec.call(service, principals, request))
+        except KiError as exc:
+            return tool_error(exc, where)
+
+    return Server("ki-sidecar", version="1", instructions=__doc__.split("\n\n")[0] if __doc__ else None,
+                  on_list_tools=list_tools, on_call_tool=call_tool)  # fmt: skip
+
+
+def http_principals(settings: Settings) -> PrincipalsOf:
+    """The caller of a streamable-HTTP tool call: the bearer token of its HTTP request."""
+
+    def principals(ctx: Any) -> list[str]:
+        request = getattr(ctx, "request", None)
+        header = request.headers.get("authorization") if request is not None else None
+        return authenticate(header, settings.api)
+
+    return principals
+
+
+def stdio_principals(settings: Settings) -> PrincipalsOf:
+    configured = list(settings.mcp.stdio_principals)
+
+    def principals(ctx: Any) -> list[str]:
+        if not configured:
+            raise AuthError("the stdio transport has no caller: set mcp.stdio_principals (e.g. [\"user:anna\"])")
+        return configured
+
+    return principals
+
+
+class BearerGate:
+    """ASGI middleware: a request without a valid bearer token never reaches the MCP layer (401, JSON)."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            authenticate(headers.get("authorization"), self.settings.api)
+        except AuthError as exc:
+            status, body = error_body(exc)
+            payload = json.dumps(body).encode()
+            reply = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+            await send({"type": "http.response.start", "status": status, "headers": reply})
+            await send({"type": "http.response.body", "body": payload})
+            return None
+        return await self.app(scope, receive, send)
+
+
+@contextlib.asynccontextmanager
+async def _service(settings: Settings) -> AsyncIterator[SearchService]:
+    service, close = await create_service(settings)
+    try:
+        yield service
+    finally:
+        await close()
+
+
+async def serve_http(settings: Settings, *, port: int | None = None) -> None:
+    import uvicorn
+
+    async with _service(settings) as service:
+        server = build_server(settings, service, http_principals(settings))
+        app = server.streamable_http_app(
+            streamable_http_path=settings.mcp.path, stateless_http=True, json_response=True, host=settings.mcp.host
+        )
+        config = uvicorn.Config(BearerGate(app, settings), host=settings.mcp.host, port=port or settings.mcp.port,
+                                log_level="warning", lifespan="on")  # fmt: skip
+        log.info("MCP (streamable HTTP) on http://%s:%s%s", settings.mcp.host, config.port, settings.mcp.path)
+        await uvicorn.Server(config).serve()
+
+
+async def serve_stdio(settings: Settings) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with _service(settings) as service:
+        server = build_server(settings, service, stdio_principals(settings))
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+
+def main(settings: Settings, *, stdio: bool, port: int | None = None) -> int:
+    import anyio
+
+    # stdout belongs to the protocol on stdio: logs go to stderr either way.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opensearch").setLevel(logging.WARNING)
+    if stdio:
+        anyio.run(serve_stdio, settings)
+    else:
+        anyio.run(lambda: serve_http(settings, port=port))
+    return 0
+
+
+def tool_names() -> Sequence[str]:
+    return [t.name for t in TOOLS]

@@ -1,0 +1,248 @@
+"""The MCP server (`ki mcp`) through the SDK's real client on the live stack: streamable HTTP with bearer
+tokens and stdio with configured principals; the tool list and schemas are the HTTP API's request models;
+every tool answers what the HTTP endpoint answers, under the same authorization."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from sqlalchemy import Engine, text
+
+from apps.mcp_server import TOOLS
+from apps.processes import free_port
+from ki.settings import REPO_ROOT, Settings
+from search.auth import mint_token
+from tests.conftest import wait_for
+from tests.integration.search_harness import Child, Server, SyncWorker, isolated
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def isolation(settings: Settings) -> Iterator[dict[str, str]]:
+    with isolated(settings, prefix="ki-mcp-test") as env:
+        yield env
+
+
+@dataclass
+class Data:
+    tag: str
+    docs: dict[str, int]
+    projects: list[int]
+    sources: list[int]
+
+    def principal(self, who: str) -> str:
+        return f"user:{who}-{self.tag}"
+
+    def token(self, settings: Settings, who: str) -> str:
+        return mint_token(settings.api, f"{who}-{self.tag}")
+
+
+class McpHttp(Child):
+    def __init__(self, **env: str) -> None:
+        self.port = free_port()
+        super().__init__("mcp-http", ["mcp", "--port", str(self.port)], env)
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        self.process.start()
+        why = self.process.wait_ready(self._listening, timeout)
+        assert why is None, f"{self.name}: {why}; see {self.log_path}"
+
+    def _listening(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(self.url, timeout=2)
+        except urllib.error.HTTPError:
+            return True  # it answers (401 without a token)
+        except OSError:
+            return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def stack(isolation: dict[str, str]) -> Iterator[tuple[Server, McpHttp]]:
+    worker = SyncWorker(isolation)
+    worker.start()
+    api = Server("mcp-api", **isolation)
+    api.start()
+    mcp = McpHttp(**isolation)
+    mcp.start()
+    yield api, mcp
+    mcp.stop()
+    api.stop()
+    worker.stop()
+
+
+# anna sees project P (the contract, its annex, the opinion); ben only the opinion; `geheim` (project Q)
+# nobody of ours. The opinion references the contract and `geheim`.
+@pytest.fixture(scope="module")
+def data(engine: Engine, stack: tuple[Server, McpHttp], settings: Settings) -> Iterator[Data]:
+    api, _ = stack
+    with engine.begin() as conn:
+        w = World(conn)
+        word = f"mcpwort{w.tag}"
+        p, q = w.project("MCP"), w.project("MCP geheim")
+        source = w.source("local_fs")
+        obj = w.source_object(source)
+        docs: dict[str, int] = {}
+        titles = (("vertrag", p, "Mietvertrag Lindenallee"), ("anlage", p, "Anlage Inventar"),
+                  ("gutachten", p, "Gutachten Mietminderung"), ("geheim", q, "Vergleich Nordhafen"))  # fmt: skip
+        for key, project, title in titles:
+            docs[key] = w.document(project, f"{title} {w.tag}", identifiers=[f"AZ-{key}-{w.tag}"])
+            w.observe(w.version(docs[key], f"{word} Text von {key}. Die Miete ist gemindert."), obj)
+        for kind, a, b in (("annex_of", "anlage", "vertrag"), ("references", "gutachten", "vertrag"),
+                           ("references", "gutachten", "geheim")):  # fmt: skip
+            conn.execute(text("INSERT INTO relations (kind, from_document_id, to_document_id) VALUES (:k, :a, :b)"),
+                         {"k": kind, "a": docs[a], "b": docs[b]})  # fmt: skip
+        w.grant("project", p, f"user:anna-{w.tag}")
+        w.grant("document", docs["gutachten"], f"user:ben-{w.tag}")
+        w.grant("project", q, f"user:nobody-{w.tag}")
+        d = Data(w.tag, docs, [p, q], [source])
+    admin = mint_token(settings.api, "root", roles=["admin"])
+
+    def indexed() -> bool:
+        status, body = api.call("/v1/search/filter", {"limit": 50, "filters": {"project_id": d.projects}}, admin)
+        return status == 200 and {h["document_id"] for h in body["hits"]} >= set(docs.values())
+
+    try:
+        wait_for(indexed, timeout=120, what="the MCP world in the index")
+        yield d
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": d.projects})
+            conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
+
+
+def http_client(url: str, token: str | None) -> Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Client(streamable_http_client(url, http_client=create_mcp_http_client(headers=headers)))
+
+
+def call(url: str, token: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
+    async def run() -> tuple[bool, Any]:
+        async with http_client(url, token) as client:
+            result = await client.call_tool(tool, arguments)
+            return result.is_error, result.structured_content
+
+    return anyio.run(run)
+
+
+def test_the_tools_and_their_schemas_are_the_http_apis(stack: tuple[Server, McpHttp], data: Data,
+                                                      settings: Settings) -> None:  # fmt: skip
+    api, mcp = stack
+
+    async def run() -> list[Any]:
+        async with http_client(mcp.url, data.token(settings, "anna")) as client:
+            return list((await client.list_tools()).tools)
+
+    tools = {t.name: t for t in anyio.run(run)}
+    assert set(tools) == {"search", "search_filter", "search_decisions", "get_document", "related_documents",
+                          "traverse"}  # fmt: skip
+    _, document = api.call("/openapi.json")
+    schemas = document["components"]["schemas"]
+    for name, request in (("search", "SearchRequest"), ("search_filter", "FilterRequest"),
+                          ("search_decisions", "DecisionSearchRequest"), ("traverse", "TraverseRequest")):  # fmt: skip
+        got = tools[name].input_schema
+        want = schemas[request]
+        assert got["properties"].keys() == want["properties"].keys(), name
+        assert got.get("required", []) == want.get("required", []), name
+    related = tools["related_documents"].input_schema["properties"]
+    params = {p["name"] for p in document["paths"]["/v1/documents/{document_id}/related"]["get"]["parameters"]}
+    assert set(related) == params
+    assert {t.name for t in TOOLS} == set(tools)
+
+
+def test_a_caller_sees_through_mcp_exactly_what_http_shows(stack: tuple[Server, McpHttp], data: Data,
+                                                         settings: Settings) -> None:  # fmt: skip
+    api, mcp = stack
+    for who in ("anna", "ben"):
+        token = data.token(settings, who)
+        body = {"query": f"mcpwort{data.tag} Miete gemindert", "limit": 10, "mode": "lexical"}
+        error, found = call(mcp.url, token, "search", body)
+        status, http = api.call("/v1/search", body, token)
+        assert not error and status == 200
+        assert [h["chunk_id"] for h in found["hits"]] == [h["chunk_id"] for h in http["hits"]]
+        for tool, path in (("get_document", f"/v1/documents/{data.docs['vertrag']}"),
+                           ("related_documents", f"/v1/documents/{data.docs['gutachten']}/related")):  # fmt: skip
+            arguments = {"document_id": int(path.split("/")[3])}
+            error, found = call(mcp.url, token, tool, arguments)
+            status, http = api.call(path, token=token)
+            assert (status == 404) == error, (who, tool, found)
+            if not error:
+                assert found == http
+            else:
+                assert found["error"] == "not_found" == http["error"]
+    _, ben = call(mcp.url, data.token(settings, "ben"), "search", {"query": f"mcpwort{data.tag}", "mode": "lexical"})
+    seen = {hit["document_id"] for hit in ben["hits"]}
+    assert seen == {data.docs["gutachten"]}
+    # Related documents and traversal cut the hidden document.
+    error, related = call(mcp.url, data.token(settings, "anna"), "related_documents",
+                          {"document_id": data.docs["gutachten"], "direction": "outgoing"})  # fmt: skip
+    assert not error and [r["document"]["document_id"] for r in related["related"]] == [data.docs["vertrag"]]
+    error, walked = call(mcp.url, data.token(settings, "anna"), "traverse",
+                         {"start": [data.docs["gutachten"]], "depth": 2, "direction": "both"})  # fmt: skip
+    assert not error
+    assert {n["document_id"] for n in walked["nodes"]} == {
+        data.docs["gutachten"],
+        data.docs["vertrag"],
+        data.docs["anlage"],
+    }
+
+
+def test_bad_input_and_bad_tokens_are_refused(stack: tuple[Server, McpHttp], data: Data, settings: Settings) -> None:
+    _, mcp = stack
+    token = data.token(settings, "anna")
+    error, body = call(mcp.url, token, "traverse", {"start": [data.docs["vertrag"]], "depth": 99})
+    assert error and body["error"] == "invalid_request" and body["field"] == "depth" and body["status"] == 400
+    error, body = call(mcp.url, token, "search", {"query": "  "})
+    assert error and body["field"] == "query"
+    error, body = call(mcp.url, token, "get_document", {"document_id": "x"})
+    assert error and body["field"] == "document_id"
+    error, body = call(mcp.url, token, "no_such_tool", {})
+    assert error and body["field"] == "name"
+    import urllib.error
+    import urllib.request
+
+    for header in (None, "Bearer not-a-token"):
+        headers = {"Content-Type": "application/json"} | ({"Authorization": header} if header else {})
+        request = urllib.request.Request(mcp.url, data=b"{}", method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401
+        assert json.loads(refused.value.read())["error"] == "unauthorized"
+
+
+def test_stdio_answers_as_the_configured_principal(isolation: dict[str, str], data: Data) -> None:
+    def run_as(principals: list[str]) -> tuple[bool, Any]:
+        env = {**os.environ, **isolation, "KI_MCP__STDIO_PRINCIPALS": json.dumps(principals), "PYTHONUNBUFFERED": "1"}
+        params = StdioServerParameters(command=sys.executable, args=["-m", "apps.cli", "mcp", "--stdio"],
+                                       env=env, cwd=str(REPO_ROOT))  # fmt: skip
+
+        async def run() -> tuple[bool, Any]:
+            async with Client(params) as client:
+                result = await client.call_tool("get_document", {"document_id": data.docs["vertrag"]})
+                return result.is_error, result.structured_content
+
+        return anyio.run(run)
+
+    error, found = run_as([data.principal("anna")])
+    assert not error and found["document_id"] == data.docs["vertrag"]
+    error, found = run_as([data.principal("ben")])
+    assert error and found["error"] == "not_found"
+    error, found = run_as([])
+    assert error and found["error"] == "unauthorized"
