@@ -70,7 +70,13 @@ class RetrievalSettings(_Section):
     rerank_timeout_s: float = Field(20.0, gt=0)
     # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
     rerank_api_key_env: str = "KI_RERANK_API_KEY"
+    # Graph augmentation (search.augment): the top `graph_rag_seeds` documents' forward `references`
+    # relations pull at most `graph_rag_max_added` cited documents into the pool, scored seed score x
+    # `graph_rag_hop_penalty`. Off by default (measured on gesetze-headings-dev: BENCHMARKS.md).
     graph_rag_enabled: bool = False
+    graph_rag_seeds: int = Field(5, ge=1, le=100)
+    graph_rag_max_added: int = Field(10, ge=1, le=200)
+    graph_rag_hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
     # Identity preflight (search.identity): identifiers and exact titles named in the query are resolved
     # against the caller's scope before ranking; one named document is the top hit, several are reported
     # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more

@@ -152,6 +152,14 @@ class SearchMetrics:
             "Semantic-leg hits below the relevance floor (retrieval.semantic_floor), left out before fusion",
             registry=r,
         )
+        self.graph_augmentation = Counter(
+            "ki_search_graph_augmentation",
+            "Graph augmentation runs by outcome (failed: the answer came without it, flagged)",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.graph_augmentation.labels(result)
         for source in ("lexical_only", "semantic_only", "both"):
             self.hit_sources.labels(source)
         for result in ("hit", "miss"):

@@ -213,8 +213,9 @@ _HIT = {
         "matched_identifiers": {"type": "array", "items": {"type": "string"}},
         "match_reason": {
             "type": "string",
-            "enum": ["ranked", "identifier", "title"],
-            "description": "`identifier` / `title`: the document the query names (identity preflight), put first",
+            "enum": ["ranked", "identifier", "title", "graph"],
+            "description": "`identifier` / `title`: the document the query names (identity preflight), put first; "
+            "`graph`: pulled into the pool because a top document references it (retrieval.graph_rag_enabled)",
         },
         "citation": {"$ref": "#/components/schemas/Citation"},
         "context": {
@@ -332,6 +333,17 @@ def _ranked_page(item: str) -> dict[str, Any]:
             "used_chars": {"type": "integer"},
             "hits_dropped": {"type": "integer"},
             "next_offset": {"type": "integer"},
+        },
+    }
+    page["properties"]["graph"] = {
+        "type": "object",
+        "description": "with retrieval.graph_rag_enabled: `status` (ok, or failed: the answer came without it), "
+        "seeds, cited and added documents",
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "failed"]},
+            "seeds": {"type": "integer"},
+            "cited": {"type": "integer"},
+            "added": {"type": "integer"},
         },
     }
     page["properties"]["reason"] = {

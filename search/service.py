@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -20,14 +21,15 @@ from typing import Any
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, Unresolved, VisibleObservation, resolve_caller, visible_observations
 from ki.clients import opensearch_error
 from ki.embedding import Embedder
-from ki.errors import RequestInvalid
+from ki.errors import KiError, RequestInvalid
 from ki.settings import Settings
-from search import documents
+from search import augment, documents
 from search.budget import fit_budget
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
@@ -63,6 +65,8 @@ from search.scope_cache import ScopeCache
 from search.stats import StatsRecorder, query_stats
 from search.stats import summary as stats_summary
 from search.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
+
+log = logging.getLogger(__name__)
 
 
 class SemanticUnavailable(RequestInvalid):
@@ -128,6 +132,7 @@ class SearchResult:
     synonyms: list[str] | None = None  # phrases added to the query (with `explain`)
     semantic_floor: dict[str, Any] | None = None  # the relevance floor and what it dropped (with `explain`)
     evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
+    graph: dict[str, Any] | None = None  # graph augmentation's outcome, when it is on
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -151,6 +156,8 @@ class SearchResult:
             out["semantic_floor"] = self.semantic_floor
         if self.evidence is not None:
             out["evidence"] = self.evidence
+        if self.graph is not None:
+            out["graph"] = self.graph
         return out
 
 
@@ -590,6 +597,40 @@ class SearchService:
         async with self.verify_engine.connect() as conn:
             return await conn.run_sync(run)
 
+    async def augment(
+        self,
+        principals: Sequence[str],
+        request: SearchRequest,
+        scope: CompiledScope,
+        kept: list[Candidate],
+        verified: dict[int, VerifiedVersion],
+    ) -> tuple[list[Candidate], dict[int, VerifiedVersion], dict[str, Any]]:
+        """Graph augmentation (search.augment): the top seeds' cited documents join the pool, scoped,
+        re-verified, scored below their seed; nothing ranked is dropped."""
+        r = self.settings.retrieval
+        seeds = kept[: r.graph_rag_seeds]
+        async with self.verify_engine.connect() as conn:
+            edges = await conn.run_sync(lambda c: augment.cited_documents(c, seeds))
+        present = {c.document_id for c in kept}
+        cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag_max_added)
+                 if scope.admits(c.document_id, c.project_id)]  # fmt: skip
+        info: dict[str, Any] = {"status": "ok", "seeds": len(seeds), "cited": len(cited), "added": 0}
+        if not cited:
+            return kept, verified, info
+        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
+        strict = strict_filter(self.scope_filter(scope), clauses)
+        if strict == MATCH_NONE:
+            return kept, verified, info
+        body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
+        response = await self._opensearch(self.client.search(index=self.index, body=body))
+        added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag_hop_penalty)
+        found = await self._reverify(principals, [c.version_id for c in added])
+        if request.as_of is not None:
+            found = await self._in_force(found, request.as_of)
+        added = [c for c in added if self._matches(c, found)]
+        info["added"] = len(added)
+        return augment.merge(kept, added), {**verified, **found}, info
+
     async def identity_hit(
         self, request: SearchRequest, scope: CompiledScope, subject: Subject, fused: Sequence[Candidate]
     ) -> Candidate | None:
@@ -751,6 +792,16 @@ class SearchService:
         kept, verified = await self.verified_head(principals, fused, need, request.as_of)
         t4 = time.perf_counter()
         timings["reverify"] = (t4 - t3) * 1000
+        graph: dict[str, Any] | None = None
+        if r.graph_rag_enabled and kept:
+            # Its own failure must not take the ranked answer with it: answer without it, flagged and counted.
+            try:
+                kept, verified, graph = await self.augment(principals, request, scope, kept, verified)
+            except (KiError, SQLAlchemyError) as exc:
+                log.warning("graph augmentation failed, answering without it: %s: %s", type(exc).__name__, exc)
+                graph = {"status": "failed", "error": type(exc).__name__}
+            self.metrics.graph_augmentation.labels(graph["status"]).inc()
+            timings["graph"] = (time.perf_counter() - t4) * 1000
         if self.reranker is not None and kept:
             t5 = time.perf_counter()
             kept = await self._rerank(request.query, kept, verified)
@@ -787,6 +838,8 @@ class SearchService:
         fallbacks = [] if run.scope_filter == "exact" else [f"scope_filter_{run.scope_filter}"]
         if identity.extra.get("hit") == "filtered_out":
             fallbacks.append("identity_filtered_out")
+        if graph is not None and graph["status"] == "failed":
+            fallbacks.append("graph_failed")
         if request.mode is None and mode != "hybrid":
             fallbacks.append(f"default_mode_{mode}")
         stats = query_stats(
@@ -815,6 +868,7 @@ class SearchService:
             synonyms=list(self.expansion(request.query).added) if request.explain else None,
             semantic_floor={"similarity": floor, "dropped": below_floor} if request.explain else None,
             evidence=evidence,
+            graph=graph,
             reason=reason,
         )
 

@@ -93,3 +93,36 @@ def test_cycles_end_and_their_closing_edge_is_shown() -> None:
     found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids), depth=5, fanout=10)
     assert found.nodes == {1: 0, 2: 1, 3: 2}
     assert found.edges == sorted(edges)
+
+
+# --- graph augmentation (search.augment), pure parts ------------------------------------------------------
+
+
+def _candidate(chunk: str, doc: int, score: float):
+    from search.fusion import Candidate
+
+    return Candidate(chunk, score, {"document_id": str(doc), "document_version_id": str(doc), "project_id": "1"})
+
+
+def test_additions_are_cited_by_seeds_new_bounded_and_scored_by_the_best_seed() -> None:
+    from search.augment import plan_additions
+
+    seeds = [_candidate("a", 1, 0.9), _candidate("b", 2, 0.5)]
+    edges = [(1, 7, 10), (2, 7, 10), (2, 8, 10), (1, 2, 10), (3, 9, 10)]  # 2 is present; 3 is no seed
+    planned = plan_additions(seeds, edges, present={1, 2}, max_added=5)
+    assert [(c.document_id, c.seed_score) for c in planned] == [(7, 0.9), (8, 0.5)]
+    assert [c.document_id for c in plan_additions(seeds, edges, present={1, 2}, max_added=1)] == [7]
+
+
+def test_merge_keeps_every_ranked_candidate_and_puts_ties_behind_it() -> None:
+    from search.augment import Cited, added_candidates, merge
+
+    kept = [_candidate("a", 1, 0.9), _candidate("b", 2, 0.4), _candidate("c", 3, 0.2)]
+    hits = [{"_id": "x", "_source": {"document_id": "7", "document_version_id": "7", "project_id": "1"}},
+            {"_id": "y", "_source": {"document_id": "8", "document_version_id": "8", "project_id": "1"}},
+            {"_id": "z", "_source": {}}]  # fmt: skip
+    added = added_candidates(hits, [Cited(7, 1, 0.9), Cited(8, 1, 0.8)], hop_penalty=0.5)
+    assert [(c.chunk_id, c.score, c.match_reason) for c in added] == [("x", 0.45, "graph"), ("y", 0.4, "graph")]
+    merged = merge(kept, added)
+    assert [c.chunk_id for c in merged] == ["a", "x", "b", "y", "c"]  # y ties b and stays behind it
+    assert {c.chunk_id for c in kept} <= {c.chunk_id for c in merged}

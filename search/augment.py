@@ -1,0 +1,103 @@
+"""Graph augmentation of the candidate pool (`retrieval.graph_rag_enabled`, off by default).
+
+The best-ranked documents (seeds) cite others: their forward `references` relations pull the cited
+documents into the pool, each with its best chunk for the query, scored as the citing seed's score times
+a hop penalty. Bounded at every step (seeds, documents added), scoped like the legs (the scope filter and
+the request's filters go into the one OpenSearch query; the scope admits each document; the re-verify
+checks each hit in SQL as it does every other), and additive: a ranked candidate is never dropped, only
+moved down by an added document that scores above it. Pure parts here; the I/O is in `SearchService`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger
+
+from search.fusion import Candidate
+
+_REFERENCES_SQL = text(
+    """
+    SELECT r.from_document_id, r.to_document_id, d.project_id
+    FROM relations r JOIN documents d ON d.id = r.to_document_id
+    WHERE r.kind = 'references' AND r.from_document_id = ANY(:seeds) AND d.deleted_at IS NULL
+    ORDER BY r.from_document_id, r.to_document_id
+    """
+).bindparams(bindparam("seeds", type_=ARRAY(BigInteger)))
+
+
+@dataclass(frozen=True)
+class Cited:
+    document_id: int
+    project_id: int
+    seed_score: float  # the best score among the seeds that cite it
+
+
+def cited_documents(conn: Connection, seeds: Sequence[Candidate]) -> list[tuple[int, int, int]]:
+    """(citing document, cited document, cited document's project) of every forward `references` edge."""
+    ids = sorted({c.document_id for c in seeds})
+    if not ids:
+        return []
+    return [(r.from_document_id, r.to_document_id, r.project_id) for r in conn.execute(_REFERENCES_SQL, {"seeds": ids})]
+
+
+def plan_additions(
+    seeds: Sequence[Candidate], edges: Sequence[tuple[int, int, int]], present: set[int], max_added: int
+) -> list[Cited]:
+    """The documents to pull in: cited by a seed, not in the pool yet, at most `max_added`, those cited by the
+    best seeds first (then by id)."""
+    seed_score: dict[int, float] = {}
+    for c in seeds:
+        seed_score[c.document_id] = max(seed_score.get(c.document_id, c.score), c.score)
+    best: dict[int, Cited] = {}
+    for citing, cited, project in edges:
+        if cited in present or citing not in seed_score:
+            continue
+        score = seed_score[citing]
+        if cited not in best or score > best[cited].seed_score:
+            best[cited] = Cited(cited, project, score)
+    ordered = sorted(best.values(), key=lambda c: (-c.seed_score, c.document_id))
+    return ordered[:max_added]
+
+
+def best_chunk_body(
+    query: str, strict: dict[str, Any], documents: Sequence[int], source_includes: list[str]
+) -> dict[str, Any]:
+    """One query: each added document's chunk that best matches the query, within the scope filter."""
+    return {
+        "size": len(documents),
+        "track_total_hits": False,
+        "_source": {"includes": source_includes},
+        "query": {
+            "bool": {
+                "filter": [strict, {"terms": {"document_id": [str(d) for d in documents]}}],
+                "should": [{"match": {"text": {"query": query}}}],
+            }
+        },
+        "collapse": {"field": "document_id"},
+        "sort": ["_score", {"document_version_id": "asc"}],
+    }
+
+
+def added_candidates(hits: Sequence[dict[str, Any]], cited: Sequence[Cited], hop_penalty: float) -> list[Candidate]:
+    score_of = {c.document_id: c.seed_score * hop_penalty for c in cited}
+    out = []
+    for hit in hits:
+        source = hit.get("_source") or {}
+        try:
+            document = int(source["document_id"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if document in score_of:
+            out.append(Candidate(hit["_id"], score_of[document], source, match_reason="graph"))
+    return out
+
+
+def merge(kept: Sequence[Candidate], added: Sequence[Candidate]) -> list[Candidate]:
+    """Ranked and added candidates by score; on a tie the ranked one stays ahead (a stable sort). Nothing is
+    dropped."""
+    return sorted([*kept, *added], key=lambda c: -c.score)
