@@ -88,6 +88,9 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
     if retrieval.fair_legs:
         fields["fair_legs"] = True
+    if retrieval.graph_rag_enabled:
+        r = retrieval
+        fields["graph_rag"] = [r.graph_rag_seeds, r.graph_rag_max_added, r.graph_rag_hop_penalty]
     if retrieval.synonyms_enabled:  # None: the shipped list, as it is in this version
         fields["synonyms"] = retrieval.synonyms if retrieval.synonyms is not None else DEFAULT_SYNONYMS
     return _digest(fields, 12)

@@ -40,7 +40,7 @@ from typing import Any, Literal, cast
 from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 
-from apps.eval import beir, features, isolation, report, tuning
+from apps.eval import beir, citations, features, isolation, report, tuning
 from apps.eval.metrics import METRICS, evaluate
 from apps.processes import free_port
 from apps.progress import ProgressReport
@@ -300,6 +300,27 @@ def load_into_postgres(
         rate = done / max(time.monotonic() - started, 1e-6)
         progress(f"eval: wrote {done}/{len(todo)} documents ({rate:.0f} documents/s)")
     return Loaded(project_id, documents, len(todo), time.monotonic() - started)
+
+
+_INSERT_RELATIONS = text(
+    "INSERT INTO relations (kind, from_document_id, to_document_id) "
+    "SELECT 'references', a, b FROM unnest(CAST(:a AS bigint[]), CAST(:b AS bigint[])) AS e(a, b) "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def load_references(engine: Engine, docs: Sequence[beir.CorpusDoc], loaded: Loaded, progress: Progress) -> int:
+    """The corpus's section citations as `references` relations (apps.eval.citations; none for a corpus that
+    is no statute), for graph augmentation. Relations are read from PostgreSQL at query time: no CDC wait."""
+    edges = citations.derive_references((d.id, d.title, d.text) for d in docs)
+    if not edges:
+        return 0
+    ids = {corpus_id: doc_id for doc_id, corpus_id in loaded.documents.items()}
+    pairs = [(ids[a], ids[b]) for a, b in edges if a in ids and b in ids]
+    with engine.begin() as conn:
+        conn.execute(_INSERT_RELATIONS, {"a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+    progress(f"eval: {len(pairs)} references between sections, from their citations (graph augmentation)")
+    return len(pairs)
 
 
 # --- waiting for the index -----------------------------------------------------------------------
@@ -648,6 +669,7 @@ async def evaluate_dataset(
         )  # fmt: skip
         with engine.connect() as conn:
             postgres_version = str(conn.execute(text("SHOW server_version")).scalar_one())
+        relations = await asyncio.to_thread(load_references, engine, data.docs, loaded, progress)
     finally:
         engine.dispose()
     projection = project(data.docs, es, dataset.language, token_budget(embedder))
@@ -789,6 +811,7 @@ async def evaluate_dataset(
             "written_now": loaded.inserted,
             "index_rows": rows,
             "body_chunks": projection.chunks,
+            "references": relations,  # relations derived from section citations (graph augmentation)
         },
         "truncated_chunk_share": truncation,
         "queries": {

@@ -139,11 +139,12 @@ def test_the_semantic_floor_and_every_feature_off_and_on(run: dict) -> None:
     assert floor["queries_found"] + floor["queries_not_found"] == floor["queries"] == 4
     assert floor["similarity"] is None or -1.0 <= floor["similarity"] <= 1.0
     features = {e["feature"]: e for e in record["features"]["entries"]}
-    assert set(features) == {"identity", "synonyms", "semantic_floor", "fair_legs", "decay"}
+    assert set(features) == {"identity", "synonyms", "semantic_floor", "fair_legs", "graph_rag", "decay"}
+    assert record["corpus"]["references"] >= 0
     assert features["identity"]["default_on"] is True and features["synonyms"]["default_on"] is False
     assert features["decay"]["ndcg@10_on"] is None and features["decay"]["unmeasurable"]
     base = record["features"]["base"]["hybrid"]
-    for name in ("identity", "synonyms", "fair_legs"):
+    for name in ("identity", "synonyms", "fair_legs", "graph_rag"):
         entry = features[name]
         assert base == (entry["ndcg@10_on"] if entry["default_on"] else entry["ndcg@10_off"]), name
         assert 0.0 <= entry["ndcg@10_on"] <= 1.0 and 0.0 <= entry["ndcg@10_off"] <= 1.0

@@ -128,6 +128,8 @@ def test_new_ranking_steps_bind_reports_only_when_on():
     other_model = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.3}}
     assert ranking_hash(settings(semantic_floor_enabled=True, **other_model).retrieval, SIGNATURE) == floored
     assert ranking_hash(settings(fair_legs=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(graph_rag_enabled=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(graph_rag_hop_penalty=0.3).retrieval, SIGNATURE) == base
     assert ranking_hash(settings(synonyms_enabled=True).retrieval, SIGNATURE) != base
     assert ranking_hash(settings(synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
 
