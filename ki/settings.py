@@ -77,6 +77,10 @@ class RetrievalSettings(_Section):
     graph_rag_seeds: int = Field(5, ge=1, le=100)
     graph_rag_max_added: int = Field(10, ge=1, le=200)
     graph_rag_hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
+    # Authoritative class (search.augment): the ontology key of a document type (its whole subtree, e.g.
+    # statutes) whose best lexical match for the query is always on the first page -- at its end when the
+    # ranking did not put it there; nothing ranked is dropped. None: off.
+    authoritative_doc_type: str | None = Field(None, min_length=1)
     # Identity preflight (search.identity): identifiers and exact titles named in the query are resolved
     # against the caller's scope before ranking; one named document is the top hit, several are reported
     # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more

@@ -101,3 +101,26 @@ def merge(kept: Sequence[Candidate], added: Sequence[Candidate]) -> list[Candida
     """Ranked and added candidates by score; on a tie the ranked one stays ahead (a stable sort). Nothing is
     dropped."""
     return sorted([*kept, *added], key=lambda c: -c.score)
+
+
+_DOC_TYPE_SQL = text("SELECT id FROM ontology_nodes WHERE key = :key AND kind = 'doc_type'")
+
+
+def doc_type_id(conn: Connection, key: str) -> int | None:
+    found = conn.execute(_DOC_TYPE_SQL, {"key": key}).scalar()
+    return None if found is None else int(found)
+
+
+def authoritative_body(query: str, strict: dict[str, Any], node_id: int, source_includes: list[str]) -> dict[str, Any]:
+    """The best lexical matches for the query among the documents of one type's subtree, within the scope."""
+    return {
+        "size": 3,
+        "track_total_hits": False,
+        "_source": {"includes": source_includes},
+        "query": {
+            "bool": {
+                "filter": [strict, {"term": {"doc_type_ancestors": str(node_id)}}],
+                "must": [{"match": {"text": {"query": query}}}],
+            }
+        },
+    }

@@ -160,6 +160,14 @@ def put_first(
 ) -> list[Candidate]:
     """`hit` (the identity preflight's) first, then `kept` without it and, as collapse would, without its
     document's other chunks (one hit per document) or beyond that document's chunk cap."""
+    return put_at(hit, kept, 0, per_document=per_document, max_chunks_per_document=max_chunks_per_document)
+
+
+def put_at(
+    hit: Candidate, kept: Sequence[Candidate], position: int, *, per_document: bool, max_chunks_per_document: int
+) -> list[Candidate]:
+    """`kept` with `hit` at `position` (at most its end), and, as collapse would, without the hit's document's
+    other chunks (one hit per document) or beyond that document's chunk cap. Nothing else is dropped."""
     rest: list[Candidate] = []
     same_document = 1
     for c in kept:
@@ -170,4 +178,5 @@ def put_first(
                 continue
             same_document += 1
         rest.append(c)
-    return [hit, *rest]
+    at = min(max(position, 0), len(rest))
+    return [*rest[:at], hit, *rest[at:]]

@@ -213,9 +213,10 @@ _HIT = {
         "matched_identifiers": {"type": "array", "items": {"type": "string"}},
         "match_reason": {
             "type": "string",
-            "enum": ["ranked", "identifier", "title", "graph"],
+            "enum": ["ranked", "identifier", "title", "graph", "authoritative"],
             "description": "`identifier` / `title`: the document the query names (identity preflight), put first; "
-            "`graph`: pulled into the pool because a top document references it (retrieval.graph_rag_enabled)",
+            "`graph`: pulled into the pool because a top document references it (retrieval.graph_rag_enabled); "
+            "`authoritative`: the best match of retrieval.authoritative_doc_type, kept on the first page",
         },
         "citation": {"$ref": "#/components/schemas/Citation"},
         "context": {

@@ -44,7 +44,7 @@ from search.filters import (
     point_in_time_clauses,
 )
 from search.floor import apply_floor, floor_for
-from search.fusion import Candidate, apply_boost, apply_decay, collapse, fair_leg, put_first, rrf
+from search.fusion import Candidate, apply_boost, apply_decay, collapse, fair_leg, put_at, put_first, rrf
 from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
@@ -319,6 +319,7 @@ class SearchService:
         self.scope_cache: ScopeCache | None = None
         self.feed: InvalidationFeed | None = None
         r = settings.retrieval
+        self._authoritative_id: int | None = None  # ontology node of retrieval.authoritative_doc_type
         self.synonym_groups: list[list[str]] | None = None
         if r.synonyms_enabled:
             self.synonym_groups = r.synonyms if r.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
@@ -631,6 +632,56 @@ class SearchService:
         info["added"] = len(added)
         return augment.merge(kept, added), {**verified, **found}, info
 
+    async def authoritative_hit(
+        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
+    ) -> tuple[Candidate, VerifiedVersion] | None:
+        """The best lexical match of the authoritative document type (search.augment), scoped and verified."""
+        key = self.settings.retrieval.authoritative_doc_type
+        if key is None:
+            return None
+        if self._authoritative_id is None:  # node ids never change: looked up once it exists
+            async with self.engine.connect() as conn:
+                self._authoritative_id = await conn.run_sync(lambda c: augment.doc_type_id(c, key))
+            if self._authoritative_id is None:
+                return None
+        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
+        strict = strict_filter(self.scope_filter(scope), clauses)
+        if strict == MATCH_NONE:
+            return None
+        body = augment.authoritative_body(request.query, strict, self._authoritative_id, SOURCE_INCLUDES)
+        response = await self._opensearch(self.client.search(index=self.index, body=body))
+        found = [
+            Candidate(h["_id"], float(h.get("_score") or 0.0), h.get("_source") or {}, match_reason="authoritative")
+            for h in response.get("hits", {}).get("hits", [])
+            if _admits(scope, h.get("_source") or {})
+        ]
+        verified = await self._reverify(principals, [c.version_id for c in found])
+        if request.as_of is not None:
+            verified = await self._in_force(verified, request.as_of)
+        best = next((c for c in found if self._matches(c, verified)), None)
+        return None if best is None else (best, verified[best.version_id])
+
+    async def _keep_authoritative(
+        self,
+        principals: Sequence[str],
+        request: SearchRequest,
+        scope: CompiledScope,
+        kept: list[Candidate],
+        verified: dict[int, VerifiedVersion],
+    ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
+        """The authoritative type's best match on the first page: at its end unless already on it."""
+        found = await self.authoritative_hit(principals, request, scope)
+        if found is None:
+            return kept, verified
+        hit, version = found
+        page = kept[: request.window]
+        if any(c.document_id == hit.document_id for c in page):
+            return kept, verified
+        r = self.settings.retrieval
+        placed = put_at(hit, kept, request.window - 1, per_document=r.collapse_per_document,
+                        max_chunks_per_document=r.max_chunks_per_document)  # fmt: skip
+        return placed, {**verified, hit.version_id: version}
+
     async def identity_hit(
         self, request: SearchRequest, scope: CompiledScope, subject: Subject, fused: Sequence[Candidate]
     ) -> Candidate | None:
@@ -802,6 +853,8 @@ class SearchService:
                 graph = {"status": "failed", "error": type(exc).__name__}
             self.metrics.graph_augmentation.labels(graph["status"]).inc()
             timings["graph"] = (time.perf_counter() - t4) * 1000
+        if r.authoritative_doc_type is not None and request.offset == 0:
+            kept, verified = await self._keep_authoritative(principals, request, scope, kept, verified)
         if self.reranker is not None and kept:
             t5 = time.perf_counter()
             kept = await self._rerank(request.query, kept, verified)

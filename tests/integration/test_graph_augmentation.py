@@ -67,11 +67,20 @@ def data(engine: Engine, servers: tuple[Server, Server], settings: Settings) -> 
             "urteil_b": f"{word} {word} Die Berufung wird zurückgewiesen.",
             "norm": "Der Vermieter kann das Mietverhältnis ordentlich kündigen.",
             "geheim": "Vertrauliche Vergleichsverhandlung.",
-            **{f"rest_{n}": f"{word} Randbemerkung {n} " + "Füllwort " * (20 * n) for n in range(1, 5)},
+            **{f"rest_{n}": f"{word} {word} Randbemerkung {n} " + "Füllwort " * (20 * n) for n in range(1, 5)},
+            # The weakest match (the word once, every other document has it twice): a statute, the
+            # authoritative class of the last test.
+            "paragraf": f"Gesetzestext Gesetzestext Gesetzestext Gesetzestext {word} " + "Gesetzestext " * 60,
         }
         for key, body in bodies.items():
             docs[key] = w.document(q if key == "geheim" else p, f"{key} {w.tag}")
             w.observe(w.version(docs[key], body), obj)
+        parent = conn.execute(text("INSERT INTO ontology_nodes (kind, key, label) VALUES ('doc_type', :k, 'Gesetz') "
+                                   "RETURNING id"), {"k": f"gesetz-{w.tag}"}).scalar_one()  # fmt: skip
+        child = conn.execute(text("INSERT INTO ontology_nodes (kind, key, label, parent_id) VALUES ('doc_type', :k, "
+                                  "'BGB', :p) RETURNING id"),
+                             {"k": f"gesetz-{w.tag}.bgb", "p": parent}).scalar_one()  # fmt: skip
+        conn.execute(text("UPDATE documents SET doc_type_id = :t WHERE id = :d"), {"t": child, "d": docs["paragraf"]})
         for cited in ("norm", "geheim"):
             conn.execute(
                 text("INSERT INTO relations (kind, from_document_id, to_document_id) VALUES ('references', :a, :b)"),
@@ -93,6 +102,7 @@ def data(engine: Engine, servers: tuple[Server, Server], settings: Settings) -> 
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": d.projects})
             conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
+            conn.execute(text("DELETE FROM ontology_nodes WHERE key LIKE :k"), {"k": f"gesetz-{d.tag}%"})
 
 
 def ask(server: Server, data: Data, settings: Settings, **extra: Any) -> dict[str, Any]:
@@ -137,3 +147,25 @@ def test_a_failing_augmentation_answers_without_it_flagged_and_counted(
     assert data.docs["norm"] not in {h["document_id"] for h in answer["hits"]}
     assert graph.metric("ki_search_graph_augmentation_total", result="failed") == before + 1
     assert ask(graph, data, settings)["graph"]["status"] == "ok"  # back once the table is
+
+
+def test_the_authoritative_class_is_always_on_the_first_page(
+    isolation: dict[str, str], servers: tuple[Server, Server], data: Data, settings: Settings
+) -> None:
+    plain, _ = servers
+    srv = Server("authoritative-api", **isolation, KI_RETRIEVAL__AUTHORITATIVE_DOC_TYPE=f"gesetz-{data.tag}")
+    srv.start()
+    try:
+        ranked = [h["document_id"] for h in ask(plain, data, settings, limit=3)["hits"]]
+        assert data.docs["paragraf"] not in ranked
+        page = ask(srv, data, settings, limit=3)["hits"]
+        assert [h["document_id"] for h in page] == [*ranked[:2], data.docs["paragraf"]]  # at the page's end
+        assert page[-1]["match_reason"] == "authoritative"
+        whole = [h["document_id"] for h in ask(srv, data, settings)["hits"]]
+        assert whole.count(data.docs["paragraf"]) == 1 and set(whole) == set(
+            h["document_id"] for h in ask(plain, data, settings)["hits"]
+        )  # nothing dropped, nothing twice
+        second = ask(srv, data, settings, limit=3, offset=3)["hits"]
+        assert data.docs["paragraf"] not in [h["document_id"] for h in second]  # first page only
+    finally:
+        srv.stop()
