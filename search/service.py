@@ -142,22 +142,17 @@ class SearchResult:
             "has_more": self.has_more,
             "timings_ms": self.timings_ms,
         }
-        if self.mode is not None:
-            out["mode"] = self.mode
-        if self.ambiguous is not None:
-            out["ambiguous"] = self.ambiguous
-        if self.identity is not None:
-            out["identity"] = self.identity
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.synonyms is not None:
-            out["synonyms_added"] = self.synonyms
-        if self.semantic_floor is not None:
-            out["semantic_floor"] = self.semantic_floor
-        if self.evidence is not None:
-            out["evidence"] = self.evidence
-        if self.graph is not None:
-            out["graph"] = self.graph
+        optional = {
+            "mode": self.mode,
+            "ambiguous": self.ambiguous,
+            "identity": self.identity,
+            "reason": self.reason,
+            "synonyms_added": self.synonyms,
+            "semantic_floor": self.semantic_floor,
+            "evidence": self.evidence,
+            "graph": self.graph,
+        }
+        out.update({key: value for key, value in optional.items() if value is not None})
         return out
 
 

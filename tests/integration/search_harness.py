@@ -244,3 +244,25 @@ class RerankGateway:
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop)
         self._thread.join(30)
+
+
+def wait_until_indexed(server: Server, settings: Settings, projects: list[int], documents: set[int], what: str) -> None:
+    """Poll metadata-only search as an administrator until every one of `documents` is in the index."""
+    from search.auth import mint_token
+
+    admin = mint_token(settings.api, "root", roles=["admin"])
+
+    def indexed() -> bool:
+        status, body = server.call("/v1/search/filter", {"limit": 50, "filters": {"project_id": projects}}, admin)
+        return status == 200 and {h["document_id"] for h in body["hits"]} >= documents
+
+    wait_for(indexed, timeout=120, what=what)
+
+
+def remove_world(engine: Any, projects: list[int], sources: list[int]) -> None:
+    """Delete a test world's projects (and everything below them) and sources."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": projects})
+        conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": sources})

@@ -13,8 +13,7 @@ from sqlalchemy import Engine, text
 
 from ki.settings import Settings
 from search.auth import mint_token
-from tests.conftest import wait_for
-from tests.integration.search_harness import Server, SyncWorker, isolated
+from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -89,19 +88,12 @@ def data(engine: Engine, servers: tuple[Server, Server], settings: Settings) -> 
         w.grant("project", p, f"user:anna-{w.tag}")
         w.grant("project", q, f"user:nobody-{w.tag}")
         d = Data(w.tag, word, docs, [p, q], [source])
-    admin = mint_token(settings.api, "root", roles=["admin"])
-
-    def indexed() -> bool:
-        status, body = plain.call("/v1/search/filter", {"limit": 50, "filters": {"project_id": d.projects}}, admin)
-        return status == 200 and {h["document_id"] for h in body["hits"]} >= set(docs.values())
-
     try:
-        wait_for(indexed, timeout=120, what="the graph world in the index")
+        wait_until_indexed(plain, settings, d.projects, set(docs.values()), "the graph world in the index")
         yield d
     finally:
+        remove_world(engine, d.projects, d.sources)
         with engine.begin() as conn:
-            conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": d.projects})
-            conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
             conn.execute(text("DELETE FROM ontology_nodes WHERE key LIKE :k"), {"k": f"gesetz-{d.tag}%"})
 
 

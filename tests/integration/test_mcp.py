@@ -23,8 +23,7 @@ from apps.mcp_server import TOOLS
 from apps.processes import free_port
 from ki.settings import REPO_ROOT, Settings
 from search.auth import mint_token
-from tests.conftest import wait_for
-from tests.integration.search_harness import Child, Server, SyncWorker, isolated
+from tests.integration.search_harness import Child, Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -113,19 +112,11 @@ def data(engine: Engine, stack: tuple[Server, McpHttp], settings: Settings) -> I
         w.grant("document", docs["gutachten"], f"user:ben-{w.tag}")
         w.grant("project", q, f"user:nobody-{w.tag}")
         d = Data(w.tag, docs, [p, q], [source])
-    admin = mint_token(settings.api, "root", roles=["admin"])
-
-    def indexed() -> bool:
-        status, body = api.call("/v1/search/filter", {"limit": 50, "filters": {"project_id": d.projects}}, admin)
-        return status == 200 and {h["document_id"] for h in body["hits"]} >= set(docs.values())
-
     try:
-        wait_for(indexed, timeout=120, what="the MCP world in the index")
+        wait_until_indexed(api, settings, d.projects, set(docs.values()), "the MCP world in the index")
         yield d
     finally:
-        with engine.begin() as conn:
-            conn.execute(text("DELETE FROM projects WHERE id = ANY(:p)"), {"p": d.projects})
-            conn.execute(text("DELETE FROM sources WHERE id = ANY(:s)"), {"s": d.sources})
+        remove_world(engine, d.projects, d.sources)
 
 
 def http_client(url: str, token: str | None) -> Client:
