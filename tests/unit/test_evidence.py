@@ -164,3 +164,13 @@ def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
     data["variants"][0]["binding_hash"] = "0" * 16  # edited by hand: the whole file is refused
     (tmp_path / "gesetze.json").write_text(json.dumps(data))
     assert load_reports(str(tmp_path)) == []
+
+
+def test_the_shipped_settings_and_reports_make_hybrid_the_default():
+    """The committed `ki eval` reports (benchmarks/) must match the shipped ranking settings: otherwise the
+    service silently answers keyword-only (a changed ranking default needs its reports re-measured)."""
+    shipped = load_settings(environ={})
+    assert shipped.embedding.model == "multilingual-e5-small" and shipped.retrieval.evidence_dir == "benchmarks"
+    decision = decide(load_reports(shipped.retrieval.evidence_dir), shipped, SIGNATURE)
+    assert decision.default_mode == "hybrid", decision.reason
+    assert {"gesetze-headings-dev", "xquad-de"} <= {name.split(" (")[0] for name in decision.reports}
