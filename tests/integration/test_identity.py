@@ -397,14 +397,18 @@ def test_semantic_floor_turns_a_least_bad_match_into_an_honest_empty_answer(
 
     signature = create_embedder(settings).signature
     off_topic = f"Quantenchromodynamik der Gluonen {data.tag}"
-    plain = ask(server, data, settings, "anna", off_topic, mode="semantic")
-    assert plain["hits"], "without a floor the nearest chunks are returned, however far"
-    assert plain["semantic_floor"] == {"similarity": None, "dropped": 0}
+    shipped = ask(server, data, settings, "anna", off_topic, mode="semantic")  # the floor stored for the model
+    assert shipped["semantic_floor"]["similarity"] == settings.retrieval.semantic_floor.get(signature)
     floors = json.dumps({signature: 0.9999, "another-model-384": -1.0})
+    off = Server("floor-off-api", **isolation, KI_RETRIEVAL__SEMANTIC_FLOOR_ENABLED="false")
     srv = Server("floor-api", **isolation, KI_RETRIEVAL__SEMANTIC_FLOOR_ENABLED="true",
                  KI_RETRIEVAL__SEMANTIC_FLOOR=floors)  # fmt: skip
+    off.start()
     srv.start()
     try:
+        plain = ask(off, data, settings, "anna", off_topic, mode="semantic")
+        assert plain["hits"], "without a floor the nearest chunks are returned, however far"
+        assert plain["semantic_floor"] == {"similarity": None, "dropped": 0}
         floored = ask(srv, data, settings, "anna", off_topic, mode="semantic")
         assert floored["hits"] == [] and floored["reason"] == "no_credible_evidence"
         assert floored["semantic_floor"]["similarity"] == 0.9999 and floored["semantic_floor"]["dropped"] > 0
@@ -413,6 +417,7 @@ def test_semantic_floor_turns_a_least_bad_match_into_an_honest_empty_answer(
         assert hybrid["hits"] and all("semantic" not in h["explain"]["ranks"] for h in hybrid["hits"])
     finally:
         srv.stop()
+        off.stop()
 
 
 def test_evidence_budget_stops_in_rank_order_and_pages_on_without_a_gap(

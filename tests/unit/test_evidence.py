@@ -119,19 +119,20 @@ def test_load_reports_reads_a_folder_and_skips_what_it_cannot_use(tmp_path: Path
 
 
 def test_new_ranking_steps_bind_reports_only_when_on():
-    base = ranking_hash(settings().retrieval, SIGNATURE)
+    off = {"semantic_floor_enabled": False}
+    base = ranking_hash(settings(**off).retrieval, SIGNATURE)
     floors = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.2}}
-    assert ranking_hash(settings(**floors).retrieval, SIGNATURE) == base
+    assert ranking_hash(settings(**off, **floors).retrieval, SIGNATURE) == base
     floored = ranking_hash(settings(semantic_floor_enabled=True, **floors).retrieval, SIGNATURE)
     assert floored != base
     # Only the floor stored for the report's own signature counts.
     other_model = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.3}}
     assert ranking_hash(settings(semantic_floor_enabled=True, **other_model).retrieval, SIGNATURE) == floored
-    assert ranking_hash(settings(fair_legs=True).retrieval, SIGNATURE) != base
-    assert ranking_hash(settings(graph_rag_enabled=True).retrieval, SIGNATURE) != base
-    assert ranking_hash(settings(graph_rag_hop_penalty=0.3).retrieval, SIGNATURE) == base
-    assert ranking_hash(settings(synonyms_enabled=True).retrieval, SIGNATURE) != base
-    assert ranking_hash(settings(synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
+    assert ranking_hash(settings(**off, fair_legs=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(**off, synonyms_enabled=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(**off, synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
+    assert ranking_hash(settings(**off, graph_rag_enabled=True).retrieval, SIGNATURE) != base
+    assert ranking_hash(settings(**off, graph_rag_hop_penalty=0.3).retrieval, SIGNATURE) == base
 
 
 def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):

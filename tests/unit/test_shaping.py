@@ -50,7 +50,7 @@ def test_unknown_space_type_has_no_similarity():
 
 def test_floor_applies_only_when_on_and_stored_for_the_signature():
     stored = {"semantic_floor": {SIGNATURE: 0.8}}
-    assert floor_for(settings(**stored).retrieval, SIGNATURE) is None  # off by default
+    assert floor_for(settings(semantic_floor_enabled=False, **stored).retrieval, SIGNATURE) is None  # switched off
     on = settings(semantic_floor_enabled=True, **stored).retrieval
     assert floor_for(on, SIGNATURE) == 0.8
     assert floor_for(on, "all-minilm-l6-v2-384") is None  # another model's cosines are not comparable
