@@ -411,6 +411,18 @@ class SearchService:
         async with self.verify_engine.connect() as conn:
             return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
 
+    async def _verified(
+        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None
+    ) -> dict[int, VerifiedVersion]:
+        """The re-verify, and with `as_of` only the versions in force that day (others are no answer for it)."""
+        found = await self._reverify(principals, version_ids)
+        return found if as_of is None else await self._in_force(found, as_of)
+
+    def request_filter(self, request: SearchRequest, scope: CompiledScope) -> dict[str, Any]:
+        """The scope filter with the request's metadata filters and `as_of`, as every query of a search uses it."""
+        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
+        return strict_filter(self.scope_filter(scope), clauses)
+
     async def _in_force(self, found: dict[int, VerifiedVersion], as_of: dt.date) -> dict[int, VerifiedVersion]:
         documents = [v.document_id for v in found.values()]
         async with self.verify_engine.connect() as conn:
@@ -546,10 +558,7 @@ class SearchService:
             end = prefix_end(fused, n + batch)
             ids = {c.version_id for c in fused[n:end]} - checked
             if ids:
-                found = await self._reverify(principals, sorted(ids))
-                if as_of is not None:  # a version not in force on `as_of` is no answer for that day
-                    found = await self._in_force(found, as_of)
-                verified.update(found)
+                verified.update(await self._verified(principals, sorted(ids), as_of))
                 checked |= ids
             n, batch = end, batch * FILL_GROWTH
             survivors = [c for c in fused[:n] if self._matches(c, verified)]
@@ -613,16 +622,13 @@ class SearchService:
         info: dict[str, Any] = {"status": "ok", "seeds": len(seeds), "cited": len(cited), "added": 0}
         if not cited:
             return kept, verified, info
-        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
-        strict = strict_filter(self.scope_filter(scope), clauses)
+        strict = self.request_filter(request, scope)
         if strict == MATCH_NONE:
             return kept, verified, info
         body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
         response = await self._opensearch(self.client.search(index=self.index, body=body))
         added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag_hop_penalty)
-        found = await self._reverify(principals, [c.version_id for c in added])
-        if request.as_of is not None:
-            found = await self._in_force(found, request.as_of)
+        found = await self._verified(principals, [c.version_id for c in added], request.as_of)
         added = [c for c in added if self._matches(c, found)]
         info["added"] = len(added)
         return augment.merge(kept, added), {**verified, **found}, info
@@ -639,8 +645,7 @@ class SearchService:
                 self._authoritative_id = await conn.run_sync(lambda c: augment.doc_type_id(c, key))
             if self._authoritative_id is None:
                 return None
-        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
-        strict = strict_filter(self.scope_filter(scope), clauses)
+        strict = self.request_filter(request, scope)
         if strict == MATCH_NONE:
             return None
         body = augment.authoritative_body(request.query, strict, self._authoritative_id, SOURCE_INCLUDES)
@@ -650,9 +655,7 @@ class SearchService:
             for h in response.get("hits", {}).get("hits", [])
             if _admits(scope, h.get("_source") or {})
         ]
-        verified = await self._reverify(principals, [c.version_id for c in found])
-        if request.as_of is not None:
-            verified = await self._in_force(verified, request.as_of)
+        verified = await self._verified(principals, [c.version_id for c in found], request.as_of)
         best = next((c for c in found if self._matches(c, verified)), None)
         return None if best is None else (best, verified[best.version_id])
 
@@ -687,8 +690,7 @@ class SearchService:
         ranked = next((c for c in fused if c.version_id == version_id), None)
         if ranked is not None:
             return replace(ranked, match_reason=subject.why)
-        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
-        strict = strict_filter(self.scope_filter(scope), clauses)
+        strict = self.request_filter(request, scope)
         if strict == MATCH_NONE:
             return None
         body = {
