@@ -91,9 +91,11 @@ def test_bench_freshness_with_a_tiny_backlog_and_rate_steps_leaves_no_trace(
         "freshness", "--rate", "20", "--seconds", "3", "--docs", "3",
         "--content-backlog", "8", "--access-rates", "5", "--step-seconds", "3", "--out", str(tmp_path),
     )  # fmt: skip
-    for phase in ("without_backlog", "with_backlog"):
+    # The quiet phase lasts --seconds (a probe every 0.5 s); the backlog phase lasts until the backlog is
+    # indexed, which a fast, idle machine does within a second or two: at least its first probe.
+    for phase, least in (("without_backlog", 4), ("with_backlog", 1)):
         figures = result["access"][phase]
-        assert figures["probes"]["sent"] >= 4, phase
+        assert figures["probes"]["sent"] >= least, phase
         assert figures["probes"]["seen"] == figures["probes"]["sent"], phase
         lag = figures["commit_to_visible_s"]
         assert 0 < lag["p50"] <= lag["p95"] <= lag["p99"] <= lag["max"], phase
