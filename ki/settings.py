@@ -246,6 +246,10 @@ class StreamsSettings(_Section):
     # or to its restarted self; the Faust default (60 s) stalled the sync for a minute after every crash.
     session_timeout_s: float = Field(10.0, ge=3.0, le=300.0)
 
+    def lane_web_port(self, lane: str) -> int:
+        """The port of a lane's /metrics ("content" or "access")."""
+        return self.web_port if lane == "content" else self.access_web_port or self.web_port + 1
+
 
 #: A principal in the settings: well-formed (`kind:name`, `ki.principals`), kept as written.
 Principal = Annotated[str, AfterValidator(check_principal)]
@@ -303,6 +307,17 @@ class ApiSettings(_Section):
     max_traverse_depth: int = Field(3, ge=1, le=10)
     max_traverse_fanout: int = Field(50, ge=1, le=1000)
     max_related: int = Field(200, ge=1, le=10_000)
+    # The console (`/console`, search.console): in demo mode only, a picker of the demo users that mints
+    # local tokens -- anyone who reaches the API can then act as anyone, so never on a shared machine.
+    demo_mode: bool = False
+    # The operations dashboard's window: commit -> visible quantiles and request rates over the last
+    # this many seconds (search.ops).
+    ops_window_s: float = Field(300.0, ge=10, le=86_400)
+    # How long the dashboard waits for a lane's /metrics before showing it as down.
+    ops_scrape_timeout_s: float = Field(2.0, gt=0, le=60)
+    # Each sync lane's /metrics for the dashboard ({"content": url, "access": url}); empty: the lanes on this
+    # machine at streams.web_port and streams.access_web_port.
+    ops_lane_urls: dict[str, str] = Field(default_factory=dict)
 
 
 class McpSettings(_Section):

@@ -1,12 +1,13 @@
 """The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/documents/{id}`,
-`GET /v1/documents/{id}/related`, `POST /v1/traverse`, `GET /v1/stats`, `GET /healthz`,
-`GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus).
+`GET /v1/documents/{id}/related`, `POST /v1/traverse`, `GET /v1/stats`, `GET /v1/me`, `GET /v1/ops/overview`,
+`GET /healthz`, `GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus), and the console under
+`/console` (search.console).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
 (a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
-administrator (`/v1/stats`), 404 no document the caller may see, 413 body too large,
+administrator (`/v1/stats`, `/v1/ops/overview`), 404 no document the caller may see, 413 body too large,
 422 window too deep, 429 / 503 `overloaded` (admission control, with Retry-After), 503 a service we depend
 on unavailable (`search_unavailable`, `rerank_unavailable`, `embedding_unavailable`, `service_unavailable`
 for PostgreSQL): never a partial or silently unreranked answer. 500 `internal_error` for everything else,
@@ -30,6 +31,7 @@ from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable
 from ki.settings import ApiSettings, Settings
 from search.admission import AdmissionGate, Overloaded
 from search.auth import AuthError, authenticate
+from search.console import Console, security_headers
 from search.filters import (
     MAX_ID,
     WindowTooDeep,
@@ -41,6 +43,7 @@ from search.filters import (
 )
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.openapi import openapi_document
+from search.ops import OpsReader
 from search.rerank import RerankUnavailable
 from search.service import SearchService, SemanticUnavailable
 
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 SERVICE_KEY = web.AppKey("search_service", SearchService)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
+OPS_KEY = web.AppKey("ops", OpsReader)
 _METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
 
 
@@ -220,6 +224,24 @@ async def traverse_handler(request: web.Request) -> web.Response:
     return web.json_response(await request.app[SERVICE_KEY].traverse(principals, parsed))
 
 
+async def me_handler(request: web.Request) -> web.Response:
+    """`GET /v1/me`: the principals the token names and whether they make an administrator (the console
+    asks this after sign-in: a bad token is a 401 here, before any search)."""
+    principals = _principals(request)
+    admin = await request.app[SERVICE_KEY].is_admin(principals)
+    return web.json_response({"principals": principals, "admin": admin})
+
+
+async def ops_handler(request: web.Request) -> web.Response:
+    """`GET /v1/ops/overview`: the operations dashboard's figures (administrators only, search.ops)."""
+    principals = _principals(request)
+    service = request.app[SERVICE_KEY]
+    if not await service.is_admin(principals):
+        raise Forbidden("the operations overview is for administrators (security.admin_principals)")
+    index_error = await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops_scrape_timeout_s)
+    return web.json_response(await request.app[OPS_KEY].read(service.metrics.exposition, index_error))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -238,7 +260,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[SERVICE_KEY].metrics.exposition()
+    service = request.app[SERVICE_KEY]
+    await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops_scrape_timeout_s)
+    body = service.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -281,11 +305,21 @@ async def instrument(request: web.Request, handler: Handler) -> web.StreamRespon
         m.request_seconds.labels(*labels).observe(time.perf_counter() - started)
 
 
+def lane_metrics_urls(settings: Settings) -> dict[str, str]:
+    """Each sync lane's /metrics: `api.ops_lane_urls`, else the local lanes' ports."""
+    if settings.api.ops_lane_urls:
+        return dict(settings.api.ops_lane_urls)
+    return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in ("content", "access")}
+
+
 def build_app(settings: Settings, service: SearchService) -> web.Application:
     # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
-    app = web.Application(middlewares=[instrument, errors, admission], client_max_size=settings.api.max_body_bytes)
+    app = web.Application(
+        middlewares=[instrument, security_headers, errors, admission], client_max_size=settings.api.max_body_bytes
+    )
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
+    app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops_window_s, settings.api.ops_scrape_timeout_s)
     api = settings.api
     app[GATE_KEY] = AdmissionGate(
         api.max_concurrent_requests, api.max_queued_requests, api.queue_timeout_s, on_change=service.metrics.admission
@@ -297,6 +331,9 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app.router.add_get("/v1/documents/{document_id}", document_handler)
     app.router.add_get("/v1/documents/{document_id}/related", related_handler)
     app.router.add_post("/v1/traverse", traverse_handler)
+    app.router.add_get("/v1/me", me_handler)
+    app.router.add_get("/v1/ops/overview", ops_handler)
+    Console(settings, service.engine, _body).add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

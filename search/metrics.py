@@ -158,6 +158,20 @@ class SearchMetrics:
             ["result"],
             registry=r,
         )
+        # The index as OpenSearch reports it, read at each scrape (search.service.refresh_index_gauges).
+        self.index_size = Gauge(
+            "ki_index_size_bytes", "Store size of the index the alias points at (primaries)", registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.index_rows = Gauge(
+            "ki_index_rows", "Rows (chunks) in the index the alias points at (primaries)", registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.alias_target = Gauge(
+            "ki_index_alias_target", "1 for the index the search alias points at, 0 for one it pointed at before",
+            ["alias", "index"], registry=r, multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self._alias_seen: dict[str, set[str]] = {}
         for result in ("ok", "failed"):
             self.graph_augmentation.labels(result)
         for source in ("lexical_only", "semantic_only", "both"):
@@ -168,6 +182,15 @@ class SearchMetrics:
             self.scope_cache.labels(result)
         for kind in ("exact", "projects", "open", "none"):
             self.scope_filter.labels(kind)
+
+    def index_state(self, alias: str, targets: list[str], size_bytes: int, rows: int) -> None:
+        for index in self._alias_seen.get(alias, set()) - set(targets):  # an index the alias left: 0
+            self.alias_target.labels(alias, index).set(0)
+        for index in targets:
+            self.alias_target.labels(alias, index).set(1)
+        self._alias_seen.setdefault(alias, set()).update(targets)
+        self.index_size.set(size_bytes)
+        self.index_rows.set(rows)
 
     def observe_legs(self, took_ms: Mapping[str, float]) -> None:
         for leg, ms in took_ms.items():

@@ -1027,6 +1027,22 @@ class SearchService:
         v = verified.get(c.version_id)
         return v is not None and v.document_id == c.document_id and v.project_id == c.project_id
 
+    async def refresh_index_gauges(self, timeout_s: float) -> str | None:
+        """Read the alias target, store size and rows from OpenSearch into the index gauges; on failure keep
+        the old values and answer why (a scrape must not fail because OpenSearch is briefly away)."""
+        try:
+            aliases = await self.client.indices.get_alias(name=self.index, request_timeout=timeout_s)
+            stats = await self.client.indices.stats(
+                index=self.index, metric="store,docs", request_timeout=timeout_s
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - reported on the dashboard
+            return f"{type(exc).__name__}: {exc}"[:300]
+        primaries = stats["_all"]["primaries"]
+        self.metrics.index_state(
+            self.index, sorted(aliases), int(primaries["store"]["size_in_bytes"]), int(primaries["docs"]["count"])
+        )
+        return None
+
     async def ready(self) -> dict[str, Any]:
         """PostgreSQL reachable, OpenSearch reachable, the index alias present."""
         checks: dict[str, Any] = {}

@@ -36,6 +36,7 @@ FRESHNESS = Histogram(
 CONSUMER_LAG = Gauge(
     "ki_sync_consumer_lag", "records behind the log end, per lane's consumer group", ["lane", "topic", "partition"]
 )
+DLQ_RECORDS = Gauge("ki_sync_dlq_records", "records in the dead-letter topic (every lane's, since it was created)")
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 
 
@@ -69,8 +70,9 @@ _reader_lock = threading.Lock()
 
 def update_lag(settings: Settings) -> None:
     """Consumer lag per lane and partition as the broker sees it (log end - committed offset of the lane's
-    group), and the WAL the replication slot retains. Blocking: call it from a thread. Failures leave the
-    old values; a scrape that finds another one reading skips the reading (its values are as fresh)."""
+    group), the records in the dead-letter topic, and the WAL the replication slot retains. Blocking: call
+    it from a thread. Failures leave the old values; a scrape that finds another one reading skips the
+    reading (its values are as fresh)."""
     global _reader
     if not _reader_lock.acquire(blocking=False):
         return
@@ -79,6 +81,9 @@ def update_lag(settings: Settings) -> None:
         for lane in reader.probe.read_all():
             for p in lane.partitions:
                 CONSUMER_LAG.labels(lane=lane.lane, topic=p.topic, partition=str(p.partition)).set(p.lag)
+        dlq = reader.probe.topic_records(settings.streams.dlq_topic)
+        if dlq is not None:
+            DLQ_RECORDS.set(dlq)
         retained = status.slot_retained_bytes(settings, reader.engine)
         if retained is not None:
             SLOT_RETAINED.set(retained)

@@ -99,6 +99,17 @@ class LagProbe:
             out.append(PartitionLag(tp.topic, tp.partition, committed.get((tp.topic, tp.partition), -1), high))
         return out
 
+    def topic_records(self, topic: str) -> int | None:
+        """Records a topic holds now (log end - log start over its partitions); None if it does not exist."""
+        metadata = self._admin.list_topics(timeout=10)
+        if topic not in metadata.topics:
+            return None
+        total = 0
+        for p in metadata.topics[topic].partitions:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            total += max(0, high - low)
+        return total
+
     def close(self) -> None:
         self._consumer.close()
 

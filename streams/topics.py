@@ -41,9 +41,7 @@ def consumer_group(settings: Settings, lane: Lane) -> str:
 
 
 def lane_web_port(settings: Settings, lane: Lane) -> int:
-    if lane == "content":
-        return settings.streams.web_port
-    return settings.streams.access_web_port or settings.streams.web_port + 1
+    return settings.streams.lane_web_port(lane)
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
