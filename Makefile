@@ -11,7 +11,7 @@ test:
 
 # Fast tests only (no services).
 unit:
-	scripts/bootstrap.sh
+	scripts/bootstrap.sh --test
 	.venv/bin/pytest -m "not stack"
 
 lint:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything ki-sidecar needs on a fresh Debian machine: system packages (PostgreSQL 15,
-# a Java 17 JDK, Maven, unzip) and the Python virtual environment in .venv.
-# Idempotent: a second run only checks. The Maven artifacts are resolved later by `ki stack up`.
+# a Java 17 JDK, Maven, unzip; for the tests Chromium with its driver and promtool) and the Python
+# virtual environment in .venv.
+# `--test`: also the tools only the tests need. Idempotent: a second run only checks. The Maven artifacts are resolved later by `ki stack up`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,14 +12,30 @@ command -v unzip >/dev/null || need_apt+=(unzip)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-client-15)
 # A JDK, not only a runtime: `ki stack up` compiles the small ICU analysis module (apps/stack/icu).
 command -v javac >/dev/null || need_apt+=(openjdk-17-jdk-headless)
+# With --test: the console's browser tests drive Debian's Chromium through its version-matched
+# driver (nothing is downloaded at run time), and promtool checks monitoring/prometheus.yml.
+chromium_version=156.0.8078.114-1~deb12u1
+need_test_apt=()
+if [ "${1:-}" = "--test" ]; then
+  command -v chromium >/dev/null || need_test_apt+=("chromium=$chromium_version")
+  command -v chromedriver >/dev/null || need_test_apt+=("chromium-driver=$chromium_version")
+  command -v promtool >/dev/null || need_test_apt+=(prometheus=2.42.0+ds-5+deb12u1)
+fi
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing system packages: ${need_apt[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
   # The Debian package starts a cluster of its own on 5432; the sidecar runs its own instance.
   $sudo_cmd systemctl disable --now postgresql >/dev/null 2>&1 || true
+fi
+if [ ${#need_test_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing the test tools: ${need_test_apt[*]}"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_test_apt[@]}" >/dev/null
+  # Only promtool is wanted from the prometheus package, not the server it would start on 9090.
+  $sudo_cmd systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
 python=${PYTHON:-python3}

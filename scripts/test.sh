@@ -4,7 +4,7 @@
 # runs every test (unit and against the real services), and always stops the stack again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
+scripts/bootstrap.sh --test
 
 main_home=$(.venv/bin/python -c 'from ki.settings import load_settings; print(load_settings().stack.home)')
 main_home=${main_home/#\~/$HOME}

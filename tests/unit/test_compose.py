@@ -18,7 +18,7 @@ def _host_ports(service: dict) -> set[int]:
 def test_compose_has_the_four_services_on_the_configured_ports() -> None:
     settings = load_settings(environ={})
     services = _compose()["services"]
-    assert set(services) == {"postgres", "kafka", "connect", "opensearch"}
+    assert set(services) == {"postgres", "kafka", "connect", "opensearch", "prometheus", "grafana"}
     assert settings.database.port in _host_ports(services["postgres"])
     assert int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1]) in _host_ports(services["kafka"])
     assert urlparse(settings.connect.url).port in _host_ports(services["connect"])
@@ -38,3 +38,15 @@ def test_every_port_is_bound_to_loopback_only() -> None:
     for name, service in _compose()["services"].items():
         for mapping in service.get("ports", []):
             assert mapping.startswith("127.0.0.1:"), f"{name} exposes {mapping} beyond loopback"
+
+
+def test_monitoring_shares_the_hosts_network_and_listens_on_loopback() -> None:
+    """Prometheus must reach the API and the lanes, which listen on the host's loopback."""
+    services = _compose()["services"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert prometheus["network_mode"] == grafana["network_mode"] == "host"
+    assert "--web.listen-address=127.0.0.1:59090" in prometheus["command"]
+    assert grafana["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    mounted = {volume.split(":")[0] for volume in prometheus["volumes"] + grafana["volumes"]}
+    for path in (p for p in mounted if p.startswith("./")):
+        assert (REPO_ROOT / path).exists(), f"compose mounts {path}, which is not in the repo"
