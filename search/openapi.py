@@ -356,6 +356,19 @@ def _ranked_page(item: str) -> dict[str, Any]:
     return page
 
 
+def _get(summary: str, properties: dict[str, Any], *, forbidden: bool = False) -> dict[str, Any]:
+    responses = {
+        "200": {
+            "description": "ok",
+            "content": {"application/json": {"schema": {"type": "object", "properties": properties}}},
+        },
+        "401": _err("missing or invalid bearer token"),
+    }
+    if forbidden:
+        responses["403"] = _err("the caller is not an administrator")
+    return {"get": {"summary": summary, "responses": responses}}
+
+
 def _err(description: str) -> dict[str, Any]:
     return {
         "description": description,
@@ -470,6 +483,23 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/me": _get(
+                "The principals the bearer token names and whether they make an administrator",
+                {"principals": {"type": "array", "items": {"type": "string"}}, "admin": {"type": "boolean"}},
+            ),
+            "/v1/ops/overview": _get(
+                "The operations dashboard's figures (administrators only): lag per lane and topic, commit -> "
+                "indexed p50/p99, slot WAL retained, DLQ records, index size and alias target, request rate and "
+                "latency over api.ops_window_s; from the same sources as the API's and the lanes' /metrics",
+                {
+                    "api": {"type": "object"},
+                    "lanes": {"type": "object"},
+                    "index": {"type": "object"},
+                    "dlq_records": {"type": "integer", "nullable": True},
+                    "slot_retained_bytes": {"type": "integer", "nullable": True},
+                },  # fmt: skip
+                forbidden=True,
+            ),
             "/healthz": {"get": {"summary": "process is up", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {
                 "get": {

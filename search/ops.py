@@ -86,6 +86,13 @@ def quantile(buckets: Mapping[float, float], q: float) -> float | None:
     return lower
 
 
+def beyond(buckets: Mapping[float, float], q: float) -> bool:
+    """Whether the q-quantile lies past the highest finite bound (`quantile` then answers that bound)."""
+    finite = [count for bound, count in buckets.items() if not math.isinf(bound)]
+    every = max(buckets.values(), default=0.0)
+    return every > 0 and max(finite, default=0.0) < q * every
+
+
 @dataclass(frozen=True)
 class Reading:
     """The cumulative figures a rate or a window quantile is taken between."""
@@ -167,6 +174,8 @@ def lane_figures(lane: str, samples: list[Sample], reading: Reading, base: Readi
         "topics": [{"topic": t, "lag": int(v)} for t, v in sorted(topics.items())],
         "freshness_p50_s": _rounded(quantile(window, 0.5)),
         "freshness_p99_s": _rounded(quantile(window, 0.99)),
+        # true: the p99 is only known to exceed freshness_p99_s (the histogram's highest bucket)
+        "freshness_p99_beyond": beyond(window, 0.99),
         "freshness_events": int(max(window.values(), default=0.0)),
         "dlq_events": int(total(of_lane, "ki_sync_dlq_events_total")),
     }

@@ -125,7 +125,9 @@ async def _serve(settings: Settings, token: str) -> None:
                 top = hits[0].get("title") if hits else None
                 print(f"\n  {_curl(settings, token, path, body)}", flush=True)
                 print(f"  -> HTTP {response.status}, {len(hits)} hit(s)" + (f", top: {top!r}" if top else ""))
-        print(f"\nki demo: serving on {base} (OpenAPI at {base}/openapi.json); Ctrl-C stops API and worker.")
+        print(f"\nki demo: the console: {base}/console/ (demo mode: sign in by picking a demo user, "
+              "or paste the token above; demo-admin also sees the operations dashboard)")  # fmt: skip
+        print(f"ki demo: serving on {base} (OpenAPI at {base}/openapi.json); Ctrl-C stops API and worker.")
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
@@ -158,7 +160,9 @@ def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = 
         _wait_until_synced(settings, engine)
         token = mint_token(settings.api, user, ttl_s=86_400)
         print(f"ki demo: searching as {user} (a partner of the demo firm)")
-        asyncio.run(_serve(settings, token))
+        # The console's demo-user picker mints tokens for anyone who reaches the API: the demo only.
+        demo = settings.model_copy(update={"api": settings.api.model_copy(update={"demo_mode": True})})
+        asyncio.run(_serve(demo, token))
     except KeyboardInterrupt:
         print("\nki demo: stopping")
     finally:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from search.ops import Reading, Window, api_reading, minus, overview, parse_exposition, quantile
+from search.ops import Reading, Window, api_reading, beyond, minus, overview, parse_exposition, quantile
 
 API = """\
 # TYPE ki_api_requests_total counter
@@ -62,6 +62,7 @@ def test_quantile_interpolates_within_a_bucket_like_prometheus() -> None:
     assert quantile(buckets, 0.05) == pytest.approx(0.25)  # the first bucket starts at 0
     assert quantile(buckets, 0.99) == 1.0  # in +Inf: the highest finite bound
     assert quantile({0.5: 0.0, math.inf: 0.0}, 0.5) is None and quantile({}, 0.5) is None
+    assert beyond(buckets, 0.99) and not beyond(buckets, 0.9) and not beyond({}, 0.99)
 
 
 def test_minus_is_what_was_counted_between_readings_and_a_reset_starts_over() -> None:

@@ -324,7 +324,8 @@ function renderOps(o) {
     figures.push(figure(`lag-${lane}`, `${lane} lane lag`, l.lag, count(l.lag),
       l.topics.filter((t) => t.lag).map((t) => `${t.topic} ${t.lag}`).join(", ") || "every topic caught up"));
     figures.push(figure(`fresh-${lane}`, `${lane}: commit → indexed p50 / p99`, l.freshness_p99_s,
-      `${seconds(l.freshness_p50_s)} / ${seconds(l.freshness_p99_s)}`, `${count(l.freshness_events)} events in the window`));
+      `${seconds(l.freshness_p50_s)} / ${l.freshness_p99_beyond ? "> " : ""}${seconds(l.freshness_p99_s)}`,
+      `${count(l.freshness_events)} events in the window`));
   }
   const a = o.api;
   figures.push(figure("api-rate", "API requests / s", a.requests_per_s, a.requests_per_s.toFixed(2),

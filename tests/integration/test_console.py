@@ -1,0 +1,257 @@
+"""The console and the operations dashboard in a real headless Chromium (Debian's, through its driver and
+Selenium) against a real `ki serve` in demo mode, a real sync worker and the live stack.
+
+Two demo users with different access each see only their documents in the rendered page; the explain panel
+shows the ranks the API gave; the dashboard shows the figures `/metrics` has (index size, alias target,
+dead-letter records); a bad token gives a readable error. Each page is saved to build/screenshots/."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
+from sqlalchemy import Engine
+
+from ki.settings import Settings
+from search.auth import mint_token
+from search.ops import parse_exposition
+from tests.conftest import wait_for
+from tests.integration.browser import chromium, screenshot
+from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+
+@dataclass
+class Data:
+    tag: str
+    word: str
+    docs: dict[str, int]
+    projects: list[int]
+    sources: list[int]
+
+    def principal(self, who: str) -> str:
+        return f"user:{who}-{self.tag}"
+
+
+@pytest.fixture(scope="module")
+def stack(settings: Settings) -> Iterator[tuple[Server, SyncWorker]]:
+    with isolated(settings, prefix="ki-console-test") as env:
+        worker = SyncWorker(env)
+        worker.start()
+        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+        server = Server("console-api", **env, **lanes, KI_API__DEMO_MODE="true")
+        server.start()
+        try:
+            yield server, worker
+        finally:
+            server.stop()
+            worker.stop()
+
+
+# anna sees project P (the lease and the opinion); ben sees the opinion (a document grant) and project Q (the memo).
+@pytest.fixture(scope="module")
+def data(engine: Engine, stack: tuple[Server, SyncWorker], settings: Settings) -> Iterator[Data]:
+    server, _ = stack
+    with engine.begin() as conn:
+        w = World(conn)
+        word = f"konsolwort{w.tag}"
+        p, q = w.project("Konsole P"), w.project("Konsole Q")
+        source = w.source("local_fs")
+        obj = w.source_object(source)
+        docs: dict[str, int] = {}
+        for key, project, title, body in (
+            ("mietvertrag", p, "Mietvertrag Lindenallee 4", "Der Mieter zahlt die Miete monatlich im Voraus."),
+            ("gutachten", p, "Gutachten zur Mietminderung", "Die Minderung der Miete ist bei Mängeln zulässig."),
+            ("vermerk", q, "Vermerk Kündigungsfrist", "Die Kündigung der Wohnung ist mit drei Monaten Frist möglich."),
+        ):
+            docs[key] = w.document(project, f"{title} {w.tag}", identifiers=[f"AZ-{key}-{w.tag}"])
+            w.observe(w.version(docs[key], f"{word} {body}"), obj)
+        w.grant("project", p, f"user:anna-{w.tag}")
+        w.grant("document", docs["gutachten"], f"user:ben-{w.tag}")
+        w.grant("project", q, f"user:ben-{w.tag}")
+        d = Data(w.tag, word, docs, [p, q], [source])
+    try:
+        wait_until_indexed(server, settings, d.projects, set(docs.values()), "the console's documents indexed")
+        yield d
+    finally:
+        remove_world(engine, d.projects, d.sources)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    with chromium() as driver:
+        yield driver
+
+
+def visible_text(driver: WebDriver, element_id: str) -> str:
+    element = driver.find_element(By.ID, element_id)
+    return element.text if element.is_displayed() else ""
+
+
+def open_console(driver: WebDriver, server: Server) -> None:
+    """A fresh page with nobody signed in (the token lives in sessionStorage: cleared, then reloaded)."""
+    driver.get(f"{server.base}/console/#/signin")
+    driver.execute_script("sessionStorage.clear()")
+    driver.refresh()
+    wait_for(lambda: driver.find_element(By.ID, "signin-form").is_displayed(), timeout=20, what="the sign-in page")
+
+
+def sign_in_as(driver: WebDriver, server: Server, principal: str, filter_text: str) -> None:
+    """Through the demo-user picker, as a person would: filter, click the user."""
+    open_console(driver, server)
+    wait_for(lambda: driver.find_element(By.ID, "demo").is_displayed(), timeout=20, what="the demo-user picker")
+    driver.find_element(By.ID, "demo-filter").send_keys(filter_text)
+    selector = f"button.demo-user[data-principal='{principal}']"
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, selector), timeout=20, what=f"{principal} in the picker")
+    driver.find_element(By.CSS_SELECTOR, selector).click()
+    wait_for(lambda: principal in visible_text(driver, "who"), timeout=20, what=f"signed in as {principal}")
+
+
+def search(driver: WebDriver, query: str) -> dict[int, str]:
+    """Run a search in the page; the rendered hits as document id -> title."""
+    driver.find_element(By.ID, "q").clear()
+    driver.find_element(By.ID, "q").send_keys(query)
+    Select(driver.find_element(By.ID, "mode")).select_by_value("hybrid")
+    before = driver.find_element(By.ID, "summary").text
+    driver.find_element(By.ID, "search").click()
+    wait_for(lambda: driver.find_element(By.ID, "summary").text not in ("", before), timeout=30, what="the results")
+    return {
+        int(hit.get_attribute("data-document-id")): hit.find_element(By.CSS_SELECTOR, "h3").text
+        for hit in driver.find_elements(By.CSS_SELECTOR, "#results li.hit")
+    }
+
+
+def test_two_demo_users_each_see_only_their_documents(
+    browser: WebDriver, stack: tuple[Server, SyncWorker], data: Data
+) -> None:
+    server, _ = stack
+    expected = {"anna": {"mietvertrag", "gutachten"}, "ben": {"gutachten", "vermerk"}}
+    for who, keys in expected.items():
+        sign_in_as(browser, server, data.principal(who), f"{who}-{data.tag}")
+        hits = search(browser, data.word)
+        assert set(hits) == {data.docs[k] for k in keys}, (who, hits)
+        for key in keys:
+            assert hits[data.docs[key]].endswith(data.tag)
+        # The query word is marked in every snippet; each hit shows its citation and status.
+        marks = browser.find_elements(By.CSS_SELECTOR, "#results li.hit .snippet mark")
+        assert len(marks) >= len(keys) and all(m.text.lower() == data.word for m in marks)
+        assert all("cite: project" in c.text for c in browser.find_elements(By.CSS_SELECTOR, "#results .citation"))
+        screenshot(browser, f"console-search-{who}")
+    # ben's page shows nothing of anna's lease, however he asks.
+    assert data.docs["mietvertrag"] not in search(browser, f"Mietvertrag Lindenallee {data.tag}")
+
+
+def test_the_explain_panel_shows_the_ranks_the_api_gave(
+    browser: WebDriver, stack: tuple[Server, SyncWorker], data: Data, settings: Settings
+) -> None:
+    server, _ = stack
+    sign_in_as(browser, server, data.principal("anna"), f"anna-{data.tag}")
+    search(browser, data.word)
+    request = {"query": data.word, "mode": "hybrid", "limit": 10, "offset": 0, "explain": True}
+    status, answer = server.call("/v1/search", request, mint_token(settings.api, data.principal("anna")))
+    assert status == 200, answer
+    first = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
+    panel = first.find_element(By.CSS_SELECTOR, ".explain")
+    assert not panel.is_displayed()
+    first.find_element(By.CSS_SELECTOR, ".explain-toggle").click()
+    wait_for(panel.is_displayed, timeout=10, what="the explain panel open")
+    shown = {
+        row.get_attribute("data-leg"): int(row.find_element(By.CSS_SELECTOR, ".rank").text)
+        for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-leg]")
+    }
+    top = answer["hits"][0]
+    assert int(first.get_attribute("data-document-id")) == top["document_id"]
+    assert shown == top["explain"]["ranks"] and "lexical" in shown
+    assert "status boost" in panel.text and "RRF score" in panel.text
+    screenshot(browser, "console-explain")
+
+
+def test_the_document_view_lists_the_versions_and_relations_the_caller_may_see(
+    browser: WebDriver, stack: tuple[Server, SyncWorker], data: Data
+) -> None:
+    server, _ = stack
+    sign_in_as(browser, server, data.principal("ben"), f"ben-{data.tag}")
+    search(browser, data.word)
+    browser.find_element(By.CSS_SELECTOR, f"li.hit[data-document-id='{data.docs['gutachten']}'] h3 a").click()
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc tr.version"), timeout=20, what="the versions")
+    assert browser.find_element(By.CSS_SELECTOR, "#doc h1").text == f"Gutachten zur Mietminderung {data.tag}"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#doc tr.version")) == 1
+    screenshot(browser, "console-document")
+    browser.get(f"{server.base}/console/#/doc/{data.docs['mietvertrag']}")  # anna's, not ben's
+    wait_for(lambda: "No document you may see" in browser.find_element(By.ID, "doc").text, timeout=20,
+             what="the not-visible answer")  # fmt: skip
+
+
+def index_prefix(server: Server) -> str:
+    """The alias's concrete indexes are named `<alias>--<signature>--<time>`."""
+    return server.process.env["KI_RETRIEVAL__INDEX_NAME"] + "--"
+
+
+def _metrics(url: str) -> list:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return parse_exposition(response.read().decode())
+
+
+def test_the_dashboard_shows_what_metrics_reports(
+    browser: WebDriver, stack: tuple[Server, SyncWorker], data: Data
+) -> None:
+    server, worker = stack
+    # Not for everybody: a user without the admin role has no dashboard link and is refused.
+    sign_in_as(browser, server, data.principal("anna"), f"anna-{data.tag}")
+    assert not browser.find_element(By.ID, "nav-ops").is_displayed()
+    browser.get(f"{server.base}/console/#/ops")
+    wait_for(lambda: "Not allowed" in visible_text(browser, "error"), timeout=20, what="the refusal")
+
+    sign_in_as(browser, server, "user:demo-admin", "demo-admin")
+    browser.find_element(By.ID, "nav-ops").click()
+
+    def figure(key: str) -> str | None:
+        found = browser.find_elements(By.CSS_SELECTOR, f"#ops .figure[data-key='{key}'] .value")
+        return found[0].get_attribute("data-value") if found else None
+
+    def agree() -> dict[str, tuple[str | None, str]] | None:
+        api = _metrics(f"{server.base}/metrics")
+        lane = _metrics(f"http://127.0.0.1:{worker.port}/metrics")
+        truth = {
+            "index-size": str(int(next(s.value for s in api if s.name == "ki_index_size_bytes"))),
+            "index-rows": str(int(next(s.value for s in api if s.name == "ki_index_rows"))),
+            "alias-target": ",".join(
+                sorted(s.labels["index"] for s in api if s.name == "ki_index_alias_target" and s.value == 1)
+            ),
+            "dlq-records": str(int(next(s.value for s in lane if s.name == "ki_sync_dlq_records"))),
+        }
+        shown = {key: figure(key) for key in truth}
+        return None if shown != truth else {k: (shown[k], truth[k]) for k in truth}
+
+    matched = wait_for(agree, timeout=60, interval=1.0, what="the dashboard's figures equal to /metrics")
+    assert matched["alias-target"][1].startswith(index_prefix(server))
+    assert int(matched["index-rows"][1]) >= len(data.docs)
+    for key in ("lag-content", "lag-access", "fresh-content", "api-rate", "api-latency", "slot-retained"):
+        assert figure(key) is not None, key
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#charts svg polyline")) == 4
+    # The charts grow with each refresh (every 3 s).
+    wait_for(lambda: "last 3 readings" in browser.find_element(By.ID, "charts").text, timeout=30,
+             what="three refreshes")  # fmt: skip
+    screenshot(browser, "console-dashboard")
+
+
+def test_a_bad_token_shows_a_readable_error(browser: WebDriver, stack: tuple[Server, SyncWorker]) -> None:
+    server, _ = stack
+    open_console(browser, server)
+    browser.find_element(By.ID, "token").send_keys("not-a-token")
+    browser.find_element(By.ID, "signin").click()
+    wait_for(lambda: visible_text(browser, "error"), timeout=20, what="an error message")
+    message = visible_text(browser, "error")
+    assert message.startswith("Sign-in failed: the token was not accepted") and "{" not in message, message
+    assert browser.find_element(By.ID, "signin-form").is_displayed()
+    assert not browser.find_element(By.ID, "nav").is_displayed()
+    assert json.loads(browser.execute_script("return JSON.stringify(sessionStorage)")) == {}
+    screenshot(browser, "console-bad-token")
