@@ -66,14 +66,14 @@ def data(engine: Engine, stack: tuple[Server, SyncWorker], settings: Settings) -
         p, q = w.project("Konsole P"), w.project("Konsole Q")
         source = w.source("local_fs")
         obj = w.source_object(source)
-        docs: dict[str, int] = {}
-        for key, project, title, body in (
-            ("mietvertrag", p, "Mietvertrag Lindenallee 4", "Der Mieter zahlt die Miete monatlich im Voraus."),
-            ("gutachten", p, "Gutachten zur Mietminderung", "Die Minderung der Miete ist bei Mängeln zulässig."),
-            ("vermerk", q, "Vermerk Kündigungsfrist", "Die Kündigung der Wohnung ist mit drei Monaten Frist möglich."),
-        ):
-            docs[key] = w.document(project, f"{title} {w.tag}", identifiers=[f"AZ-{key}-{w.tag}"])
-            w.observe(w.version(docs[key], f"{word} {body}"), obj)
+        docs = {
+            "mietvertrag": w.searchable(p, "Mietvertrag Lindenallee 4",
+                                        f"{word} Der Mieter zahlt die Miete monatlich im Voraus.", obj, "mv"),
+            "gutachten": w.searchable(p, "Gutachten zur Mietminderung",
+                                      f"{word} Die Minderung der Miete ist bei Mängeln zulässig.", obj, "gu"),
+            "vermerk": w.searchable(q, "Vermerk Kündigungsfrist",
+                                    f"{word} Die Kündigung ist mit drei Monaten Frist möglich.", obj, "ve"),
+        }  # fmt: skip
         w.grant("project", p, f"user:anna-{w.tag}")
         w.grant("document", docs["gutachten"], f"user:ben-{w.tag}")
         w.grant("project", q, f"user:ben-{w.tag}")

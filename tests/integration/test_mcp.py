@@ -98,12 +98,12 @@ def data(engine: Engine, stack: tuple[Server, McpHttp], settings: Settings) -> I
         p, q = w.project("MCP"), w.project("MCP geheim")
         source = w.source("local_fs")
         obj = w.source_object(source)
-        docs: dict[str, int] = {}
         titles = (("vertrag", p, "Mietvertrag Lindenallee"), ("anlage", p, "Anlage Inventar"),
                   ("gutachten", p, "Gutachten Mietminderung"), ("geheim", q, "Vergleich Nordhafen"))  # fmt: skip
-        for key, project, title in titles:
-            docs[key] = w.document(project, f"{title} {w.tag}", identifiers=[f"AZ-{key}-{w.tag}"])
-            w.observe(w.version(docs[key], f"{word} Text von {key}. Die Miete ist gemindert."), obj)
+        docs = {
+            key: w.searchable(project, title, f"{word} Text von {key}. Die Miete ist gemindert.", obj, key)
+            for key, project, title in titles
+        }
         for kind, a, b in (("annex_of", "anlage", "vertrag"), ("references", "gutachten", "vertrag"),
                            ("references", "gutachten", "geheim")):  # fmt: skip
             conn.execute(text("INSERT INTO relations (kind, from_document_id, to_document_id) VALUES (:k, :a, :b)"),

@@ -82,6 +82,13 @@ class World:
             o=object_id,
         )
 
+    def searchable(self, project_id: int, title: str, body: str, object_id: int, key: str) -> int:
+        """A document with one final version observed at `object_id`, its title and an identifier tagged
+        (`AZ-<key>-<tag>`): what a search test needs of each document. Answers the document's id."""
+        document_id = self.document(project_id, f"{title} {self.tag}", identifiers=[f"AZ-{key}-{self.tag}"])
+        self.observe(self.version(document_id, body), object_id)
+        return document_id
+
     def grant(self, scope: str, target: int, principal: str, effect: str = "allow") -> int:
         column = {"project": "project_id", "document": "document_id", "source_object": "source_object_id"}[scope]
         return _one(
