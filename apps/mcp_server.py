@@ -9,9 +9,10 @@ is a tool error carrying the HTTP API's error body (`error`, `message`, `field`)
 
 Transports:
 * **streamable HTTP** (`ki mcp`, `mcp.host:mcp.port`, path `/mcp`): every request needs
-  `Authorization: Bearer <token>`, verified like the API's (`search.auth.authenticate`) before the MCP
-  layer sees it -- a missing or bad token is an HTTP 401 with a JSON body; the principals are read from
-  the request of each tool call. Stateless JSON responses: no session state to lose between requests.
+  `Authorization: Bearer <token>`, verified like the API's (`search.auth.Authenticator`: HMAC or the
+  identity provider) before the MCP layer sees it -- a missing or bad token is an HTTP 401 with a JSON
+  body; the principals are read from the request of each tool call. Stateless JSON responses: no
+  session state to lose between requests.
 * **stdio** (`ki mcp --stdio`, for a local client that starts the server itself): there is no token, so
   the caller's principals come from `mcp.stdio_principals`; none configured, nothing is visible.
 """
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search.api import NotFound, create_service, error_body
-from search.auth import AuthError, authenticate
+from search.auth import Authenticator, AuthError
 from search.filters import (
     DecisionSearchRequest,
     FilterRequest,
@@ -47,6 +48,7 @@ from search.filters import (
     parse_traverse_request,
     validate_request,
 )
+from search.oidc import IdentityProviderUnavailable
 from search.service import SearchService
 
 log = logging.getLogger(__name__)
@@ -159,7 +161,7 @@ def tool_error(exc: KiError, where: str) -> types.CallToolResult:
     )
 
 
-PrincipalsOf = Callable[[Any], list[str]]
+PrincipalsOf = Callable[[Any], Awaitable[list[str]]]
 
 
 def build_server(settings: Settings, service: SearchService, principals_of: PrincipalsOf) -> Server[Any]:
@@ -176,7 +178,7 @@ def build_server(settings: Settings, service: SearchService, principals_of: Prin
         try:
             if spec is None:
                 raise RequestInvalid("name", f"no tool {params.name!r}; tools: {', '.join(TOOL_BY_NAME)}")
-            principals = principals_of(ctx)
+            principals = await principals_of(ctx)
             request = spec.parse(params.arguments or {}, settings.api)
             return tool_result(await spec.call(service, principals, request))
         except KiError as exc:
@@ -186,13 +188,13 @@ def build_server(settings: Settings, service: SearchService, principals_of: Prin
                   on_list_tools=list_tools, on_call_tool=call_tool)  # fmt: skip
 
 
-def http_principals(settings: Settings) -> PrincipalsOf:
+def http_principals(auth: Authenticator) -> PrincipalsOf:
     """The caller of a streamable-HTTP tool call: the bearer token of its HTTP request."""
 
-    def principals(ctx: Any) -> list[str]:
+    async def principals(ctx: Any) -> list[str]:
         request = getattr(ctx, "request", None)
         header = request.headers.get("authorization") if request is not None else None
-        return authenticate(header, settings.api)
+        return await auth.principals(header)
 
     return principals
 
@@ -200,7 +202,7 @@ def http_principals(settings: Settings) -> PrincipalsOf:
 def stdio_principals(settings: Settings) -> PrincipalsOf:
     configured = list(settings.mcp.stdio_principals)
 
-    def principals(ctx: Any) -> list[str]:
+    async def principals(ctx: Any) -> list[str]:
         if not configured:
             raise AuthError("the stdio transport has no caller: set mcp.stdio_principals (e.g. [\"user:anna\"])")
         return configured
@@ -211,16 +213,16 @@ def stdio_principals(settings: Settings) -> PrincipalsOf:
 class BearerGate:
     """ASGI middleware: a request without a valid bearer token never reaches the MCP layer (401, JSON)."""
 
-    def __init__(self, app: Any, settings: Settings) -> None:
-        self.app, self.settings = app, settings
+    def __init__(self, app: Any, auth: Authenticator) -> None:
+        self.app, self.auth = app, auth
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
-            authenticate(headers.get("authorization"), self.settings.api)
-        except AuthError as exc:
+            await self.auth.principals(headers.get("authorization"))
+        except (AuthError, IdentityProviderUnavailable) as exc:
             status, body = error_body(exc)
             payload = json.dumps(body).encode()
             reply = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
@@ -243,11 +245,12 @@ async def serve_http(settings: Settings, *, port: int | None = None) -> None:
     import uvicorn
 
     async with _service(settings) as service:
-        server = build_server(settings, service, http_principals(settings))
+        auth = Authenticator(settings.api, settings.oidc)  # one key cache for the gate and the tools
+        server = build_server(settings, service, http_principals(auth))
         app = server.streamable_http_app(
             streamable_http_path=settings.mcp.path, stateless_http=True, json_response=True, host=settings.mcp.host
         )
-        config = uvicorn.Config(BearerGate(app, settings), host=settings.mcp.host, port=port or settings.mcp.port,
+        config = uvicorn.Config(BearerGate(app, auth), host=settings.mcp.host, port=port or settings.mcp.port,
                                 log_level="warning", lifespan="on")  # fmt: skip
         log.info("MCP (streamable HTTP) on http://%s:%s%s", settings.mcp.host, config.port, settings.mcp.path)
         await uvicorn.Server(config).serve()

@@ -266,6 +266,9 @@ class ApiSettings(_Section):
     port: int = Field(8080, ge=1, le=65535)
     jwt_secret: str = Field("change-me-local-only-secret-0123456789", min_length=16)
     jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
+    # HMAC tokens signed with jwt_secret (`ki token`, the demo, tests); switch off where every caller comes
+    # from an identity provider (oidc.*).
+    hmac_enabled: bool = True
     jwt_issuer: str = "ki-sidecar"
     jwt_audience: str = "ki-search"
     subject_claim: str = "sub"
@@ -320,6 +323,37 @@ class ApiSettings(_Section):
     ops_lane_urls: dict[str, str] = Field(default_factory=dict)
 
 
+OidcAlgorithm = Literal["RS256", "ES256"]
+OIDC_ALGORITHMS: tuple[OidcAlgorithm, ...] = ("RS256", "ES256")
+
+
+class OidcSettings(_Section):
+    """Callers signed in at an OpenID Connect provider (search.oidc): RS256/ES256 access tokens verified
+    against the provider's published keys. Off while `issuer` is empty; HMAC tokens (`api.jwt_*`) are
+    accepted beside them while `api.hmac_enabled`."""
+
+    # The provider's issuer exactly as its tokens carry it (Keycloak: https://host/realms/<realm>).
+    issuer: str = ""
+    # The API's audience: a token must name it in `aud` (Keycloak: an audience mapper; Entra ID: the app id).
+    audience: str = ""
+    # Where the keys are; empty: `jwks_uri` of {issuer}/.well-known/openid-configuration.
+    jwks_url: str = ""
+    algorithms: list[OidcAlgorithm] = Field(default_factory=lambda: list(OIDC_ALGORITHMS), min_length=1)
+    # Tolerated clock difference for exp, nbf and iat.
+    clock_skew_s: float = Field(60.0, ge=0, le=600)
+    # Keys are fetched again when older than this, and at once (but at most every refresh_min_interval_s)
+    # for a token whose `kid` is not among them: a key rotated in at the provider is picked up.
+    jwks_cache_ttl_s: float = Field(3600.0, ge=10, le=86_400)
+    jwks_refresh_min_interval_s: float = Field(30.0, ge=0, le=3600)
+    http_timeout_s: float = Field(5.0, gt=0, le=60)
+    # Claim paths (dots walk into objects: Keycloak's realm roles are `realm_access.roles`).
+    subject_claim: str = "sub"
+    groups_claim: str = "groups"
+    roles_claim: str = "realm_access.roles"
+    # Stripped from each group value (Keycloak's full group paths start with "/").
+    group_prefix: str = "/"
+
+
 class McpSettings(_Section):
     """`ki mcp`: the MCP server (apps.mcp_server). Over HTTP callers bring bearer tokens as for the API; over
     stdio there is no token, so the caller is `stdio_principals` (empty: nothing is visible)."""
@@ -349,6 +383,7 @@ class Settings(_Section):
     streams: StreamsSettings = StreamsSettings()
     security: SecuritySettings = SecuritySettings()
     api: ApiSettings = ApiSettings()
+    oidc: OidcSettings = OidcSettings()
     mcp: McpSettings = McpSettings()
     stack: StackSettings = StackSettings()
 

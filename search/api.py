@@ -30,7 +30,7 @@ from ki.embedding import EmbeddingUnavailable, create_embedder
 from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from ki.settings import ApiSettings, Settings
 from search.admission import AdmissionGate, Overloaded
-from search.auth import AuthError, authenticate
+from search.auth import Authenticator, AuthError
 from search.console import Console, security_headers
 from search.filters import (
     MAX_ID,
@@ -42,6 +42,7 @@ from search.filters import (
     parse_traverse_request,
 )
 from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from search.oidc import IdentityProviderUnavailable
 from search.openapi import openapi_document
 from search.ops import OpsReader
 from search.rerank import RerankUnavailable
@@ -53,6 +54,7 @@ SERVICE_KEY = web.AppKey("search_service", SearchService)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
 OPS_KEY = web.AppKey("ops", OpsReader)
+AUTH_KEY = web.AppKey("auth", Authenticator)
 _METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
 
 
@@ -81,6 +83,8 @@ _UNAVAILABLE: list[tuple[type[Unavailable], str, str]] = [
     (SearchUnavailable, "search_unavailable", "the search index is unavailable; no partial answer is given"),
     (RerankUnavailable, "rerank_unavailable", "the reranker failed; no unreranked answer is given"),
     (EmbeddingUnavailable, "embedding_unavailable", "the embedding service is unavailable; no partial answer"),
+    (IdentityProviderUnavailable, "identity_provider_unavailable",
+     "the identity provider's signing keys could not be fetched, so the token cannot be checked"),
     (Unavailable, "service_unavailable", "a service the search needs is unavailable; no partial answer is given"),
 ]
 
@@ -143,15 +147,15 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(error, f"{request.method} {request.path}")
 
 
-def _principals(request: web.Request) -> list[str]:
-    return authenticate(request.headers.get("Authorization"), request.app[SETTINGS_KEY].api)
+async def _principals(request: web.Request) -> list[str]:
+    return await request.app[AUTH_KEY].principals(request.headers.get("Authorization"))
 
 
 def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awaitable[Any]]) -> Handler:
     """A JSON endpoint: authenticate, parse and validate the body, run the service call, answer its JSON."""
 
     async def handler(request: web.Request) -> web.Response:
-        principals = _principals(request)
+        principals = await _principals(request)
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
         result = await call(request.app[SERVICE_KEY], principals, parsed)
         return web.json_response(result.to_json())
@@ -174,7 +178,7 @@ MAX_STATS_HOURS = 24 * 366
 async def stats_handler(request: web.Request) -> web.Response:
     """`GET /v1/stats?hours=24`: the retrieval statistics of the last hours (administrators only: they
     aggregate every caller's queries)."""
-    principals = _principals(request)
+    principals = await _principals(request)
     raw = request.query.get("hours", "24")
     try:
         hours = int(raw)
@@ -201,7 +205,7 @@ def _document_id(request: web.Request) -> int:
 
 async def document_handler(request: web.Request) -> web.Response:
     """`GET /v1/documents/{id}`: 404 alike for a document that is not there and one the caller may not see."""
-    principals = _principals(request)
+    principals = await _principals(request)
     found = await request.app[SERVICE_KEY].get_document(principals, _document_id(request))
     if found is None:
         raise NotFound("no such document")
@@ -209,7 +213,7 @@ async def document_handler(request: web.Request) -> web.Response:
 
 
 async def related_handler(request: web.Request) -> web.Response:
-    principals = _principals(request)
+    principals = await _principals(request)
     document_id = _document_id(request)
     parsed = parse_related_request(request.query, request.app[SETTINGS_KEY].api)
     found = await request.app[SERVICE_KEY].related(principals, document_id, parsed)
@@ -219,7 +223,7 @@ async def related_handler(request: web.Request) -> web.Response:
 
 
 async def traverse_handler(request: web.Request) -> web.Response:
-    principals = _principals(request)
+    principals = await _principals(request)
     parsed = parse_traverse_request(await _body(request), request.app[SETTINGS_KEY].api)
     return web.json_response(await request.app[SERVICE_KEY].traverse(principals, parsed))
 
@@ -227,14 +231,14 @@ async def traverse_handler(request: web.Request) -> web.Response:
 async def me_handler(request: web.Request) -> web.Response:
     """`GET /v1/me`: the principals the token names and whether they make an administrator (the console
     asks this after sign-in: a bad token is a 401 here, before any search)."""
-    principals = _principals(request)
+    principals = await _principals(request)
     admin = await request.app[SERVICE_KEY].is_admin(principals)
     return web.json_response({"principals": principals, "admin": admin})
 
 
 async def ops_handler(request: web.Request) -> web.Response:
     """`GET /v1/ops/overview`: the operations dashboard's figures (administrators only, search.ops)."""
-    principals = _principals(request)
+    principals = await _principals(request)
     service = request.app[SERVICE_KEY]
     if not await service.is_admin(principals):
         raise Forbidden("the operations overview is for administrators (security.admin_principals)")
@@ -319,6 +323,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     )
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
+    app[AUTH_KEY] = Authenticator(settings.api, settings.oidc)
     app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops_window_s, settings.api.ops_scrape_timeout_s)
     api = settings.api
     app[GATE_KEY] = AdmissionGate(

@@ -1,4 +1,6 @@
 """Bearer-token authentication: a signed JWT names the caller; principals never come from the body.
+Two kinds of signer: the HMAC secret of `api.jwt_*` (below) and an OpenID Connect provider (search.oidc);
+`Authenticator` tells them apart by the token's algorithm.
 
 Principals: the subject claim becomes `user:<sub>` (kept as is if it already contains ':'), each group
 claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
@@ -19,8 +21,11 @@ import jwt
 
 from ki.errors import PermanentError
 from ki.principals import canonical_principal
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, OidcSettings
 from search.filters import check_text
+from search.oidc import Jwks, OidcTokenInvalid, claim_values
+
+HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 
 
 class AuthError(PermanentError):
@@ -88,7 +93,13 @@ def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
 
 
 def authenticate(authorization: str | None, api: ApiSettings) -> list[str]:
-    """Principals of the caller named by an `Authorization: Bearer <jwt>` header; raises AuthError."""
+    """Principals of the caller named by an `Authorization: Bearer <jwt>` header signed with the HMAC
+    secret (the services use `Authenticator`, which also knows identity providers); raises AuthError."""
+    return principals_from_claims(decode_token(bearer_token(authorization, api), api), api)
+
+
+def bearer_token(authorization: str | None, api: ApiSettings) -> str:
+    """The token of an `Authorization: Bearer <jwt>` header (length-checked); raises AuthError."""
     if not authorization:
         raise AuthError("missing bearer token")
     scheme, _, token = authorization.strip().partition(" ")
@@ -96,7 +107,54 @@ def authenticate(authorization: str | None, api: ApiSettings) -> list[str]:
         raise AuthError("authorization header must be 'Bearer <token>'")
     if len(token.strip()) > api.max_token_bytes:
         raise AuthError(f"token longer than {api.max_token_bytes} bytes")
-    return principals_from_claims(decode_token(token.strip(), api), api)
+    return token.strip()
+
+
+def principals_from_oidc(claims: dict[str, Any], oidc: OidcSettings) -> list[str]:
+    """Principals of a provider's token, read at the configured claim paths (same rules as for HMAC)."""
+    try:
+        subjects = claim_values(claims, oidc.subject_claim)
+        groups = claim_values(claims, oidc.groups_claim, oidc.group_prefix)
+        roles = claim_values(claims, oidc.roles_claim)
+    except OidcTokenInvalid as exc:
+        raise AuthError(str(exc)) from None
+    if len(subjects) != 1:
+        raise AuthError(f"claim {oidc.subject_claim!r} is missing or empty")
+    name = oidc.subject_claim
+    principals = [_prefixed(name, "user", _principal_text(name, subjects[0].strip()))]
+    principals += [_prefixed(oidc.groups_claim, "group", _principal_text(oidc.groups_claim, g)) for g in groups]
+    principals += [f"role:{_principal_text(oidc.roles_claim, r).removeprefix('role:')}" for r in roles]
+    return list(dict.fromkeys(principals))
+
+
+class Authenticator:
+    """Who calls: HMAC tokens (`api.jwt_*`, while `api.hmac_enabled`) and, with `oidc.issuer` set, an
+    identity provider's RS256/ES256 tokens (search.oidc). The token's own `alg` picks the path, and each
+    path accepts only its own algorithms: an RS256 token re-signed as HS256 with the provider's public key
+    meets the HMAC secret and fails, `alg: none` fails everywhere."""
+
+    def __init__(self, api: ApiSettings, oidc: OidcSettings) -> None:
+        self.api, self.oidc = api, oidc
+        self.jwks = Jwks(oidc) if oidc.issuer else None
+
+    async def principals(self, authorization: str | None) -> list[str]:
+        token = bearer_token(authorization, self.api)
+        try:
+            header = jwt.get_unverified_header(token)
+        except (jwt.InvalidTokenError, ValueError, TypeError):
+            raise AuthError("invalid token: not a JWT") from None
+        alg = header.get("alg")
+        if alg in HMAC_ALGORITHMS:
+            if not self.api.hmac_enabled:
+                raise AuthError("HMAC-signed tokens are not accepted here (api.hmac_enabled is off)")
+            return principals_from_claims(decode_token(token, self.api), self.api)
+        if self.jwks is None:
+            raise AuthError(f"invalid token: algorithm {alg!r} not accepted (no identity provider configured)")
+        try:
+            claims = await self.jwks.verify(token, header)
+        except OidcTokenInvalid as exc:
+            raise AuthError(f"invalid token: {exc}") from None
+        return principals_from_oidc(claims, self.oidc)
 
 
 def mint_token(
