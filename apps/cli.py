@@ -38,6 +38,8 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         return action(settings, service=args.service, lines=args.lines)
     if args.action in ("stop", "start"):
         return action(settings, args.service)
+    if args.action == "up":
+        return action(settings, idp=args.idp)
     return action(settings)
 
 
@@ -334,7 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="connect: only migrate and register the Debezium connector (for a stack started elsewhere, e.g. compose);"
         " stop/start: one service only; wipe: delete the state of a stopped stack (not the artifact cache)",
     )
-    stack.add_argument("service", nargs="?", help="for logs, stop, start: postgres, kafka, connect or opensearch")
+    stack.add_argument(
+        "service", nargs="?", help="for logs, stop, start: postgres, kafka, connect, opensearch or keycloak"
+    )
+    stack.add_argument(
+        "--idp", action="store_true", help="for up: also the local identity provider (Keycloak, realm `ki`)"
+    )
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
     stack.set_defaults(handler=_stack)
 

@@ -371,6 +371,10 @@ class StackSettings(_Section):
     kafka_heap: str = "512m"
     connect_heap: str = "512m"
     start_timeout_s: float = Field(180.0, gt=0)
+    # The local identity provider (`ki stack up --idp`, apps/stack/keycloak.py): its port, and a Java 21+
+    # for it (empty: the newest under /usr/lib/jvm).
+    keycloak_port: int = Field(58180, ge=1, le=65535)
+    keycloak_java_home: str = ""
 
 
 class Settings(_Section):

@@ -25,5 +25,10 @@ stop_stack() {
 }
 trap stop_stack EXIT
 
-.venv/bin/ki stack up
+# KI_TEST_IDP=1: the identity-provider tests' run (tests/idp/), with Keycloak started as well.
+if [ "${KI_TEST_IDP:-0}" = "1" ]; then
+  .venv/bin/ki stack up --idp
+else
+  .venv/bin/ki stack up
+fi
 .venv/bin/pytest "$@"

@@ -1,11 +1,14 @@
 """Shared fixtures.
 
 Tests marked `stack` talk to the real local stack (`ki stack up`); they fail, never skip, when it is
-not running, so a missing service can't hide as a green run.
+not running, so a missing service can't hide as a green run. The identity-provider tests (tests/idp/)
+need Keycloak too and run in a step of their own (`KI_TEST_IDP=1 scripts/test.sh tests/idp`, which
+starts the stack with `--idp`); without KI_TEST_IDP they are not collected.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -15,6 +18,8 @@ import pytest
 from ki.settings import Settings, load_settings
 
 T = TypeVar("T")
+
+collect_ignore = [] if os.environ.get("KI_TEST_IDP") == "1" else ["idp"]
 
 
 @pytest.fixture(scope="session")

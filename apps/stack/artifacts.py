@@ -91,6 +91,8 @@ class Artifacts:
     kafka_libs: Path
     debezium_plugin_path: Path
     opensearch_home: Path
+    #: The Keycloak distribution's zip, resolved only when asked for (`ki stack up --idp`).
+    keycloak_archive: Path | None = None
 
     @property
     def kafka_classpath(self) -> str:
@@ -106,7 +108,7 @@ def pinned_versions(manifest: Path | None = None) -> dict[str, str]:
     return {child.tag: (child.text or "").strip() for child in props}
 
 
-def _extract(archive: Path, target: Path, strip_top: bool) -> None:
+def extract(archive: Path, target: Path, strip_top: bool) -> None:
     """Unzip keeping the Unix modes (bin/ scripts stay executable); optionally drop the top folder."""
     with zipfile.ZipFile(archive) as zf:
         for info in zf.infolist():
@@ -161,16 +163,21 @@ class Resolver:
         ).hexdigest()
         self.log_file = paths.log_file("artifacts")
 
-    def resolve(self) -> Artifacts:
+    def resolve(self, *, keycloak: bool = False) -> Artifacts:
         v = self.versions
         kafka = self._ensure(f"kafka-{v['kafka.version']}", self._build_kafka)
         debezium = self._ensure(f"debezium-{v['debezium.version']}", self._build_debezium)
         opensearch = self._ensure(f"opensearch-{v['opensearch.version']}", self._build_opensearch)
+        archive = None
+        if keycloak:
+            name = f"keycloak-quarkus-dist-{v['keycloak.version']}.zip"
+            archive = self._ensure(f"keycloak-{v['keycloak.version']}", self._build_keycloak) / name
         return Artifacts(
             versions=dict(v),
             kafka_libs=kafka / "libs",
             debezium_plugin_path=debezium,
             opensearch_home=opensearch,
+            keycloak_archive=archive,
         )
 
     # -- caching ------------------------------------------------------------------------------------
@@ -245,8 +252,8 @@ class Resolver:
         shutil.rmtree(download, ignore_errors=True)
         try:
             self._mvn_copy("opensearch-dist", download, transitive=False)
-            _extract(download / f"opensearch-{v['opensearch.version']}.zip", staging, strip_top=True)
-            _extract(
+            extract(download / f"opensearch-{v['opensearch.version']}.zip", staging, strip_top=True)
+            extract(
                 download / f"{KNN_PLUGIN}-{v['opensearch-knn.version']}.zip",
                 staging / "plugins" / KNN_PLUGIN,
                 strip_top=False,
@@ -260,6 +267,10 @@ class Resolver:
         for module in OPENSEARCH_MODULES:
             self._install_module(module, staging / "modules" / module.name, staging / "lib")
         _readable_by_all(staging)
+
+    def _build_keycloak(self, staging: Path) -> None:
+        # Only the zip is kept here: each stack unpacks it into its own state (apps/stack/keycloak.py).
+        self._mvn_copy("keycloak", staging, transitive=False)
 
     def _javac(self) -> str:
         javac = self.java.home / "bin" / "javac"
@@ -333,5 +344,5 @@ def copy_resolved(source: Path, parent: Path) -> Path:
     return target
 
 
-def resolve_artifacts(paths: StackPaths, java: JavaRuntime, report: Report) -> Artifacts:
-    return Resolver(paths, java, report).resolve()
+def resolve_artifacts(paths: StackPaths, java: JavaRuntime, report: Report, *, keycloak: bool = False) -> Artifacts:
+    return Resolver(paths, java, report).resolve(keycloak=keycloak)

@@ -64,3 +64,25 @@ def find_java(settings: Settings) -> JavaRuntime:
         else:
             return JavaRuntime(home=home, version=version)
     raise StackError("no usable Java: " + "; ".join(problems))
+
+
+JVM_DIR = Path("/usr/lib/jvm")
+
+
+def find_java_at_least(minimum: int, configured: str = "", setting: str = "") -> JavaRuntime:
+    """A Java `minimum`+ for a service that needs a newer one than the rest: `configured` if set, else
+    the newest such installation under /usr/lib/jvm."""
+    if configured:
+        home = Path(configured).expanduser()
+        version = _feature_version(home)
+        if version is None or version < minimum or not (home / "bin" / "java").is_file():
+            raise StackError(f"{setting} {home} is not a Java {minimum}+ installation")
+        return JavaRuntime(home=home, version=version)
+    found = []
+    for home in sorted(JVM_DIR.glob("*")) if JVM_DIR.is_dir() else []:
+        version = _feature_version(home)
+        if version is not None and version >= minimum and (home / "bin" / "java").is_file() and not home.is_symlink():
+            found.append(JavaRuntime(home=home, version=version))
+    if not found:
+        raise StackError(f"no Java {minimum}+ under {JVM_DIR}: install one or set {setting}")
+    return max(found, key=lambda j: j.version)

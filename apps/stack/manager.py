@@ -25,6 +25,7 @@ from apps.stack.connect import Connect
 from apps.stack.errors import StackError
 from apps.stack.java import find_java
 from apps.stack.kafka import Kafka
+from apps.stack.keycloak import Keycloak
 from apps.stack.opensearch import OpenSearch
 from apps.stack.paths import StackPaths
 from apps.stack.ports import reserve as reserve_ports
@@ -35,14 +36,16 @@ from streams.topics import lane_web_port
 
 #: Start order; `down` walks it backwards.
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
+#: Started only on demand (`up --idp`, `start keycloak`); `down`, `wipe` and `status` know them too.
+OPTIONAL_TYPES: tuple[type[Service], ...] = (Keycloak,)
 STOP_TIMEOUT_S = 30.0
 #: How long a freshly (re)started connector must stay RUNNING before `up` trusts it.
 CONNECTOR_SETTLE_S = 3.0
 MIB = 1024 * 1024
 
 
-def build_services(settings: Settings, paths: StackPaths) -> list[Service]:
-    return [kind(settings, paths) for kind in SERVICE_TYPES]
+def build_services(settings: Settings, paths: StackPaths, *, optional: bool = False) -> list[Service]:
+    return [kind(settings, paths) for kind in SERVICE_TYPES + (OPTIONAL_TYPES if optional else ())]
 
 
 def _say(text: str = "", end: str = "\n") -> None:
@@ -105,7 +108,7 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
     """Bring every service up; returns those this call started, None after a failure."""
     try:
         java = find_java(settings)
-        artifacts = resolve_artifacts(paths, java, _say)
+        artifacts = resolve_artifacts(paths, java, _say, keycloak=any(isinstance(s, Keycloak) for s in services))
     except StackError as exc:
         _fail(str(exc))
         return None
@@ -163,10 +166,11 @@ def connect(settings: Settings, fresh: bool = True) -> int:
     return 0
 
 
-def up(settings: Settings) -> int:
+def up(settings: Settings, *, idp: bool = False) -> int:
+    """`idp`: Keycloak too (after the others: a failure of the optional provider stops only itself)."""
     began = time.monotonic()
     paths = StackPaths.from_settings(settings)
-    services = build_services(settings, paths)
+    services = build_services(settings, paths, optional=idp)
     with _exclusive(paths):
         launched = _start_services(settings, paths, services)
         if launched is None:
@@ -183,10 +187,10 @@ def up(settings: Settings) -> int:
 
 
 def _one_service(settings: Settings, paths: StackPaths, name: str | None, action: str) -> Service | None:
-    for svc in build_services(settings, paths):
+    for svc in build_services(settings, paths, optional=True):
         if svc.name == name:
             return svc
-    names = ", ".join(kind.name for kind in SERVICE_TYPES)
+    names = ", ".join(kind.name for kind in SERVICE_TYPES + OPTIONAL_TYPES)
     _fail(f"{action}: name one of {names}" + (f" (not {name!r})" if name else ""))
     return None
 
@@ -226,7 +230,8 @@ def start_service(settings: Settings, name: str | None) -> int:
     with _exclusive(paths):
         try:
             java = find_java(settings)
-            runtime = Runtime(java=java, artifacts=resolve_artifacts(paths, java, _say))
+            artifacts = resolve_artifacts(paths, java, _say, keycloak=isinstance(svc, Keycloak))
+            runtime = Runtime(java=java, artifacts=artifacts)
         except StackError as exc:
             _fail(str(exc))
             return 1
@@ -252,7 +257,9 @@ def down(settings: Settings) -> int:
     paths = StackPaths.from_settings(settings)
     code = 0
     with _exclusive(paths):
-        for svc in reversed(build_services(settings, paths)):
+        for svc in reversed(build_services(settings, paths, optional=True)):
+            if isinstance(svc, OPTIONAL_TYPES) and svc.running_pid() is None:
+                continue  # never started: nothing to say
             began = time.monotonic()
             try:
                 result = svc.stop(STOP_TIMEOUT_S)
@@ -269,7 +276,7 @@ def wipe(settings: Settings) -> int:
     directory of services run as another account), logs and pid files. The artifact cache stays.
     Refuses while any service runs."""
     paths = StackPaths.from_settings(settings)
-    services = build_services(settings, paths)
+    services = build_services(settings, paths, optional=True)
     with _exclusive(paths):
         running = [svc.name for svc in services if svc.running_pid() is not None]
         if running:
@@ -295,8 +302,10 @@ def wipe(settings: Settings) -> int:
 def status(settings: Settings) -> int:
     paths = StackPaths.from_settings(settings)
     healthy = True
-    for svc in build_services(settings, paths):
+    for svc in build_services(settings, paths, optional=True):
         pid = svc.running_pid()
+        if pid is None and isinstance(svc, OPTIONAL_TYPES):
+            continue  # on demand only: not running is no fault
         if pid is None:
             healthy = False
             _say(f"{svc.name:<11} stopped                 port {svc.port}")
@@ -327,7 +336,7 @@ def _connector_status(settings: Settings) -> bool:
 
 def logs(settings: Settings, service: str | None = None, lines: int = 50) -> int:
     paths = StackPaths.from_settings(settings)
-    names = [kind.name for kind in SERVICE_TYPES] + ["artifacts"]
+    names = [kind.name for kind in SERVICE_TYPES + OPTIONAL_TYPES] + ["artifacts"]
     if service not in names:
         _fail(f"logs: name one of {', '.join(names)}" + (f" (not {service!r})" if service else ""))
         return 2

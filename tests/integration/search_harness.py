@@ -55,6 +55,27 @@ class Child:
         self.process.stop()
 
 
+class McpHttp(Child):
+    def __init__(self, **env: str) -> None:
+        self.port = free_port()
+        super().__init__("mcp-http", ["mcp", "--port", str(self.port)], env)
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, ready_url: str = "", timeout: float = 120) -> None:
+        self.process.start()
+        why = self.process.wait_ready(self._listening, timeout)
+        assert why is None, f"{self.name}: {why}; see {self.log_path}"
+
+    def _listening(self) -> bool:
+        try:
+            urllib.request.urlopen(self.url, timeout=2)
+        except urllib.error.HTTPError:
+            return True  # it answers (401 without a token)
+        except OSError:
+            return False
+        return True
+
+
 class SyncWorker(Child):
     def __init__(self, env: dict[str, str]) -> None:
         # Ports of its own: another module's worker may still hold settings.streams.web_port.

@@ -20,10 +20,16 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import Engine, text
 
 from apps.mcp_server import TOOLS
-from apps.processes import free_port
 from ki.settings import REPO_ROOT, Settings
 from search.auth import mint_token
-from tests.integration.search_harness import Child, Server, SyncWorker, isolated, remove_world, wait_until_indexed
+from tests.integration.search_harness import (
+    McpHttp,
+    Server,
+    SyncWorker,
+    isolated,
+    remove_world,
+    wait_until_indexed,
+)
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -47,30 +53,6 @@ class Data:
 
     def token(self, settings: Settings, who: str) -> str:
         return mint_token(settings.api, f"{who}-{self.tag}")
-
-
-class McpHttp(Child):
-    def __init__(self, **env: str) -> None:
-        self.port = free_port()
-        super().__init__("mcp-http", ["mcp", "--port", str(self.port)], env)
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self, ready_url: str = "", timeout: float = 120) -> None:
-        self.process.start()
-        why = self.process.wait_ready(self._listening, timeout)
-        assert why is None, f"{self.name}: {why}; see {self.log_path}"
-
-    def _listening(self) -> bool:
-        import urllib.error
-        import urllib.request
-
-        try:
-            urllib.request.urlopen(self.url, timeout=2)
-        except urllib.error.HTTPError:
-            return True  # it answers (401 without a token)
-        except OSError:
-            return False
-        return True
 
 
 @pytest.fixture(scope="module")
