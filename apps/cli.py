@@ -491,11 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    settings: Settings | None = None
     try:
         settings = load_settings(args.config)
         return int(args.handler(args, settings))
     except KiError as exc:  # ours: a one-line message, no traceback (bad settings, a service away, ...)
-        print(f"ki: {exc}", file=sys.stderr)
+        line = f"ki: {exc}"
+        print(settings.redact(line) if settings is not None else line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ki: interrupted", file=sys.stderr)

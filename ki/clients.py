@@ -11,6 +11,8 @@ status or error code, never its text, and `as_ki_error` picks the right one for 
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -32,10 +34,15 @@ from ki.settings import Settings
 _SESSION_OPTIONS = {"options": "-c jit=off"}
 
 
+def _connect_args(settings: Settings, base: dict[str, str], given: dict[str, Any] | None) -> dict[str, Any]:
+    """libpq parameters of a connection: the session options, TLS (database.ssl*), the caller's own."""
+    return {**base, **settings.database.tls_parameters(), **(given or {})}
+
+
 def make_engine(settings: Settings, *, pooled: bool = True, **kwargs: Any) -> Engine:
     """A synchronous engine (psycopg 3). `pooled=False` for one-shot tools such as migrations."""
     db = settings.database
-    kwargs.setdefault("connect_args", _SESSION_OPTIONS)
+    kwargs["connect_args"] = _connect_args(settings, _SESSION_OPTIONS, kwargs.get("connect_args"))
     if pooled:
         kwargs.setdefault("pool_size", db.pool_size)
         kwargs.setdefault("pool_pre_ping", True)
@@ -54,14 +61,32 @@ def make_async_engine(settings: Settings, *, generic_plans: bool = False, **kwar
     prepared statements keep one plan (no planning per execution)."""
     kwargs.setdefault("pool_size", settings.database.pool_size)
     kwargs.setdefault("pool_pre_ping", True)
-    kwargs.setdefault("connect_args", _GENERIC_PLAN_OPTIONS if generic_plans else _SESSION_OPTIONS)
+    base = _GENERIC_PLAN_OPTIONS if generic_plans else _SESSION_OPTIONS
+    kwargs["connect_args"] = _connect_args(settings, base, kwargs.get("connect_args"))
     return create_async_engine(settings.database.url, **kwargs)
+
+
+def opensearch_options(settings: Settings) -> dict[str, Any]:
+    """Credentials and TLS of the OpenSearch clients (opensearch.*); TLS follows the URL's scheme."""
+    o = settings.opensearch
+    options: dict[str, Any] = {"hosts": [o.url]}
+    if o.username:
+        options["http_auth"] = (o.username, o.password)
+    if o.url.startswith("https://"):
+        options.update(use_ssl=True, verify_certs=o.verify_certs, ssl_show_warn=o.verify_certs)
+        if o.ca_file:
+            options["ca_certs"] = str(Path(o.ca_file).expanduser())
+        if o.client_cert_file:
+            options["client_cert"] = str(Path(o.client_cert_file).expanduser())
+        if o.client_key_file:
+            options["client_key"] = str(Path(o.client_key_file).expanduser())
+    return options
 
 
 def make_client(settings: Settings) -> AsyncOpenSearch:
     """The asyncio OpenSearch client of the sync writer and the search API."""
     return AsyncOpenSearch(
-        hosts=[settings.opensearch.url],
+        **opensearch_options(settings),
         timeout=settings.opensearch.timeout_s,
         max_retries=0,  # retries are ours: we also retry 429s and count them
         http_compress=settings.opensearch.http_compress,
@@ -70,12 +95,40 @@ def make_client(settings: Settings) -> AsyncOpenSearch:
 
 def make_sync_client(settings: Settings, *, timeout_s: float | None = None) -> OpenSearch:
     """A blocking OpenSearch client, for commands and status probes."""
-    return OpenSearch(hosts=[settings.opensearch.url], timeout=timeout_s or settings.opensearch.timeout_s)
+    return OpenSearch(**opensearch_options(settings), timeout=timeout_s or settings.opensearch.timeout_s)
+
+
+def kafka_security(settings: Settings) -> dict[str, str]:
+    """librdkafka's TLS and SASL keys for kafka.* (nothing for PLAINTEXT)."""
+    k = settings.kafka
+    config: dict[str, str] = {}
+    if k.security_protocol != "PLAINTEXT":
+        config["security.protocol"] = k.security_protocol
+    if k.uses_sasl:
+        config.update({"sasl.mechanism": k.sasl_mechanism, "sasl.username": k.sasl_username,
+                       "sasl.password": k.sasl_password})  # fmt: skip
+    if k.uses_tls:
+        files = {"ssl.ca.location": k.ssl_ca_file, "ssl.certificate.location": k.ssl_cert_file,
+                 "ssl.key.location": k.ssl_key_file}  # fmt: skip
+        config.update({key: str(Path(path).expanduser()) for key, path in files.items() if path})
+    return config
+
+
+def kafka_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of the Python Kafka clients (the sync worker's), from the same kafka.ssl_* files."""
+    k = settings.kafka
+    if not k.uses_tls:
+        return None
+    context = ssl.create_default_context(cafile=str(Path(k.ssl_ca_file).expanduser()) if k.ssl_ca_file else None)
+    if k.ssl_cert_file:
+        key = str(Path(k.ssl_key_file).expanduser()) if k.ssl_key_file else None
+        context.load_cert_chain(str(Path(k.ssl_cert_file).expanduser()), key)
+    return context
 
 
 def kafka_config(settings: Settings, **options: Any) -> dict[str, Any]:
-    """librdkafka configuration for this stack's brokers, plus the caller's options."""
-    return {"bootstrap.servers": settings.kafka.bootstrap_servers, **options}
+    """librdkafka configuration for this stack's brokers (with TLS and SASL), plus the caller's options."""
+    return {"bootstrap.servers": settings.kafka.bootstrap_servers, **kafka_security(settings), **options}
 
 
 def make_kafka_admin(settings: Settings, **options: Any) -> AdminClient:

@@ -22,10 +22,43 @@ from ki.principals import check_principal
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
 ENV_PREFIX = "KI_"
+REDACT_MIN_CHARS = 6
+
+
+#: A secret setting: never in a repr (so never in a log line that prints settings), redacted by
+#: `Settings.redact`, and readable from a file (`<name>_file`) so it stays out of config.json.
+Secret = Annotated[str, Field(repr=False, json_schema_extra={"secret": True})]
+
+
+def _secret_names(model: type[BaseModel]) -> list[str]:
+    return [
+        name
+        for name, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("secret")
+    ]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """`<secret>_file`: the secret is the file's content (one trailing newline dropped), read here."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name in _secret_names(cls):
+            path = data.get(f"{name}_file")
+            if not path:
+                continue
+            try:
+                text = Path(str(path)).expanduser().read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+                raise ValueError(f"{name}_file: cannot read {path}: {reason}") from None
+            data[name] = text.removesuffix("\n").removesuffix("\r")
+        return data
 
 
 class TextAnalysis(_Section):
@@ -149,8 +182,20 @@ class DatabaseSettings(_Section):
     port: int = Field(55432, ge=1, le=65535)
     name: str = "ki"
     user: str = "ki"
-    password: str = "ki"
+    password: Secret = "ki"
+    password_file: str = ""
     pool_size: int = Field(10, ge=1, le=200)
+    # TLS to PostgreSQL (libpq's own parameters): verify-full checks the certificate and the host name.
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
+    sslrootcert: str = ""
+    sslcert: str = ""
+    sslkey: str = ""
+
+    def tls_parameters(self) -> dict[str, str]:
+        """libpq connection parameters for TLS (only those set)."""
+        values = {"sslmode": self.sslmode, "sslrootcert": self.sslrootcert, "sslcert": self.sslcert,
+                  "sslkey": self.sslkey}  # fmt: skip
+        return {key: str(Path(v).expanduser()) if key != "sslmode" else v for key, v in values.items() if v}
 
     @property
     def url(self) -> str:
@@ -159,7 +204,8 @@ class DatabaseSettings(_Section):
     @property
     def dsn(self) -> str:
         """libpq connection string (for psycopg without SQLAlchemy)."""
-        return f"host={self.host} port={self.port} dbname={self.name} user={self.user} password={self.password}"
+        tls = "".join(f" {key}={value}" for key, value in self.tls_parameters().items())
+        return f"host={self.host} port={self.port} dbname={self.name} user={self.user} password={self.password}{tls}"
 
 
 class KafkaSettings(_Section):
@@ -168,6 +214,29 @@ class KafkaSettings(_Section):
     topic_prefix: str = Field("ki", pattern=r"^[A-Za-z0-9_.-]+$")
     partitions: int = Field(3, ge=1, le=1000)
     replication_factor: int = Field(1, ge=1, le=10)
+    # TLS and SASL to the brokers (the sync worker's, the admin and consumer clients', Connect's).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_username: str = ""
+    sasl_password: Secret = ""
+    sasl_password_file: str = ""
+    ssl_ca_file: str = ""
+    ssl_cert_file: str = ""
+    ssl_key_file: str = ""
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @model_validator(mode="after")
+    def _sasl_needs_credentials(self) -> KafkaSettings:
+        if self.uses_sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"sasl_username: {self.security_protocol} needs sasl_username and sasl_password")
+        return self
 
 
 class ConnectSettings(_Section):
@@ -180,6 +249,11 @@ class ConnectSettings(_Section):
     heartbeat_interval_ms: int = Field(1_000, ge=100)
     # Host name Connect uses to reach PostgreSQL; empty = database.host (differs under docker compose).
     database_hostname: str = ""
+    # Connect's REST API: basic authentication and the CA that signed its certificate (https URLs).
+    username: str = ""
+    password: Secret = ""
+    password_file: str = ""
+    ca_file: str = ""
 
 
 class OpenSearchSettings(_Section):
@@ -194,6 +268,15 @@ class OpenSearchSettings(_Section):
     # gzip request and response bodies: worth it over a slow network, pure CPU on loopback or a LAN
     # (off: search ~1.5 ms faster per request here; bulk bodies with vectors compress well on a WAN).
     http_compress: bool = False
+    # Credentials (the security plugin's internal users) and TLS (https URLs): the CA bundle that signed
+    # the server's certificate, a client certificate for certificate authentication, hostname checks.
+    username: str = ""
+    password: Secret = ""
+    password_file: str = ""
+    ca_file: str = ""
+    client_cert_file: str = ""
+    client_key_file: str = ""
+    verify_certs: bool = True
 
 
 class EmbeddingSettings(_Section):
@@ -264,7 +347,8 @@ class SecuritySettings(_Section):
 class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
-    jwt_secret: str = Field("change-me-local-only-secret-0123456789", min_length=16)
+    jwt_secret: Secret = Field("change-me-local-only-secret-0123456789", min_length=16)
+    jwt_secret_file: str = ""
     jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
     # HMAC tokens signed with jwt_secret (`ki token`, the demo, tests); switch off where every caller comes
     # from an identity provider (oidc.*).
@@ -391,9 +475,26 @@ class Settings(_Section):
     mcp: McpSettings = McpSettings()
     stack: StackSettings = StackSettings()
 
+    def secrets(self) -> list[str]:
+        """Every secret value set (passwords, the JWT secret), longest first."""
+        found = []
+        for name in type(self).model_fields:
+            section = getattr(self, name)
+            found += [getattr(section, field) for field in _secret_names(type(section))]
+        return sorted({v for v in found if v}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """`text` with every secret value replaced by `***` (for errors, status lines and logs). Values
+        shorter than REDACT_MIN_CHARS are left: replacing a two-letter local password would maul every
+        word containing it (and such a password protects nothing)."""
+        for secret in self.secrets():
+            if len(secret) >= REDACT_MIN_CHARS:
+                text = text.replace(secret, "***")
+        return text
+
 
 def _is_plain_str(annotation: Any) -> bool:
-    if annotation is str:
+    if annotation is str or (get_origin(annotation) is Annotated and get_args(annotation)[0] is str):
         return True
     return get_origin(annotation) is Literal and all(isinstance(a, str) for a in get_args(annotation))
 

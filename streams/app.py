@@ -32,7 +32,7 @@ from typing import Any
 import faust
 from prometheus_client import generate_latest
 
-from ki.clients import as_ki_error, make_client, make_engine
+from ki.clients import as_ki_error, kafka_ssl_context, make_client, make_engine
 from ki.embedding import create_embedder
 from ki.errors import IndexSchemaError, TransientError
 from ki.settings import Settings
@@ -50,6 +50,18 @@ log = logging.getLogger(__name__)
 EXIT_INDEX_MISMATCH = 3
 
 
+def broker_credentials(settings: Settings) -> faust.auth.Credentials | None:
+    """Faust's view of kafka.security_protocol: SASL (PLAIN / SCRAM) over TLS or not, TLS alone, or none."""
+    k = settings.kafka
+    context = kafka_ssl_context(settings)
+    if k.uses_sasl:
+        return faust.SASLCredentials(username=k.sasl_username, password=k.sasl_password, ssl_context=context,
+                                     mechanism=k.sasl_mechanism)  # fmt: skip
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
 def create_app(settings: Settings, lane: Lane) -> faust.App:
     """One lane's app, built from the settings of the process that runs it (`ki --config X sync run`,
     `$KI_CONFIG`, `KI_*` overrides): app id / consumer group, brokers, topics, DLQ, web port, index.
@@ -64,6 +76,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     app = faust.App(
         group,
         broker=[f"kafka://{server}" for server in settings.kafka.bootstrap_servers.split(",")],
+        broker_credentials=broker_credentials(settings),
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",

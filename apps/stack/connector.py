@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from apps.stack.errors import StackError
-from apps.stack.http import HttpError, request_json
+from apps.stack.http import Auth, HttpError, request_json
 from ki.db.models import HEARTBEAT_ACTION_QUERY, PUBLISHED_TABLES
 from ki.settings import Settings
 
@@ -43,7 +43,19 @@ def connector_config(settings: Settings) -> dict[str, str]:
         return str(derived[key] if key in derived else _lookup(settings, key))
 
     template: dict[str, str] = json.loads(TEMPLATE.read_text(encoding="utf-8"))
-    return {key: _PLACEHOLDER.sub(fill, value) for key, value in template.items()}
+    config = {key: _PLACEHOLDER.sub(fill, value) for key, value in template.items()}
+    # TLS from Connect to PostgreSQL: Debezium takes libpq's parameters under `database.` (its default
+    # sslmode is libpq's, prefer, which is left out so an unchanged stack keeps its registered config).
+    tls = settings.database.tls_parameters()
+    if tls.get("sslmode") == "prefer":
+        del tls["sslmode"]
+    config.update({f"database.{key}": value for key, value in tls.items()})
+    return config
+
+
+def connect_auth(settings: Settings) -> Auth:
+    c = settings.connect
+    return Auth(c.username, c.password, str(Path(c.ca_file).expanduser()) if c.ca_file else "")
 
 
 class Connector:
@@ -51,22 +63,23 @@ class Connector:
         self.name = settings.connect.connector_name
         self.base = f"{settings.connect.url.rstrip('/')}/connectors/{self.name}"
         self.config = connector_config(settings)
+        self.auth = connect_auth(settings)
 
     def register(self) -> str:
         """PUT the configuration unless Connect already has exactly it; returns what happened."""
-        status, current = request_json("GET", f"{self.base}/config")
+        status, current = request_json("GET", f"{self.base}/config", auth=self.auth)
         if status == 200 and isinstance(current, dict):
             current = {k: v for k, v in current.items() if k != "name"}
             if current == self.config:
                 return "unchanged"
-        status, body = request_json("PUT", f"{self.base}/config", self.config, timeout=30)
+        status, body = request_json("PUT", f"{self.base}/config", self.config, timeout=30, auth=self.auth)
         if status not in (200, 201):
             raise StackError(f"connector {self.name}: Connect refused the configuration ({status}): {_message(body)}")
         return "created" if status == 201 else "updated"
 
     def state(self) -> tuple[str, list[str], str]:
         """(connector state, task states, first line of a failure trace)."""
-        status, body = request_json("GET", f"{self.base}/status")
+        status, body = request_json("GET", f"{self.base}/status", auth=self.auth)
         if status != 200 or not isinstance(body, dict):
             return "UNKNOWN", [], ""
         tasks = body.get("tasks", [])
@@ -76,7 +89,7 @@ class Connector:
         return body.get("connector", {}).get("state", "UNKNOWN"), [t.get("state", "") for t in tasks], trace
 
     def restart_failed(self) -> None:
-        request_json("POST", f"{self.base}/restart?includeTasks=true&onlyFailed=true", timeout=30)
+        request_json("POST", f"{self.base}/restart?includeTasks=true&onlyFailed=true", timeout=30, auth=self.auth)
 
     def wait_running(self, timeout_s: float, settle_s: float = 0.0) -> None:
         """Until the connector and all its tasks are RUNNING, for `settle_s` in a row (Connect reports a
