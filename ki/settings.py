@@ -214,7 +214,7 @@ class KafkaSettings(_Section):
     topic_prefix: str = Field("ki", pattern=r"^[A-Za-z0-9_.-]+$")
     partitions: int = Field(3, ge=1, le=1000)
     replication_factor: int = Field(1, ge=1, le=10)
-    # TLS and SASL to the brokers (the sync worker's, the admin and consumer clients', Connect's).
+    # TLS and SASL to the brokers: the sync worker's clients (Faust) and the admin and consumer clients.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
     sasl_username: str = ""

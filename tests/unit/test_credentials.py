@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_postgresql_and_debezium_get_the_tls_parameters() -> None:
 
 class _Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = ('{"authorization": "%s"}' % self.headers.get("Authorization", "")).encode()
+        body = json.dumps({"authorization": self.headers.get("Authorization", "")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -120,5 +121,6 @@ def test_connects_rest_api_gets_basic_credentials(echo: str) -> None:
     auth = connect_auth(settings(KI_CONNECT__USERNAME="ki-operator", KI_CONNECT__PASSWORD="connect-pass-9"))
     assert "connect-pass-9" not in repr(auth)
     status, body = request_json("GET", f"{echo}/connectors", auth=auth)
-    assert status == 200 and body["authorization"] == "Basic " + base64.b64encode(b"ki-operator:connect-pass-9").decode()
+    expected = "Basic " + base64.b64encode(b"ki-operator:connect-pass-9").decode()
+    assert status == 200 and body["authorization"] == expected
     assert request_json("GET", f"{echo}/connectors")[1]["authorization"] == ""
