@@ -101,15 +101,16 @@ class Postgres(Service):
             "host   replication  all   ::1/128        scram-sha-256\n"
         )
 
-    def _superuser(self) -> psycopg.Connection[tuple[object, ...]]:
+    def superuser(self, dbname: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        """The cluster's superuser over the private socket (the stack's own administration, and tests)."""
         return psycopg.connect(
-            host=str(self.socket_dir), port=self.port, user=SUPERUSER, dbname="postgres",
+            host=str(self.socket_dir), port=self.port, user=SUPERUSER, dbname=dbname,
             connect_timeout=3, autocommit=True,
         )  # fmt: skip
 
     def probe(self) -> str | None:
         try:
-            with self._superuser() as conn:
+            with self.superuser() as conn:
                 conn.execute("select 1")
         except psycopg.Error as exc:
             return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -119,7 +120,7 @@ class Postgres(Service):
         """Assert the application role (password from the settings) and its database."""
         db = self.settings.database
         role, password = sql.Identifier(db.user), sql.Literal(db.password)
-        with self._superuser() as conn:
+        with self.superuser() as conn:
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (db.user,)).fetchone()
             verb = sql.SQL("ALTER") if exists else sql.SQL("CREATE")
             conn.execute(sql.SQL("{} ROLE {} LOGIN REPLICATION CREATEDB PASSWORD {}").format(verb, role, password))
