@@ -494,7 +494,7 @@ class Settings(_Section):
 
 
 def _is_plain_str(annotation: Any) -> bool:
-    if annotation is str or (get_origin(annotation) is Annotated and get_args(annotation)[0] is str):
+    if annotation is str:  # also a `Secret`: pydantic hands the field's type without its Annotated metadata
         return True
     return get_origin(annotation) is Literal and all(isinstance(a, str) for a in get_args(annotation))
 

@@ -36,7 +36,7 @@ from apps.stack.paths import StackPaths
 from ki.settings import Settings
 from search.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import McpHttp, Server, SyncWorker, isolated, remove_world, wait_until_indexed
+from tests.integration.search_harness import McpHttp, Server, remove_world, synced_api, wait_until_indexed
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -117,16 +117,8 @@ def oidc_env(provider: Provider, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def stack(settings: Settings, provider: Provider) -> Iterator[tuple[Server, dict[str, str]]]:
-    with isolated(settings, prefix="ki-idp-test") as env:
-        worker = SyncWorker(env)
-        worker.start()
-        server = Server("idp-api", **env, **oidc_env(provider))
-        server.start()
-        try:
-            yield server, env
-        finally:
-            server.stop()
-            worker.stop()
+    with synced_api(settings, "ki-idp-test", "idp-api", **oidc_env(provider)) as (server, _, env):
+        yield server, env
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,25 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
                 future.result()
 
 
+@contextlib.contextmanager
+def synced_api(
+    settings: Settings, prefix: str, name: str, **server_env: str
+) -> Iterator[tuple[Server, SyncWorker, dict[str, str]]]:
+    """An isolated index and consumer group (`isolated`), a sync worker on it and an API over it that reads the
+    worker's lanes for its dashboard; stopped and removed afterwards. Yields (server, worker, isolation env)."""
+    with isolated(settings, prefix=prefix) as env:
+        worker = SyncWorker(env)
+        worker.start()
+        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+        server = Server(name, **env, **lanes, **server_env)
+        try:
+            server.start()
+            yield server, worker, env
+        finally:
+            server.stop()
+            worker.stop()
+
+
 class RerankGateway:
     """A real OpenAI-compatible chat-completions server (aiohttp) on a free port, in a thread of its own.
 

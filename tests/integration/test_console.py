@@ -23,7 +23,7 @@ from search.auth import mint_token
 from search.ops import parse_exposition
 from tests.conftest import wait_for
 from tests.integration.browser import chromium, screenshot
-from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
+from tests.integration.search_harness import Server, SyncWorker, remove_world, synced_api, wait_until_indexed
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -43,17 +43,8 @@ class Data:
 
 @pytest.fixture(scope="module")
 def stack(settings: Settings) -> Iterator[tuple[Server, SyncWorker]]:
-    with isolated(settings, prefix="ki-console-test") as env:
-        worker = SyncWorker(env)
-        worker.start()
-        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
-        server = Server("console-api", **env, **lanes, KI_API__DEMO_MODE="true")
-        server.start()
-        try:
-            yield server, worker
-        finally:
-            server.stop()
-            worker.stop()
+    with synced_api(settings, "ki-console-test", "console-api", KI_API__DEMO_MODE="true") as (server, worker, _):
+        yield server, worker
 
 
 # anna sees project P (the lease and the opinion); ben sees the opinion (a document grant) and project Q (the memo).
