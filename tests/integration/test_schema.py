@@ -23,6 +23,7 @@ from ki.clients import make_engine
 from ki.db import models
 from ki.db.migrate import current_revision, downgrade, upgrade
 from ki.settings import REPO_ROOT, Settings, with_overrides
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -41,8 +42,18 @@ def db_settings(settings: Settings) -> Iterator[Settings]:
     try:
         yield with_overrides(settings, {"database": {"name": name}})
     finally:
-        with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
+        wait_for(lambda: _dropped(settings, name), timeout=60, what=f"database {name} dropped")
+
+
+def _dropped(settings: Settings, name: str) -> bool:
+    """Drop the scratch database; False while an autovacuum worker (the superuser's, which our role may not
+    terminate) is still in it -- it leaves on its own within moments."""
+    with psycopg.connect(settings.database.dsn, autocommit=True) as admin:
+        try:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+    return True
 
 
 @pytest.fixture()
