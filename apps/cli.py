@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ki.errors import KiError, PermanentError
+from ki.errors import PermanentError
 from ki.settings import Settings, load_settings
 
 
@@ -39,7 +39,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     if args.action in ("stop", "start"):
         return action(settings, args.service)
     if args.action == "up":
-        return action(settings, idp=args.idp)
+        return action(settings, idp=args.idp, secure=args.secure)
     return action(settings)
 
 
@@ -342,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     stack.add_argument(
         "--idp", action="store_true", help="for up: also the local identity provider (Keycloak, realm `ki`)"
     )
+    stack.add_argument(
+        "--secure", action="store_true",
+        help="for up: the secured profile (TLS and credentials on every service; CA, certificates and passwords "
+        "generated into <stack.home>/secure; client settings in <stack.home>/secure/operator.env)",
+    )  # fmt: skip
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
     stack.set_defaults(handler=_stack)
 
@@ -495,8 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         return int(args.handler(args, settings))
-    except KiError as exc:  # ours: a one-line message, no traceback (bad settings, a service away, ...)
-        line = f"ki: {exc}"
+    except Exception as exc:  # ours, or a client library's mapped to ours: one line, no traceback
+        from ki.clients import as_ki_error
+
+        error = as_ki_error(exc)
+        if error is None:
+            raise  # a bug: the traceback is what helps
+        line = f"ki: {error}".splitlines()[0]
         print(settings.redact(line) if settings is not None else line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

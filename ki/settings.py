@@ -249,6 +249,10 @@ class ConnectSettings(_Section):
     heartbeat_interval_ms: int = Field(1_000, ge=100)
     # Host name Connect uses to reach PostgreSQL; empty = database.host (differs under docker compose).
     database_hostname: str = ""
+    # Debezium's own PostgreSQL role (least privilege: deploy/postgres/roles.sql); empty = database.user.
+    database_user: str = ""
+    database_password: Secret = ""
+    database_password_file: str = ""
     # Connect's REST API: basic authentication and the CA that signed its certificate (https URLs).
     username: str = ""
     password: Secret = ""
@@ -459,6 +463,9 @@ class StackSettings(_Section):
     # for it (empty: the newest under /usr/lib/jvm).
     keycloak_port: int = Field(58180, ge=1, le=65535)
     keycloak_java_home: str = ""
+    # The secured profile (`ki stack up --secure`, apps/stack/secure.py): TLS and credentials on every
+    # service, with a CA, certificates and passwords generated into <home>/secure.
+    secure: bool = False
 
 
 class Settings(_Section):

@@ -28,6 +28,12 @@ trap stop_stack EXIT
 # KI_TEST_IDP=1: the identity-provider tests' run (tests/idp/), with Keycloak started as well.
 if [ "${KI_TEST_IDP:-0}" = "1" ]; then
   .venv/bin/ki stack up --idp
+elif [ "${KI_TEST_SECURE:-0}" = "1" ]; then
+  # KI_TEST_SECURE=1: the secured profile's run (tests/secure/); every ki command after it as the operator.
+  .venv/bin/ki stack up --secure
+  set -a
+  . "$KI_STACK__HOME/secure/operator.env"
+  set +a
 else
   .venv/bin/ki stack up
 fi

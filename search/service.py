@@ -1031,7 +1031,7 @@ class SearchService:
         """Read the alias target, store size and rows from OpenSearch into the index gauges; on failure keep
         the old values and answer why (a scrape must not fail because OpenSearch is briefly away)."""
         try:
-            aliases = await self.client.indices.get_alias(name=self.index, request_timeout=timeout_s)
+            aliases = await self.client.indices.get_alias(index=self.index, name=self.index, request_timeout=timeout_s)
             stats = await self.client.indices.stats(
                 index=self.index, metric="store,docs", request_timeout=timeout_s
             )  # fmt: skip
@@ -1053,7 +1053,7 @@ class SearchService:
         except Exception as exc:  # noqa: BLE001 - reported, not swallowed
             checks["postgresql"] = f"error: {type(exc).__name__}: {exc}"[:300]
         try:
-            present = await self.client.indices.exists_alias(name=self.index)
+            present = await self.client.indices.exists_alias(index=self.index, name=self.index)
             checks["opensearch"] = "ok"
             checks["index"] = "ok" if present else f"alias {self.index!r} missing"
         except Exception as exc:  # noqa: BLE001

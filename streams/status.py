@@ -191,8 +191,8 @@ def print_status(settings: Settings) -> int:
     )
     client = make_sync_client(settings, timeout_s=settings.opensearch.timeout_s)
     alias = settings.retrieval.index_name
-    if client.indices.exists_alias(name=alias):
-        physical = ", ".join(client.indices.get_alias(name=alias))
+    if client.indices.exists_alias(index=alias, name=alias):
+        physical = ", ".join(client.indices.get_alias(index=alias, name=alias))
         count = client.count(index=alias)["count"]
         print(f"index {alias} -> {physical}: {count} rows")
     else:

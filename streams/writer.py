@@ -119,8 +119,10 @@ class IndexWriter:
         After `ki rebuild` the alias points at a generation of the physical index (`…--{generation}`):
         that index is the live one, so it is checked, never shadowed by a new empty index."""
         expected = physical_index_name(self.settings, embedding_signature)
-        if await self.client.indices.exists_alias(name=self.alias):
-            targets = sorted((await self.client.indices.get_alias(name=self.alias)).keys())
+        # Aliases are read through the alias itself (`/{alias}/_alias/{alias}`), never `/_alias/{alias}`
+        # (every index): a login confined to the ki indices may not look at other indices' aliases.
+        if await self.client.indices.exists_alias(index=self.alias, name=self.alias):
+            targets = sorted((await self.client.indices.get_alias(index=self.alias, name=self.alias)).keys())
         else:
             if not await self.client.indices.exists(index=expected):
                 await self.create_physical(expected)
@@ -165,7 +167,7 @@ class IndexWriter:
     async def swap_alias(self, physical: str) -> list[str]:
         """Point the alias at `physical` atomically; return the indices it pointed at before."""
         try:
-            current = list((await self.client.indices.get_alias(name=self.alias)).keys())
+            current = list((await self.client.indices.get_alias(index=self.alias, name=self.alias)).keys())
         except NotFoundError:
             current = []
         actions: list[dict[str, Any]] = [{"remove": {"index": old, "alias": self.alias}} for old in current]

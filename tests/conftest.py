@@ -3,7 +3,8 @@
 Tests marked `stack` talk to the real local stack (`ki stack up`); they fail, never skip, when it is
 not running, so a missing service can't hide as a green run. The identity-provider tests (tests/idp/)
 need Keycloak too and run in a step of their own (`KI_TEST_IDP=1 scripts/test.sh tests/idp`, which
-starts the stack with `--idp`); without KI_TEST_IDP they are not collected.
+starts the stack with `--idp`); without KI_TEST_IDP they are not collected. Likewise the secured profile's
+tests (tests/secure/: `KI_TEST_SECURE=1 scripts/test.sh tests/secure`, the stack with `--secure`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ki.settings import Settings, load_settings
 T = TypeVar("T")
 
 collect_ignore = [] if os.environ.get("KI_TEST_IDP") == "1" else ["idp"]
+if os.environ.get("KI_TEST_SECURE") != "1":
+    collect_ignore.append("secure")
 
 
 @pytest.fixture(scope="session")

@@ -83,6 +83,9 @@ OPENSEARCH_MODULES: tuple[OpenSearchModule, ...] = (
     ),
 )
 KNN_PLUGIN = "opensearch-knn"
+SECURITY_PLUGIN = "opensearch-security"
+#: Beside the secured assembly's plugins/: the security plugin's default configuration files.
+SECURITY_DEFAULTS = "security-config"
 
 
 @dataclass(frozen=True)
@@ -163,11 +166,16 @@ class Resolver:
         ).hexdigest()
         self.log_file = paths.log_file("artifacts")
 
-    def resolve(self, *, keycloak: bool = False) -> Artifacts:
+    def resolve(self, *, keycloak: bool = False, secure: bool = False) -> Artifacts:
         v = self.versions
         kafka = self._ensure(f"kafka-{v['kafka.version']}", self._build_kafka)
         debezium = self._ensure(f"debezium-{v['debezium.version']}", self._build_debezium)
         opensearch = self._ensure(f"opensearch-{v['opensearch.version']}", self._build_opensearch)
+        if secure:
+            plain = opensearch
+            opensearch = self._ensure(
+                f"opensearch-secure-{v['opensearch.version']}", lambda staging: self._build_secure(staging, plain)
+            )
         archive = None
         if keycloak:
             name = f"keycloak-quarkus-dist-{v['keycloak.version']}.zip"
@@ -268,6 +276,24 @@ class Resolver:
             self._install_module(module, staging / "modules" / module.name, staging / "lib")
         _readable_by_all(staging)
 
+    def _build_secure(self, staging: Path, plain: Path) -> None:
+        """The assembled OpenSearch (hard links, no copy) plus the security plugin; its default
+        configuration files go beside plugins/ (a plugin directory holds no config)."""
+        shutil.copytree(
+            plain, staging, dirs_exist_ok=True, copy_function=os.link, ignore=shutil.ignore_patterns(MARKER)
+        )
+        download = staging.with_name(staging.name + "-download")
+        shutil.rmtree(download, ignore_errors=True)
+        try:
+            self._mvn_copy("opensearch-security", download, transitive=False)
+            plugin = staging / "plugins" / SECURITY_PLUGIN
+            extract(download / f"{SECURITY_PLUGIN}-{self.versions['opensearch-security.version']}.zip", plugin,
+                    strip_top=False)  # fmt: skip
+            (plugin / "config").rename(staging / SECURITY_DEFAULTS)
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+        _readable_by_all(staging)
+
     def _build_keycloak(self, staging: Path) -> None:
         # Only the zip is kept here: each stack unpacks it into its own state (apps/stack/keycloak.py).
         self._mvn_copy("keycloak", staging, transitive=False)
@@ -344,5 +370,7 @@ def copy_resolved(source: Path, parent: Path) -> Path:
     return target
 
 
-def resolve_artifacts(paths: StackPaths, java: JavaRuntime, report: Report, *, keycloak: bool = False) -> Artifacts:
-    return Resolver(paths, java, report).resolve(keycloak=keycloak)
+def resolve_artifacts(
+    paths: StackPaths, java: JavaRuntime, report: Report, *, keycloak: bool = False, secure: bool = False
+) -> Artifacts:
+    return Resolver(paths, java, report).resolve(keycloak=keycloak, secure=secure)

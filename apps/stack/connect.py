@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
+
+from apps.stack.connector import connect_auth
 from apps.stack.http import HttpError, request_json
-from apps.stack.kafka import KafkaJvmService
+from apps.stack.kafka import PLAIN_LOGIN, KafkaJvmService
+from apps.stack.secure import SecureMaterial
 from apps.stack.service import Runtime
 
 DEBEZIUM_POSTGRES_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
@@ -41,8 +47,11 @@ class Connect(KafkaJvmService):
             # Connect creates these compacted; one broker, so one replica.
             topics[f"{key}.storage.topic"] = f"{prefix}-connect-{suffix}"
             topics[f"{key}.storage.replication.factor"] = 1
+        secure = self.secure_config() if self.settings.stack.secure else {}
+        scheme = "https" if self.settings.stack.secure else "http"
         return {
             "bootstrap.servers": self.settings.kafka.bootstrap_servers,
+            **secure,
             "group.id": f"{prefix}-connect",
             **topics,
             "key.converter": JSON_CONVERTER,
@@ -50,7 +59,8 @@ class Connect(KafkaJvmService):
             "key.converter.schemas.enable": False,
             "value.converter.schemas.enable": False,
             "offset.flush.interval.ms": 5000,
-            "listeners": f"http://{self.host}:{self.port}",
+            "listeners": f"{scheme}://{self.host}:{self.port}",
+            "rest.advertised.listener": scheme,
             "rest.advertised.host.name": self.host,
             "rest.advertised.port": self.port,
             "plugin.path": runtime.artifacts.debezium_plugin_path,
@@ -59,12 +69,39 @@ class Connect(KafkaJvmService):
             "topic.creation.enable": True,
         }
 
+    def secure_config(self) -> dict[str, object]:
+        """Secured profile: its Kafka clients log in over SASL_SSL (as `connect`), its REST API serves TLS."""
+        material = SecureMaterial.of(self.settings)
+        login = f'{PLAIN_LOGIN} username="connect" password="{material.password("kafka", "connect")}";'
+        kafka: dict[str, object] = {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN",
+            "sasl.jaas.config": login,
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": material.ca_cert,
+        }
+        # The worker's own clients, and those it makes for connectors (producers, consumers, admin).
+        config = {f"{prefix}{key}": value for prefix in ("", "producer.", "consumer.", "admin.")
+                  for key, value in kafka.items()}  # fmt: skip
+        # Jetty (the REST server) reads a PKCS#12 keystore, not PEM: made from the same key and certificate.
+        keystore, password = self.state_dir / "rest-keystore.p12", material.password("kafka", "connect")
+        key = serialization.load_pem_private_key(material.server_key.read_bytes(), None)
+        cert = x509.load_pem_x509_certificate(material.server_cert.read_bytes())
+        encryption = serialization.BestAvailableEncryption(password.encode())
+        p12 = pkcs12.serialize_key_and_certificates(b"ki-connect", key, cert, None, encryption)  # type: ignore[arg-type]
+        keystore.write_bytes(p12)
+        keystore.chmod(0o600)
+        rest = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": keystore, "ssl.keystore.password": password,
+                "ssl.key.password": password, "ssl.client.auth": "none"}  # fmt: skip
+        return {**config, **{f"listeners.https.{key}": value for key, value in rest.items()}}
+
     def probe(self) -> str | None:
+        auth = connect_auth(self.settings)
         try:
-            status, _ = request_json("GET", f"{self.url}/connectors", timeout=3)
+            status, _ = request_json("GET", f"{self.url}/connectors", timeout=3, auth=auth)
             if status != 200:
                 return f"GET /connectors answered {status}"
-            status, plugins = request_json("GET", f"{self.url}/connector-plugins", timeout=3)
+            status, plugins = request_json("GET", f"{self.url}/connector-plugins", timeout=3, auth=auth)
         except HttpError as exc:
             return str(exc)
         classes = {p.get("class") for p in plugins or [] if isinstance(p, dict)}

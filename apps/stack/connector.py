@@ -36,6 +36,10 @@ def connector_config(settings: Settings) -> dict[str, str]:
         "database_hostname": settings.connect.database_hostname or settings.database.host,
         "table_include_list": ",".join(f"{SCHEMA}.{table}" for table in PUBLISHED_TABLES),
         "heartbeat_action_query": HEARTBEAT_ACTION_QUERY,
+        "debezium_user": settings.connect.database_user or settings.database.user,
+        "debezium_password": settings.connect.database_password
+        if settings.connect.database_user
+        else settings.database.password,
     }
 
     def fill(match: re.Match[str]) -> str:

@@ -4,6 +4,7 @@ so the stack tooling works before anything else is importable)."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
 import urllib.error
@@ -48,7 +49,7 @@ def request_json(
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # the last: e.g. plain HTTP to TLS
         reason = getattr(exc, "reason", exc)
         raise HttpError(f"{method} {url}: {reason}") from None
     try:

@@ -9,16 +9,20 @@ import shutil
 import uuid
 from abc import abstractmethod
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from apps.stack import process
 from apps.stack.process import Launch
+from apps.stack.secure import KAFKA_USERS, SecureMaterial
 from apps.stack.service import Runtime, Service, java_properties
+from ki.clients import kafka_config
 
 LOG4J_TEMPLATE = Path(__file__).with_name("kafka-log4j2.properties")
 NODE_ID = 1
+PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required"
 
 # librdkafka reports every refused connection while the broker starts; health probes stay quiet.
 _QUIET = logging.getLogger("apps.stack.kafka-client")
@@ -31,9 +35,19 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def kafka_metadata_probe(bootstrap_servers: str, timeout_s: float = 3.0) -> str | None:
+def pem_tls(material: SecureMaterial, prefix: str = "") -> dict[str, object]:
+    """A Kafka-family JVM's TLS from PEM files: its key and certificate, and the CA it trusts."""
+    return {
+        f"{prefix}ssl.keystore.type": "PEM",
+        f"{prefix}ssl.keystore.location": material.server_bundle,
+        f"{prefix}ssl.truststore.type": "PEM",
+        f"{prefix}ssl.truststore.location": material.ca_cert,
+    }
+
+
+def kafka_metadata_probe(client_config: dict[str, Any], timeout_s: float = 3.0) -> str | None:
     """None when a broker answers a metadata request, else why not."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": _QUIET})
+    admin = AdminClient({**client_config, "logger": _QUIET})
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -105,15 +119,18 @@ class Kafka(KafkaJvmService):
     def config(self, runtime: Runtime) -> dict[str, object]:
         host, port = self.listener
         controller = f"{host}:{self.settings.kafka.controller_port}"
+        # Secured: the clients' listener is SASL_SSL (PLAIN over TLS); the controller's stays on loopback.
+        client = "SASL_SSL" if self.settings.stack.secure else "PLAINTEXT"
         return {
             "process.roles": "broker,controller",
             "node.id": NODE_ID,
             "controller.quorum.voters": f"{NODE_ID}@{controller}",
-            "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{controller}",
-            "advertised.listeners": f"PLAINTEXT://{host}:{port}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listeners": f"{client}://{host}:{port},CONTROLLER://{controller}",
+            "advertised.listeners": f"{client}://{host}:{port}",
+            "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": client,
+            **(self.secure_config() if self.settings.stack.secure else {}),
             "log.dirs": self.log_dir,
             "num.partitions": self.settings.kafka.partitions,
             # One broker: every internal topic has exactly one replica.
@@ -126,6 +143,19 @@ class Kafka(KafkaJvmService):
             "group.initial.rebalance.delay.ms": 0,
         }
 
+    def secure_config(self) -> dict[str, object]:
+        """TLS from the secured profile's PEM files and the PLAIN logins (broker, connect, ki)."""
+        material = SecureMaterial.of(self.settings)
+        logins = " ".join(f'user_{user}="{material.password("kafka", user)}"' for user in KAFKA_USERS)
+        return {
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f'{PLAIN_LOGIN} username="broker" password="{material.password("kafka", "broker")}" {logins};'
+            ),
+            **pem_tls(material),
+        }
+
     def prepare(self, runtime: Runtime) -> Launch:
         launch = super().prepare(runtime)
         if not (self.log_dir / "meta.properties").is_file():
@@ -136,7 +166,7 @@ class Kafka(KafkaJvmService):
         return launch
 
     def probe(self) -> str | None:
-        return kafka_metadata_probe(self.settings.kafka.bootstrap_servers)
+        return kafka_metadata_probe(kafka_config(self.settings))
 
 
 def _cluster_id() -> str:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator
+
+import psycopg
 
 from apps.stack.artifacts import resolve_artifacts
 from apps.stack.connect import Connect
@@ -30,8 +33,9 @@ from apps.stack.opensearch import OpenSearch
 from apps.stack.paths import StackPaths
 from apps.stack.ports import reserve as reserve_ports
 from apps.stack.postgres import Postgres
+from apps.stack.secure import SecureMaterial, read_env_file
 from apps.stack.service import Runtime, Service
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 from streams.topics import lane_web_port
 
 #: Start order; `down` walks it backwards.
@@ -108,7 +112,8 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
     """Bring every service up; returns those this call started, None after a failure."""
     try:
         java = find_java(settings)
-        artifacts = resolve_artifacts(paths, java, _say, keycloak=any(isinstance(s, Keycloak) for s in services))
+        keycloak = any(isinstance(s, Keycloak) for s in services)
+        artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=settings.stack.secure)
     except StackError as exc:
         _fail(str(exc))
         return None
@@ -149,6 +154,13 @@ def connect(settings: Settings, fresh: bool = True) -> int:
         _fail(f"schema migration failed: {first}")
         return 1
     _say(f"done in {time.monotonic() - started:.1f}s")
+    if settings.stack.secure:
+        try:
+            Postgres(settings, StackPaths.from_settings(settings)).apply_roles()
+        except (psycopg.Error, OSError) as exc:
+            _fail(f"least-privilege roles (deploy/postgres/roles.sql) failed: {str(exc).strip().splitlines()[0]}")
+            return 1
+        _say("roles: ki_api, ki_worker, ki_debezium can log in")
     started = time.monotonic()
     connector = Connector(settings)
     _say(f"connector {connector.name}: ", end="")
@@ -166,9 +178,22 @@ def connect(settings: Settings, fresh: bool = True) -> int:
     return 0
 
 
-def up(settings: Settings, *, idp: bool = False) -> int:
-    """`idp`: Keycloak too (after the others: a failure of the optional provider stops only itself)."""
+def secured(settings: Settings) -> Settings:
+    """The settings of the secured profile: its material generated where missing, then the operator's
+    client environment (`<home>/secure/operator.env`) applied over the process environment."""
+    material = SecureMaterial.of(settings)
+    if material.ensure(settings):
+        _say(f"secure: generated a CA, certificates and passwords in {material.root}")
+    environ = {**os.environ, **read_env_file(material.env_file("operator"))}
+    return load_settings(environ=environ)
+
+
+def up(settings: Settings, *, idp: bool = False, secure: bool = False) -> int:
+    """`idp`: Keycloak too (after the others: a failure of the optional provider stops only itself).
+    `secure`: the secured profile (secure.py); also when `stack.secure` is set."""
     began = time.monotonic()
+    if secure or settings.stack.secure:
+        settings = secured(settings)
     paths = StackPaths.from_settings(settings)
     services = build_services(settings, paths, optional=idp)
     with _exclusive(paths):
@@ -180,6 +205,9 @@ def up(settings: Settings, *, idp: bool = False) -> int:
             return 1
     _say(f"stack is up in {time.monotonic() - began:.1f}s; logs in {paths.logs}/<service>.log "
          "(`ki stack logs <service>`)")  # fmt: skip
+    if settings.stack.secure:
+        env = SecureMaterial.of(settings).env_file("operator")
+        _say(f"secured: point ki at it with `set -a; . {env}; set +a` (worker.env, api.env beside it)")
     return 0
 
 
@@ -230,7 +258,8 @@ def start_service(settings: Settings, name: str | None) -> int:
     with _exclusive(paths):
         try:
             java = find_java(settings)
-            artifacts = resolve_artifacts(paths, java, _say, keycloak=isinstance(svc, Keycloak))
+            keycloak = isinstance(svc, Keycloak)
+            artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=settings.stack.secure)
             runtime = Runtime(java=java, artifacts=artifacts)
         except StackError as exc:
             _fail(str(exc))
@@ -283,6 +312,7 @@ def wipe(settings: Settings) -> int:
             _fail(f"wipe: {', '.join(running)} still running; stop the stack first (`ki stack down`)")
             return 1
         doomed = [d for svc in services for d in paths.state_dirs(svc.name)] + [paths.home / "data", paths.logs]
+        doomed.append(SecureMaterial.of(settings).root)  # the secured profile's CA and passwords
         doomed += [paths.pid_file(svc.name) for svc in services]
         for path in doomed:
             try:

@@ -1,4 +1,5 @@
-"""A single-node OpenSearch assembled from Maven artifacts (see artifacts.py), without security.
+"""A single-node OpenSearch assembled from Maven artifacts (see artifacts.py); with the security plugin (TLS,
+internal users, least-privilege roles) in the secured profile (secure.py).
 
 Under root it runs as the service account (users.py) from a copy of the assembled distribution in the
 stack's system directory (paths.py), because the artifact cache lives in the user's home."""
@@ -9,10 +10,11 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from apps.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES, copy_resolved
+from apps.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES, SECURITY_DEFAULTS, SECURITY_PLUGIN, copy_resolved
 from apps.stack.errors import StackError
-from apps.stack.http import HttpError, request_json
+from apps.stack.http import NO_AUTH, Auth, HttpError, request_json
 from apps.stack.process import Launch
+from apps.stack.secure import ADMIN_CN, NODE_CN, SecureMaterial, distinguished_name, opensearch_security_files
 from apps.stack.service import Runtime, Service
 
 LOG4J_TEMPLATE = Path(__file__).with_name("opensearch-log4j2.properties")
@@ -59,6 +61,46 @@ class OpenSearch(Service):
             "cluster.routing.allocation.disk.watermark.flood_stage": "99%",
         }
 
+    def secure_yml(self) -> dict[str, object]:
+        """The security plugin: TLS on transport and HTTP from the secured profile's files (copied into the
+        config directory, the only place it reads them), its users and roles loaded at the first start."""
+        files = {"pemcert_filepath": "secure/node.pem", "pemkey_filepath": "secure/node-key.pem",
+                 "pemtrustedcas_filepath": "secure/ca.pem"}  # fmt: skip
+        settings: dict[str, object] = {f"plugins.security.ssl.{layer}.{key}": value
+                                       for layer in ("transport", "http") for key, value in files.items()}  # fmt: skip
+        return {
+            **settings,
+            "plugins.security.ssl.http.enabled": True,
+            "plugins.security.ssl.transport.enforce_hostname_verification": False,
+            "plugins.security.allow_default_init_securityindex": True,
+            "plugins.security.authcz.admin_dn": [distinguished_name(ADMIN_CN)],
+            "plugins.security.nodes_dn": [distinguished_name(NODE_CN)],
+            "plugins.security.audit.type": "noop",
+            "plugins.security.restapi.roles_enabled": ["all_access"],
+            "plugins.security.system_indices.enabled": True,
+        }
+
+    def write_security_config(self, home: Path) -> None:
+        material = SecureMaterial.of(self.settings)
+        secure = self.config_dir / "secure"
+        self.user.make_dir(secure, 0o700)
+        copies = {"ca.pem": material.ca_cert, "node.pem": material.server_cert, "node-key.pem": material.server_key}
+        for name, source in copies.items():
+            self.user.write(secure / name, source.read_text(), mode=0o600)
+        security = self.config_dir / "opensearch-security"
+        self.user.make_dir(security, 0o700)
+        for default in sorted((home / SECURITY_DEFAULTS).glob("*.yml")):
+            self.user.write(security / default.name, default.read_text(), mode=0o600)
+        for name, text in opensearch_security_files(self.settings, material).items():
+            self.user.write(security / name, text, mode=0o600)
+
+    def admin_auth(self) -> Auth:
+        """The stack's own probes: the security plugin's administrator, when the profile is secured."""
+        if not self.settings.stack.secure:
+            return NO_AUTH
+        material = SecureMaterial.of(self.settings)
+        return Auth("admin", material.password("opensearch", "admin"), str(material.ca_cert))
+
     def jvm_options(self) -> str:
         heap = self.settings.stack.opensearch_heap
         logs = self.state_dir / "logs"
@@ -84,11 +126,14 @@ class OpenSearch(Service):
     def prepare(self, runtime: Runtime) -> Launch:
         for sub in ("config", "data", "logs", "tmp"):
             self.user.make_dir(self.state_dir / sub)
-        yml = "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.settings_yml().items())
+        home = self.distribution(runtime)
+        values = {**self.settings_yml(), **(self.secure_yml() if self.settings.stack.secure else {})}
+        if self.settings.stack.secure:
+            self.write_security_config(home)
+        yml = "".join(f"{key}: {json.dumps(value)}\n" for key, value in values.items())
         self.write_config(self.config_dir / "opensearch.yml", "# Written by `ki stack up`.\n" + yml)
         self.write_config(self.config_dir / "jvm.options", self.jvm_options())
         self.write_config(self.config_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
-        home = self.distribution(runtime)
         env = {
             "OPENSEARCH_JAVA_HOME": str(runtime.java.home),
             "OPENSEARCH_PATH_CONF": str(self.config_dir),
@@ -107,7 +152,7 @@ class OpenSearch(Service):
 
     def probe(self) -> str | None:
         try:
-            status, health = request_json("GET", f"{self.url}/_cluster/health", timeout=3)
+            status, health = request_json("GET", f"{self.url}/_cluster/health", timeout=3, auth=self.admin_auth())
         except HttpError as exc:
             return str(exc)
         if status != 200 or not isinstance(health, dict):
@@ -126,10 +171,15 @@ class OpenSearch(Service):
                 f"retrieval.vector_engine is {engine!r}, but this stack's k-NN plugin has no native "
                 "libraries: only 'lucene' works here (faiss/nmslib would crash the node)"
             )
-        status, nodes = request_json("GET", f"{self.url}/_nodes/plugins", timeout=10)
+        status, nodes = request_json("GET", f"{self.url}/_nodes/plugins", timeout=10, auth=self.admin_auth())
         loaded: set[str] = set()
         for node in (nodes or {}).get("nodes", {}).values():
             loaded |= {m["name"] for m in node.get("modules", [])} | {p["name"] for p in node.get("plugins", [])}
-        missing = [name for name in (*(m.name for m in OPENSEARCH_MODULES), KNN_PLUGIN) if name not in loaded]
+        wanted = [
+            *(m.name for m in OPENSEARCH_MODULES),
+            KNN_PLUGIN,
+            *([SECURITY_PLUGIN] if self.settings.stack.secure else []),
+        ]
+        missing = [name for name in wanted if name not in loaded]
         if status != 200 or missing:
             raise StackError(f"started without {', '.join(missing) or 'node info'}")

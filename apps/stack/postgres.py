@@ -18,11 +18,14 @@ from psycopg import sql
 from apps.stack import process
 from apps.stack.errors import StackError
 from apps.stack.process import Launch
+from apps.stack.secure import POSTGRES_ROLES, SecureMaterial
 from apps.stack.service import Runtime, Service
+from ki.settings import REPO_ROOT
 
 SUPERUSER = "postgres"
 BIN_GLOB = "/usr/lib/postgresql/*/bin"  # Debian / Ubuntu layout
 REPLICATION_SLOTS = 10
+ROLES_SQL = REPO_ROOT / "deploy" / "postgres" / "roles.sql"
 
 
 def find_bin_dir() -> Path:
@@ -72,7 +75,7 @@ class Postgres(Service):
                 "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-locale",
             ]  # fmt: skip
             process.run_once(Launch(initdb, cwd=self.state_dir), self.log_file, self.user, "initdb")
-        self.user.write(self.pgdata / "pg_hba.conf", self._hba(), mode=0o600)
+        self.user.write(self.pgdata / "pg_hba.conf", self._hba(self.settings.stack.secure), mode=0o600)
         options = {
             "listen_addresses": self.host,
             "port": self.port,
@@ -84,22 +87,45 @@ class Postgres(Service):
             "logging_collector": "off",
             "log_line_prefix": "%m [%p] %q%u@%d ",
         }
+        if self.settings.stack.secure:
+            options.update(self._tls_files())
         argv = [str(bin_dir / "postgres"), "-D", str(self.pgdata)]
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
         return Launch(argv, cwd=self.state_dir, reads=(bin_dir,))
 
+    def _tls_files(self) -> dict[str, object]:
+        """The secured profile's server certificate and key, copied where only the service account reads
+        the key (PostgreSQL refuses a key others can read)."""
+        material = SecureMaterial.of(self.settings)
+        cert, key = self.state_dir / "server.pem", self.state_dir / "server-key.pem"
+        self.user.write(cert, material.server_cert.read_text(), mode=0o644)
+        self.user.write(key, material.server_key.read_text(), mode=0o600)
+        return {"ssl": "on", "ssl_cert_file": cert, "ssl_key_file": key, "ssl_min_protocol_version": "TLSv1.2"}
+
     @staticmethod
-    def _hba() -> str:
+    def _hba(secure: bool = False) -> str:
+        # Secured: TCP only over TLS ("hostssl"); a plaintext connection finds no entry and is refused.
+        host = "hostssl" if secure else "host"
         return (
             "# Written by `ki stack up`; edits are overwritten.\n"
             "# The socket directory is private to the service account: trust there only.\n"
-            "local  all          all                  trust\n"
-            "host   all          all   127.0.0.1/32   scram-sha-256\n"
-            "host   all          all   ::1/128        scram-sha-256\n"
-            "host   replication  all   127.0.0.1/32   scram-sha-256\n"
-            "host   replication  all   ::1/128        scram-sha-256\n"
+            "local    all          all                  trust\n"
+            f"{host:<8} all          all   127.0.0.1/32   scram-sha-256\n"
+            f"{host:<8} all          all   ::1/128        scram-sha-256\n"
+            f"{host:<8} replication  all   127.0.0.1/32   scram-sha-256\n"
+            f"{host:<8} replication  all   ::1/128        scram-sha-256\n"
         )
+
+    def apply_roles(self) -> None:
+        """The least-privilege roles (deploy/postgres/roles.sql, after the migrations) with the secured
+        profile's passwords as logins."""
+        material = SecureMaterial.of(self.settings)
+        with self.superuser(self.settings.database.name) as conn:
+            conn.execute(ROLES_SQL.read_text())
+            for role in POSTGRES_ROLES:
+                password = sql.Literal(material.password("postgres", role))
+                conn.execute(sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), password))
 
     def superuser(self, dbname: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
         """The cluster's superuser over the private socket (the stack's own administration, and tests)."""

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apps.processes import Child as Process
 from apps.processes import free_port
-from ki.clients import make_kafka_admin, make_sync_client
+from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import REPO_ROOT, Settings
 from tests.conftest import wait_for
 
@@ -168,9 +168,7 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
     uid = uuid.uuid4().hex[:8]
     env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{prefix}-{uid}"}
     group = env["KI_STREAMS__APP_ID"]
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False}
-    )
+    consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
     try:
         positions = []
         for topic in _cdc_topics(settings):
