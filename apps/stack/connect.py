@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from cryptography import x509
@@ -11,11 +12,13 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from apps.stack.connector import connect_auth
 from apps.stack.http import HttpError, request_json
 from apps.stack.kafka import PLAIN_LOGIN, KafkaJvmService
-from apps.stack.secure import SecureMaterial
+from apps.stack.secure import CONNECT_REST_USER, SecureMaterial
 from apps.stack.service import Runtime
 
 DEBEZIUM_POSTGRES_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+BASIC_AUTH_EXTENSION = "org.apache.kafka.connect.rest.basic.auth.extension.BasicAuthSecurityRestExtension"
+PROPERTY_FILE_LOGIN = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"
 
 
 class Connect(KafkaJvmService):
@@ -93,7 +96,26 @@ class Connect(KafkaJvmService):
         keystore.chmod(0o600)
         rest = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": keystore, "ssl.keystore.password": password,
                 "ssl.key.password": password, "ssl.client.auth": "none"}  # fmt: skip
-        return {**config, **{f"listeners.https.{key}": value for key, value in rest.items()}}
+        # Basic authentication of the REST API: its logins in a properties file, read through JAAS.
+        self.write_rest_logins(material)
+        return {
+            **config,
+            **{f"listeners.https.{key}": value for key, value in rest.items()},
+            "rest.extension.classes": BASIC_AUTH_EXTENSION,
+        }
+
+    @property
+    def jaas_file(self) -> Path:
+        return self.state_dir / "rest-jaas.conf"
+
+    def write_rest_logins(self, material: SecureMaterial) -> None:
+        logins = self.state_dir / "rest-logins.properties"
+        self.user.write(logins, f"{CONNECT_REST_USER}: {material.password('connect', CONNECT_REST_USER)}\n", mode=0o600)
+        jaas = f'KafkaConnect {{\n  {PROPERTY_FILE_LOGIN} required\n  file="{logins}";\n}};\n'
+        self.user.write(self.jaas_file, jaas, mode=0o600)
+
+    def system_properties(self) -> dict[str, str]:
+        return {"java.security.auth.login.config": str(self.jaas_file)} if self.settings.stack.secure else {}
 
     def probe(self) -> str | None:
         auth = connect_auth(self.settings)

@@ -75,13 +75,18 @@ class KafkaJvmService(Service):
     def command_marker(self, state_dir: Path) -> str:
         return str(state_dir / self.config_name)
 
+    def system_properties(self) -> dict[str, str]:
+        """Extra `-D` properties of the JVM (none by default)."""
+        return {}
+
     def jvm(self, runtime: Runtime, main_class: str, *args: str) -> Launch:
         log4j = self.write_config(self.state_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
+        properties = [f"-D{key}={value}" for key, value in self.system_properties().items()]
         argv = [
             str(runtime.java.java), f"-Xms{self.heap}", f"-Xmx{self.heap}",
             "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
             "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dlog4j2.configurationFile={log4j}", *properties,
             "-cp", runtime.artifacts.kafka_classpath, main_class, *args,
         ]  # fmt: skip
         return Launch(argv, cwd=self.state_dir)

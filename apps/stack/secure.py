@@ -4,6 +4,7 @@ Generated once per stack home into `<home>/secure/` (kept until `ki stack wipe`)
 * a CA and one server certificate (for 127.0.0.1 and localhost) shared by PostgreSQL, Kafka, Connect's
   REST API and OpenSearch, plus OpenSearch's administrator certificate (the security plugin's admin DN);
 * one password per login, each in a file readable by the invoking user only;
+* Connect's REST login (`operator`), checked by Kafka's basic-authentication REST extension;
 * three client environments (`operator.env`, `worker.env`, `api.env`): the `KI_*` settings of each role,
   naming files for every secret (nothing secret is written into an env file), so
 
@@ -40,6 +41,8 @@ VALID_DAYS = 825
 KAFKA_USERS = ("broker", "connect", "ki")
 OPENSEARCH_USERS = ("admin", "ki_operator", "ki_worker", "ki_api")
 POSTGRES_ROLES = ("ki_api", "ki_worker", "ki_debezium")
+#: Connect's REST API: only the operator registers and inspects the connector.
+CONNECT_REST_USER = "operator"
 ROLES = ("operator", "worker", "api")
 
 
@@ -172,6 +175,7 @@ class SecureMaterial:
             made = True
         logins = [("postgres", settings.database.user), *(("postgres", r) for r in POSTGRES_ROLES)]
         logins += [("kafka", u) for u in KAFKA_USERS] + [("opensearch", u) for u in OPENSEARCH_USERS]
+        logins.append(("connect", CONNECT_REST_USER))
         for service, user in logins:
             if not self.password_file(service, user).is_file():
                 _write(self.password_file(service, user), secrets.token_urlsafe(24) + "\n")
@@ -204,6 +208,10 @@ def client_env(settings: Settings, material: SecureMaterial, role: str) -> dict[
     db_user = {"operator": settings.database.user, "worker": "ki_worker", "api": "ki_api"}[role]
     os_user = {"operator": "ki_operator", "worker": "ki_worker", "api": "ki_api"}[role]
     ca = str(material.ca_cert)
+    rest_login = {  # only the operator talks to Connect's REST API
+        "KI_CONNECT__USERNAME": CONNECT_REST_USER,
+        "KI_CONNECT__PASSWORD_FILE": str(material.password_file("connect", CONNECT_REST_USER)),
+    }
     return {
         "KI_STACK__SECURE": "true",
         "KI_STACK__HOME": str(Path(settings.stack.home).expanduser()),
@@ -224,6 +232,7 @@ def client_env(settings: Settings, material: SecureMaterial, role: str) -> dict[
         "KI_CONNECT__CA_FILE": ca,
         "KI_CONNECT__DATABASE_USER": "ki_debezium",
         "KI_CONNECT__DATABASE_PASSWORD_FILE": str(material.password_file("postgres", "ki_debezium")),
+        **(rest_login if role == "operator" else {}),
     }
 
 

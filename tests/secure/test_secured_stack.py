@@ -62,8 +62,12 @@ def test_every_service_refuses_plaintext_and_anonymous_callers(settings: Setting
     assert kafka_metadata_probe({"bootstrap.servers": settings.kafka.bootstrap_servers, "security.protocol": "SSL",
                                  "ssl.ca.location": str(material.ca_cert)}, timeout_s=3) is not None  # fmt: skip
 
+    connectors = f"{settings.connect.url}/connectors"
     with pytest.raises(HttpError):
-        request_json("GET", settings.connect.url.replace("https://", "http://") + "/connectors", timeout=5)
+        request_json("GET", connectors.replace("https://", "http://"), timeout=5)
+    assert request_json("GET", connectors, timeout=5, auth=Auth(ca_file=str(material.ca_cert)))[0] == 401
+    operator = Auth(settings.connect.username, settings.connect.password, str(material.ca_cert))
+    assert request_json("GET", connectors, timeout=5, auth=operator) == (200, [settings.connect.connector_name])
 
 
 def test_the_worker_the_api_and_a_rebuild_run_end_to_end_as_their_logins(
