@@ -200,6 +200,14 @@ def test_tokens_that_are_not_for_this_api_are_rejected(
         },  # fmt: skip
     )["access_token"]
     assert "does not publish" in refused(server, foreign) or "issuer" in refused(server, foreign).lower()
+    # This realm's own keys but another issuer: in dev mode Keycloak names the issuer after the host it is
+    # asked on, so a token fetched through `localhost` passes the signature and must fail on `iss` alone.
+    renamed_host = provider.kc.base_url.replace("127.0.0.1", "localhost")
+    form = {"grant_type": "password", "client_id": "ki-search", "username": "anna", "password": "anna-demo-password"}
+    renamed = provider._post(f"{renamed_host}/realms/ki/protocol/openid-connect/token", form)["access_token"]
+    assert jwt.decode(renamed, options={"verify_signature": False})["iss"] != provider.issuer
+    assert kid_of(renamed) == kid_of(provider.token("anna")), "not signed with the realm's published key"
+    assert "issuer" in refused(server, renamed).lower()
     # alg swapped: anna's claims signed as HS256 with the realm's public RSA key as the HMAC secret.
     real = provider.token("anna")
     head, body, _ = real.split(".")
