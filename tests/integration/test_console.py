@@ -3,16 +3,20 @@ Selenium) against a real `ki serve` in demo mode, a real sync worker and the liv
 
 Two demo users with different access each see only their documents in the rendered page; the explain panel
 shows the ranks the API gave; the dashboard shows the figures `/metrics` has (index size, alias target,
-dead-letter records); a bad token gives a readable error. Each page is saved to build/screenshots/."""
+dead-letter records); a bad token gives a readable error; a pasted token, a mode, a project filter and paging
+work; the document view lists only the related documents the caller may see; the Content-Security-Policy pins
+every source to this server and the demo sign-in exists only in demo mode. Each page is saved to
+build/screenshots/."""
 
 from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
@@ -36,6 +40,9 @@ class Data:
     docs: dict[str, int]
     projects: list[int]
     sources: list[int]
+    #: carla's project R: PAGED documents carrying `page_word` (more than one page of 10)
+    page_word: str
+    paged: set[int]
 
     def principal(self, who: str) -> str:
         return f"user:{who}-{self.tag}"
@@ -47,7 +54,11 @@ def stack(settings: Settings) -> Iterator[tuple[Server, SyncWorker]]:
         yield server, worker
 
 
-# anna sees project P (the lease and the opinion); ben sees the opinion (a document grant) and project Q (the memo).
+# anna sees project P (the lease and the opinion); ben sees the opinion (a document grant) and project Q (the memo);
+# the opinion cites the lease and the memo. carla sees only project R, whose files fill more than one page.
+PAGED = 13
+
+
 @pytest.fixture(scope="module")
 def data(engine: Engine, stack: tuple[Server, SyncWorker], settings: Settings) -> Iterator[Data]:
     server, _ = stack
@@ -68,9 +79,16 @@ def data(engine: Engine, stack: tuple[Server, SyncWorker], settings: Settings) -
         w.grant("project", p, f"user:anna-{w.tag}")
         w.grant("document", docs["gutachten"], f"user:ben-{w.tag}")
         w.grant("project", q, f"user:ben-{w.tag}")
-        d = Data(w.tag, word, docs, [p, q], [source])
+        w.relation("references", docs["gutachten"], docs["mietvertrag"])
+        w.relation("references", docs["gutachten"], docs["vermerk"])
+        r, page_word = w.project("Konsole R"), f"blattwort{w.tag}"
+        paged = {w.searchable(r, f"Aktenblatt {n}", f"{page_word} Blatt {n} der Akte.", obj, f"b{n}")
+                 for n in range(PAGED)}  # fmt: skip
+        w.grant("project", r, f"user:carla-{w.tag}")
+        d = Data(w.tag, word, docs, [p, q, r], [source], page_word, paged)
     try:
-        wait_until_indexed(server, settings, d.projects, set(docs.values()), "the console's documents indexed")
+        everything = set(docs.values()) | paged
+        wait_until_indexed(server, settings, d.projects, everything, "the console's documents indexed")
         yield d
     finally:
         remove_world(engine, d.projects, d.sources)
@@ -101,18 +119,39 @@ def sign_in_as(driver: WebDriver, server: Server, principal: str, filter_text: s
     wait_for(lambda: driver.find_element(By.ID, "demo").is_displayed(), timeout=20, what="the demo-user picker")
     driver.find_element(By.ID, "demo-filter").send_keys(filter_text)
     selector = f"button.demo-user[data-principal='{principal}']"
-    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, selector), timeout=20, what=f"{principal} in the picker")
-    driver.find_element(By.CSS_SELECTOR, selector).click()
+
+    def click_the_user() -> bool:
+        # Each keystroke of the filter re-renders the list when its answer arrives: a button found before
+        # the last answer may be gone by the click, so look again.
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+        return True
+
+    wait_for(click_the_user, timeout=20, what=f"{principal} in the picker, clicked")
     wait_for(lambda: principal in visible_text(driver, "who"), timeout=20, what=f"signed in as {principal}")
 
 
-def search(driver: WebDriver, query: str) -> dict[int, str]:
+def search(driver: WebDriver, query: str, mode: str = "hybrid", project: str = "") -> dict[int, str]:
     """Run a search in the page; the rendered hits as document id -> title."""
     driver.find_element(By.ID, "q").clear()
     driver.find_element(By.ID, "q").send_keys(query)
-    Select(driver.find_element(By.ID, "mode")).select_by_value("hybrid")
+    Select(driver.find_element(By.ID, "mode")).select_by_value(mode)
+    field = driver.find_element(By.ID, "f-project")
+    if project or field.get_attribute("value"):
+        details = driver.find_element(By.CSS_SELECTOR, "details.filters")
+        if details.get_attribute("open") is None:  # the filters fold away until opened
+            details.find_element(By.TAG_NAME, "summary").click()
+        field.clear()
+        field.send_keys(project)
+    return submit(driver, lambda: driver.find_element(By.ID, "search").click())
+
+
+def submit(driver: WebDriver, action: Callable[[], None]) -> dict[int, str]:
+    """Click through `action` and wait for the new results; the rendered hits as document id -> title."""
     before = driver.find_element(By.ID, "summary").text
-    driver.find_element(By.ID, "search").click()
+    action()
     wait_for(lambda: driver.find_element(By.ID, "summary").text not in ("", before), timeout=30, what="the results")
     return {
         int(hit.get_attribute("data-document-id")): hit.find_element(By.CSS_SELECTOR, "h3").text
@@ -175,6 +214,10 @@ def test_the_document_view_lists_the_versions_and_relations_the_caller_may_see(
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc tr.version"), timeout=20, what="the versions")
     assert browser.find_element(By.CSS_SELECTOR, "#doc h1").text == f"Gutachten zur Mietminderung {data.tag}"
     assert len(browser.find_elements(By.CSS_SELECTOR, "#doc tr.version")) == 1
+    # The opinion cites the lease (anna's only) and the memo (ben's): ben's view lists the memo alone.
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc li.related"), timeout=20, what="the relations")
+    related = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#doc li.related")]
+    assert related == [f"references (outgoing) Vermerk Kündigungsfrist {data.tag}"], related
     screenshot(browser, "console-document")
     browser.get(f"{server.base}/console/#/doc/{data.docs['mietvertrag']}")  # anna's, not ben's
     wait_for(lambda: "No document you may see" in browser.find_element(By.ID, "doc").text, timeout=20,
@@ -232,6 +275,44 @@ def test_the_dashboard_shows_what_metrics_reports(
     wait_for(lambda: "last 3 readings" in browser.find_element(By.ID, "charts").text, timeout=30,
              what="three refreshes")  # fmt: skip
     screenshot(browser, "console-dashboard")
+
+
+def test_a_pasted_token_a_mode_a_project_filter_and_paging(
+    browser: WebDriver, stack: tuple[Server, SyncWorker], data: Data, settings: Settings
+) -> None:
+    server, _ = stack
+    open_console(browser, server)
+    browser.find_element(By.ID, "token").send_keys(mint_token(settings.api, data.principal("carla")))
+    browser.find_element(By.ID, "signin").click()
+    wait_for(lambda: data.principal("carla") in visible_text(browser, "who"), timeout=20, what="signed in by token")
+    r = str(data.projects[2])
+    first = search(browser, data.page_word, mode="lexical", project=r)
+    assert len(first) == 10 and set(first) <= data.paged, first
+    assert browser.find_element(By.ID, "summary").text.startswith("hits 1–10 (more)")
+    assert browser.find_element(By.ID, "prev").is_displayed() is False
+    second = submit(browser, browser.find_element(By.ID, "next").click)
+    assert set(first) | set(second) == data.paged and not set(first) & set(second), second
+    assert not browser.find_element(By.ID, "next").is_displayed()
+    assert set(submit(browser, browser.find_element(By.ID, "prev").click)) == set(first)
+    # Another project's filter leaves nothing of hers, and a project she may not see shows nothing either.
+    assert search(browser, data.page_word, mode="semantic", project=str(data.projects[0])) == {}
+    assert set(search(browser, data.page_word, mode="hybrid", project=r)) <= data.paged
+
+
+def test_the_console_pins_its_sources_and_demo_sign_in_needs_demo_mode(stack: tuple[Server, SyncWorker]) -> None:
+    server, _ = stack
+    with urllib.request.urlopen(f"{server.base}/console/", timeout=10) as response:
+        policy = response.headers.get("Content-Security-Policy", "")
+    assert all(rule in policy for rule in ("default-src 'none'", "script-src 'self'", "connect-src 'self'")), policy
+    assert server.call("/console/demo/users")[0] == 200  # this API runs in demo mode
+    plain = Server("console-no-demo", KI_API__DEMO_MODE="false")
+    plain.start()
+    try:
+        assert plain.request("/console/demo/users")[0] == 404
+        assert plain.request("/console/demo/token", {"principal": "user:demo-admin"})[0] == 404
+        assert plain.request("/console/")[0] == 200  # the console itself is always there
+    finally:
+        plain.stop()
 
 
 def test_a_bad_token_shows_a_readable_error(browser: WebDriver, stack: tuple[Server, SyncWorker]) -> None:

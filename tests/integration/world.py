@@ -109,3 +109,12 @@ class World:
             g=group,
             m=member,
         )
+
+    def relation(self, kind: str, from_document: int, to_document: int) -> int:
+        return _one(
+            self.conn,
+            "INSERT INTO relations (kind, from_document_id, to_document_id) VALUES (:k, :a, :b) RETURNING id",
+            k=kind,
+            a=from_document,
+            b=to_document,
+        )
