@@ -6,9 +6,9 @@ them. A traversal walks them breadth-first from the start documents, and every d
 checked against the caller's access (the one ACL, through the `visible` callable) before it is shown or
 walked on: a document the caller may not see is cut, with its edges, never shown as a placeholder and
 never walked through (that would reveal how two visible documents are connected through a hidden one).
-Each document is reached once (cycles end there), at its least depth; at most `fanout` edges are followed
-out of one document, in a fixed order (kind, then the other end's id), so the answer does not depend on
-the database's row order.
+Each document is reached once (cycles end there), at its least depth; at most `fanout` edges to documents the
+caller may see are followed out of one document, in a fixed order (kind, then the other end's id), so the
+answer does not depend on the database's row order, and nothing the caller may not see changes it.
 
 Pure: the edges and the visibility come in as callables (`search.documents` passes SQL ones, the property
 tests a reference evaluator's).
@@ -66,7 +66,7 @@ class Traversal:
     nodes: dict[int, int]  # visible document -> depth (the start documents: 0)
     edges: list[Edge]  # every edge walked, both ends visible
     not_found: list[int]  # start documents the caller may not see (or that do not exist)
-    truncated: bool  # some document had more edges than `fanout`
+    truncated: bool  # some document had more edges to visible documents than `fanout`
 
 
 def traverse(
@@ -90,22 +90,21 @@ def traverse(
         if not frontier:
             break
         known = list(edges_of(frontier))
-        planned: list[Step] = []
-        for at in frontier:
-            found = steps(known, at, kinds, direction)
-            truncated = truncated or len(found) > fanout
-            planned.extend(found[:fanout])
-        fresh = {s.other for s in planned if s.other not in nodes}
+        found = {at: steps(known, at, kinds, direction) for at in frontier}
+        fresh = {s.other for group in found.values() for s in group if s.other not in nodes}
         allowed = set(visible(fresh)) if fresh else set()
         next_frontier: list[int] = []
-        for step in planned:
-            other = step.other
-            if other in nodes:  # an edge between two shown documents (a cycle, a sibling): shown, not walked on
-                walked.append(step.edge)
-                continue
-            if other in allowed:
-                nodes[other] = level
-                next_frontier.append(other)
+        for at in frontier:
+            # Only edges to documents the caller may see count against the fan-out: a hidden neighbour must
+            # neither take a visible one's place nor show through `truncated` that it exists.
+            shown = [s for s in found[at] if s.other in nodes or s.other in allowed]
+            truncated = truncated or len(shown) > fanout
+            for step in shown[:fanout]:
+                other = step.other
+                if other not in nodes:
+                    nodes[other] = level
+                    next_frontier.append(other)
+                # else: an edge between two shown documents (a cycle, a sibling): shown, not walked on
                 walked.append(step.edge)
         frontier = next_frontier
     return Traversal(nodes, sorted(set(walked)), not_found, truncated)

@@ -75,6 +75,28 @@ def test_traversal_equals_a_bfs_over_what_the_caller_may_see(graph, depth, direc
     assert len(asked) <= depth + 1
 
 
+@settings(max_examples=400, deadline=None)
+@given(graphs(), st.integers(1, 4), st.sampled_from(["outgoing", "incoming", "both"]), st.integers(1, 3))
+def test_what_the_caller_may_not_see_changes_nothing(graph, depth, direction, fanout) -> None:
+    """The same answer (nodes, edges, truncated) as on the graph with every hidden document and its edges
+    removed: a hidden neighbour takes no visible one's place under the fan-out and does not show as truncation."""
+    edges, visible, starts = graph
+    between_visible = {e for e in edges if e.from_id in visible and e.to_id in visible}
+
+    def walk(over: set[Edge]):
+        return traverse(starts, edges_of=lambda ids: [e for e in over if e.from_id in ids or e.to_id in ids],
+                        visible=lambda ids: {i for i in ids if i in visible}, depth=depth, fanout=fanout,
+                        direction=direction)  # fmt: skip
+
+    assert walk(edges) == walk(between_visible)
+
+
+def test_a_hidden_neighbour_neither_takes_a_place_nor_shows_as_truncation() -> None:
+    edges = [Edge("references", 1, 2), Edge("references", 1, 3)]  # 2 is hidden, 3 visible
+    found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids) - {2}, depth=1, fanout=1)
+    assert found.nodes == {1: 0, 3: 1} and not found.truncated
+
+
 def test_fanout_caps_edges_per_document_in_a_fixed_order() -> None:
     edges = [Edge("references", 1, n) for n in range(2, 12)]
     found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids), depth=1, fanout=3)
