@@ -494,6 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kafka_line(settings: Settings, line: str) -> str:
+    """A Kafka time-out's real cause when the brokers refuse the credentials or the certificate."""
+    from ki.clients import kafka_refusal
+
+    refusal = kafka_refusal(settings)
+    return f"ki: Kafka refused this client: {refusal}" if refusal else line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings: Settings | None = None
@@ -507,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         if error is None:
             raise  # a bug: the traceback is what helps
         line = f"ki: {error}".splitlines()[0]
+        if settings is not None and getattr(error, "service", "") == "kafka":
+            line = _kafka_line(settings, line)
         print(settings.redact(line) if settings is not None else line, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

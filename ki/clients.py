@@ -11,7 +11,9 @@ status or error code, never its text, and `as_ki_error` picks the right one for 
 
 from __future__ import annotations
 
+import logging
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,43 @@ def kafka_ssl_context(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
+#: librdkafka's own log lines (a broker refused, a handshake failed) go through logging, served when a client
+#: polls, instead of straight to stderr from its threads: a long-running process logs them as it logs
+#: anything, a command's one error line is not buried under them.
+LIBRDKAFKA_LOG = logging.getLogger("ki.kafka.librdkafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())  # shown where a process configures logging, else not at all
+
+
 def kafka_config(settings: Settings, **options: Any) -> dict[str, Any]:
     """librdkafka configuration for this stack's brokers (with TLS and SASL), plus the caller's options."""
-    return {"bootstrap.servers": settings.kafka.bootstrap_servers, **kafka_security(settings), **options}
+    return {"bootstrap.servers": settings.kafka.bootstrap_servers, "logger": LIBRDKAFKA_LOG,
+            **kafka_security(settings), **options}  # fmt: skip
+
+
+# What librdkafka reports, through its error callback, when the brokers cannot be used at all.
+_KAFKA_REFUSED = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED})
+
+
+def kafka_refusal(settings: Settings, timeout_s: float = 3.0) -> str | None:
+    """Why the brokers refuse this configuration (SASL authentication, the TLS handshake), or None.
+
+    A client's request only times out when a broker refuses its credentials or certificate; the reason
+    comes through librdkafka's error callback, served while a client polls. This asks once more and waits
+    for it (for the one line a command prints)."""
+    refusals: list[KafkaError] = []
+
+    def remember(error: KafkaError) -> None:
+        if error.code() in _KAFKA_REFUSED:
+            refusals.append(error)
+
+    try:
+        admin = AdminClient(kafka_config(settings, error_cb=remember))
+    except KafkaException as exc:  # e.g. an unreadable CA file
+        return str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc)
+    deadline = time.monotonic() + timeout_s
+    while not refusals and time.monotonic() < deadline:
+        admin.poll(0.1)
+    return refusals[0].str() if refusals else None
 
 
 def make_kafka_admin(settings: Settings, **options: Any) -> AdminClient:

@@ -97,9 +97,9 @@ def traverse(
         for at in frontier:
             # Only edges to documents the caller may see count against the fan-out: a hidden neighbour must
             # neither take a visible one's place nor show through `truncated` that it exists.
-            shown = [s for s in found[at] if s.other in nodes or s.other in allowed]
-            truncated = truncated or len(shown) > fanout
-            for step in shown[:fanout]:
+            reachable = [s for s in found[at] if s.other in nodes or s.other in allowed]
+            truncated = truncated or len(reachable) > fanout
+            for step in reachable[:fanout]:
                 other = step.other
                 if other not in nodes:
                     nodes[other] = level

@@ -1,6 +1,7 @@
 """A real headless Chromium (Debian's `chromium` and its version-matched `chromium-driver`) driven through
 Selenium, for the console's tests. Nothing is downloaded: the browser and the driver are the system's, and
-Selenium Manager is told to stay offline. Screenshots go to build/screenshots/, the run's test artifacts (kept after it; `.ci/run` lists them)."""
+Selenium Manager is told to stay offline. Screenshots go to build/screenshots/, the run's test artifacts (kept
+after it; `.ci/run` lists them)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pytest
 
 from apps.stack.connector import connect_auth, connector_config
 from apps.stack.http import request_json
-from ki.clients import _connect_args, kafka_config, opensearch_options
+from ki.clients import LIBRDKAFKA_LOG, _connect_args, kafka_config, opensearch_options
 from ki.errors import SettingsError
 from ki.settings import Settings, load_settings
 from streams.app import broker_credentials
@@ -59,10 +59,11 @@ def test_sasl_without_credentials_is_refused() -> None:
 
 
 def test_kafka_clients_get_tls_and_sasl() -> None:
-    assert kafka_config(settings()) == {"bootstrap.servers": "127.0.0.1:59092"}
+    assert kafka_config(settings()) == {"bootstrap.servers": "127.0.0.1:59092", "logger": LIBRDKAFKA_LOG}
     config = kafka_config(settings(**SASL, KI_KAFKA__SSL_CA_FILE="/etc/ki/ca.pem"), **{"group.id": "g"})
     assert config == {
-        "bootstrap.servers": "127.0.0.1:59092", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "bootstrap.servers": "127.0.0.1:59092", "logger": LIBRDKAFKA_LOG, "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "ki-worker", "sasl.password": "kafka-pass-123", "ssl.ca.location": "/etc/ki/ca.pem",
         "group.id": "g",
     }  # fmt: skip
