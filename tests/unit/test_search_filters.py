@@ -48,6 +48,10 @@ def test_defaults_and_single_values_become_lists() -> None:
         ({"query": "a", "filters": {"date_from": "2024-13-01"}}, "filters.date_from"),
         ({"query": "a", "filters": {"date_from": "2024-02-01", "date_to": "2024-01-01"}}, "filters"),
         ([1, 2], "body"),
+        # issue 15's request fields
+        ({"query": "a", "expand": "vielleicht"}, "expand"),
+        ({"query": "a", "as_of": "gestern"}, "as_of"),
+        ({"query": "a", "evidence_budget_chars": -5}, "evidence_budget_chars"),
     ],
 )
 def test_bad_input_names_the_field(data: object, field: str) -> None:
@@ -91,3 +95,11 @@ def test_metadata_clauses_cover_every_filter() -> None:
         {"range": {"doc_date": {"gte": "2024-01-01", "lte": "2024-12-31"}}},
     ]
     assert metadata_clauses(parse_filter_request({}, API).filters) == []
+
+
+def test_issue_15s_request_fields_are_in_the_openapi_document() -> None:
+    from search.openapi import openapi_document
+
+    properties = openapi_document()["components"]["schemas"]["SearchRequest"]["properties"]
+    assert {"expand", "as_of", "evidence_budget_chars", "mode", "explain"} <= properties.keys()
+    assert properties["expand"]["type"] == "boolean"
