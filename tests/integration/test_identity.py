@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 from ki.settings import Settings
 from search.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import Server, SyncWorker, isolated
+from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -264,6 +264,29 @@ def test_paging_keeps_the_identity_hit_on_the_first_page_only(server: Server, da
     ]
     assert [h["chunk_id"] for p in pages for h in p["hits"]] == [h["chunk_id"] for h in whole["hits"]][:9]
     assert whole["hits"][0]["document_id"] == data.docs["berufung"]
+
+
+def test_the_reranker_reorders_the_ranked_head_and_the_identity_hit_stays_first(
+    server: Server, isolation: dict[str, str], data: Data, settings: Settings
+) -> None:
+    query = f"12 U 77/23 {data.word}"
+    fused = ask(server, data, settings, "anna", query)
+    gateway = RerankGateway()  # "reverse": scores the passages so that their order turns round
+    gateway.start()
+    srv = Server("identity-rerank-api", **isolation, KI_RETRIEVAL__RERANK_ENABLED="true",
+                 KI_RETRIEVAL__RERANK_URL=gateway.url)  # fmt: skip
+    srv.start()
+    try:
+        body = ask(srv, data, settings, "anna", query)
+        first = body["hits"][0]
+        assert first["document_id"] == data.docs["berufung"] and first["match_reason"] == "identifier", first
+        assert gateway.requests, "the reranker was never asked"
+        ranked = [h["chunk_id"] for h in body["hits"][1:]]
+        assert ranked != [h["chunk_id"] for h in fused["hits"][1:]], "the ranked head was not reordered"
+        assert any(h["explain"].get("rerank_score") is not None for h in body["hits"][1:])
+    finally:
+        srv.stop()
+        gateway.stop()
 
 
 def test_identity_can_be_switched_off(isolation: dict[str, str], data: Data, settings: Settings) -> None:
