@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import bcrypt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -250,9 +252,6 @@ def read_env_file(path: Path) -> dict[str, str]:
 def opensearch_security_files(settings: Settings, material: SecureMaterial) -> dict[str, str]:
     """The security plugin's users, roles and their mapping (YAML as JSON, which YAML reads), loaded into
     its index at the first start (`allow_default_init_securityindex`)."""
-    import json
-
-    import bcrypt
 
     def hashed(user: str) -> str:
         return bcrypt.hashpw(material.password("opensearch", user).encode(), bcrypt.gensalt(12)).decode()
