@@ -134,9 +134,6 @@ class RetrievalSettings(_Section):
     # `ki eval --tune`); a signature without an entry has no floor.
     semantic_floor_enabled: bool = False
     semantic_floor: dict[str, float] = Field(default_factory=dict)
-    # Fair legs: each leg keeps at most max_chunks_per_document chunks per document before fusion, and its
-    # ranks close up behind them (one long document cannot fill a leg's depth).
-    fair_legs: bool = False
     # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
     # A request's `evidence_budget_chars` overrides it.
     evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)

@@ -86,8 +86,6 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
     if retrieval.semantic_floor_enabled:
         floors = retrieval.semantic_floor
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
-    if retrieval.fair_legs:
-        fields["fair_legs"] = True
     if retrieval.graph_rag_enabled:
         r = retrieval
         fields["graph_rag"] = [r.graph_rag_seeds, r.graph_rag_max_added, r.graph_rag_hop_penalty]

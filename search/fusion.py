@@ -83,19 +83,6 @@ def rrf(legs: Mapping[str, Sequence[LegHit]], weights: Mapping[str, float], k: i
     return sort_candidates(out)
 
 
-def fair_leg(hits: Sequence[LegHit], max_per_document: int) -> list[LegHit]:
-    """At most `max_per_document` hits per document, in rank order: the ranks of the hits after a dropped
-    one close up, so one long document cannot fill a leg's depth and push every other document down."""
-    seen: dict[Any, int] = {}
-    kept: list[LegHit] = []
-    for hit in hits:
-        document = hit.source.get("document_id")
-        seen[document] = seen.get(document, 0) + 1
-        if seen[document] <= max_per_document:
-            kept.append(hit)
-    return kept
-
-
 def sort_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (-c.score, c.chunk_id))
 

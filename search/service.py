@@ -44,7 +44,7 @@ from search.filters import (
     point_in_time_clauses,
 )
 from search.floor import apply_floor, floor_for
-from search.fusion import Candidate, apply_boost, apply_decay, collapse, fair_leg, put_at, put_first, rrf
+from search.fusion import Candidate, apply_boost, apply_decay, collapse, put_at, put_first, rrf
 from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
 from search.invalidation import InvalidationFeed
 from search.legs import (
@@ -828,8 +828,6 @@ class SearchService:
             legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
         if below_floor:
             self.metrics.floor_dropped.inc(below_floor)
-        if r.fair_legs:
-            legs = {leg: fair_leg(found, r.max_chunks_per_document) for leg, found in legs.items()}
         fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
         if r.decay_enabled:
             fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)

@@ -36,7 +36,6 @@ FEATURES: tuple[Feature, ...] = (
     Feature("identity", "identity_enabled", touches_lexical=True),
     Feature("synonyms", "synonyms_enabled", touches_lexical=True),
     Feature("semantic_floor", "semantic_floor_enabled", touches_lexical=False),
-    Feature("fair_legs", "fair_legs", touches_lexical=True),
     Feature("graph_rag", "graph_rag_enabled", touches_lexical=True),
     Feature(
         "decay",

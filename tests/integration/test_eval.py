@@ -139,12 +139,12 @@ def test_the_semantic_floor_and_every_feature_off_and_on(run: dict) -> None:
     assert floor["queries_found"] + floor["queries_not_found"] == floor["queries"] == 4
     assert floor["similarity"] is None or -1.0 <= floor["similarity"] <= 1.0
     features = {e["feature"]: e for e in record["features"]["entries"]}
-    assert set(features) == {"identity", "synonyms", "semantic_floor", "fair_legs", "graph_rag", "decay"}
+    assert set(features) == {"identity", "synonyms", "semantic_floor", "graph_rag", "decay"}
     assert record["corpus"]["references"] >= 0
     assert features["identity"]["default_on"] is True and features["synonyms"]["default_on"] is False
     assert features["decay"]["ndcg@10_on"] is None and features["decay"]["unmeasurable"]
     base = record["features"]["base"]["hybrid"]
-    for name in ("identity", "synonyms", "fair_legs", "graph_rag"):
+    for name in ("identity", "synonyms", "graph_rag"):
         entry = features[name]
         assert base == (entry["ndcg@10_on"] if entry["default_on"] else entry["ndcg@10_off"]), name
         assert 0.0 <= entry["ndcg@10_on"] <= 1.0 and 0.0 <= entry["ndcg@10_off"] <= 1.0
@@ -152,7 +152,7 @@ def test_the_semantic_floor_and_every_feature_off_and_on(run: dict) -> None:
     found = parse_reports("mietrecht-mini.json", record)
     assert [r.dataset for r in found[1:]] == [f"mietrecht-mini ({v['name']})" for v in record["variants"]]
     assert len({r.binding["ranking_hash"] for r in found}) == len(found) - 1  # identity off ranks like the default
-    assert any(line.startswith("| mietrecht-mini | fair_legs | off |") for line in record["features"]["markdown"])
+    assert any(line.startswith("| mietrecht-mini | graph_rag | off |") for line in record["features"]["markdown"])
 
 
 def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> None:

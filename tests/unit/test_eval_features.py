@@ -39,8 +39,8 @@ def test_verdict_holds_a_default_on_feature_to_the_loss_bound():
 
 def test_markdown_rows_show_off_on_and_the_difference():
     rows = markdown_rows("xquad-de", [
-        {"feature": "fair_legs", "default_on": False, "ndcg@10_off": 0.9, "ndcg@10_on": 0.91},
+        {"feature": "graph_rag", "default_on": False, "ndcg@10_off": 0.9, "ndcg@10_on": 0.91},
         {"feature": "decay", "default_on": False, "ndcg@10_off": None, "ndcg@10_on": None, "unmeasurable": "no dates"},
     ])  # fmt: skip
-    assert rows[0] == "| xquad-de | fair_legs | off | 0.9000 | 0.9100 | +0.0100 |"
+    assert rows[0] == "| xquad-de | graph_rag | off | 0.9000 | 0.9100 | +0.0100 |"
     assert "not measured: no dates" in rows[1]

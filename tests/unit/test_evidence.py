@@ -128,7 +128,6 @@ def test_new_ranking_steps_bind_reports_only_when_on():
     # Only the floor stored for the report's own signature counts.
     other_model = {"semantic_floor": {SIGNATURE: 0.8, "all-minilm-l6-v2-384": 0.3}}
     assert ranking_hash(settings(semantic_floor_enabled=True, **other_model).retrieval, SIGNATURE) == floored
-    assert ranking_hash(settings(**off, fair_legs=True).retrieval, SIGNATURE) != base
     assert ranking_hash(settings(**off, synonyms_enabled=True).retrieval, SIGNATURE) != base
     assert ranking_hash(settings(**off, synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
     assert ranking_hash(settings(**off, graph_rag_enabled=True).retrieval, SIGNATURE) != base
@@ -139,11 +138,11 @@ def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
     """`ki eval --features` writes, beside the default run, each feature switched: switching the feature on
     keeps hybrid as the default when the variant showed it still beats lexical, and turns it off where not."""
     s = settings()
-    fair = settings(fair_legs=True)
+    augmented = settings(graph_rag_enabled=True)
     floored = settings(semantic_floor_enabled=True, semantic_floor={SIGNATURE: 0.9})
     data = report_json(s)
     data["variants"] = []
-    for name, variant_settings, hybrid in (("fair_legs on", fair, 0.56), ("semantic_floor on", floored, 0.45)):
+    for name, variant_settings, hybrid in (("graph_rag on", augmented, 0.56), ("semantic_floor on", floored, 0.45)):
         binding = binding_for(variant_settings, SIGNATURE, "ab" * 32)
         data["variants"].append({
             "name": name,
@@ -155,12 +154,12 @@ def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
     found = load_reports(str(tmp_path))
     assert [r.dataset for r in found] == [
         "gesetze-headings-dev",
-        "gesetze-headings-dev (fair_legs on)",
+        "gesetze-headings-dev (graph_rag on)",
         "gesetze-headings-dev (semantic_floor on)",
     ]
     assert decide(found, s, SIGNATURE).default_mode == "hybrid"
-    assert decide(found, fair, SIGNATURE).reports == ("gesetze-headings-dev (fair_legs on)",)
-    assert decide(found, fair, SIGNATURE).default_mode == "hybrid"
+    assert decide(found, augmented, SIGNATURE).reports == ("gesetze-headings-dev (graph_rag on)",)
+    assert decide(found, augmented, SIGNATURE).default_mode == "hybrid"
     assert decide(found, floored, SIGNATURE).default_mode == "lexical"  # 0.45 < 0.50
     data["variants"][0]["binding_hash"] = "0" * 16  # edited by hand: the whole file is refused
     (tmp_path / "gesetze.json").write_text(json.dumps(data))
