@@ -467,8 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tune-floor", action="store_true",
                     help="only propose the semantic floor from the train split (a part of --tune)")  # fmt: skip
     ev.add_argument("--features", action="store_true",
-                    help="also measure each ranking feature (identity, synonyms, semantic floor, fair legs) switched "
-                    "from its default, top 10 on the test queries")  # fmt: skip
+                    help="also measure each ranking feature (identity, synonyms, semantic floor, graph augmentation) "
+                    "switched from its default, top 10 on the test queries")  # fmt: skip
     ev.add_argument("--analyzer", help="text analyzer of the eval index (default: retrieval.text_analyzer)")
     ev.add_argument("--out", help="output folder for JSON, per-query diff and PNG (default: build/eval)")
     ev.add_argument("--worker", choices=["auto", "external"], default="auto",

@@ -1,5 +1,5 @@
-"""Evidence shaping (issue 15, items 6 and 7): the semantic relevance floor, fair legs and the evidence
-budget -- pure functions, no services."""
+"""Evidence shaping (issue 15, items 6 and 7): the semantic relevance floor and the evidence budget --
+pure functions, no services."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from ki.settings import SettingsError, load_settings
 from search.budget import fit_budget
 from search.floor import apply_floor, cosine_from_score, floor_for, floor_from_train
-from search.fusion import fair_leg, rrf
 from search.legs import LegHit
 
 SIGNATURE = "multilingual-e5-small-384"
@@ -84,25 +83,6 @@ def test_floor_from_train_property(values, keeps):
     floor = floor_from_train(values, keeps)
     assert floor is not None
     assert sum(v >= floor for v in values) >= keeps * len(values) - 1e-9
-
-
-# --- fair legs ------------------------------------------------------------------------------------
-
-
-def test_fair_leg_caps_each_document_and_closes_the_ranks():
-    long_doc = [leg_hit(f"long:{i}", 1) for i in range(6)]
-    leg = [*long_doc[:4], leg_hit("other", 2), *long_doc[4:]]
-    fair = fair_leg(leg, 3)
-    assert [h.id for h in fair] == ["long:0", "long:1", "long:2", "other"]
-    # In the fused ranking the other document now has rank 3 instead of 4.
-    fused = {c.chunk_id: c for c in rrf({"lexical": fair}, {"lexical": 1.0}, 60)}
-    assert fused["other"].ranks == {"lexical": 3}
-
-
-def test_fair_leg_never_reorders_and_never_drops_below_the_cap():
-    leg = [leg_hit(f"{d}:{i}", d) for i in range(3) for d in (1, 2, 3)]
-    assert fair_leg(leg, 3) == leg
-    assert [h.id for h in fair_leg(leg, 1)] == ["1:0", "2:0", "3:0"]
 
 
 # --- evidence budget -------------------------------------------------------------------------------
