@@ -377,6 +377,10 @@ class ApiSettings(_Section):
     scope_cache_size: int = Field(4096, ge=0)
     scope_cache_max_ids: int = Field(5_000_000, ge=0)
     scope_cache_max_feed_lag_s: float = Field(5.0, gt=0)
+    # Identity look-up cache (search.name_cache): name keys (0 = off) and documents held across them,
+    # fed by the scope cache's invalidation feed and used only while it is current (needs the scope cache).
+    identity_cache_keys: int = Field(100_000, ge=0)
+    identity_cache_max_documents: int = Field(200_000, ge=0)
     # The scope clause each leg carries (search.scope): a larger scope is sent as its projects, or not at
     # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import unicodedata
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -46,6 +46,7 @@ _SPACES = re.compile(" +")
 
 Why = Literal["identifier", "title"]
 Outcome = Literal["unique", "ambiguous", "none", "off"]
+NameKey = tuple[Why, str]  # a key looked up as a title or as an identifier
 
 
 def identity_key(text: str) -> str:
@@ -145,6 +146,15 @@ class Identity:
 
 OFF = Identity("off")
 NONE = Identity("none")
+
+
+def carried(entries: Mapping[NameKey, Sequence[NamedDocument]], per_name: int) -> tuple[list[NamedDocument], set[str]]:
+    """The named documents of a look-up (per key, its carriers: at most `per_name + 1`), and the keys
+    carried by more than `per_name` documents (`saturated`: common for every caller, their carriers left
+    out)."""
+    saturated = {key for (_, key), documents in entries.items() if len(documents) > per_name}
+    named = [d for (_, key), documents in entries.items() if key not in saturated for d in documents]
+    return named, saturated
 
 
 def resolve(named: Iterable[NamedDocument], max_candidates: int, saturated: Collection[str] = ()) -> Identity:

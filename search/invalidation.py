@@ -5,6 +5,8 @@ Why each process reads the topics directly (rather than the sync worker publishi
 events are the same ones the worker consumes, a process needs nothing but Kafka to stay correct, and any
 number of API processes on any number of machines each invalidate their own cache. The consumer has no
 group and commits nothing: it is assigned every partition at its end when it starts, with an empty cache.
+The same `documents` events also feed the identity look-up cache (`search.name_cache`), with the same
+health rules.
 
 Health, and why the cache is bypassed without it. The cache is used only while the feed is known to be
 current, i.e. all of these hold:
@@ -36,6 +38,7 @@ from ki.clients import make_kafka_consumer
 from ki.db.models import HEARTBEAT_TABLE
 from ki.settings import Settings
 from projections.cdc import ChangeEvent, PoisonEvent, decode, topic_name
+from search.name_cache import NameCache
 from search.scope_cache import EVERYTHING, ScopeCache, invalidation_for
 
 log = logging.getLogger(__name__)
@@ -74,9 +77,11 @@ class InvalidationFeed:
         *,
         clock: Callable[[], float] = time.time,
         on_event: Callable[[str], None] | None = None,
+        names: NameCache | None = None,
     ) -> None:
         prefix = settings.kafka.topic_prefix
         self.settings, self.cache, self.clock = settings, cache, clock
+        self.names = names  # the identity look-up cache, fed by the same `documents` events
         self.scope_topics = [topic_name(prefix, t) for t in SCOPE_TABLES]
         self.heartbeat_topic = topic_name(prefix, HEARTBEAT_TABLE)
         self.max_lag_s = settings.api.scope_cache_max_feed_lag_s
@@ -129,11 +134,16 @@ class InvalidationFeed:
         if self._was_usable and not usable:
             # Entries from before a gap are never trusted again: events may have been missed.
             log.warning("scope cache bypassed: %s", reason)
-            self.cache.apply(EVERYTHING)
+            self._drop_everything()
         elif usable and not self._was_usable:
             log.info("scope cache in use: the invalidation feed is current")
         self._was_usable = usable
         return FeedHealth(usable, reason, lag)
+
+    def _drop_everything(self) -> None:
+        self.cache.apply(EVERYTHING)
+        if self.names is not None:
+            self.names.clear()
 
     # --- the thread ----------------------------------------------------------------------------
 
@@ -146,7 +156,7 @@ class InvalidationFeed:
                 log.warning("%s; restarting it", self.error)
                 with self._lock:
                     self._complete_until.clear()
-                self.cache.apply(EVERYTHING)
+                self._drop_everything()
                 self._stop.wait(_METADATA_RETRY_S)
 
     def _consume(self) -> None:
@@ -207,7 +217,7 @@ class InvalidationFeed:
             event = decode(str(message.topic()), message.key(), message.value(), known_tables=None)
         except PoisonEvent as exc:
             log.warning("undecodable event on %s (%s): dropping every cached scope", message.topic(), exc.reason)
-            self.cache.apply(EVERYTHING)
+            self._drop_everything()
             return None
         if not isinstance(event, ChangeEvent):
             return None
@@ -218,5 +228,7 @@ class InvalidationFeed:
                     self._heartbeat_ts = max(self._heartbeat_ts or 0.0, committed)
             return committed
         self.cache.apply(invalidation_for(event))
+        if self.names is not None:
+            self.names.apply(event)
         self.on_event(event.table)
         return committed

@@ -74,6 +74,13 @@ class SearchMetrics:
             ["result"],
             registry=r,
         )
+        self.identity_cache = Counter(
+            "ki_search_identity_cache",
+            "Identity preflight look-ups by result: hit (every key cached, no SQL), miss (some keys looked up "
+            "in SQL and cached), bypass (the invalidation feed is not current: looked up, not cached)",
+            ["result"],
+            registry=r,
+        )
         self.scope_cache_ids = Gauge(
             "ki_search_scope_cache_ids", "Ids held by the scope caches", registry=r, multiprocess_mode="livesum"
         )
@@ -180,6 +187,7 @@ class SearchMetrics:
             self.embed_cache.labels(result)  # both series exist from the start
         for result in ("hit", "miss", "bypass"):
             self.scope_cache.labels(result)
+            self.identity_cache.labels(result)
         for kind in ("exact", "projects", "open", "none"):
             self.scope_filter.labels(kind)
 

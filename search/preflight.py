@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 
-from search.identity import NamedDocument, VersionRow
+from search.identity import NamedDocument, NameKey, VersionRow, carried
 
 # Per name, at most `per_name` documents (+1 to know it has more): a name carried by more documents than
 # that is common for every caller, and the look-up stays bounded. Keys equal the indexed expressions of
@@ -66,28 +66,29 @@ def point_in_time_versions(conn: Connection, document_ids: Sequence[int], as_of:
     return {int(r.document_id): int(r.id) for r in rows}
 
 
+def look_up_names(
+    conn: Connection, title_keys: Sequence[str], identifier_keys: Sequence[str], per_name: int
+) -> dict[NameKey, tuple[NamedDocument, ...]]:
+    """Per key asked for (as a title, as an identifier): the documents (not soft-deleted) carrying it, at
+    most `per_name + 1` (so that "more than `per_name`" is known); an empty tuple when none does."""
+    found: dict[NameKey, list[NamedDocument]] = {("title", k): [] for k in title_keys}
+    found.update({("identifier", k): [] for k in identifier_keys})
+    if found:
+        params = {"title_keys": list(title_keys), "identifier_keys": list(identifier_keys),
+                  "per_name_plus_one": per_name + 1}  # fmt: skip
+        for r in conn.execute(_NAMED_SQL, params):
+            found[(r.why, r.key)].append(
+                NamedDocument(int(r.document_id), int(r.project_id), str(r.title), r.why, str(r.key))
+            )
+    return {key: tuple(documents) for key, documents in found.items()}
+
+
 def named_documents(
     conn: Connection, title_keys: Sequence[str], identifier_keys: Sequence[str], per_name: int
 ) -> tuple[list[NamedDocument], set[str]]:
     """Documents (not soft-deleted) whose title key or one of whose identifier keys is among the keys
-    given, and the keys carried by more than `per_name` documents (those list only `per_name`)."""
-    if not title_keys and not identifier_keys:
-        return [], set()
-    rows = conn.execute(
-        _NAMED_SQL,
-        {
-            "title_keys": list(title_keys),
-            "identifier_keys": list(identifier_keys),
-            "per_name_plus_one": per_name + 1,
-        },
-    ).all()
-    counts: dict[tuple[str, str], int] = {}
-    named: list[NamedDocument] = []
-    for r in rows:
-        counts[(r.key, r.why)] = counts.get((r.key, r.why), 0) + 1
-        named.append(NamedDocument(int(r.document_id), int(r.project_id), str(r.title), r.why, str(r.key)))
-    saturated = {key for (key, _), n in counts.items() if n > per_name}
-    return [n for n in named if n.key not in saturated], saturated
+    given, and the keys carried by more than `per_name` documents (whose carriers are left out)."""
+    return carried(look_up_names(conn, title_keys, identifier_keys, per_name), per_name)
 
 
 def subject_versions(conn: Connection, document_ids: Sequence[int]) -> tuple[list[VersionRow], dict[int, int | None]]:

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +45,19 @@ from search.filters import (
 )
 from search.floor import apply_floor, floor_for
 from search.fusion import Candidate, apply_boost, apply_decay, collapse, put_at, put_first, rrf
-from search.identity import NONE, OFF, Identity, Subject, choose_versions, keep_subjects, name_grams, resolve
+from search.identity import (
+    NONE,
+    OFF,
+    Identity,
+    NamedDocument,
+    NameKey,
+    Subject,
+    carried,
+    choose_versions,
+    keep_subjects,
+    name_grams,
+    resolve,
+)
 from search.invalidation import InvalidationFeed
 from search.legs import (
     SOURCE_INCLUDES,
@@ -58,7 +70,8 @@ from search.legs import (
     run_legs,
 )
 from search.metrics import SearchMetrics
-from search.preflight import named_documents, point_in_time_versions, subject_versions
+from search.name_cache import NameCache
+from search.preflight import look_up_names, point_in_time_versions, subject_versions
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.scope_cache import ScopeCache
@@ -312,6 +325,7 @@ class SearchService:
         # The scope cache and its feed (search.scope_cache, search.invalidation); `start()` starts the feed.
         use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
+        self.name_cache: NameCache | None = None
         self.feed: InvalidationFeed | None = None
         r = settings.retrieval
         self._authoritative_id: int | None = None  # ontology node of retrieval.authoritative_doc_type
@@ -323,9 +337,15 @@ class SearchService:
         if settings.api.stats_enabled:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
         if use_cache:
-            self.scope_cache = ScopeCache(settings.api.scope_cache_size, settings.api.scope_cache_max_ids)
+            api = settings.api
+            self.scope_cache = ScopeCache(api.scope_cache_size, api.scope_cache_max_ids)
+            if api.identity_cache_keys > 0:
+                self.name_cache = NameCache(api.identity_cache_keys, api.identity_cache_max_documents)
             self.feed = InvalidationFeed(
-                settings, self.scope_cache, on_event=lambda table: self.metrics.feed_events.labels(table).inc()
+                settings,
+                self.scope_cache,
+                on_event=lambda table: self.metrics.feed_events.labels(table).inc(),
+                names=self.name_cache,
             )
 
     def start(self) -> None:
@@ -335,6 +355,12 @@ class SearchService:
             self.stats.start()
 
     # --- steps ---------------------------------------------------------------------------------
+
+    def usable_name_cache(self) -> NameCache | None:
+        """The identity look-up cache, if its invalidation feed is current (else None: look up in SQL)."""
+        if self.name_cache is None or self.feed is None or not self.feed.health().usable:
+            return None
+        return self.name_cache
 
     def usable_cache(self) -> ScopeCache | None:
         """The scope cache, if its invalidation feed is current (else None: compile in SQL)."""
@@ -587,20 +613,45 @@ class SearchService:
         )
         if not title_keys and not identifier_keys:
             return NONE, {}
+        keys: list[NameKey] = [("title", k) for k in title_keys] + [("identifier", k) for k in identifier_keys]
+        cache = self.usable_name_cache()
+        generation = cache.generation if cache is not None else 0  # read before anything is looked up
+        cached, missing = cache.get(keys) if cache is not None else ({}, keys)
+        if self.name_cache is not None:
+            self.metrics.identity_cache.labels("bypass" if cache is None else "miss" if missing else "hit").inc()
 
-        def run(conn: Connection) -> tuple[Identity, dict[int, VerifiedVersion]]:
-            named, saturated = named_documents(conn, title_keys, identifier_keys, r.identity_max_documents_per_name)
+        def decide(entries: Mapping[NameKey, Sequence[NamedDocument]]) -> Identity:
+            named, saturated = carried(entries, r.identity_max_documents_per_name)
             named = [n for n in named if scope.admits(n.document_id, n.project_id)]
-            identity = resolve(named, r.identity_max_candidates, saturated)
+            return resolve(named, r.identity_max_candidates, saturated)
+
+        if not missing:
+            known = decide(cached)
+            if not known.subjects:
+                return known, {}  # every key known and nothing named: no SQL at all
+
+        def run(
+            conn: Connection,
+        ) -> tuple[Identity, dict[int, VerifiedVersion], dict[NameKey, tuple[NamedDocument, ...]]]:
+            found = look_up_names(
+                conn,
+                [k for why, k in missing if why == "title"],
+                [k for why, k in missing if why == "identifier"],
+                r.identity_max_documents_per_name,
+            )
+            identity = decide({**cached, **found})
             if not identity.subjects:
-                return identity, {}
+                return identity, {}, found
             versions, latest_final = subject_versions(conn, [s.document_id for s in identity.subjects])
             verified = reverify(conn, principals, self.settings, [v.version_id for v in versions])
             chosen = choose_versions(versions, verified.keys(), latest_final, request.as_of)
-            return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}
+            return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}, found
 
         async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(run)
+            identity, verified, found = await conn.run_sync(run)
+        if cache is not None and found:
+            cache.put(found, generation)
+        return identity, verified
 
     async def augment(
         self,

@@ -491,3 +491,42 @@ def test_the_chunk_cap_applies_to_the_fused_pool_before_the_cut(
         assert max(per_document.values()) <= settings.retrieval.max_chunks_per_document
     finally:
         srv.stop()
+
+
+def test_the_identity_cache_answers_repeats_and_follows_new_and_renamed_titles(
+    engine: Engine, server: Server, data: Data, settings: Settings
+) -> None:
+    """A name looked up once is answered from the identity cache (no SQL) while the feed is current; a
+    document that starts to carry a cached name, or stops, is named accordingly as soon as its change
+    event arrives. A cache that missed either event would keep the stale answer until the deadline."""
+    title, renamed = f"Pachtvertrag Seeblick {data.tag}", f"Pachtvertrag Uferweg {data.tag}"
+
+    def hits() -> float:
+        return server.metric("ki_search_identity_cache_total", result="hit")
+
+    assert ask(server, data, settings, "anna", title)["identity"]["outcome"] == "none"
+
+    def from_cache() -> bool:  # the feed may still be catching up with the fixture's own events
+        before = hits()
+        return ask(server, data, settings, "anna", title)["identity"]["outcome"] == "none" and hits() > before
+
+    wait_for(from_cache, timeout=60, what="a repeated name answered from the identity cache")
+    with engine.begin() as conn:
+        w = World(conn)
+        doc = w.document(data.projects[0], title, identifiers=[])
+        w.observe(w.version(doc, "Die Pacht beträgt monatlich 400 Euro."), w.source_object(data.sources[0]))
+
+    def named(query: str) -> bool:
+        body = ask(server, data, settings, "anna", query)
+        return body["identity"]["outcome"] == "unique" and body["hits"][0]["document_id"] == doc
+
+    wait_for(lambda: named(title), timeout=120, what="the new document named by its cached title")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE documents SET title = :t WHERE id = :d"), {"t": renamed, "d": doc})
+    wait_for(lambda: named(renamed), timeout=120, what="the renamed document named by its new title")
+    # The new title was never cached; the old one was (naming the document) until the change event came.
+    wait_for(
+        lambda: ask(server, data, settings, "anna", title)["identity"]["outcome"] == "none",
+        timeout=120,
+        what="the old title naming nothing once the rename's event arrived",
+    )

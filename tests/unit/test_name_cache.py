@@ -1,0 +1,102 @@
+"""The identity look-up cache (search.name_cache): what each `documents` change drops, the generation
+guard against storing a look-up that raced a change, and its bounds. No services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from projections.cdc import UNAVAILABLE, ChangeEvent, SourceInfo, Tombstone
+from search.identity import NamedDocument, NameKey, carried, identity_key
+from search.name_cache import NameCache
+
+TITLE: NameKey = ("title", identity_key("Mietvertrag Hauptstraße 5"))
+AZ: NameKey = ("identifier", identity_key("5 O 1234/22"))
+OTHER: NameKey = ("title", identity_key("Atlas Migration"))
+
+
+def doc(document_id: int, key: NameKey) -> NamedDocument:
+    return NamedDocument(document_id, 1, "x", key[0], key[1])
+
+
+def event(
+    op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, table: str = "documents"
+) -> ChangeEvent:
+    return ChangeEvent(f"ki.public.{table}", table, op, {"id": 1}, before, after, SourceInfo(None, None, False))  # type: ignore[arg-type]
+
+
+def row(document_id: int, title: str, identifiers: list[str] | None = None) -> dict[str, Any]:
+    return {"id": document_id, "title": title, "identifiers": identifiers or [], "project_id": 1}
+
+
+def filled() -> NameCache:
+    cache = NameCache(max_keys=100, max_documents=100)
+    assert cache.put({TITLE: (doc(7, TITLE),), AZ: (), OTHER: ()}, cache.generation)
+    return cache
+
+
+def test_get_returns_cached_entries_and_the_keys_to_look_up() -> None:
+    cache = filled()
+    found, missing = cache.get([TITLE, AZ, ("title", "neu")])
+    assert found == {TITLE: (doc(7, TITLE),), AZ: ()} and missing == [("title", "neu")]
+    assert (cache.stats.hits, cache.stats.misses) == (2, 1)
+
+
+def test_a_new_document_drops_the_keys_of_its_names_only() -> None:
+    cache = filled()
+    cache.apply(event("c", None, row(9, "MIETVERTRAG  Hauptstrasse 5", ["5 O 1234-22"])))
+    _, missing = cache.get([TITLE, AZ, OTHER])
+    assert missing == [TITLE, AZ]  # the new document carries both (other spellings, same keys)
+
+
+def test_a_renamed_or_deleted_document_drops_its_old_and_new_names() -> None:
+    cache = filled()
+    cache.apply(event("u", row(7, "Mietvertrag Hauptstraße 5"), row(7, "Atlas Migration")))
+    assert cache.get([TITLE, OTHER])[1] == [TITLE, OTHER]
+    cache = filled()
+    cache.apply(event("d", row(7, "Mietvertrag Hauptstraße 5"), None))
+    assert cache.get([TITLE, AZ, OTHER])[1] == [TITLE]
+
+
+def test_incomplete_changes_drop_everything_and_other_tables_nothing() -> None:
+    for incomplete in (
+        event("u", None, row(7, "Atlas Migration")),  # no old row: its old names are unknown
+        event("d", None, None),
+        event("t", None, None),
+        event("u", row(7, "x") | {"identifiers": UNAVAILABLE}, row(7, "x")),
+    ):
+        cache = filled()
+        cache.apply(incomplete)
+        assert len(cache) == 0, incomplete
+    cache = filled()
+    cache.apply(event("u", {"id": 1}, {"id": 1}, table="grants"))
+    cache.apply(Tombstone("ki.public.documents", "documents", {"id": 7}))
+    assert len(cache) == 3 and cache.generation == 0
+
+
+def test_a_look_up_that_raced_a_change_is_not_stored() -> None:
+    cache = NameCache(max_keys=100, max_documents=100)
+    generation = cache.generation  # read before the SQL ran
+    cache.apply(event("c", None, row(9, "Atlas Migration")))  # arrives while it runs
+    assert not cache.put({OTHER: ()}, generation)  # the look-up may predate the new carrier
+    assert cache.get([OTHER])[1] == [OTHER] and cache.stats.stale_stores == 1
+    cache.clear()
+    assert cache.put({OTHER: (doc(9, OTHER),)}, cache.generation)
+
+
+def test_bounds_evict_the_least_recently_used_keys() -> None:
+    cache = NameCache(max_keys=2, max_documents=3)
+    cache.put({TITLE: (doc(1, TITLE), doc(2, TITLE))}, 0)
+    cache.put({AZ: ()}, 0)
+    cache.get([TITLE])  # TITLE is now the most recently used
+    cache.put({OTHER: ()}, 0)
+    assert cache.get([TITLE, AZ, OTHER])[1] == [AZ]  # over two keys: the oldest went
+    cache.put({AZ: (doc(3, AZ), doc(4, AZ))}, 0)  # four documents held: over three
+    assert len(cache) <= 2
+    cache.put({("title", "riesig"): tuple(doc(i, OTHER) for i in range(4))}, 0)  # alone over the bound
+    assert cache.get([("title", "riesig")])[1] == [("title", "riesig")]
+
+
+def test_carried_leaves_out_the_carriers_of_saturated_keys() -> None:
+    entries = {TITLE: (doc(1, TITLE),), AZ: (doc(2, AZ), doc(3, AZ), doc(4, AZ)), OTHER: ()}
+    named, saturated = carried(entries, per_name=2)
+    assert named == [doc(1, TITLE)] and saturated == {AZ[1]}
