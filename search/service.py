@@ -625,10 +625,9 @@ class SearchService:
             named = [n for n in named if scope.admits(n.document_id, n.project_id)]
             return resolve(named, r.identity_max_candidates, saturated)
 
-        if not missing:
-            known = decide(cached)
-            if not known.subjects:
-                return known, {}  # every key known and nothing named: no SQL at all
+        known = None if missing else decide(cached)
+        if known is not None and not known.subjects:
+            return known, {}  # every key known and nothing named: no SQL at all
 
         def run(
             conn: Connection,
@@ -639,7 +638,7 @@ class SearchService:
                 [k for why, k in missing if why == "identifier"],
                 r.identity_max_documents_per_name,
             )
-            identity = decide({**cached, **found})
+            identity = known if known is not None else decide({**cached, **found})
             if not identity.subjects:
                 return identity, {}, found
             versions, latest_final = subject_versions(conn, [s.document_id for s in identity.subjects])
