@@ -26,6 +26,7 @@ else decides access. The rules (`version_predicate` of the reference spec):
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -151,7 +152,8 @@ def _config_alias_params(security: SecuritySettings) -> dict[str, list[str]]:
 # narrowed to a few versions start from the documents and versions tables (_DIRECT_DRIVER).
 _CANDIDATES_TEMPLATE = """
     WITH caller_grants AS MATERIALIZED (
-        SELECT g.scope, g.effect, g.project_id, g.document_id, g.source_object_id
+        SELECT g.scope, g.effect, g.project_id, g.document_id, g.source_object_id,
+               ki_principal(g.principal) AS principal
         FROM grants g
         WHERE ki_principal(g.principal) = ANY(CAST(:principals AS text[]))
     ),
@@ -217,7 +219,7 @@ _VISIBLE_SELECT = "SELECT version_id, document_id, project_id FROM verdicts"
 # With what a citation shows of its version, so re-verification is one round trip.
 _OBSERVATIONS_SELECT = """
     SELECT c.version_id, c.document_id, c.project_id, c.observation_id, c.source_object_id,
-           d.title, dv.version_no, d.latest_final_version_id
+           d.title, dv.version_no, d.latest_final_version_id, dv.status, dv.doc_date
     FROM candidates c
     JOIN document_versions dv ON dv.id = c.version_id
     JOIN documents d ON d.id = c.document_id
@@ -233,6 +235,42 @@ _SCOPE_SELECT = """
     FROM verdicts
 """
 
+# A search's scope (`search_scope`): the visible projects and documents as above, and what filters the
+# legs per version. `hidden_version_ids` are the versions a per-document filter or the principal
+# projection would let through although the caller may not see them: every hidden version of a visible
+# document, and every version one of the caller's allow grants reaches (so its projection names the
+# caller) that no projection deny excludes -- minus the visible ones. `allow_principals` and
+# `deny_principals` are the caller's principals that grants name: a row's projection admits the caller
+# exactly when it lists one of the first and none of the second (a projection always lists the granted
+# principal itself, so this holds while memberships and aliases are still being synced).
+_SEARCH_SCOPE_SELECT = """
+    SELECT coalesce((SELECT array_agg(DISTINCT project_id ORDER BY project_id) FROM verdicts), '{}') AS project_ids,
+           coalesce((SELECT array_agg(DISTINCT document_id ORDER BY document_id) FROM verdicts), '{}') AS document_ids,
+           coalesce((SELECT array_agg(id ORDER BY id) FROM (
+               SELECT v.id FROM document_versions v WHERE v.document_id IN (SELECT document_id FROM verdicts)
+               UNION
+               SELECT dv.id
+               {driver}
+               WHERE NOT CAST(:is_admin AS boolean)
+                 {narrowing}
+                 AND (d.project_id IN (SELECT id FROM allow_project) OR d.id IN (SELECT id FROM allow_document)
+                      OR EXISTS (SELECT 1 FROM source_observations o
+                                 WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL
+                                   AND o.source_object_id IN (SELECT id FROM allow_object)))
+                 AND NOT (d.project_id IN (SELECT id FROM deny_project))
+                 AND NOT (d.id IN (SELECT id FROM deny_document))
+                 AND EXISTS (SELECT 1 FROM source_observations o
+                             WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL)
+                 AND NOT EXISTS (SELECT 1 FROM source_observations o
+                                 WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL
+                                   AND o.source_object_id IN (SELECT id FROM deny_object))
+               EXCEPT SELECT version_id FROM verdicts) hidden), '{}') AS hidden_version_ids,
+           coalesce((SELECT array_agg(DISTINCT principal ORDER BY principal) FROM caller_grants
+                     WHERE effect = 'allow' AND principal IS NOT NULL), '{}') AS allow_principals,
+           coalesce((SELECT array_agg(DISTINCT principal ORDER BY principal) FROM caller_grants
+                     WHERE effect = 'deny' AND principal IS NOT NULL), '{}') AS deny_principals
+"""
+
 _NARROWING = {
     "project_ids": "AND d.project_id = ANY(CAST(:project_ids AS bigint[]))",
     # The documents condition repeats the narrowing as a semi-join on document ids, so the planner reaches
@@ -240,6 +278,9 @@ _NARROWING = {
     # 120 versions of a 16k-version corpus: 7 -> 5 ms, and no longer growing with the corpus).
     "version_ids": "AND dv.id = ANY(CAST(:version_ids AS bigint[]))"
     " AND d.id IN (SELECT v.document_id FROM document_versions v WHERE v.id = ANY(CAST(:version_ids AS bigint[])))",
+    # Every version of the documents these versions belong to (a document's versions as the caller sees them).
+    "sibling_ids": "AND d.id IN (SELECT v.document_id FROM document_versions v"
+    " WHERE v.id = ANY(CAST(:sibling_ids AS bigint[])))",
 }
 
 
@@ -277,9 +318,10 @@ def _visible_sql(
     `resolve`: `:principals` are the caller's raw principals, resolved in the statement (with
     `:admins`, `:alias_keys`, `:alias_targets`), not already expanded ones with `:is_admin`."""
     narrowing = "\n          ".join(_NARROWING[n] for n in narrow_by)
-    candidates = _CANDIDATE_SELECT.format(
-        driver=_REACHABLE_DRIVER if reachable else _DIRECT_DRIVER, narrowing=narrowing
-    )
+    driver = _REACHABLE_DRIVER if reachable else _DIRECT_DRIVER
+    candidates = _CANDIDATE_SELECT.format(driver=driver, narrowing=narrowing)
+    # A select may name the driver and the narrowing too (replaced, not formatted: selects hold '{}' literals).
+    select = select.replace("{driver}", driver).replace("{narrowing}", narrowing)
     sql = _CANDIDATES_TEMPLATE.format(reachable=_REACHABLE_CTE if reachable else "", candidates=candidates) + select
     params: list[BindParameter[Any]] = [_PRINCIPALS, bindparam("intersect", type_=Boolean)]
     if resolve:
@@ -321,10 +363,19 @@ _VISIBLE_SQL = {
     for narrow_by in _NARROWINGS
     for reachable in (False, True)
 }
-_OBSERVATIONS_SQL = _visible_sql(("version_ids",), _OBSERVATIONS_SELECT)
-_OBSERVATIONS_RESOLVING_SQL = _visible_sql(("version_ids",), _OBSERVATIONS_SELECT, resolve=True)
+# (narrowing, resolving) -> statement: the versions named, or every version of their documents.
+_OBSERVATIONS_SQL = {
+    (narrowing, resolve): _visible_sql((narrowing,), _OBSERVATIONS_SELECT, resolve=resolve)
+    for narrowing in ("version_ids", "sibling_ids")
+    for resolve in (False, True)
+}
 _SCOPE_SQL = {
     (narrow_by, reachable): _visible_sql(narrow_by, _SCOPE_SELECT, reachable=reachable)
+    for narrow_by in [(), ("project_ids",)]
+    for reachable in (False, True)
+}
+_SEARCH_SCOPE_SQL = {
+    (narrow_by, reachable): _visible_sql(narrow_by, _SEARCH_SCOPE_SELECT, reachable=reachable)
     for narrow_by in [(), ("project_ids",)]
     for reachable in (False, True)
 }
@@ -417,6 +468,43 @@ def visible_scope(
 
 
 @dataclass(frozen=True)
+class SearchScope:
+    """What a search needs of a caller's access (`_SEARCH_SCOPE_SELECT`), each tuple sorted and distinct."""
+
+    project_ids: tuple[int, ...]
+    document_ids: tuple[int, ...]
+    hidden_version_ids: tuple[int, ...]
+    allow_principals: tuple[str, ...]
+    deny_principals: tuple[str, ...]
+
+
+def search_scope(
+    conn: Connection,
+    caller: Caller,
+    security: SecuritySettings,
+    *,
+    project_ids: Sequence[int] | None = None,
+    driver: Driver = "auto",
+) -> SearchScope:
+    """`visible_scope` with what filters a search's legs per version (see `_SEARCH_SCOPE_SELECT`). Fails closed."""
+    if caller.is_anonymous:
+        return SearchScope((), (), (), (), ())
+    params = _caller_params(caller, security)
+    if project_ids is not None:
+        params["project_ids"] = [int(p) for p in project_ids]
+    narrow_by: tuple[str, ...] = ("project_ids",) if project_ids is not None else ()
+    statement = _SEARCH_SCOPE_SQL[narrow_by, _driven_by_grants(conn, caller, narrow_by, driver)]
+    row = conn.execute(statement, params).one()
+    return SearchScope(
+        tuple(row.project_ids),
+        tuple(row.document_ids),
+        tuple(row.hidden_version_ids),
+        tuple(row.allow_principals),
+        tuple(row.deny_principals),
+    )
+
+
+@dataclass(frozen=True)
 class VisibleObservation:
     version_id: int
     document_id: int
@@ -426,6 +514,8 @@ class VisibleObservation:
     title: str = ""
     version_no: int = 0
     latest_final_version_id: int | None = None
+    status: str = ""
+    doc_date: dt.date | None = None
 
 
 @dataclass(frozen=True)
@@ -441,7 +531,12 @@ class Unresolved:
 
 
 def visible_observations(
-    conn: Connection, caller: Caller | Unresolved, security: SecuritySettings, version_ids: Sequence[int]
+    conn: Connection,
+    caller: Caller | Unresolved,
+    security: SecuritySettings,
+    version_ids: Sequence[int],
+    *,
+    siblings: bool = False,
 ) -> list[VisibleObservation]:
     """The observations a caller may cite, per source object: active and *accessible* to the caller (the
     rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
@@ -449,10 +544,12 @@ def visible_observations(
     observation of a visible version. Fails closed. The versions named are exactly the visible ones among
     `version_ids` (a visible version always has a citable observation), so this can replace
     `visible_versions` where citations are needed. An `Unresolved` caller is resolved (`resolve_caller`'s
-    rules) in the same statement."""
+    rules) in the same statement. `siblings`: the same for every version of the documents `version_ids`
+    belong to (what a caller's view of those documents is computed from, `search.version_view`)."""
     if not version_ids:
         return []
     versions = sorted({int(v) for v in version_ids})
+    narrowing = "sibling_ids" if siblings else "version_ids"
     if isinstance(caller, Unresolved):
         if not caller.principals:
             return []
@@ -460,14 +557,15 @@ def visible_observations(
             "principals": list(caller.principals),
             "intersect": security.source_acl_mode == "intersect",
             "admins": _strings(security.admin_principals),
-            "version_ids": versions,
+            narrowing: versions,
             **_config_alias_params(security),
         }
-        rows = conn.execute(_OBSERVATIONS_RESOLVING_SQL, params).all()
+        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, True], params).all()
     else:
         if caller.is_anonymous:
             return []
-        rows = conn.execute(_OBSERVATIONS_SQL, {**_caller_params(caller, security), "version_ids": versions}).all()
+        params = {**_caller_params(caller, security), narrowing: versions}
+        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, False], params).all()
     return [
         VisibleObservation(
             r.version_id,
@@ -478,6 +576,8 @@ def visible_observations(
             r.title,
             r.version_no,
             r.latest_final_version_id,
+            r.status,
+            r.doc_date,
         )
         for r in rows
     ]

@@ -201,13 +201,15 @@ def choose_versions(
     latest_final: Mapping[int, int | None],
     as_of: dt.date | None,
 ) -> dict[int, int]:
-    """Per subject document, the version its identity hit shows: with `as_of`, the latest final or executed
-    version dated on or before it (chosen among *all* versions, so an older one never stands in for an
-    invisible one); else the latest final version, or the highest-numbered one. Documents whose chosen
-    version the caller may not see (`visible`) are left out."""
+    """Per subject document, the version its identity hit shows, chosen among the versions the caller may
+    see (`visible`) only, so that no choice depends on a version the caller may not see: with `as_of`, the
+    latest final or executed version dated on or before it; else the latest final version (`latest_final`,
+    as the caller sees it: `search.version_view`), or the highest-numbered one. Documents without such a
+    version are left out."""
     by_document: dict[int, list[VersionRow]] = {}
     for v in versions:
-        by_document.setdefault(v.document_id, []).append(v)
+        if v.version_id in visible:
+            by_document.setdefault(v.document_id, []).append(v)
     chosen: dict[int, int] = {}
     for document_id, rows in by_document.items():
         if as_of is not None:
@@ -217,11 +219,10 @@ def choose_versions(
             pick = max(dated, key=lambda v: (v.doc_date, v.version_no), default=None)
             version_id = pick.version_id if pick else None
         else:
-            seen = [v for v in rows if v.version_id in visible]
             final = latest_final.get(document_id)
-            best = max(seen, key=lambda v: v.version_no, default=None)
+            best = max(rows, key=lambda v: v.version_no, default=None)
             version_id = final if final in visible else best.version_id if best else None
-        if version_id is not None and version_id in visible:
+        if version_id is not None:
             chosen[document_id] = version_id
     return chosen
 

@@ -7,7 +7,6 @@ re-verify (`search.service.reverify`, through `ki.acl`), never here.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
@@ -44,26 +43,6 @@ _VERSIONS_SQL = text(
     WHERE v.document_id = ANY(CAST(:document_ids AS bigint[]))
     """
 )
-
-
-_POINT_IN_TIME_SQL = text(
-    """
-    SELECT DISTINCT ON (document_id) document_id, id
-    FROM document_versions
-    WHERE document_id = ANY(CAST(:document_ids AS bigint[]))
-      AND status IN ('final', 'executed') AND doc_date <= :as_of
-    ORDER BY document_id, doc_date DESC, version_no DESC
-    """
-)
-
-
-def point_in_time_versions(conn: Connection, document_ids: Sequence[int], as_of: dt.date) -> dict[int, int]:
-    """Per document, the version in force on `as_of`: the latest final or executed version dated on or
-    before it (the rule of `search.identity.choose_versions`). Documents without one are absent."""
-    if not document_ids:
-        return {}
-    rows = conn.execute(_POINT_IN_TIME_SQL, {"document_ids": sorted(set(document_ids)), "as_of": as_of}).all()
-    return {int(r.document_id): int(r.id) for r in rows}
 
 
 def look_up_names(

@@ -1,20 +1,31 @@
 """Compile a caller's access scope in SQL (through `ki.acl`, the one ACL semantics) into id sets, and
-encode it as an OpenSearch filter of bounded size.
+encode it as an OpenSearch filter of bounded size that admits rows per *version*, as access is decided.
 
-The filter every leg carries is chosen per request, smallest first within `api.max_scope_filter_bytes`:
+A scope holds the visible projects and documents, the *hidden versions* that a per-document filter or the
+principal projection would otherwise let through (every hidden version of a visible document, and the
+versions an allow grant of the caller reaches that the caller still may not see), and the caller's
+principals that grants name. The filter every leg carries is chosen per request, first that fits within
+`api.max_scope_filter_bytes`:
 
-* **exact** -- `terms` on the scope's document ids and project ids: the filter *is* the scope;
-* **projects** -- `terms` on the scope's project ids only, a superset of the scope (documents of those
-  projects the caller may not see pass it);
-* **open** -- no scope clause at all (the metadata filters only), for callers whose projects alone exceed
-  the budget (administrators of a large deployment).
+* **exact** -- `terms` on the scope's document and project ids, minus the hidden versions (and the
+  principal projection when it fits too): the filter *is* the scope;
+* **principals** -- the principal projection (`allowed_principals` names one of the caller's granted
+  principals, `denied_principals` none), minus the hidden versions (and the scope's projects when they
+  fit): the scope again, as far as the index has caught up with the grants;
+* **projects** -- `terms` on the scope's project ids (and the projection when it fits), a superset;
+* **open** -- no id clause at all (the projection when it fits), a superset (administrators, whom no
+  projection names, of a large deployment).
 
 A superset filter is made exact again in the service: every leg's hits are checked against the compiled
-scope (`CompiledScope.admits`, a binary search) and a leg that lost hits is asked again for more until
-it has as many in-scope hits as the exact filter would have returned, or none are left. So the ranked
-lists, and everything computed from them, are the ones the exact filter gives; the request stays small
-whatever the scope size (1M visible documents would be ~10 MB of ids). The SQL re-verify of every
-returned hit comes after either way.
+scope (`CompiledScope.admits`, per version, a binary search) and a leg that lost hits is asked again for
+more until it has as many in-scope hits as the exact filter would have returned, or none are left. So the
+ranked lists, and everything computed from them, are the ones the exact filter gives; only how long that
+takes still depends on rows the caller may not see, and the projection keeps those to rows an allow grant
+of the caller reaches. The SQL re-verify of every returned hit comes after either way.
+
+What the exact filters cannot hide: the index lags PostgreSQL. A version that became hidden a moment ago
+can still pass the **principals** filter (and a version that became visible is still missing) until the
+sync worker has rewritten its projection; the re-verify drops such a row, but it took its rank first.
 """
 
 from __future__ import annotations
@@ -22,18 +33,18 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
-from ki.acl import Caller, visible_scope
+from ki.acl import Caller, search_scope
 from ki.settings import SecuritySettings
 
 MATCH_NONE: dict[str, Any] = {"match_none": {}}
-FilterKind = Literal["exact", "projects", "open", "none"]
+FilterKind = Literal["exact", "principals", "projects", "open", "none"]
 # A JSON string id costs its digits, two quotes, a comma and (some serialisers) a space.
 _ID_OVERHEAD_BYTES = 4
 
@@ -53,6 +64,11 @@ def terms_bytes(ids: Sequence[int]) -> int:
     return len(ids) * (len(str(ids[-1])) + _ID_OVERHEAD_BYTES)
 
 
+def _strings_bytes(values: Sequence[str]) -> int:
+    """An upper bound of the JSON size of `values` as a `terms` list (escapes at most double a string)."""
+    return sum(2 * len(v.encode()) + _ID_OVERHEAD_BYTES for v in values)
+
+
 def _sorted_ids(values: Iterable[int]) -> array[int]:
     return array("q", sorted(set(values)))
 
@@ -70,7 +86,7 @@ class ScopeFilter:
 
     @property
     def exact(self) -> bool:
-        return self.kind in ("exact", "none")
+        return self.kind in ("exact", "principals", "none")
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,17 +101,47 @@ class CompiledScope:
     # admits, for its density.
     project_documents: int = 0
     all_documents: int = 0
+    # Versions the document and projection clauses would admit although the caller may not see them.
+    hidden_version_ids: array[int] = field(default_factory=lambda: array("q"))
+    # The caller's principals that allow and deny grants name; `projection`: whether the principal
+    # projection decides for this caller (not for administrators, whom grants do not bind).
+    allow_principals: tuple[str, ...] = ()
+    deny_principals: tuple[str, ...] = ()
+    projection: bool = False
 
     @classmethod
     def of(
-        cls, project_ids: Iterable[int], document_ids: Iterable[int], max_terms_count: int = 65_536
+        cls,
+        project_ids: Iterable[int],
+        document_ids: Iterable[int],
+        max_terms_count: int = 65_536,
+        *,
+        hidden_version_ids: Iterable[int] = (),
+        allow_principals: Iterable[str] | None = None,
+        deny_principals: Iterable[str] = (),
     ) -> CompiledScope:
-        return cls(_sorted_ids(project_ids), _sorted_ids(document_ids), max_terms_count)
+        """`allow_principals` None: no projection clause (as for an administrator)."""
+        return cls(
+            _sorted_ids(project_ids),
+            _sorted_ids(document_ids),
+            max_terms_count,
+            hidden_version_ids=_sorted_ids(hidden_version_ids),
+            allow_principals=tuple(sorted(set(allow_principals or ()))),
+            deny_principals=tuple(sorted(set(deny_principals))),
+            projection=allow_principals is not None,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CompiledScope):
             return NotImplemented
-        return self.project_ids == other.project_ids and self.document_ids == other.document_ids
+        return (
+            self.project_ids == other.project_ids
+            and self.document_ids == other.document_ids
+            and self.hidden_version_ids == other.hidden_version_ids
+            and self.allow_principals == other.allow_principals
+            and self.deny_principals == other.deny_principals
+            and self.projection == other.projection
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -106,36 +152,75 @@ class CompiledScope:
     @property
     def size(self) -> int:
         """Ids held (what the scope cache counts against its memory bound)."""
-        return len(self.project_ids) + len(self.document_ids)
+        return len(self.project_ids) + len(self.document_ids) + len(self.hidden_version_ids)
 
-    def admits(self, document_id: int, project_id: int) -> bool:
-        """Is this (document, project) pair in the scope? The same test as the exact filter's."""
+    def holds_document(self, document_id: int, project_id: int) -> bool:
+        """Does the caller see at least one version of this document (in this project)?"""
         return _contains(self.document_ids, document_id) and _contains(self.project_ids, project_id)
 
+    def admits(self, document_id: int, project_id: int, version_id: int) -> bool:
+        """May the caller see this version (of this document, in this project)? The exact filter's test."""
+        return self.holds_document(document_id, project_id) and not _contains(self.hidden_version_ids, version_id)
+
     def opensearch_filter(self) -> dict[str, Any]:
-        """The exact filter: terms on document_id and project_id; an empty scope is `match_none`."""
+        """The exact filter: terms on document_id and project_id, minus the hidden versions; an empty scope
+        is `match_none`."""
         if self.is_empty:
             return MATCH_NONE
+        return self._clause([self._documents(), self._projects()])
+
+    def _documents(self) -> dict[str, Any]:
+        return _terms("document_id", self.document_ids, self.max_terms_count)
+
+    def _projects(self) -> dict[str, Any]:
+        return _terms("project_id", self.project_ids, self.max_terms_count)
+
+    def _projection(self) -> dict[str, Any]:
+        """The principal projection admits the caller: an allowed principal is theirs, no denied one is."""
+        allowed: dict[str, Any] = {"terms": {"allowed_principals": list(self.allow_principals)}}
+        if not self.deny_principals:
+            return allowed
         return {
-            "bool": {
-                "filter": [
-                    _terms("document_id", self.document_ids, self.max_terms_count),
-                    _terms("project_id", self.project_ids, self.max_terms_count),
-                ]
-            }
+            "bool": {"filter": [allowed], "must_not": [{"terms": {"denied_principals": list(self.deny_principals)}}]}
         }
 
+    def _clause(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """`parts` AND-ed, minus the hidden versions."""
+        out: dict[str, Any] = {"filter": parts}
+        if self.hidden_version_ids:
+            out["must_not"] = [_terms("document_version_id", self.hidden_version_ids, self.max_terms_count)]
+        return {"bool": out}
+
     def bounded_filter(self, max_bytes: int | None) -> ScopeFilter:
-        """The smallest-first choice of the module docstring; `max_bytes=None`: always exact."""
+        """The first of the module docstring's filters that fits in `max_bytes` (None: always exact)."""
         if self.is_empty:
             return ScopeFilter("none", MATCH_NONE)
-        projects = terms_bytes(self.project_ids)
-        if max_bytes is None or terms_bytes(self.document_ids) + projects <= max_bytes:
-            return ScopeFilter("exact", self.opensearch_filter())
-        if projects <= max_bytes:
-            clause = _terms("project_id", self.project_ids, self.max_terms_count)
-            return ScopeFilter("projects", clause, self._density(self.project_documents))
-        return ScopeFilter("open", None, self._density(self.all_documents))
+        documents, projects = terms_bytes(self.document_ids), terms_bytes(self.project_ids)
+        hidden = terms_bytes(self.hidden_version_ids)
+        projection = (
+            _strings_bytes(self.allow_principals) + _strings_bytes(self.deny_principals) if self.projection else None
+        )
+
+        def fits(*sizes: int | None) -> bool:  # None: a clause this caller cannot have
+            if any(size is None for size in sizes):
+                return False
+            return max_bytes is None or sum(size or 0 for size in sizes) <= max_bytes
+
+        def with_projection(parts: list[dict[str, Any]], *sizes: int | None) -> list[dict[str, Any]]:
+            return [*parts, self._projection()] if self.projection and fits(*sizes, projection) else parts
+
+        if fits(documents, projects, hidden):
+            parts = with_projection([self._documents(), self._projects()], documents, projects, hidden)
+            return ScopeFilter("exact", self._clause(parts))
+        if fits(projection, hidden):
+            parts = [self._projection(), *([self._projects()] if fits(projection, hidden, projects) else [])]
+            return ScopeFilter("principals", self._clause(parts))
+        if fits(projects):
+            parts = with_projection([self._projects()], projects)
+            return ScopeFilter("projects", {"bool": {"filter": parts}}, self._density(self.project_documents))
+        parts = with_projection([])
+        clause = {"bool": {"filter": parts}} if parts else None
+        return ScopeFilter("open", clause, self._density(self.all_documents))
 
     def _density(self, admitted: int) -> float:
         return min(1.0, len(self.document_ids) / admitted) if admitted > 0 else 0.5
@@ -154,17 +239,22 @@ def compile_scope(
     project_ids: Sequence[int] | None = None,
     max_terms_count: int = 65_536,
 ) -> CompiledScope:
-    """Every project and document holding at least one version the caller may see (fails closed)."""
+    """Every project and document holding at least one version the caller may see, the hidden versions a
+    per-document or projection filter would admit, and the caller's granted principals (fails closed)."""
     if caller.is_anonymous:
         return CompiledScope.of((), (), max_terms_count)
-    projects, documents = visible_scope(conn, caller, security, project_ids=project_ids)
-    population = conn.execute(_POPULATION_SQL, {"p": list(projects)}).one() if documents else None
+    found = search_scope(conn, caller, security, project_ids=project_ids)
+    population = conn.execute(_POPULATION_SQL, {"p": list(found.project_ids)}).one() if found.document_ids else None
     return CompiledScope(  # ids already sorted and distinct
-        array("q", projects),
-        array("q", documents),
+        array("q", found.project_ids),
+        array("q", found.document_ids),
         max_terms_count,
         project_documents=int(population.in_projects) if population else 0,
         all_documents=int(population.everywhere) if population else 0,
+        hidden_version_ids=array("q", found.hidden_version_ids),
+        allow_principals=found.allow_principals,
+        deny_principals=found.deny_principals,
+        projection=not caller.is_admin,
     )
 
 

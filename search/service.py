@@ -71,13 +71,14 @@ from search.legs import (
 )
 from search.metrics import SearchMetrics
 from search.name_cache import NameCache
-from search.preflight import look_up_names, point_in_time_versions, subject_versions
+from search.preflight import look_up_names, subject_versions
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.scope_cache import ScopeCache
 from search.stats import StatsRecorder, query_stats
 from search.stats import summary as stats_summary
 from search.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
+from search.version_view import VersionFacts, in_force, latest_final, shown_numbers
 
 log = logging.getLogger(__name__)
 
@@ -170,27 +171,40 @@ class SearchResult:
 
 
 def reverify(
-    conn: Connection, raw_principals: Sequence[str], settings: Settings, version_ids: Sequence[int]
+    conn: Connection,
+    raw_principals: Sequence[str],
+    settings: Settings,
+    version_ids: Sequence[int],
+    as_of: dt.date | None = None,
 ) -> dict[int, VerifiedVersion]:
     """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
     statement that resolves the caller's aliases and groups and reads the grants, observations and rows
     in one snapshot -- whatever a cache holds, this is the authority on every hit.
 
     A citation lists only the source objects the caller may access (`ki.acl.visible_observations`): a
-    version visible through one object never cites another object the caller has no grant for."""
+    version visible through one object never cites another object the caller has no grant for. The
+    statement reads every version of the candidates' documents, so a version's number, its document's
+    latest final version and (with `as_of`) which version is in force are those of the caller's own view
+    (`search.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
+    the versions in force that day are answered."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
     first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
-    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids):
+    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, siblings=True):
         first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
+    view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]
+    numbers = shown_numbers(view)
+    latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
+    wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
     return {
         v: VerifiedVersion(
-            v, o.document_id, o.project_id, o.title, o.version_no, o.latest_final_version_id, tuple(sorted(objects[v]))
+            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v]))
         )
         for v, o in first.items()
+        if v in wanted
     }
 
 
@@ -267,7 +281,7 @@ def admitted(hits: Sequence[LegHit], scope: CompiledScope) -> list[LegHit]:
 
 def _admits(scope: CompiledScope, source: dict[str, Any]) -> bool:
     try:
-        return scope.admits(int(source["document_id"]), int(source["project_id"]))
+        return scope.admits(int(source["document_id"]), int(source["project_id"]), int(source["document_version_id"]))
     except (KeyError, TypeError, ValueError):
         return False  # a row without its ids is no row of the scope
 
@@ -433,27 +447,17 @@ class SearchService:
         self.cache.put(key, vector)
         return vector
 
-    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids))
-
-    async def _verified(
-        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None
+    async def _reverify(
+        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None = None
     ) -> dict[int, VerifiedVersion]:
-        """The re-verify, and with `as_of` only the versions in force that day (others are no answer for it)."""
-        found = await self._reverify(principals, version_ids)
-        return found if as_of is None else await self._in_force(found, as_of)
+        """`reverify` on the re-verify's connections: with `as_of` only the versions in force that day."""
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids, as_of))
 
     def request_filter(self, request: SearchRequest, scope: CompiledScope) -> dict[str, Any]:
         """The scope filter with the request's metadata filters and `as_of`, as every query of a search uses it."""
         clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
         return strict_filter(self.scope_filter(scope), clauses)
-
-    async def _in_force(self, found: dict[int, VerifiedVersion], as_of: dt.date) -> dict[int, VerifiedVersion]:
-        documents = [v.document_id for v in found.values()]
-        async with self.verify_engine.connect() as conn:
-            in_force = await conn.run_sync(lambda c: point_in_time_versions(c, documents, as_of))
-        return {v: found[v] for v in found if in_force.get(found[v].document_id) == v}
 
     async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
         """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
@@ -545,7 +549,7 @@ class SearchService:
         bodies = self.plan_legs(request, chosen, vector)
         run = await self._opensearch(run_legs(self.client, self.index, bodies))
         if chosen.exact:
-            return run, 1
+            return replace(run, scope_filter=chosen.kind), 1
         hits = {leg: admitted(found, scope) for leg, found in run.hits.items()}
         took = dict(run.took_ms)
         full = {leg for leg in bodies if len(run.hits[leg]) >= size}  # the leg may have more
@@ -584,7 +588,7 @@ class SearchService:
             end = prefix_end(fused, n + batch)
             ids = {c.version_id for c in fused[n:end]} - checked
             if ids:
-                verified.update(await self._verified(principals, sorted(ids), as_of))
+                verified.update(await self._reverify(principals, sorted(ids), as_of))
                 checked |= ids
             n, batch = end, batch * FILL_GROWTH
             survivors = [c for c in fused[:n] if self._matches(c, verified)]
@@ -622,7 +626,7 @@ class SearchService:
 
         def decide(entries: Mapping[NameKey, Sequence[NamedDocument]]) -> Identity:
             named, saturated = carried(entries, r.identity_max_documents_per_name)
-            named = [n for n in named if scope.admits(n.document_id, n.project_id)]
+            named = [n for n in named if scope.holds_document(n.document_id, n.project_id)]
             return resolve(named, r.identity_max_candidates, saturated)
 
         known = None if missing else decide(cached)
@@ -641,9 +645,10 @@ class SearchService:
             identity = known if known is not None else decide({**cached, **found})
             if not identity.subjects:
                 return identity, {}, found
-            versions, latest_final = subject_versions(conn, [s.document_id for s in identity.subjects])
+            versions, _ = subject_versions(conn, [s.document_id for s in identity.subjects])
             verified = reverify(conn, principals, self.settings, [v.version_id for v in versions])
-            chosen = choose_versions(versions, verified.keys(), latest_final, request.as_of)
+            view_latest = {found.document_id: found.latest_final_version_id for found in verified.values()}
+            chosen = choose_versions(versions, verified.keys(), view_latest, request.as_of)
             return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}, found
 
         async with self.verify_engine.connect() as conn:
@@ -668,7 +673,7 @@ class SearchService:
             edges = await conn.run_sync(lambda c: augment.cited_documents(c, seeds))
         present = {c.document_id for c in kept}
         cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag_max_added)
-                 if scope.admits(c.document_id, c.project_id)]  # fmt: skip
+                 if scope.holds_document(c.document_id, c.project_id)]  # fmt: skip
         info: dict[str, Any] = {"status": "ok", "seeds": len(seeds), "cited": len(cited), "added": 0}
         if not cited:
             return kept, verified, info
@@ -678,7 +683,7 @@ class SearchService:
         body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
         response = await self._opensearch(self.client.search(index=self.index, body=body))
         added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag_hop_penalty)
-        found = await self._verified(principals, [c.version_id for c in added], request.as_of)
+        found = await self._reverify(principals, [c.version_id for c in added], request.as_of)
         added = [c for c in added if self._matches(c, found)]
         info["added"] = len(added)
         return augment.merge(kept, added), {**verified, **found}, info
@@ -705,7 +710,7 @@ class SearchService:
             for h in response.get("hits", {}).get("hits", [])
             if _admits(scope, h.get("_source") or {})
         ]
-        verified = await self._verified(principals, [c.version_id for c in found], request.as_of)
+        verified = await self._reverify(principals, [c.version_id for c in found], request.as_of)
         best = next((c for c in found if self._matches(c, verified)), None)
         return None if best is None else (best, verified[best.version_id])
 
@@ -780,7 +785,7 @@ class SearchService:
         body = {
             "size": size,
             "track_total_hits": 1,
-            "_source": {"includes": ["document_id", "project_id"]},
+            "_source": {"includes": ["document_id", "project_id", "document_version_id"]},
             "query": {"bool": {"filter": [strict]}},
         }
         response = await self._opensearch(self.client.search(index=self.index, body=body))

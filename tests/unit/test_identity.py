@@ -146,12 +146,13 @@ def test_without_as_of_the_latest_final_version_shows() -> None:
     assert choose_versions(VERSIONS, {10, 12}, {1: 11}, None) == {1: 12}
 
 
-def test_as_of_picks_the_version_in_force_and_never_an_older_stand_in() -> None:
+def test_as_of_picks_the_visible_version_in_force() -> None:
     visible = {10, 11, 12, 20}
     assert choose_versions(VERSIONS, visible, {1: 11}, dt.date(2023, 6, 30)) == {1: 10}
     assert choose_versions(VERSIONS, visible, {1: 11}, dt.date(2025, 1, 1)) == {1: 11}  # drafts are not in force
     assert choose_versions(VERSIONS, visible, {1: 11}, dt.date(2022, 1, 1)) == {}
-    assert choose_versions(VERSIONS, {10}, {1: 11}, dt.date(2025, 1, 1)) == {}  # 11 in force but invisible
+    # 11 is in force but invisible: the caller's own version in force stands, as if 11 did not exist.
+    assert choose_versions(VERSIONS, {10}, {1: 11}, dt.date(2025, 1, 1)) == {1: 10}
 
 
 def test_keep_subjects_recounts() -> None:

@@ -5,6 +5,7 @@ re-verifying a prefix of the fused list gives the page that re-verifying all of 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -57,13 +58,51 @@ def test_open_filter_carries_only_the_metadata() -> None:
 
 
 def test_admits_is_the_exact_filter() -> None:
-    scope = CompiledScope.of([1, 3], [10, 30, 31])
+    scope = CompiledScope.of([1, 3], [10, 30, 31], hidden_version_ids=[301])
     hits = [
-        LegHit(str(i), 1.0, {"document_id": str(d), "project_id": str(p)})
-        for i, (d, p) in enumerate([(10, 1), (30, 3), (30, 2), (11, 1), (31, 3)])
+        LegHit(str(i), 1.0, {"document_id": str(d), "project_id": str(p), "document_version_id": str(v)})
+        for i, (d, p, v) in enumerate(
+            [(10, 1, 100), (30, 3, 300), (30, 2, 300), (11, 1, 110), (31, 3, 310), (30, 3, 301)]
+        )
     ]
-    assert [h.id for h in admitted(hits, scope)] == ["0", "1", "4"]
-    assert admitted([LegHit("x", 1.0, {"document_id": "10"})], scope) == []  # no project: not in scope
+    assert [h.id for h in admitted(hits, scope)] == ["0", "1", "4"]  # 5: a hidden version of a visible document
+    assert admitted([LegHit("x", 1.0, {"document_id": "10", "document_version_id": "100"})], scope) == []  # no project
+    assert admitted([LegHit("x", 1.0, {"document_id": "10", "project_id": "1"})], scope) == []  # no version
+
+
+def _must_not_versions(clause: dict[str, Any]) -> list[str]:
+    return clause["bool"]["must_not"][0]["terms"]["document_version_id"]
+
+
+def test_every_filter_that_fits_them_leaves_out_the_hidden_versions() -> None:
+    narrow = CompiledScope.of([1], [10, 11], hidden_version_ids=[7, 3], allow_principals=["user:a"])
+    exact = narrow.bounded_filter(BUDGET)
+    assert exact.kind == "exact" and _must_not_versions(exact.clause) == ["3", "7"]
+    assert {"terms": {"allowed_principals": ["user:a"]}} in exact.clause["bool"]["filter"]  # also the projection
+    wide = CompiledScope.of(
+        [1, 2],
+        range(100, 3100),
+        hidden_version_ids=[5],
+        allow_principals=["user:a", "group:b"],
+        deny_principals=["group:c"],
+    )
+    principals = wide.bounded_filter(BUDGET)
+    assert principals.kind == "principals" and principals.exact
+    assert _must_not_versions(principals.clause) == ["5"]
+    projection = principals.clause["bool"]["filter"][0]["bool"]
+    assert projection["filter"] == [{"terms": {"allowed_principals": ["group:b", "user:a"]}}]
+    assert projection["must_not"] == [{"terms": {"denied_principals": ["group:c"]}}]
+
+
+def test_a_caller_with_25000_groups_gets_a_bounded_superset_filter() -> None:
+    groups = [f"group:team-{i:05d}" for i in range(25_000)]
+    scope = CompiledScope.of(range(1, 300), range(1, 3000), hidden_version_ids=[4], allow_principals=groups)
+    chosen = scope.bounded_filter(BUDGET)
+    assert chosen.kind == "projects" and not chosen.exact
+    assert len(json.dumps(chosen.clause)) <= BUDGET
+    # An administrator has no projection: a superset filter of ids alone, made exact hit by hit.
+    admin = CompiledScope.of(range(1, 300), range(1, 3000), hidden_version_ids=[4])
+    assert admin.bounded_filter(BUDGET).kind == "projects" and not admin.bounded_filter(64).exact
 
 
 def test_a_leg_asked_for_more_asks_knn_for_as_many() -> None:
@@ -94,7 +133,9 @@ class _Verifier(SearchService):
         self.reranker = None
         self.visible, self.statements = visible, 0
 
-    async def _reverify(self, principals: Sequence[str], version_ids: Sequence[int]) -> dict[int, VerifiedVersion]:
+    async def _reverify(
+        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None = None
+    ) -> dict[int, VerifiedVersion]:
         self.statements += 1
         return {v: self.visible[v] for v in version_ids if v in self.visible}
 
