@@ -7,8 +7,8 @@ versions an allow grant of the caller reaches that the caller still may not see)
 principals that grants name. The filter every leg carries is chosen per request, first that fits within
 `api.max_scope_filter_bytes`:
 
-* **exact** -- `terms` on the scope's document and project ids, minus the hidden versions (and the
-  principal projection when it fits too): the filter *is* the scope;
+* **exact** -- `terms` on the scope's document and project ids, minus the hidden versions: the filter
+  *is* the scope, as fresh as PostgreSQL;
 * **principals** -- the principal projection (`allowed_principals` names one of the caller's granted
   principals, `denied_principals` none), minus the hidden versions (and the scope's projects when they
   fit): the scope again, as far as the index has caught up with the grants;
@@ -209,9 +209,8 @@ class CompiledScope:
         def with_projection(parts: list[dict[str, Any]], *sizes: int | None) -> list[dict[str, Any]]:
             return [*parts, self._projection()] if self.projection and fits(*sizes, projection) else parts
 
-        if fits(documents, projects, hidden):
-            parts = with_projection([self._documents(), self._projects()], documents, projects, hidden)
-            return ScopeFilter("exact", self._clause(parts))
+        if fits(documents, projects, hidden):  # no projection: a grant made a moment ago counts at once
+            return ScopeFilter("exact", self._clause([self._documents(), self._projects()]))
         if fits(projection, hidden):
             parts = [self._projection(), *([self._projects()] if fits(projection, hidden, projects) else [])]
             return ScopeFilter("principals", self._clause(parts))

@@ -78,7 +78,7 @@ def test_every_filter_that_fits_them_leaves_out_the_hidden_versions() -> None:
     narrow = CompiledScope.of([1], [10, 11], hidden_version_ids=[7, 3], allow_principals=["user:a"])
     exact = narrow.bounded_filter(BUDGET)
     assert exact.kind == "exact" and _must_not_versions(exact.clause) == ["3", "7"]
-    assert {"terms": {"allowed_principals": ["user:a"]}} in exact.clause["bool"]["filter"]  # also the projection
+    assert "allowed_principals" not in json.dumps(exact.clause)  # ids from SQL: no wait for the projection
     wide = CompiledScope.of(
         [1, 2],
         range(100, 3100),
