@@ -31,7 +31,8 @@ from ki.settings import Settings
 from search.auth import mint_token
 from search.filters import parse_search_request
 from search.service import SearchService
-from tests.integration.search_harness import Server, remove_world, synced_api, wait_until_indexed
+from tests.integration.search_harness import McpHttp, Server, remove_world, synced_api, wait_until_indexed
+from tests.integration.test_mcp import call as call_tool
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -51,6 +52,7 @@ class Scene:
     other: int  # a visible document that says "Quittung" twice
     hidden_doc: int
     isolation: dict[str, str]
+    mcp_url: str
 
     @property
     def alice(self) -> str:
@@ -63,6 +65,8 @@ def scene(engine: Engine, settings: Settings) -> Iterator[tuple[Scene, Server, S
     with synced_api(settings, "ki-hidden-versions", "hidden-versions-api") as (server, _worker, isolation):
         tight = Server("hidden-versions-tight", **isolation, KI_API__MAX_SCOPE_FILTER_BYTES=str(TIGHT_BUDGET))
         tight.start()
+        mcp = McpHttp(**isolation)
+        mcp.start()
         with engine.begin() as conn:
             w = World(conn)
             p = w.project("Versionen")
@@ -89,10 +93,11 @@ def scene(engine: Engine, settings: Settings) -> Iterator[tuple[Scene, Server, S
             ]
             w.grant("project", p, f"user:alice-{w.tag}")
         try:
-            found = Scene(w.tag, p, src, doc, v1, v2, v3, other, hidden_doc, isolation)
+            found = Scene(w.tag, p, src, doc, v1, v2, v3, other, hidden_doc, isolation, mcp.url)
             wait_until_indexed(server, settings, [p], {doc, other, hidden_doc, *filler}, "the hidden-versions world")
             yield found, server, tight
         finally:
+            mcp.stop()
             tight.stop()
             remove_world(engine, [p], [src])
 
@@ -172,3 +177,17 @@ def test_the_principal_projection_filters_the_legs_without_second_rounds(
     kind, rounds, versions = asyncio.run(run())
     assert kind == "principals" and rounds == 1
     assert data.v2 not in versions and data.v1 in versions and len(versions) == 3  # and the other document's two rows
+
+
+def test_the_mcp_tools_answer_the_same(scene: tuple[Scene, Server, Server], settings: Settings) -> None:
+    data, server, _ = scene
+    token = mint_token(settings.api, data.alice)
+    for query, as_of in (("Quittung", None), ("Kaution", "2024-07-01"), ("Staffelmiete", None)):
+        body = {"query": query, "mode": "lexical", "explain": True, **({"as_of": as_of} if as_of else {})}
+        error, found = call_tool(data.mcp_url, token, "search", body)
+        status, http = server.call("/v1/search", body, token)
+        assert not error and status == 200
+        shown = [(h["version_id"], h["version_no"], h["score"], h["explain"]["ranks"]) for h in found["hits"]]
+        assert shown == [(h["version_id"], h["version_no"], h["score"], h["explain"]["ranks"]) for h in http["hits"]]
+        if query == "Quittung":
+            assert [ranks["lexical"] for *_, ranks in shown] == [0, 2]
