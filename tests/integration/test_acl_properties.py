@@ -36,6 +36,7 @@ from ki.acl import (
     Driver,
     Unresolved,
     resolve_caller,
+    search_scope,
     version_projections,
     visible_observations,
     visible_scope,
@@ -152,6 +153,26 @@ def check(engine: Engine, case: Case) -> None:
                 got = projected[ids.versions[local]]
                 assert set(got.allowed_principals) == allowed
                 assert set(got.denied_principals) == denied
+
+            # The search's per-version leg filters admit exactly the visible versions: the ids minus the hidden
+            # versions, and (for a caller whom grants bind) the principal projection minus the hidden versions.
+            for driver in typing.get_args(Driver):
+                scope = search_scope(
+                    conn, caller, case.security, project_ids=[ids.projects[p] for p in world.projects], driver=driver
+                )
+                hidden = set(scope.hidden_version_ids)
+                visible_db = {ids.versions[v] for v in expected}
+                assert not hidden & visible_db, "a visible version is listed as hidden"
+                for db_version, (document, project) in belongs.items():
+                    by_ids = document in scope.document_ids and project in scope.project_ids
+                    assert (by_ids and db_version not in hidden) == (db_version in visible_db)
+                    if caller.is_admin:
+                        continue
+                    rows = projected[db_version]
+                    by_projection = not set(scope.allow_principals).isdisjoint(rows.allowed_principals) and set(
+                        scope.deny_principals
+                    ).isdisjoint(rows.denied_principals)
+                    assert (by_projection and db_version not in hidden) == (db_version in visible_db)
         finally:
             trans.rollback()
 
