@@ -577,7 +577,9 @@ _SCOPE_DOCS_SQL = text(
 def _insert_scope_caller(conn: Connection, source: int, tag: str, n: int, also: Sequence[int] = ()) -> str:
     """`n` one-version documents in ceil(n/1000) projects, visible to one user through a mirrored group
     that holds project allows (the `local_fs` objects have no ACL, so they delegate to the project); the
-    group also gets the projects `also` (the indexed corpus: something for the legs to find)."""
+    group also reaches the projects `also` (the indexed corpus: something for the legs to find), as a
+    member of the principals their project allows name: the corpus rows' principal projections already
+    name those, so a filter by projection finds them although these rows never reach the index."""
     group, user = f"group:bench-scope-{tag}-{n}", f"user:bench-scope-{tag}-{n}"
     projects = max(1, math.ceil(n / 1000))
     pids = [
@@ -597,6 +599,14 @@ def _insert_scope_caller(conn: Connection, source: int, tag: str, n: int, also: 
     conn.execute(
         text("INSERT INTO group_memberships (source_id, group_principal, member_principal) VALUES (:s, :g, :u)"),
         {"s": source, "g": group, "u": user},
+    )
+    conn.execute(
+        text(
+            "INSERT INTO group_memberships (source_id, group_principal, member_principal)"
+            " SELECT DISTINCT :s, principal, :g FROM grants"
+            " WHERE scope = 'project' AND effect = 'allow' AND project_id = ANY(CAST(:also AS bigint[]))"
+        ).bindparams(bindparam("also", type_=ARRAY(BigInteger))),
+        {"s": source, "g": group, "also": list(also)},
     )
     conn.execute(_SCOPE_DOCS_SQL, {"pids": pids, "title": f"bench-scope-{tag}-{n}-", "n": n, "source": source})
     return user

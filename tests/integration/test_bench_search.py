@@ -138,7 +138,10 @@ def test_scope_compilation_covers_every_size_and_splits_large_terms(run: dict[st
         bounded = s["bounded"]
         assert bounded["legs_equal"] is True, bounded
         assert bounded["filter_bytes"] <= 256 + 64, bounded  # the budget, plus the `bool` wrapper
-    assert {s["bounded"]["kind"] for s in sizes} == {"exact", "projects"}
+    # The caller reaches the corpus as a member of its grants' principals: which filter fits depends on how
+    # many of those there are; the largest scope never fits as ids.
+    assert {s["bounded"]["kind"] for s in sizes} <= {"exact", "principals", "projects"}
+    assert sizes[-1]["bounded"]["kind"] != "exact"
     assert scope["observations_in_database"] >= sum(SCOPE_SIZES)
 
 
