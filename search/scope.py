@@ -69,6 +69,18 @@ def _strings_bytes(values: Sequence[str]) -> int:
     return sum(2 * len(v.encode()) + _ID_OVERHEAD_BYTES for v in values)
 
 
+# What wraps a list: `{"terms": {"<field>": [...]}}`, and for a `must_not` or nested `bool` its own keys.
+_TERMS_WRAPPER_BYTES = len('{"terms": {"": []}}, ')
+_BOOL_WRAPPER_BYTES = len('{"bool": {"filter": [], "must_not": []}}, ')
+
+
+def _clause_bytes(field: str, list_bytes: int, *, nested: bool = False) -> int:
+    """An upper bound of the JSON size of one `terms` clause on `field` (0: no clause)."""
+    if not list_bytes:
+        return 0
+    return list_bytes + len(field) + _TERMS_WRAPPER_BYTES + (_BOOL_WRAPPER_BYTES if nested else 0)
+
+
 def _sorted_ids(values: Iterable[int]) -> array[int]:
     return array("q", sorted(set(values)))
 
@@ -195,10 +207,14 @@ class CompiledScope:
         """The first of the module docstring's filters that fits in `max_bytes` (None: always exact)."""
         if self.is_empty:
             return ScopeFilter("none", MATCH_NONE)
-        documents, projects = terms_bytes(self.document_ids), terms_bytes(self.project_ids)
-        hidden = terms_bytes(self.hidden_version_ids)
+        documents = _clause_bytes("document_id", terms_bytes(self.document_ids))
+        projects = _clause_bytes("project_id", terms_bytes(self.project_ids))
+        hidden = _clause_bytes("document_version_id", terms_bytes(self.hidden_version_ids), nested=True)
         projection = (
-            _strings_bytes(self.allow_principals) + _strings_bytes(self.deny_principals) if self.projection else None
+            _clause_bytes("allowed_principals", _strings_bytes(self.allow_principals))
+            + _clause_bytes("denied_principals", _strings_bytes(self.deny_principals), nested=True)
+            if self.projection
+            else None
         )
 
         def fits(*sizes: int | None) -> bool:  # None: a clause this caller cannot have
