@@ -242,7 +242,11 @@ _SCOPE_SELECT = """
 # caller) that no projection deny excludes -- minus the visible ones. `allow_principals` and
 # `deny_principals` are the caller's principals that grants name: a row's projection admits the caller
 # exactly when it lists one of the first and none of the second (a projection always lists the granted
-# principal itself, so this holds while memberships and aliases are still being synced).
+# principal itself, so this holds while memberships and aliases are still being synced) -- unless
+# `aliases_escape`: a projection lists P for what P resolves to *held alone*, aliases included, but a
+# principal the caller reached through a group membership is not aliased further, so an alias from one of
+# the caller's principals to one they do not hold lets the projection admit versions no grant of the
+# caller reaches (nor lists as hidden). Such a caller's search does not filter by the projection.
 _SEARCH_SCOPE_SELECT = """
     SELECT coalesce((SELECT array_agg(DISTINCT project_id ORDER BY project_id) FROM verdicts), '{}') AS project_ids,
            coalesce((SELECT array_agg(DISTINCT document_id ORDER BY document_id) FROM verdicts), '{}') AS document_ids,
@@ -268,7 +272,16 @@ _SEARCH_SCOPE_SELECT = """
            coalesce((SELECT array_agg(DISTINCT principal ORDER BY principal) FROM caller_grants
                      WHERE effect = 'allow' AND principal IS NOT NULL), '{}') AS allow_principals,
            coalesce((SELECT array_agg(DISTINCT principal ORDER BY principal) FROM caller_grants
-                     WHERE effect = 'deny' AND principal IS NOT NULL), '{}') AS deny_principals
+                     WHERE effect = 'deny' AND principal IS NOT NULL), '{}') AS deny_principals,
+           EXISTS (SELECT 1 FROM (SELECT ki_principal(pa.alias) AS alias, ki_principal(pa.principal) AS target
+                                  FROM principal_aliases pa
+                                  WHERE ki_principal(pa.alias) = ANY(CAST(:principals AS text[]))
+                                  UNION ALL
+                                  SELECT ki_principal(c.alias), ki_principal(c.target)
+                                  FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[]))
+                                       AS c(alias, target)) link
+                   WHERE link.alias = ANY(CAST(:principals AS text[]))
+                     AND NOT (link.target = ANY(CAST(:principals AS text[])))) AS aliases_escape
 """
 
 _NARROWING = {
@@ -311,12 +324,14 @@ def _visible_sql(
     *,
     reachable: bool = False,
     resolve: bool = False,
+    aliases: bool = False,
 ) -> TextClause:
     """One statement per narrowing combination and driver, so each gets its own plan (a generic
     `$1 IS NULL OR` plan would scan everything even when re-verifying twenty versions). `reachable`:
     start from the versions the caller's allow grants reach (non-admin callers with narrow grants).
     `resolve`: `:principals` are the caller's raw principals, resolved in the statement (with
-    `:admins`, `:alias_keys`, `:alias_targets`), not already expanded ones with `:is_admin`."""
+    `:admins`, `:alias_keys`, `:alias_targets`), not already expanded ones with `:is_admin`. `aliases`: the
+    select reads the configured aliases (`:alias_keys`, `:alias_targets`) too."""
     narrowing = "\n          ".join(_NARROWING[n] for n in narrow_by)
     driver = _REACHABLE_DRIVER if reachable else _DIRECT_DRIVER
     candidates = _CANDIDATE_SELECT.format(driver=driver, narrowing=narrowing)
@@ -332,6 +347,8 @@ def _visible_sql(
         params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets", "admins")]
     else:
         params.append(bindparam("is_admin", type_=Boolean))
+        if aliases:
+            params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets")]
     statement = text(sql)
     params += [bindparam(n, type_=ARRAY(BigInteger)) for n in narrow_by]
     return statement.bindparams(*params)
@@ -375,7 +392,7 @@ _SCOPE_SQL = {
     for reachable in (False, True)
 }
 _SEARCH_SCOPE_SQL = {
-    (narrow_by, reachable): _visible_sql(narrow_by, _SEARCH_SCOPE_SELECT, reachable=reachable)
+    (narrow_by, reachable): _visible_sql(narrow_by, _SEARCH_SCOPE_SELECT, reachable=reachable, aliases=True)
     for narrow_by in [(), ("project_ids",)]
     for reachable in (False, True)
 }
@@ -476,6 +493,9 @@ class SearchScope:
     hidden_version_ids: tuple[int, ...]
     allow_principals: tuple[str, ...]
     deny_principals: tuple[str, ...]
+    # The principal projection admits versions outside the scope and its hidden versions (an alias leads
+    # from one of the caller's principals to one they do not hold): do not filter by it.
+    aliases_escape: bool = False
 
 
 def search_scope(
@@ -489,7 +509,7 @@ def search_scope(
     """`visible_scope` with what filters a search's legs per version (see `_SEARCH_SCOPE_SELECT`). Fails closed."""
     if caller.is_anonymous:
         return SearchScope((), (), (), (), ())
-    params = _caller_params(caller, security)
+    params = {**_caller_params(caller, security), **_config_alias_params(security)}
     if project_ids is not None:
         params["project_ids"] = [int(p) for p in project_ids]
     narrow_by: tuple[str, ...] = ("project_ids",) if project_ids is not None else ()
@@ -501,6 +521,7 @@ def search_scope(
         tuple(row.hidden_version_ids),
         tuple(row.allow_principals),
         tuple(row.deny_principals),
+        bool(row.aliases_escape),
     )
 
 

@@ -31,6 +31,8 @@ sync worker has rewritten its projection; the re-verify drops such a row, but it
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,11 +64,6 @@ def terms_bytes(ids: Sequence[int]) -> int:
     if not ids:
         return 0
     return len(ids) * (len(str(ids[-1])) + _ID_OVERHEAD_BYTES)
-
-
-def _strings_bytes(values: Sequence[str]) -> int:
-    """An upper bound of the JSON size of `values` as a `terms` list (escapes at most double a string)."""
-    return sum(2 * len(v.encode()) + _ID_OVERHEAD_BYTES for v in values)
 
 
 # What wraps a list: `{"terms": {"<field>": [...]}}`, and for a `must_not` or nested `bool` its own keys.
@@ -203,6 +200,11 @@ class CompiledScope:
             out["must_not"] = [_terms("document_version_id", self.hidden_version_ids, self.max_terms_count)]
         return {"bool": out}
 
+    @functools.cached_property
+    def _projection_bytes(self) -> int:
+        """The projection clause's JSON size, exactly (escapes make strings up to 6x their UTF-8 size)."""
+        return len(json.dumps(self._projection())) + len(", ")
+
     def bounded_filter(self, max_bytes: int | None) -> ScopeFilter:
         """The first of the module docstring's filters that fits in `max_bytes` (None: always exact)."""
         if self.is_empty:
@@ -210,12 +212,7 @@ class CompiledScope:
         documents = _clause_bytes("document_id", terms_bytes(self.document_ids))
         projects = _clause_bytes("project_id", terms_bytes(self.project_ids))
         hidden = _clause_bytes("document_version_id", terms_bytes(self.hidden_version_ids), nested=True)
-        projection = (
-            _clause_bytes("allowed_principals", _strings_bytes(self.allow_principals))
-            + _clause_bytes("denied_principals", _strings_bytes(self.deny_principals), nested=True)
-            if self.projection
-            else None
-        )
+        projection = self._projection_bytes if self.projection else None
 
         def fits(*sizes: int | None) -> bool:  # None: a clause this caller cannot have
             if any(size is None for size in sizes):
@@ -269,7 +266,7 @@ def compile_scope(
         hidden_version_ids=array("q", found.hidden_version_ids),
         allow_principals=found.allow_principals,
         deny_principals=found.deny_principals,
-        projection=not caller.is_admin,
+        projection=not caller.is_admin and not found.aliases_escape,
     )
 
 

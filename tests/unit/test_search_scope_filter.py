@@ -226,7 +226,9 @@ def test_the_chosen_clause_never_outgrows_the_budget_by_more_than_its_wrapper(
 ) -> None:
     """Each clause is charged with its field name and wrapper, not only its list: the one `bool` around the
     parts is all the clause may add on top of the budget (a CI run once saw 397 bytes against 256)."""
-    scope = CompiledScope.of(projects, documents, hidden_version_ids=hidden, allow_principals=allow, deny_principals=deny)
+    scope = CompiledScope.of(
+        projects, documents, hidden_version_ids=hidden, allow_principals=allow, deny_principals=deny
+    )
     chosen = scope.bounded_filter(budget)
     if chosen.clause is not None and chosen.clause != MATCH_NONE:
         assert len(json.dumps(chosen.clause)) <= budget + len('{"bool": {"filter": []}}'), chosen.kind
