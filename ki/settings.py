@@ -359,6 +359,10 @@ class ApiSettings(_Section):
     subject_claim: str = "sub"
     groups_claim: str = "groups"
     roles_claim: str = "roles"
+    # The subject becomes `user:<sub>`, each group `group:<g>`, whatever they contain; on, a subject or
+    # group that already reads `kind:name` is taken as that principal: only for a signer that writes
+    # principals on purpose (else a subject "role:admin" is an administrator).
+    claims_carry_kinds: bool = False
     max_body_bytes: int = Field(65_536, ge=1024)
     max_query_chars: int = Field(2_000, ge=1)
     max_limit: int = Field(100, ge=1, le=500)
@@ -441,6 +445,8 @@ class OidcSettings(_Section):
     roles_claim: str = "realm_access.roles"
     # Stripped from each group value (Keycloak's full group paths start with "/").
     group_prefix: str = "/"
+    # As `api.claims_carry_kinds`, for this provider's tokens.
+    claims_carry_kinds: bool = False
 
 
 class McpSettings(_Section):

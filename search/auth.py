@@ -2,14 +2,17 @@
 Two kinds of signer: the HMAC secret of `api.jwt_*` (below) and an OpenID Connect provider (search.oidc);
 `Authenticator` tells them apart by the token's algorithm.
 
-Principals: the subject claim becomes `user:<sub>` (kept as is if it already contains ':'), each group
-claim value `group:<g>` (likewise), each role claim value `role:<r>` (always in the role namespace, so a
-role claim can never name a user or group). A value that then is not a well-formed principal
-(`kind:name`, `ki.principals`; e.g. a subject "Dr. X:1" has no valid kind) is rejected (401) rather than
-matching nobody. The token must be signed with `api.jwt_algorithm` (HMAC; `alg: none` and any other
-algorithm are rejected), carry `exp`, and match `api.jwt_issuer` and `api.jwt_audience`. Tokens over
-`api.max_token_bytes` are rejected before decoding; claim values must be text PostgreSQL can take (no
-NUL, valid Unicode, at most 512 characters).
+Principals: the subject claim becomes `user:<sub>`, each group claim value `group:<g>`, each role claim
+value `role:<r>`, whatever the value contains: a subject "role:admin" is the user "user:role:admin", never
+an administrator (only `claims_carry_kinds`, for a signer that writes principals on purpose, takes a
+`kind:name` value as that principal). A value that then is not a principal (`ki.principals`: well-formed,
+NFC, no letter that case folding would turn into another name, as "anna.ſchmidt" or the Kelvin sign) is
+rejected (401) rather than matching nobody or somebody else. The token must be signed with
+`api.jwt_algorithm` (HMAC; `alg: none` and any other algorithm are rejected), carry a numeric `exp`, match
+`api.jwt_issuer` and `api.jwt_audience`, and name no `crit` extension (we understand none; RFC 7515
+4.1.11); `nbf` and `iat`, when present, are numbers too. Tokens over `api.max_token_bytes` are rejected
+before decoding; claim values must be text PostgreSQL can take (no NUL, valid Unicode, at most 512
+characters).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from ki.errors import PermanentError
 from ki.principals import canonical_principal
 from ki.settings import ApiSettings, OidcSettings
 from search.filters import check_text
-from search.oidc import Jwks, OidcTokenInvalid, claim_values
+from search.oidc import Jwks, OidcTokenInvalid, check_header, check_times, claim_values
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 
@@ -57,33 +60,52 @@ def _values(claims: dict[str, Any], name: str) -> list[str]:
     return [_principal_text(name, v.strip()) for v in raw]
 
 
-def _prefixed(name: str, prefix: str, value: str) -> str:
-    principal = value if ":" in value else f"{prefix}:{value}"
+def _prefixed(name: str, prefix: str, value: str, carries_kind: bool = False) -> str:
+    """`prefix:value` (or `value` itself when the signer writes principals and it reads kind:name); 401
+    unless that is a principal."""
+    principal = value if carries_kind and canonical_principal(value) is not None else f"{prefix}:{value}"
     if canonical_principal(principal) is None:
-        raise AuthError(f"claim {name!r}: {value!r} is not a principal (kind:name; the kind in a-z, 0-9, '_.-')")
+        raise AuthError(
+            f"claim {name!r}: {value[:80]!r} makes no principal (NFC text whose case folding only changes case)"
+        )
     return principal
+
+
+def _principals(
+    names: tuple[str, str, str], subject: str, groups: list[str], roles: list[str], carry_kinds: bool
+) -> list[str]:
+    """The caller's principals from its subject, groups and roles (the claims' names, for errors)."""
+    sub_claim, groups_claim, roles_claim = names
+    principals = [_prefixed(sub_claim, "user", _principal_text(sub_claim, subject.strip()), carry_kinds)]
+    principals += [_prefixed(groups_claim, "group", _principal_text(groups_claim, g), carry_kinds) for g in groups]
+    principals += [_prefixed(roles_claim, "role", _principal_text(roles_claim, r).removeprefix("role:")) for r in roles]
+    return list(dict.fromkeys(principals))
 
 
 def principals_from_claims(claims: dict[str, Any], api: ApiSettings) -> list[str]:
     subject = claims.get(api.subject_claim)
     if not isinstance(subject, str) or not subject.strip():
         raise AuthError(f"claim {api.subject_claim!r} is missing or empty")
-    principals = [_prefixed(api.subject_claim, "user", _principal_text(api.subject_claim, subject.strip()))]
-    principals += [_prefixed(api.groups_claim, "group", g) for g in _values(claims, api.groups_claim)]
-    principals += [f"role:{r.removeprefix('role:')}" for r in _values(claims, api.roles_claim)]
-    return list(dict.fromkeys(principals))
+    names = (api.subject_claim, api.groups_claim, api.roles_claim)
+    groups, roles = _values(claims, api.groups_claim), _values(claims, api.roles_claim)
+    return _principals(names, subject, groups, roles, api.claims_carry_kinds)
 
 
 def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
     try:
-        return jwt.decode(
-            token,
-            api.jwt_secret,
-            algorithms=[api.jwt_algorithm],
-            issuer=api.jwt_issuer,
-            audience=api.jwt_audience,
-            options={"require": ["exp", "iss", "aud", api.subject_claim]},
+        check_header(jwt.get_unverified_header(token))
+        return check_times(
+            jwt.decode(
+                token,
+                api.jwt_secret,
+                algorithms=[api.jwt_algorithm],
+                issuer=api.jwt_issuer,
+                audience=api.jwt_audience,
+                options={"require": ["exp", "iss", "aud", api.subject_claim]},
+            )
         )
+    except OidcTokenInvalid as exc:
+        raise AuthError(f"invalid token: {exc}") from None
     except jwt.ExpiredSignatureError:
         raise AuthError("token expired") from None
     except jwt.InvalidTokenError as exc:
@@ -120,11 +142,8 @@ def principals_from_oidc(claims: dict[str, Any], oidc: OidcSettings) -> list[str
         raise AuthError(str(exc)) from None
     if len(subjects) != 1:
         raise AuthError(f"claim {oidc.subject_claim!r} is missing or empty")
-    name = oidc.subject_claim
-    principals = [_prefixed(name, "user", _principal_text(name, subjects[0].strip()))]
-    principals += [_prefixed(oidc.groups_claim, "group", _principal_text(oidc.groups_claim, g)) for g in groups]
-    principals += [f"role:{_principal_text(oidc.roles_claim, r).removeprefix('role:')}" for r in roles]
-    return list(dict.fromkeys(principals))
+    names = (oidc.subject_claim, oidc.groups_claim, oidc.roles_claim)
+    return _principals(names, subjects[0], groups, roles, oidc.claims_carry_kinds)
 
 
 class Authenticator:

@@ -141,12 +141,13 @@ class Jwks:
 
     async def verify(self, token: str, header: dict[str, Any]) -> dict[str, Any]:
         """The claims of a token this provider signed for this API; raises OidcTokenInvalid."""
+        check_header(header)
         alg = header.get("alg")
         if alg not in self.oidc.algorithms:
             raise OidcTokenInvalid(f"algorithm {alg!r} is not in oidc.algorithms")
         key = await self.key(header.get("kid"), alg)
         try:
-            return jwt.decode(
+            claims = jwt.decode(
                 token,
                 key.key,
                 algorithms=[alg],
@@ -155,10 +156,28 @@ class Jwks:
                 leeway=self.oidc.clock_skew_s,
                 options={"require": ["exp", "iss", "aud"]},
             )
+            return check_times(claims)
         except jwt.ExpiredSignatureError:
             raise OidcTokenInvalid("token expired") from None
         except jwt.InvalidTokenError as exc:
             raise OidcTokenInvalid(str(exc)) from None
+
+
+def check_header(header: dict[str, Any]) -> None:
+    """A `crit` header names extensions the recipient must understand or reject the token (RFC 7515
+    4.1.11); this API understands none."""
+    if "crit" in header:
+        raise OidcTokenInvalid(f"critical header extensions {header['crit']!r} are not understood")
+
+
+def check_times(claims: dict[str, Any]) -> dict[str, Any]:
+    """`claims`, once `exp`, `nbf` and `iat` are numbers where present (NumericDate, RFC 7519 2): a string
+    "9999999999" is not a time, however a library reads it."""
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise OidcTokenInvalid(f"claim {name!r} must be a number (seconds since the epoch)")
+    return claims
 
 
 def claim_values(claims: dict[str, Any], path: str, prefix: str = "") -> list[str]:

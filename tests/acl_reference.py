@@ -8,9 +8,11 @@ with the set-based SQL. The property tests (`tests/integration/test_acl_properti
 The rules, in the order they are applied:
 
 1. Normalisation: a principal is trimmed and casefolded (`str.strip().casefold()`: every `str.isspace()`
-   character, full Unicode case folding, so "İ" becomes "i̇", "ẞ" and "ß" become "ss", and "Σ", "σ", "ς"
-   all become "σ"); anything that is not then of the form `kind:name` (a kind of ASCII letters, digits,
-   `_`, `.`, `-`, a colon, a non-empty name) is not a principal and is dropped.
+   character, full Unicode case folding, so "İ" becomes "i̇"); anything that is not then of the form
+   `kind:name` (a kind of ASCII letters, digits, `_`, `.`, `-`, a colon, a non-empty name) is not a
+   principal and is dropped -- and so is anything folding would merge with a name that differs in more
+   than case: a trimmed value not in NFC (the Kelvin sign, decomposed accents), or one whose case folding
+   is not its lower-casing ("ß", "ſ", "ﬁ"; the final sigma "ς" counts as the "σ" it is).
 2. Aliases: the caller's principals are passed through the aliases of the `principal_aliases` table and of
    `security.aliases` (both map alias -> principal, both normalised on both sides). The caller keeps its own
    principals and gains every alias target, transitively (a chain a -> b -> c gives {a, b, c}, whichever
@@ -44,6 +46,7 @@ of an allow (deny) grant applying to the version (project, document, actively ob
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -158,10 +161,14 @@ _KIND_NAME = re.compile(r"[a-z0-9_.-]+:.+", re.DOTALL)
 
 
 def normalize(raw: object) -> str | None:
-    """Rule 1: trimmed and casefolded; None for anything that is not then `kind:name`."""
+    """Rule 1: trimmed and casefolded; None for anything that is not then `kind:name`, or not NFC, or
+    whose folding changes more than case."""
     if not isinstance(raw, str):
         return None
-    value = raw.strip().casefold()
+    trimmed = raw.strip()
+    value = trimmed.casefold()
+    if unicodedata.normalize("NFC", trimmed) != trimmed or value != trimmed.lower().replace("ς", "σ"):
+        return None
     return value if _KIND_NAME.fullmatch(value) else None
 
 

@@ -158,7 +158,7 @@ def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = 
         user = _demo_user(engine)
         print("ki demo: " + worker.ensure(), flush=True)
         _wait_until_synced(settings, engine)
-        token = mint_token(settings.api, user, ttl_s=86_400)
+        token = mint_token(settings.api, user.removeprefix("user:"), ttl_s=86_400)  # the token's sub is the name
         print(f"ki demo: searching as {user} (a partner of the demo firm)")
         # The console's demo-user picker mints tokens for anyone who reaches the API: the demo only.
         demo = settings.model_copy(update={"api": settings.api.model_copy(update={"demo_mode": True})})

@@ -99,10 +99,15 @@ class Console:
         self._require_demo()
         body = await self.read_body(request)
         principal = body.get("principal") if isinstance(body, dict) else None
-        if not isinstance(principal, str) or canonical_principal(principal) is None:
+        if (
+            not isinstance(principal, str)
+            or not principal.startswith("user:")
+            or canonical_principal(principal) is None
+        ):
             raise RequestInvalid("principal", "must be a user principal such as user:anna")
+        subject = principal.removeprefix("user:")  # a token's subject becomes user:<sub>
         if principal == f"user:{DEMO_ADMIN}":
-            return web.json_response({"token": mint_token(self.api, principal, roles=["admin"])})
+            return web.json_response({"token": mint_token(self.api, subject, roles=["admin"])})
         if not await self._known_users(principal, exact=True):
             raise RequestInvalid("principal", f"{principal[:80]!r} is not a user the demo data knows")
-        return web.json_response({"token": mint_token(self.api, principal)})
+        return web.json_response({"token": mint_token(self.api, subject)})

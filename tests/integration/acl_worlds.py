@@ -4,8 +4,8 @@ in the shape of the reference evaluator's `tests.acl_reference.World`, writing o
 reading one back from PostgreSQL.
 
 Principals carry a per-run tag (`TAG`, their kind) so no foreign grant, membership or alias can match
-them; they are drawn in random case, with non-ASCII letters whose case folding is special (names that are
-one principal only when casefolded, not merely lower-cased) and odd surrounding whitespace (see
+them; they are drawn in random case, with non-ASCII letters, and odd surrounding whitespace; callers also
+hold look-alikes that full case folding would merge with a stored name, which match nobody (see
 `tests/integration/test_acl_properties.py`).
 """
 
@@ -24,12 +24,16 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Row, Table, insert, text
 
 from ki.db import models as m
+from ki.principals import canonical_principal
 from ki.settings import SecuritySettings
 from tests import acl_reference as ref
 
 TAG = uuid.uuid4().hex[:8]
-# "straẞe"/"strasse", "gruppe-οδος"/"gruppe-οδοσ" and "ﬁnn"/"finn" are one principal each, casefolded.
-NAMES = ("u1", "jürgen", "g1", "gruppe-οδοσ", "gruppe-οδος", "boss", "İrem", "straẞe", "strasse", "ﬁnn", "finn")
+# Stored names: "İrem" folds to "i̇rem" (two code points); "gruppe-οδοσ" and "gruppe-οδος" are one name.
+NAMES = ("u1", "jürgen", "g1", "gruppe-οδοσ", "gruppe-οδος", "boss", "İrem", "strasse", "finn", "kai")
+# Look-alikes that full case folding merged with a stored name, which must match nobody (migration 0007):
+# "straẞe", "ﬁnn", the long s, the Kelvin sign, a decomposed "ü".
+LOOK_ALIKES = ("straẞe", "ﬁnn", "boſs", "\u212aai", "ju\u0308rgen")
 # str.isspace() characters beyond the ASCII space: PostgreSQL's btrim() alone trims none of them.
 ODD_SPACE = ("\t", "\n", "\xa0", "\u3000", "\u2009", "\u2028", "\x1c", "\x85")
 KINDS = ("local_fs", "local_fs", "sharepoint", "dms")
@@ -42,10 +46,14 @@ NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 rarely = st.sampled_from([False] * 5 + [True])
 
 
-@st.composite
-def principals(draw: st.DrawFn, tag: str = TAG) -> str:
+def principals(tag: str = TAG) -> st.SearchStrategy[str]:
     """One of a few tagged principals (kind `acl<tag>`), in random case with random surrounding
     whitespace. Always well-formed: the database rejects anything else (`ck_*_form`)."""
+    return _cased_principals(tag).filter(lambda p: canonical_principal(p) is not None)
+
+
+@st.composite
+def _cased_principals(draw: st.DrawFn, tag: str) -> str:
     space = st.lists(st.sampled_from((" ", " ", *ODD_SPACE)), max_size=2).map("".join)
     name = f"acl{tag}:{draw(st.sampled_from(NAMES))}"
     upper = draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
@@ -116,7 +124,9 @@ def cases(
         aliases=draw(st.dictionaries(principals(tag), principals(tag), max_size=3)),
     )
     # Caller principals that are none: blank, not text, without a kind (the tagged name alone).
-    junk = st.sampled_from(["   ", "", None, 7, "\t\u3000", f"acl{tag}jürgen", f"acl{tag}: "])
+    junk = st.sampled_from(
+        ["   ", "", None, 7, "\t\u3000", f"acl{tag}jürgen", f"acl{tag}: ", *(f"acl{tag}:{n}" for n in LOOK_ALIKES)]
+    )
     caller = tuple(
         draw(st.lists(st.one_of(principals(tag), principals(tag), principals(tag), junk), min_size=1, max_size=4))
     )

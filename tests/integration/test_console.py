@@ -186,7 +186,9 @@ def test_the_explain_panel_shows_the_ranks_the_api_gave(
     sign_in_as(browser, server, data.principal("anna"), f"anna-{data.tag}")
     search(browser, data.word)
     request = {"query": data.word, "mode": "hybrid", "limit": 10, "offset": 0, "explain": True}
-    status, answer = server.call("/v1/search", request, mint_token(settings.api, data.principal("anna")))
+    status, answer = server.call(
+        "/v1/search", request, mint_token(settings.api, data.principal("anna").removeprefix("user:"))
+    )
     assert status == 200, answer
     first = browser.find_element(By.CSS_SELECTOR, "#results li.hit")
     panel = first.find_element(By.CSS_SELECTOR, ".explain")
@@ -282,7 +284,9 @@ def test_a_pasted_token_a_mode_a_project_filter_and_paging(
 ) -> None:
     server, _ = stack
     open_console(browser, server)
-    browser.find_element(By.ID, "token").send_keys(mint_token(settings.api, data.principal("carla")))
+    browser.find_element(By.ID, "token").send_keys(
+        mint_token(settings.api, data.principal("carla").removeprefix("user:"))
+    )
     browser.find_element(By.ID, "signin").click()
     wait_for(lambda: data.principal("carla") in visible_text(browser, "who"), timeout=20, what="signed in by token")
     r = str(data.projects[2])

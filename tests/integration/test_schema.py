@@ -110,17 +110,17 @@ def test_ki_migrate_goes_up_and_down_to_a_revision(db_settings: Settings) -> Non
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.strip()
 
-    assert ki_migrate() == "schema: empty -> 0006"
-    assert ki_migrate("--down-to", "0003") == "schema: 0006 -> 0003"
+    assert ki_migrate() == "schema: empty -> 0007"
+    assert ki_migrate("--down-to", "0003") == "schema: 0007 -> 0003"
     assert current_revision(db_settings) == "0003"
-    assert ki_migrate() == "schema: 0003 -> 0006"
-    assert ki_migrate() == "schema: already at 0006"
+    assert ki_migrate() == "schema: 0003 -> 0007"
+    assert ki_migrate() == "schema: already at 0007"
 
 
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
     assert current_revision(db_settings) is None
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0006"
+    assert current_revision(db_settings) == "0007"
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
@@ -191,7 +191,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settin
     assert current_revision(db_settings) is None
 
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0006"
+    assert current_revision(db_settings) == "0007"
     with engine.connect() as conn:
         assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
 
@@ -426,9 +426,45 @@ def test_a_principal_without_a_kind_is_rejected(engine: Engine, table: str, colu
 @pytest.mark.parametrize(("table", "column"), PRINCIPAL_COLUMNS)
 def test_principals_are_stored_as_written_and_indexed_casefolded(engine: Engine, table: str, column: str) -> None:
     with engine.begin() as conn:
-        _write_principal(conn, table, column, "\u3000User:Straße\t")
+        _write_principal(conn, table, column, "\u3000User:Jürgen.STRASSER\t")
         stored = conn.execute(text(f"SELECT {column}, ki_principal({column}) AS canonical FROM {table}")).one()
-    assert tuple(stored) == ("\u3000User:Straße\t", "user:strasse")
+    assert tuple(stored) == ("\u3000User:Jürgen.STRASSER\t", "user:jürgen.strasser")
+
+
+# Names that full case folding would merge with another (0007): long s, sharp s, the Kelvin sign, a ligature,
+# a decomposed accent.
+FOLDING_MERGES = ["user:anna.\u017fchmidt", "user:stra\u00dfe", "user:\u212aatharina", "user:\ufb01nn", "user:e\u0301"]
+
+
+@pytest.mark.parametrize(("table", "column"), PRINCIPAL_COLUMNS)
+@pytest.mark.parametrize("value", FOLDING_MERGES)
+def test_a_principal_that_folding_would_merge_is_rejected(engine: Engine, table: str, column: str, value: str) -> None:
+    with pytest.raises(IntegrityError, match=f"ck_{table}_{column}_form"), engine.begin() as conn:
+        _write_principal(conn, table, column, value)
+
+
+def test_upgrade_to_0007_touches_the_rows_it_refuses_and_leaves_their_check_not_valid(
+    engine: Engine, db_settings: Settings
+) -> None:
+    """A grant to "user:anna.ſchmidt" written under 0004 was anna.schmidt's; after 0007 it is nobody's, it
+    was written again (so CDC sends it and the access lane rewrites its projections) and its check stays
+    NOT VALID; rows it does not refuse are untouched."""
+    downgrade(db_settings, "0006", publication_name=PUBLICATION)
+    with engine.begin() as conn:
+        _write_principal(conn, "grants", "principal", "user:anna.\u017fchmidt")
+        _write_principal(conn, "grants", "principal", "user:anna.schmidt")
+        before = dict(conn.execute(text("SELECT principal, xmin::text FROM grants")).all())
+        assert ki_principal(conn, "user:anna.\u017fchmidt") == "user:anna.schmidt"
+    upgrade(db_settings, publication_name=PUBLICATION)
+    with engine.connect() as conn:
+        after = dict(conn.execute(text("SELECT principal, xmin::text FROM grants")).all())
+        valid = dict(
+            conn.execute(text("SELECT conname, convalidated FROM pg_constraint WHERE conname LIKE 'ck_%_form'")).all()
+        )
+        assert ki_principal(conn, "user:anna.\u017fchmidt") is None
+    assert after["user:anna.schmidt"] == before["user:anna.schmidt"]
+    assert after["user:anna.\u017fchmidt"] != before["user:anna.\u017fchmidt"]
+    assert valid == {f"ck_{t}_{c}_form": (t, c) != ("grants", "principal") for t, c in PRINCIPAL_COLUMNS}
 
 
 def test_upgrade_over_stored_values_without_a_kind_leaves_the_check_not_valid(

