@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import jwt as pyjwt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
@@ -265,6 +267,30 @@ def test_auth_and_validation_errors(server: Server, data: Data, settings: Settin
     assert "SearchFilters" in doc["components"]["schemas"]
     status, ready = server.call("/readyz")
     assert status == 200 and ready["checks"] == {"postgresql": "ok", "opensearch": "ok", "index": "ok"}
+
+
+def test_a_token_cannot_forge_an_administrator_or_another_users_name(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    """Issue 28 item 9: a subject or group claim `role:admin` is a user and a group of that name, never an
+    administrator; a name that full case folding merges with another user (long s, the Kelvin sign) is
+    refused, not taken for that user; a `crit` header and a string `exp` are refused."""
+    forged = mint_token(settings.api, "role:admin", groups=["role:admin", "system:admin"])
+    status, me = server.call("/v1/me", token=forged)
+    assert status == 200 and me["admin"] is False
+    assert me["principals"] == ["user:role:admin", "group:role:admin", "group:system:admin"]
+    assert server.call("/v1/search", {"query": data.word, "limit": 20}, forged)[1]["hits"] == []
+    assert server.call("/v1/ops/overview", token=forged)[0] == 403
+    for look_alike in (data.user("\u212aai"), data.user("anna.\u017fchmidt"), data.user("stra\u00dfe")):
+        status, body = server.call("/v1/search", {"query": data.word}, mint_token(settings.api, look_alike))
+        assert (status, body["error"]) == (401, "unauthorized"), look_alike
+    now = int(time.time())
+    claims = {"sub": data.user("bob"), "iss": settings.api.jwt_issuer, "aud": settings.api.jwt_audience}
+    secret = settings.api.jwt_secret
+    crit = pyjwt.encode({**claims, "exp": now + 60}, secret, algorithm="HS256", headers={"crit": ["x-policy"]})
+    string_exp = pyjwt.encode({**claims, "exp": str(now + 60)}, secret, algorithm="HS256")
+    for refused in (crit, string_exp):
+        assert server.call("/v1/search", {"query": data.word}, refused)[0] == 401
 
 
 def test_revoked_grant_disappears_at_once_while_the_index_is_stale(
