@@ -82,15 +82,15 @@ class ToolSpec:
 
 
 async def _search(service: SearchService, principals: list[str], request: SearchRequest) -> Any:
-    return (await service.search(principals, request)).to_json()
+    return (await service.search(principals, request)).to_json(timings=service.is_operator(principals))
 
 
 async def _filter(service: SearchService, principals: list[str], request: FilterRequest) -> Any:
-    return (await service.search_filter(principals, request)).to_json()
+    return (await service.search_filter(principals, request)).to_json(timings=service.is_operator(principals))
 
 
 async def _decisions(service: SearchService, principals: list[str], request: DecisionSearchRequest) -> Any:
-    return (await service.search_decisions(principals, request)).to_json()
+    return (await service.search_decisions(principals, request)).to_json(timings=service.is_operator(principals))
 
 
 async def _document(service: SearchService, principals: list[str], request: DocumentRequest) -> Any:

@@ -342,6 +342,10 @@ Principal = Annotated[str, AfterValidator(check_principal)]
 class SecuritySettings(_Section):
     source_acl_mode: Literal["sufficient", "intersect"] = "sufficient"
     admin_principals: list[Principal] = Field(default_factory=lambda: ["role:admin", "system:admin"])
+    # Who may read how the service runs (a search's `timings_ms`, `GET /metrics`) without seeing more
+    # documents: a token naming one of these, or an administrator's. Matched on the token's own
+    # principals (no aliases or groups), so no SQL runs for it.
+    operator_principals: list[Principal] = Field(default_factory=lambda: ["role:operator"])
     aliases: dict[Principal, Principal] = Field(default_factory=dict)
 
 
@@ -363,6 +367,10 @@ class ApiSettings(_Section):
     # group that already reads `kind:name` is taken as that principal: only for a signer that writes
     # principals on purpose (else a subject "role:admin" is an administrator).
     claims_carry_kinds: bool = False
+    # `GET /metrics` answers a bearer token of an operator (security.operator_principals) or this static
+    # token (empty: none), e.g. Prometheus' `credentials_file`; anyone else gets 401/403.
+    metrics_token: Secret = ""
+    metrics_token_file: str = ""
     max_body_bytes: int = Field(65_536, ge=1024)
     max_query_chars: int = Field(2_000, ge=1)
     max_limit: int = Field(100, ge=1, le=500)

@@ -17,6 +17,7 @@ also a service refusing what we sent (a bug, not worth a retry).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -157,8 +158,9 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
     async def handler(request: web.Request) -> web.Response:
         principals = await _principals(request)
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
-        result = await call(request.app[SERVICE_KEY], principals, parsed)
-        return web.json_response(result.to_json())
+        service = request.app[SERVICE_KEY]
+        result = await call(service, principals, parsed)
+        return web.json_response(result.to_json(timings=service.is_operator(principals)))
 
     return handler
 
@@ -264,7 +266,15 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """`GET /metrics` for operators only: index sizes and every tenant's access-change counts are not a
+    caller's business. Prometheus sends the static `api.metrics_token` (its `credentials_file`), people
+    an operator's or administrator's token."""
     service = request.app[SERVICE_KEY]
+    static = request.app[SETTINGS_KEY].api.metrics_token
+    sent = request.headers.get("Authorization", "")
+    by_static_token = bool(static) and hmac.compare_digest(sent.encode(), f"Bearer {static}".encode())
+    if not by_static_token and not service.is_operator(await _principals(request)):
+        raise Forbidden("metrics are for operators (security.operator_principals) and api.metrics_token")
     await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops_scrape_timeout_s)
     body = service.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})

@@ -118,7 +118,8 @@ class DecisionPage:
     limit: int
     has_more: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, timings: bool = False) -> dict[str, Any]:
+        """As `SearchResult.to_json` (a decision page carries no timings to show)."""
         return {
             "hits": [h.to_json() for h in self.hits],
             "offset": self.offset,

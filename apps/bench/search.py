@@ -361,11 +361,12 @@ def _corpus_identifiers(engine: Engine, label: str) -> tuple[list[str], int | No
 
 
 def demo_callers(settings: Settings) -> list[BenchCaller]:
-    """The demo users, as the API will see them (principals from their own tokens)."""
+    """The demo users, as the API will see them (principals from their own tokens). Each token also names
+    `role:operator` (no grant names it, so the scope is the user's): the API shows operators `timings_ms`."""
     out = []
     for user in users():
         subject = user.removeprefix("user:")
-        token = mint_token(settings.api, subject, ttl_s=6 * 3600)
+        token = mint_token(settings.api, subject, roles=["operator"], ttl_s=6 * 3600)
         principals = tuple(principals_from_claims(decode_token(token, settings.api), settings.api))
         out.append(BenchCaller(subject, token, principals))
     return out
@@ -508,8 +509,14 @@ class ServeChild:
     """`ki serve` as a child process on a free port, logging to build/bench/search-api.log."""
 
     def __init__(
-        self, config: str | None, log_path: Path, workers: int = 1, extra_env: dict[str, str] | None = None
+        self,
+        config: str | None,
+        log_path: Path,
+        operator_token: str,
+        workers: int = 1,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
+        self.operator_token = operator_token  # `/metrics` answers operators only
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -529,7 +536,9 @@ class ServeChild:
 
     def metric(self, family: str, label: str) -> dict[str, float]:
         """`<family>_total` samples by the value of `label`, from the API's /metrics (every worker's)."""
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as response:
+        bearer = {"Authorization": f"Bearer {self.operator_token}"}
+        scrape = urllib.request.Request(f"{self.base}/metrics", headers=bearer)
+        with urllib.request.urlopen(scrape, timeout=10) as response:
             exposition = response.read().decode()
         out: dict[str, float] = {}
         for metric in text_string_to_metric_families(exposition):
@@ -980,10 +989,11 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     # The service in-process, for planning the raw side's bodies (the child process serves the API side).
     async_engine = make_async_engine(settings)
     service = SearchService(settings, async_engine, make_client(settings), embedder)
-    server = ServeChild(options.config, options.out_dir / "search-api.log", options.workers)
+    operator = mint_token(settings.api, "ki-bench", roles=["operator"], ttl_s=6 * 3600)
+    server = ServeChild(options.config, options.out_dir / "search-api.log", operator, options.workers)
     other = None
     if options.compare_env:
-        other = ServeChild(options.config, options.out_dir / "search-api-compare.log", options.workers,
+        other = ServeChild(options.config, options.out_dir / "search-api-compare.log", operator, options.workers,
                            options.compare_env)  # fmt: skip
     api = raw = compare = None
     try:

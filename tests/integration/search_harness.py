@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import threading
 import urllib.error
@@ -21,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from apps.processes import Child as Process
 from apps.processes import free_port
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import REPO_ROOT, Settings, load_settings
+from search.auth import mint_token
 from tests.conftest import wait_for
 
 
@@ -99,9 +101,14 @@ class Server(Child):
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         super().start(f"{self.base}/healthz", timeout)
 
+    def operator_token(self) -> str:
+        """A token of `role:operator`: who may read `/metrics` and `timings_ms`."""
+        api = load_settings(environ={**os.environ, **self.process.env}).api
+        return mint_token(api, "ki-test-operator", roles=["operator"])
+
     def metric(self, sample: str, **labels: str) -> float:
         """The sum of `/metrics` samples named `sample` whose labels include `labels` (0 if none)."""
-        _, _, payload = self.request("/metrics")
+        _, _, payload = self.request("/metrics", token=self.operator_token())
         return sum(
             s.value
             for family in text_string_to_metric_families(payload.decode())

@@ -74,7 +74,7 @@ def worker(isolation: dict[str, str]) -> Iterator[SyncWorker]:
 
 @pytest.fixture(scope="module")
 def server(isolation: dict[str, str]) -> Iterator[Server]:
-    s = Server(**isolation)
+    s = Server(**isolation, KI_API__METRICS_TOKEN=METRICS_TOKEN)
     s.start()
     yield s
     s.stop()
@@ -367,8 +367,38 @@ def test_opensearch_unreachable_is_503() -> None:
         dead.stop()
 
 
+METRICS_TOKEN = uuid.uuid4().hex  # what Prometheus would send (api.metrics_token)
+
+
+def test_metrics_are_for_operators_only(server: Server, data: Data, settings: Settings) -> None:
+    """Issue 28 item 7: /metrics carries every tenant's index and access-change counts."""
+    assert server.call("/metrics")[0] == 401
+    assert server.call("/metrics", token=token(settings, data, "bob"))[0] == 403
+    assert server.request("/metrics", headers={"Authorization": "Bearer not-the-static-token"})[0] == 401
+    assert server.request("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})[0] == 200
+    assert server.request("/metrics", token=server.operator_token())[0] == 200
+    assert server.request("/metrics", token=mint_token(settings.api, "root", roles=["admin"]))[0] == 200
+
+
+def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(server: Server, data: Data, settings: Settings) -> None:
+    """Issue 28 item 6: no `timings_ms` for callers (an embedding-cache hit was 20x faster than a miss), the
+    embedding cache is per caller, and no counter a caller can read moves: the answer to a query asked
+    before by someone else has the same fields as to a query nobody asked."""
+    bob, alice = token(settings, data, "bob"), token(settings, data, "alice")
+    asked, fresh = (f"{data.word} {uuid.uuid4().hex[:8]}" for _ in range(2))
+    assert server.call("/v1/search", {"query": asked, "mode": "hybrid"}, alice)[0] == 200
+    misses = server.metric("ki_search_embed_cache_total", result="miss")
+    answers = [server.call("/v1/search", {"query": q, "mode": "hybrid"}, bob)[1] for q in (asked, fresh)]
+    assert [sorted(a) for a in answers] == [sorted(answers[1])] * 2
+    assert all("timings_ms" not in a for a in answers)
+    assert server.metric("ki_search_embed_cache_total", result="miss") == misses + 2  # alice's vector is hers
+    assert server.call("/metrics", token=bob)[0] == 403
+    operator = server.call("/v1/search", {"query": fresh, "mode": "hybrid"}, server.operator_token())[1]
+    assert operator["timings_ms"]["total"] > 0
+
+
 def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    status, content_type, payload = server.request("/metrics")
+    status, content_type, payload = server.request("/metrics", token=server.operator_token())
     assert status == 200 and content_type.startswith("text/plain")
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value

@@ -232,7 +232,7 @@ function renderResults(answer) {
   const first = answer.hits.length ? request.offset + 1 : 0;
   const why = answer.hits.length || !answer.reason ? "" : ` · no hits: ${answer.reason}`;
   $("summary").textContent = `hits ${first}–${request.offset + answer.hits.length}${answer.has_more ? " (more)" : ""}` +
-    ` · mode ${mode} · ${Math.round(answer.timings_ms.total)} ms${why}`;
+    ` · mode ${mode}${answer.timings_ms ? ` · ${Math.round(answer.timings_ms.total)} ms` : ""}${why}`;  // operators only
   $("results").replaceChildren(...answer.hits.map((hit) => renderHit(hit, answer, request.query)));
   $("prev").hidden = request.offset === 0;
   $("next").hidden = !answer.has_more;
