@@ -219,7 +219,7 @@ _VISIBLE_SELECT = "SELECT version_id, document_id, project_id FROM verdicts"
 # With what a citation shows of its version, so re-verification is one round trip.
 _OBSERVATIONS_SELECT = """
     SELECT c.version_id, c.document_id, c.project_id, c.observation_id, c.source_object_id,
-           d.title, dv.version_no, d.latest_final_version_id, dv.status, dv.doc_date
+           d.title, dv.version_no, d.latest_final_version_id, dv.status, dv.doc_date, dv.language
     FROM candidates c
     JOIN document_versions dv ON dv.id = c.version_id
     JOIN documents d ON d.id = c.document_id
@@ -294,6 +294,8 @@ _NARROWING = {
     # Every version of the documents these versions belong to (a document's versions as the caller sees them).
     "sibling_ids": "AND d.id IN (SELECT v.document_id FROM document_versions v"
     " WHERE v.id = ANY(CAST(:sibling_ids AS bigint[])))",
+    # Every version of these documents.
+    "document_ids": "AND d.id = ANY(CAST(:document_ids AS bigint[]))",
 }
 
 
@@ -383,7 +385,7 @@ _VISIBLE_SQL = {
 # (narrowing, resolving) -> statement: the versions named, or every version of their documents.
 _OBSERVATIONS_SQL = {
     (narrowing, resolve): _visible_sql((narrowing,), _OBSERVATIONS_SELECT, resolve=resolve)
-    for narrowing in ("version_ids", "sibling_ids")
+    for narrowing in ("version_ids", "sibling_ids", "document_ids")
     for resolve in (False, True)
 }
 _SCOPE_SQL = {
@@ -537,6 +539,7 @@ class VisibleObservation:
     latest_final_version_id: int | None = None
     status: str = ""
     doc_date: dt.date | None = None
+    language: str = ""
 
 
 @dataclass(frozen=True)
@@ -555,9 +558,9 @@ def visible_observations(
     conn: Connection,
     caller: Caller | Unresolved,
     security: SecuritySettings,
-    version_ids: Sequence[int],
+    ids: Sequence[int],
     *,
-    siblings: bool = False,
+    of: Literal["versions", "siblings", "documents"] = "versions",
 ) -> list[VisibleObservation]:
     """The observations a caller may cite, per source object: active and *accessible* to the caller (the
     rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
@@ -565,12 +568,13 @@ def visible_observations(
     observation of a visible version. Fails closed. The versions named are exactly the visible ones among
     `version_ids` (a visible version always has a citable observation), so this can replace
     `visible_versions` where citations are needed. An `Unresolved` caller is resolved (`resolve_caller`'s
-    rules) in the same statement. `siblings`: the same for every version of the documents `version_ids`
-    belong to (what a caller's view of those documents is computed from, `search.version_view`)."""
-    if not version_ids:
+    rules) in the same statement. `of`: `ids` are versions; or versions whose documents' every version is
+    asked (`siblings`: what a caller's view of those documents is computed from, `search.version_view`); or
+    documents, every version of which is asked. One statement whether or not the ids exist."""
+    if not ids:
         return []
-    versions = sorted({int(v) for v in version_ids})
-    narrowing = "sibling_ids" if siblings else "version_ids"
+    versions = sorted({int(v) for v in ids})
+    narrowing = {"versions": "version_ids", "siblings": "sibling_ids", "documents": "document_ids"}[of]
     if isinstance(caller, Unresolved):
         if not caller.principals:
             return []
@@ -599,6 +603,7 @@ def visible_observations(
             r.latest_final_version_id,
             r.status,
             r.doc_date,
+            r.language,
         )
         for r in rows
     ]

@@ -3,8 +3,11 @@ and `POST /v1/traverse`. SQL only; every document shown is checked through `ki.a
 each carries the version it is cited by and the source objects the caller may cite it at.
 
 A document is visible when at least one of its versions is (`ki.acl.visible_observations`); only those
-versions are listed. A document the caller may not see is answered exactly like one that does not exist
-(`None` here, 404 over HTTP), so no answer reveals that it exists.
+versions are listed, numbered among themselves, and its latest final version is one of them
+(`search.version_view`), so nothing shown depends on a version the caller may not see. A document the
+caller may not see is answered exactly like one that does not exist (`None` here, 404 over HTTP), and by
+the same SQL statements: the one ACL statement reads the documents' versions itself, so whether any
+version row exists decides nothing before it (`tests/integration/test_constant_shape.py`).
 """
 
 from __future__ import annotations
@@ -18,20 +21,12 @@ from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
-from ki.acl import Unresolved, visible_observations
+from ki.acl import Unresolved, VisibleObservation, visible_observations
 from ki.settings import SecuritySettings
 from search.graph import Direction, Edge, Traversal, steps, traverse
+from search.version_view import VersionFacts, by_document, latest_final, shown_numbers
 
 _IDS = bindparam("ids", type_=ARRAY(BigInteger))
-
-_VERSIONS_SQL = text(
-    """
-    SELECT dv.id, dv.document_id, dv.version_no, dv.status, dv.doc_date, dv.language
-    FROM document_versions dv JOIN documents d ON d.id = dv.document_id
-    WHERE dv.document_id = ANY(:ids) AND d.deleted_at IS NULL
-    ORDER BY dv.document_id, dv.version_no
-    """
-).bindparams(_IDS)
 
 _DOCUMENTS_SQL = text(
     """
@@ -56,41 +51,62 @@ _EDGES_SQL = text(
 @dataclass(frozen=True)
 class VisibleVersionRow:
     version_id: int
-    version_no: int
+    version_no: int  # as the caller is shown it: the position among their versions of the document
     status: str
     doc_date: dt.date | None
     language: str
     source_object_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class VisibleDocument:
+    """A document as one caller sees it: their versions in upstream order, and the latest final of them."""
+
+    versions: list[VisibleVersionRow]
+    latest_final_version_id: int | None
+
+    @property
+    def cited(self) -> VisibleVersionRow:
+        """The version the document is cited by: the latest final one, else the newest one."""
+        return next((v for v in self.versions if v.version_id == self.latest_final_version_id), self.versions[-1])
+
+
 def visible_versions_of(
     conn: Connection, principals: Sequence[str], security: SecuritySettings, document_ids: Collection[int]
-) -> dict[int, list[VisibleVersionRow]]:
+) -> dict[int, VisibleDocument]:
     """Per document, the versions the caller may see, with the source objects the caller may cite them at;
-    documents without such a version are absent."""
+    documents without such a version are absent. One statement, whatever exists."""
     ids = sorted({int(d) for d in document_ids})
     if not ids:
         return {}
-    rows = conn.execute(_VERSIONS_SQL, {"ids": ids}).all()
+    observations = visible_observations(conn, Unresolved.of(principals), security, ids, of="documents")
     cited: dict[int, set[int]] = {}
-    for o in visible_observations(conn, Unresolved.of(principals), security, [r.id for r in rows]):
+    first: dict[int, VisibleObservation] = {}
+    for o in observations:
         cited.setdefault(o.version_id, set()).add(o.source_object_id)
-    out: dict[int, list[VisibleVersionRow]] = {}
-    for r in rows:
-        if r.id in cited:
-            out.setdefault(r.document_id, []).append(
-                VisibleVersionRow(r.id, r.version_no, r.status, r.doc_date, r.language, tuple(sorted(cited[r.id])))
+        first.setdefault(o.version_id, o)
+    facts = [VersionFacts(o.version_id, o.document_id, o.version_no, o.status, o.doc_date) for o in first.values()]
+    numbers = shown_numbers(facts)
+    latest = latest_final(facts, {o.document_id: o.latest_final_version_id for o in first.values()})
+    out: dict[int, VisibleDocument] = {}
+    for v in by_document(facts).values():
+        rows = [
+            VisibleVersionRow(
+                f.version_id,
+                numbers[f.version_id],
+                f.status,
+                f.doc_date,
+                first[f.version_id].language,
+                tuple(sorted(cited[f.version_id])),
             )
+            for f in v
+        ]
+        out[v[0].document_id] = VisibleDocument(rows, latest[v[0].document_id])
     return out
 
 
-def cited_version(versions: Sequence[VisibleVersionRow], latest_final_version_id: int | None) -> VisibleVersionRow:
-    """The version a document is cited by: its latest final one if visible, else the newest visible one."""
-    return next((v for v in versions if v.version_id == latest_final_version_id), versions[-1])
-
-
-def _summary(doc: Any, versions: Sequence[VisibleVersionRow]) -> dict[str, Any]:
-    cited = cited_version(versions, doc.latest_final_version_id)
+def _summary(doc: Any, seen: VisibleDocument) -> dict[str, Any]:
+    cited = seen.cited
     return {
         "document_id": doc.id,
         "project_id": doc.project_id,
@@ -119,15 +135,12 @@ def get_document(
     conn: Connection, principals: Sequence[str], security: SecuritySettings, document_id: int
 ) -> dict[str, Any] | None:
     """The document with every version the caller may see, or None (not visible, or no such document)."""
-    versions = visible_versions_of(conn, principals, security, [document_id]).get(document_id)
-    if not versions:
+    seen = visible_versions_of(conn, principals, security, [document_id]).get(document_id)
+    if seen is None:
         return None
     doc = conn.execute(_DOCUMENTS_SQL, {"ids": [document_id]}).one()
-    latest_final = (
-        doc.latest_final_version_id if any(v.version_id == doc.latest_final_version_id for v in versions) else None
-    )
     return {
-        **_summary(doc, versions),
+        **_summary(doc, seen),
         "identifiers": list(doc.identifiers or []),
         "matter": None
         if doc.matter_id is None
@@ -135,7 +148,7 @@ def get_document(
         "doc_type": None
         if doc.doc_type_id is None
         else {"doc_type_id": doc.doc_type_id, "key": doc.doc_type_key, "label": doc.doc_type_label},
-        "latest_final_version_id": latest_final,  # null when that version is not one the caller may see
+        "latest_final_version_id": seen.latest_final_version_id,  # among the caller's versions (version_view)
         "versions": [
             {
                 "version_id": v.version_id,
@@ -143,10 +156,10 @@ def get_document(
                 "status": v.status,
                 "doc_date": v.doc_date.isoformat() if v.doc_date else None,
                 "language": v.language,
-                "latest_final": v.version_id == latest_final,
+                "latest_final": v.version_id == seen.latest_final_version_id,
                 "source_object_ids": list(v.source_object_ids),
             }
-            for v in versions
+            for v in seen.versions
         ],
     }
 

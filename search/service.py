@@ -194,7 +194,7 @@ def reverify(
         return {}
     first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
-    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, siblings=True):
+    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, of="siblings"):
         first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
     view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]

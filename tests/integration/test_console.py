@@ -150,9 +150,11 @@ def search(driver: WebDriver, query: str, mode: str = "hybrid", project: str = "
 
 def submit(driver: WebDriver, action: Callable[[], None]) -> dict[int, str]:
     """Click through `action` and wait for the new results; the rendered hits as document id -> title."""
-    before = driver.find_element(By.ID, "summary").text
     action()
-    wait_for(lambda: driver.find_element(By.ID, "summary").text not in ("", before), timeout=30, what="the results")
+    # The click handler writes "searching…" at once (answers carry no timings that would make each summary
+    # differ), so any other text is the new answer.
+    wait_for(lambda: driver.find_element(By.ID, "summary").text not in ("", "searching…"), timeout=30,
+             what="the results")  # fmt: skip
     return {
         int(hit.get_attribute("data-document-id")): hit.find_element(By.CSS_SELECTOR, "h3").text
         for hit in driver.find_elements(By.CSS_SELECTOR, "#results li.hit")
@@ -231,8 +233,9 @@ def index_prefix(server: Server) -> str:
     return server.process.env["KI_RETRIEVAL__INDEX_NAME"] + "--"
 
 
-def _metrics(url: str) -> list:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def _metrics(url: str, token: str | None = None) -> list:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return parse_exposition(response.read().decode())
 
 
@@ -254,7 +257,7 @@ def test_the_dashboard_shows_what_metrics_reports(
         return found[0].get_attribute("data-value") if found else None
 
     def agree() -> dict[str, tuple[str | None, str]] | None:
-        api = _metrics(f"{server.base}/metrics")
+        api = _metrics(f"{server.base}/metrics", server.operator_token())
         lane = _metrics(f"http://127.0.0.1:{worker.port}/metrics")
         truth = {
             "index-size": str(int(next(s.value for s in api if s.name == "ki_index_size_bytes"))),

@@ -145,6 +145,24 @@ def test_as_of_and_version_numbers_are_the_callers_own(scene: tuple[Scene, Serve
     assert [(h["version_id"], h["version_no"]) for h in draft] == [(data.v3, 2)]
 
 
+def test_a_document_shows_the_callers_versions_only(scene: tuple[Scene, Server, Server], settings: Settings) -> None:
+    """Issue 28 item 3: `GET /v1/documents/{id}` numbered v1 and v3 "1" and "3" and said the latest final
+    version was null (the pointer names the hidden v2); now they are the caller's 1 and 2 and the latest
+    final is the caller's own v1. A document with only hidden versions answers as one that does not exist."""
+    data, server, _ = scene
+    alice = mint_token(settings.api, data.alice)
+    status, doc = server.call(f"/v1/documents/{data.doc}", token=alice)
+    assert status == 200
+    assert [(v["version_id"], v["version_no"], v["latest_final"]) for v in doc["versions"]] == [
+        (data.v1, 1, True),
+        (data.v3, 2, False),
+    ]
+    assert doc["latest_final_version_id"] == data.v1 and doc["citation"]["version_id"] == data.v1
+    hidden = server.call(f"/v1/documents/{data.hidden_doc}", token=alice)
+    assert hidden == server.call(f"/v1/documents/{data.hidden_doc + 10**9}", token=alice)
+    assert hidden[0] == 404
+
+
 def test_the_principal_projection_filters_the_legs_without_second_rounds(
     scene: tuple[Scene, Server, Server], settings: Settings
 ) -> None:

@@ -148,6 +148,7 @@ function readRequest(offset = 0) {
 async function runSearch(request) {
   state.request = request;
   $("search").disabled = true;
+  $("summary").textContent = "searching…";  // an answer like the last one still reads as new
   try {
     const answer = await api("/v1/search", request);
     state.lastAnswer = answer;

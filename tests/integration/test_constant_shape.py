@@ -1,0 +1,108 @@
+"""Constant-shape authorisation (issue 28 item 4): asking about a document the caller may not see runs the
+same SQL statements as asking about one that does not exist, for documents, related documents, traversal
+and decision search. The statements (text and parameter names, not values) are recorded from the real
+PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a missing
+one skipped (11.2 vs 6.8 ms: a timing oracle). The timings themselves are `ki bench authz-timing`'s.
+
+The world is written and read in one transaction that is rolled back: nothing reaches CDC or the index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Engine, event, text
+
+from ki.settings import Settings
+from search.decisions import search_decisions
+from search.documents import get_document, related, run_traversal
+from search.filters import DecisionSearchRequest
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+
+class Recorder:
+    """The statements a connection sends while recording (text and parameter names)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.statements: list[tuple[str, tuple[str, ...]]] = []
+        event.listen(conn, "before_cursor_execute", self._record)
+
+    def _record(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        names = tuple(sorted(parameters)) if isinstance(parameters, dict) else ()
+        self.statements.append((statement, names))
+
+    def run(self, call: Callable[[], Any]) -> tuple[Any, list[tuple[str, tuple[str, ...]]]]:
+        self.statements = []
+        answer = call()
+        return answer, list(self.statements)
+
+
+@pytest.fixture()
+def world(engine: Engine) -> Iterator[tuple[World, dict[str, int], Recorder]]:
+    with engine.connect() as conn, conn.begin() as transaction:
+        w = World(conn)
+        mine, theirs = w.project("Sichtbar"), w.project("Verborgen")
+        obj = w.source_object(w.source("local_fs"))
+        visible = w.document(mine, f"Sichtbar {w.tag}")
+        w.observe(w.version(visible, "Offen."), obj)
+        hidden = w.document(theirs, f"Verborgen {w.tag}")
+        w.observe(w.version(hidden, "Geheim."), obj)
+        w.relation("references", visible, hidden)
+        w.grant("project", mine, f"user:probe-{w.tag}")
+        conn.execute(
+            text("INSERT INTO decision_records (project_id, document_id, rationale) VALUES (:p, :d, :r)"),
+            {"p": theirs, "d": hidden, "r": f"Kündigungsfrist{w.tag} verlängert"},
+        )
+        missing = int(conn.execute(text("SELECT coalesce(max(id), 0) + 1000000 FROM documents")).scalar_one())
+        ids = {"visible": visible, "hidden": hidden, "missing": missing}
+        yield w, ids, Recorder(conn)
+        transaction.rollback()
+
+
+def _same_for_hidden_and_missing(recorder: Recorder, call: Callable[[int], Any], ids: dict[str, int]) -> Any:
+    hidden, hidden_sql = recorder.run(lambda: call(ids["hidden"]))
+    missing, missing_sql = recorder.run(lambda: call(ids["missing"]))
+    assert hidden == missing
+    assert hidden_sql == missing_sql and hidden_sql, (len(hidden_sql), len(missing_sql))
+    return hidden
+
+
+def test_documents_related_and_traversal_run_the_same_statements_for_hidden_and_missing(
+    world: tuple[World, dict[str, int], Recorder], settings: Settings
+) -> None:
+    w, ids, recorder = world
+    conn, who, security = recorder.conn, [f"user:probe-{w.tag}"], settings.security
+    assert get_document(conn, who, security, ids["visible"]) is not None  # the caller sees something
+    assert _same_for_hidden_and_missing(recorder, lambda d: get_document(conn, who, security, d), ids) is None
+    assert _same_for_hidden_and_missing(
+        recorder, lambda d: related(conn, who, security, d, kinds=None, direction="both", limit=10), ids
+    ) is None
+
+    def walk(start: int) -> dict[str, Any]:
+        found = run_traversal(conn, who, security, [ids["visible"], start], kinds=None, direction="both", depth=2,
+                              fanout=10)  # fmt: skip
+        assert found["not_found"] == [start]  # the id asked about, either way
+        return {**found, "not_found": None}
+
+    walked = _same_for_hidden_and_missing(recorder, walk, ids)
+    assert [n["document_id"] for n in walked["nodes"]] == [ids["visible"]] and walked["edges"] == []
+
+
+def test_decision_search_runs_the_same_statements_for_a_hidden_decision_and_for_nothing(
+    world: tuple[World, dict[str, int], Recorder], settings: Settings
+) -> None:
+    w, _, recorder = world
+    conn, who = recorder.conn, [f"user:probe-{w.tag}"]
+
+    def ask(word: str) -> Callable[[], Any]:
+        return lambda: search_decisions(conn, who, settings.security, DecisionSearchRequest(query=word)).to_json()
+
+    hidden, hidden_sql = recorder.run(ask(f"Kündigungsfrist{w.tag}"))
+    nothing, nothing_sql = recorder.run(ask(f"Nirgendwo{w.tag}"))
+    assert hidden == nothing and hidden["hits"] == []
+    assert hidden_sql == nothing_sql
