@@ -226,6 +226,15 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         from apps.bench.cleanup import clean
 
         return clean(settings)
+    if args.what == "authz-timing":
+        from pathlib import Path
+
+        from apps.bench.authz_timing import main as bench_authz_timing
+
+        if args.pairs < 1:
+            raise CliError("--pairs must be at least 1")
+        out = Path(args.out) if args.out else None
+        return bench_authz_timing(settings, args.pairs, args.seed, out, args.config, "ki " + " ".join(sys.argv[1:]))
     if args.what == "freshness":
         from pathlib import Path
 
@@ -398,10 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
     bench.add_argument(
         "what",
-        choices=["sync", "freshness", "search", "clean"],
+        choices=["sync", "freshness", "search", "clean", "authz-timing"],
         help="clean: remove what benchmark runs killed outright left in PostgreSQL and the index",
     )
     bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
+    bench.add_argument("--pairs", type=int, default=200, help="authz-timing: hidden/missing pairs per endpoint")
     bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
     bench.add_argument("--rounds", type=int, default=5, help="sync, search: rounds (median reported)")
     bench.add_argument(
@@ -447,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
                        help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
     bench.add_argument(
-        "--out", help="search: output folder (default build/bench); freshness: output folder (default benchmarks)"
+        "--out",
+        help="search: output folder (default build/bench); freshness: output folder (default benchmarks); "
+        "authz-timing: output file (default benchmarks/authz-timing.json)",
     )
     bench.set_defaults(handler=_bench)
 

@@ -37,6 +37,7 @@ import re
 import statistics
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -515,8 +516,11 @@ class ServeChild:
         operator_token: str,
         workers: int = 1,
         extra_env: dict[str, str] | None = None,
+        *,
+        needs_index: bool = True,
     ) -> None:
         self.operator_token = operator_token  # `/metrics` answers operators only
+        self.needs_index = needs_index  # False: ready without the index (SQL-only endpoints)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -529,10 +533,14 @@ class ServeChild:
         """Ready, and its scope cache in use when it has one (timed rounds must not run on the SQL path)."""
         try:
             with urllib.request.urlopen(f"{self.base}/readyz", timeout=5) as response:
-                state = json.loads(response.read()).get("scope_cache", {})
-                return response.status == 200 and (state.get("usable") or not state.get("enabled"))
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # 503: something is not ready
+            answer = json.loads(exc.read() or b"{}")
         except OSError:
             return False
+        checks, state = answer.get("checks", {}), answer.get("scope_cache", {})
+        waiting = [name for name, check in checks.items() if check != "ok" and (name != "index" or self.needs_index)]
+        return bool(checks) and not waiting and bool(state.get("usable") or not state.get("enabled"))
 
     def metric(self, family: str, label: str) -> dict[str, float]:
         """`<family>_total` samples by the value of `label`, from the API's /metrics (every worker's)."""
