@@ -380,7 +380,9 @@ def test_metrics_are_for_operators_only(server: Server, data: Data, settings: Se
     assert server.request("/metrics", token=mint_token(settings.api, "root", roles=["admin"]))[0] == 200
 
 
-def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(server: Server, data: Data, settings: Settings) -> None:
+def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(
+    server: Server, data: Data, settings: Settings
+) -> None:
     """Issue 28 item 6: no `timings_ms` for callers (an embedding-cache hit was 20x faster than a miss), the
     embedding cache is per caller, and no counter a caller can read moves: the answer to a query asked
     before by someone else has the same fields as to a query nobody asked."""

@@ -45,7 +45,9 @@ def test_promtool_accepts_the_scrape_config_and_its_rules(tmp_path: Path) -> Non
     for name in ("prometheus.yml", "alerts.yml"):
         shutil.copy(MONITORING / name, tmp_path / name)
     (tmp_path / "metrics.token").write_text("a-token\n")
-    result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 6 rules found" in result.stdout + result.stderr
 
