@@ -28,7 +28,17 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from ki.errors import AlreadyExists, ItemFailure, KiError, Rejected, SearchUnavailable, Unavailable
+from ki.errors import (
+    TOO_MANY_CLAUSES_TYPES,
+    AlreadyExists,
+    ItemFailure,
+    KiError,
+    QueryTooManyTerms,
+    Rejected,
+    SearchUnavailable,
+    Unavailable,
+    error_types,
+)
 from ki.settings import Settings
 
 # Our statements are short and run often; PostgreSQL's JIT spends more compiling them (tens of ms) than
@@ -180,7 +190,9 @@ def make_kafka_consumer(settings: Settings, group_id: str, **options: Any) -> Co
 
 def opensearch_error(exc: OpenSearchException) -> KiError:
     """Unreachable, timed out, 429/5xx or no index (yet): `SearchUnavailable`; an existing index:
-    `AlreadyExists`; any other refusal (4xx, 500, a body it cannot read): `Rejected`."""
+    `AlreadyExists`; a query with more clauses than one query may hold: `QueryTooManyTerms` (the caller's
+    query text, by the error types in the body); any other refusal (4xx, 500, a body it cannot read):
+    `Rejected`."""
     if isinstance(exc, OpenSearchConnectionError):  # also ConnectionTimeout and SSLError
         return SearchUnavailable(f"OpenSearch unreachable: {exc}")
     if isinstance(exc, TransportError):
@@ -189,6 +201,9 @@ def opensearch_error(exc: OpenSearchException) -> KiError:
             return SearchUnavailable(f"OpenSearch answered {status}: {exc.error}")
         if exc.error == "resource_already_exists_exception":
             return AlreadyExists(f"OpenSearch: {exc}", service="opensearch")
+        body = exc.args[2] if len(exc.args) > 2 else None  # `exc.info`, which raises when the body is missing
+        if isinstance(body, dict) and error_types(body.get("error")) & TOO_MANY_CLAUSES_TYPES:
+            return QueryTooManyTerms()
     return Rejected(f"OpenSearch refused: {type(exc).__name__}: {exc}", service="opensearch")
 
 

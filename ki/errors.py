@@ -14,7 +14,8 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
         ├── SettingsError       settings or a config file are invalid
         ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/filters.py)
         │   ├── WindowTooDeep               offset + limit beyond the ranked window (search/filters.py)
-        │   └── SemanticUnavailable         a mode that needs vectors where there are none (search/service.py)
+        │   ├── SemanticUnavailable         a mode that needs vectors where there are none (search/service.py)
+        │   └── QueryTooManyTerms           OpenSearch refused the query text for its clause count (by type)
         ├── AuthError           missing or invalid credentials (search/auth.py)
         ├── Rejected            a service answered and refused (4xx, 500, a non-retriable Kafka error); `.service`
         ├── AlreadyExists       what we create exists already (a topic, an index): often fine, a concurrent creator
@@ -88,6 +89,15 @@ class RequestInvalid(PermanentError):
         super().__init__(f"{field}: {message}")
 
 
+class QueryTooManyTerms(RequestInvalid):
+    """OpenSearch refused a query for too many clauses (`indices.query.bool.max_clause_count`): the query
+    text has more distinct terms than one query may match. The caller's input, so a 400 naming `query`,
+    not a 500 for a refusal we caused."""
+
+    def __init__(self) -> None:
+        super().__init__("query", "has more distinct terms than the search index matches in one query; shorten it")
+
+
 class Rejected(PermanentError):
     """A service answered and refused the request (4xx, 500, a non-retriable error): sent again, it
     is refused again. Usually a bug or data the service cannot take; `service` names who refused."""
@@ -110,6 +120,24 @@ class IndexSchemaError(PermanentError):
 
 
 # -- bulk writes ---------------------------------------------------------------------------------
+
+# OpenSearch error types (anywhere in the error: `caused_by`, `root_cause`, a shard's failure) that say the
+# query has more clauses than Lucene's maxClauseCount; OpenSearch 2.x wraps them in a 400
+# `search_phase_execution_exception`, so the top-level type alone does not tell.
+TOO_MANY_CLAUSES_TYPES = frozenset({"too_many_clauses", "too_many_nested_clauses"})
+
+
+def error_types(error: object, depth: int = 8) -> set[str]:
+    """Every `type` in an OpenSearch error object and the objects nested in it (`depth` levels at most)."""
+    if depth <= 0:
+        return set()
+    if isinstance(error, list):
+        return set().union(*(error_types(item, depth - 1) for item in error))
+    if not isinstance(error, dict):
+        return set()
+    found = {error["type"]} if isinstance(error.get("type"), str) else set()
+    return found.union(*(error_types(value, depth - 1) for value in error.values()))
+
 
 # HTTP statuses a bulk item (or any OpenSearch request) may succeed with later: overload and gateways.
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})

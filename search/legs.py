@@ -14,7 +14,15 @@ from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
 
-from ki.errors import ItemFailure, KiError, Rejected, SearchUnavailable
+from ki.errors import (
+    TOO_MANY_CLAUSES_TYPES,
+    ItemFailure,
+    KiError,
+    QueryTooManyTerms,
+    Rejected,
+    SearchUnavailable,
+    error_types,
+)
 from search.scope import MATCH_NONE
 
 LegName = Literal["lexical", "semantic", "identifier"]
@@ -99,7 +107,8 @@ def msearch_lines(index: str, bodies: dict[LegName, dict[str, Any]]) -> list[dic
 
 def parse_msearch(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, list[LegHit]]:
     """Hits per leg in rank order. Nothing degrades silently: a leg that failed raises, by its status,
-    `SearchUnavailable` (429/5xx, or a missing response) or `Rejected` (OpenSearch refused the query)."""
+    `SearchUnavailable` (429/5xx, or a missing response), `QueryTooManyTerms` (the query text has more
+    terms than one query may match) or `Rejected` (OpenSearch refused the query)."""
     responses = response.get("responses") or []
     names = list(bodies)
     if len(responses) != len(names):
@@ -116,11 +125,16 @@ def parse_msearch(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any
 
 
 def leg_error(name: LegName, item: dict[str, Any]) -> KiError:
+    """By the failed item's status and error types, never its message (`ki.errors.ItemFailure`)."""
     error = item["error"]
     kind, reason = (str(error.get("type", "")), error.get("reason")) if isinstance(error, dict) else ("", error)
     failure = ItemFailure(int(item.get("status", 500)), kind, str(reason or kind))
     message = f"{name} leg failed: {failure}"
-    return SearchUnavailable(message) if failure.transient else Rejected(message, service="opensearch")
+    if failure.transient:
+        return SearchUnavailable(message)
+    if error_types(error) & TOO_MANY_CLAUSES_TYPES:
+        return QueryTooManyTerms()
+    return Rejected(message, service="opensearch")
 
 
 def leg_took(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) -> dict[LegName, float]:

@@ -184,6 +184,13 @@ def test_bad_input_and_bad_tokens_are_refused(stack: tuple[Server, McpHttp], dat
     assert error and body["error"] == "invalid_request" and body["field"] == "depth" and body["status"] == 400
     error, body = call(mcp.url, token, "search", {"query": "  "})
     assert error and body["field"] == "query"
+    # More distinct terms than OpenSearch matches in one query (1,100 CJK ideographs, 1,024 clauses): the
+    # HTTP API's 400 naming `query`, not an internal error.
+    too_many = {"query": "".join(chr(0x4E00 + i) for i in range(1100))}
+    error, body = call(mcp.url, token, "search", too_many)
+    assert error and body["status"] == 400 and body["error"] == "invalid_request" and body["field"] == "query", body
+    api, _ = stack
+    assert api.call("/v1/search", too_many, token) == (400, {k: v for k, v in body.items() if k != "status"})
     error, body = call(mcp.url, token, "get_document", {"document_id": "x"})
     assert error and body["field"] == "document_id"
     error, body = call(mcp.url, token, "no_such_tool", {})

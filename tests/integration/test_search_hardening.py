@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import hypothesis
@@ -21,11 +22,13 @@ import jwt
 import pytest
 import schemathesis
 from schemathesis import GenerationMode
+from sqlalchemy import Engine
 
 from ki.settings import Settings, load_settings
 from search.auth import mint_token
 from search.openapi import openapi_document
-from tests.integration.search_harness import Server, isolated
+from tests.integration.search_harness import Server, isolated, remove_world
+from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
 
@@ -73,6 +76,31 @@ def tight(isolation: dict[str, str]) -> Iterator[Server]:
     s.start()
     yield s
     s.stop()
+
+
+@dataclass(frozen=True)
+class Reader:
+    """An ordinary caller who sees a project of two related documents (not in the empty index: its scope
+    is read in SQL, so the legs are sent)."""
+
+    token: str
+    documents: tuple[int, int]
+
+
+@pytest.fixture(scope="module")
+def reader(engine: Engine, settings: Settings) -> Iterator[Reader]:
+    with engine.begin() as conn:
+        w = World(conn)
+        project, source = w.project("Härtung"), w.source("local_fs")
+        obj = w.source_object(source)
+        first, second = (w.searchable(project, f"Vertrag {key}", "Die Miete ist gemindert.", obj, key)
+                         for key in ("a", "b"))  # fmt: skip
+        w.relation("references", first, second)
+        w.grant("project", project, f"user:reader-{w.tag}")
+    try:
+        yield Reader(mint_token(settings.api, f"reader-{w.tag}", ttl_s=3600), (first, second))
+    finally:
+        remove_world(engine, [project], [source])
 
 
 def _b64(data: dict[str, Any]) -> str:
@@ -165,6 +193,28 @@ def test_malformed_bodies_are_400_with_json(server: Server, settings: Settings) 
     ]:
         error = assert_clean_error(*server.request("/v1/search", raw=raw, token=token), 400)
         assert error["field"] == field, (raw[:60], error)
+
+
+def distinct_cjk(n: int) -> str:
+    """`n` distinct CJK ideographs: the analyzer makes each one a term, so `n` terms in one `match`."""
+    return "".join(chr(0x4E00 + i) for i in range(n))
+
+
+def test_a_query_of_more_terms_than_the_index_matches_is_400_naming_query(
+    server: Server, reader: Reader, settings: Settings
+) -> None:
+    """Over OpenSearch's clause limit (1,024 by default) the legs are refused: a 400 naming `query`, never a
+    500. The caller sees documents, so the legs are sent (into the empty index)."""
+    assert server.request("/v1/search", {"query": distinct_cjk(900)}, reader.token)[0] == 200  # the control
+    assert settings.api.max_query_chars < 5000
+    for n in (1100, settings.api.max_query_chars, 5000):  # 5,000: over api.max_query_chars, refused before
+        for mode in (None, "hybrid", "lexical"):
+            body = {"query": distinct_cjk(n), **({"mode": mode} if mode else {})}
+            error = assert_clean_error(*server.request("/v1/search", body, reader.token), 400)
+            assert error["error"] == "invalid_request" and error["field"] == "query", (n, mode, error)
+    # Decision search scores tokens in SQL (no clause limit): the same text is an answer, not an error.
+    status, _, payload = server.request("/v1/decisions/search", {"query": distinct_cjk(1100)}, reader.token)
+    assert status == 200, payload[:300]
 
 
 def test_served_document_is_the_one_the_code_builds(server: Server) -> None:

@@ -28,6 +28,7 @@ from ki.errors import (
     ItemFailure,
     KiError,
     PermanentError,
+    QueryTooManyTerms,
     Rejected,
     RequestInvalid,
     SearchUnavailable,
@@ -37,7 +38,7 @@ from ki.errors import (
     bulk_error,
 )
 from search.admission import Overloaded
-from search.api import error_response, errors
+from search.api import error_body, error_response, errors
 from search.auth import AuthError
 from search.filters import WindowTooDeep
 from search.rerank import RerankUnavailable
@@ -152,6 +153,21 @@ def test_opensearch_refusals_are_permanent_and_an_existing_index_is_already_exis
     for exc in (TransportError(400, "mapper_parsing_exception"), NotFoundError(404, "resource_not_found_exception")):
         error = opensearch_error(exc)
         assert isinstance(error, Rejected) and isinstance(error, PermanentError), exc
+
+
+def test_a_search_refused_for_too_many_clauses_is_the_callers_query() -> None:
+    """A `client.search` (graph augmentation, the authoritative class) refused as the legs are: by the types
+    in the body, wherever OpenSearch nests them."""
+    info = {"error": {"type": "search_phase_execution_exception", "reason": "all shards failed",
+                      "failed_shards": [{"reason": {"type": "query_shard_exception",
+                                                    "caused_by": {"type": "too_many_nested_clauses"}}}]},
+            "status": 400}  # fmt: skip
+    error = opensearch_error(TransportError(400, "search_phase_execution_exception", info))
+    assert isinstance(error, QueryTooManyTerms) and error.field == "query"
+    status, body = error_body(error)
+    assert status == 400 and body["error"] == "invalid_request" and body["field"] == "query"
+    plain = {"error": {"type": "search_phase_execution_exception", "reason": "too_many_clauses"}, "status": 400}
+    assert isinstance(opensearch_error(TransportError(400, "search_phase_execution_exception", plain)), Rejected)
 
 
 # -- confluent-kafka: by error code ------------------------------------------------------------------

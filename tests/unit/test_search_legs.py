@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
-from ki.errors import PermanentError, Rejected, SearchUnavailable, TransientError
+from ki.errors import PermanentError, QueryTooManyTerms, Rejected, SearchUnavailable, TransientError
 from search.legs import SOURCE_INCLUDES, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
 from search.scope import MATCH_NONE, CompiledScope, strict_filter
 
@@ -87,3 +90,40 @@ def test_a_failed_leg_is_transient_or_permanent_by_its_status(status: int, kind:
     with pytest.raises(error, match=f"semantic leg failed: {status} {kind}: boom") as info:
         parse_msearch(bodies, {"responses": [ok, failed, ok]})
     assert isinstance(info.value, TransientError if error is SearchUnavailable else PermanentError)
+
+
+# What OpenSearch 2.19 answers a `match` whose query text analyses to more terms than maxClauseCount: a
+# 400 `search_phase_execution_exception`; the cause's type is only in the shard failure.
+TOO_MANY_CLAUSES = {
+    "error": {
+        "root_cause": [{"type": "query_shard_exception", "reason": "failed to create query: maxClauseCount is 1024"}],
+        "type": "search_phase_execution_exception",
+        "reason": "all shards failed",
+        "failed_shards": [
+            {
+                "shard": 0,
+                "reason": {
+                    "type": "query_shard_exception",
+                    "reason": "failed to create query: maxClauseCount is set to 1024",
+                    "caused_by": {"type": "too_many_clauses", "reason": "maxClauseCount is set to 1024"},
+                },
+            }
+        ],
+    },
+    "status": 400,
+}
+
+
+@pytest.mark.parametrize("cause", ["too_many_clauses", "too_many_nested_clauses"])
+def test_a_leg_refused_for_too_many_clauses_is_the_callers_query(cause: str) -> None:
+    """Read from the error's types (nested anywhere), not its reason: a 400 naming `query`, not a 500."""
+    bodies = build_leg_bodies("q", [1.0], strict_filter(CompiledScope.of([1], [5]), []), 10)
+    ok: dict[str, Any] = {"hits": {"hits": []}}
+    failed = json.loads(json.dumps(TOO_MANY_CLAUSES).replace("too_many_clauses", cause))
+    with pytest.raises(QueryTooManyTerms) as info:
+        parse_msearch(bodies, {"responses": [failed, ok, ok]})
+    assert info.value.field == "query"
+    # The same words in a reason, without the type, are an ordinary refusal.
+    worded = {"error": {"type": "query_shard_exception", "reason": f"{cause}: maxClauseCount"}, "status": 400}
+    with pytest.raises(Rejected):
+        parse_msearch(bodies, {"responses": [worded, ok, ok]})
