@@ -175,14 +175,21 @@ def build_server(settings: Settings, service: SearchService, principals_of: Prin
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         spec = TOOL_BY_NAME.get(params.name)
         where = f"mcp {params.name}"
+        principals: list[str] = []
+        endpoint = f"mcp:{spec.name if spec is not None else 'unknown'}"  # never the caller's text
         try:
             if spec is None:
                 raise RequestInvalid("name", f"no tool {params.name!r}; tools: {', '.join(TOOL_BY_NAME)}")
             principals = await principals_of(ctx)
+            service.limiter.take(principals)  # the same limit as over HTTP
             request = spec.parse(params.arguments or {}, settings.api)
-            return tool_result(await spec.call(service, principals, request))
+            answer = await spec.call(service, principals, request)
+            service.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.audit)
+            return tool_result(answer)
         except KiError as exc:
-            return tool_error(exc, where)
+            result = tool_error(exc, where)
+            service.audit_request(principals, endpoint, int((result.structured_content or {})["status"]), None)
+            return result
 
     return Server("ki-sidecar", version="1", instructions=__doc__.split("\n\n")[0] if __doc__ else None,
                   on_list_tools=list_tools, on_call_tool=call_tool)  # fmt: skip

@@ -376,6 +376,10 @@ class ApiSettings(_Section):
     max_limit: int = Field(100, ge=1, le=500)
     max_filter_values: int = Field(100, ge=1)
     max_concurrent_requests: int = Field(64, ge=1)
+    # Per caller (principal set, per process): a token bucket of `rate_limit_burst` requests refilled at
+    # `rate_limit_per_s` (0: no limit); an empty bucket is 429 with Retry-After (search.rate_limit).
+    rate_limit_per_s: float = Field(20.0, ge=0)
+    rate_limit_burst: int = Field(100, ge=1)
     # Overload: at most this many requests wait for a slot (more: 429), none longer than queue_timeout_s (503).
     max_queued_requests: int = Field(64, ge=0)
     queue_timeout_s: float = Field(10.0, gt=0)
@@ -406,6 +410,11 @@ class ApiSettings(_Section):
     stats_buffer_rows: int = Field(10_000, ge=1)
     stats_batch_rows: int = Field(200, ge=1)
     stats_flush_s: float = Field(1.0, gt=0, le=3600)
+    # The access audit (search.audit): one row per /v1 request and MCP tool call in ki_access_audit (who,
+    # which endpoint, status, the documents the answer named), written in batches like the statistics,
+    # kept audit_retention_days, read by administrators (`GET /v1/audit`).
+    audit_enabled: bool = True
+    audit_retention_days: int = Field(365, ge=1, le=3650)
     # Relations (search.documents, search.graph): how deep `POST /v1/traverse` may go, how many edges it
     # follows out of one document at most, and how many related documents one answer lists at most.
     max_traverse_depth: int = Field(3, ge=1, le=10)

@@ -46,6 +46,7 @@ from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.oidc import IdentityProviderUnavailable
 from search.openapi import openapi_document
 from search.ops import OpsReader
+from search.rate_limit import RateLimited
 from search.rerank import RerankUnavailable
 from search.service import SearchService, SemanticUnavailable
 
@@ -56,6 +57,9 @@ SETTINGS_KEY = web.AppKey("settings", Settings)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
 OPS_KEY = web.AppKey("ops", OpsReader)
 AUTH_KEY = web.AppKey("auth", Authenticator)
+# Per request, for the access audit: who called (once authenticated) and the answer's JSON.
+PRINCIPALS_KEY = "ki_principals"
+ANSWER_KEY = "ki_answer"
 _METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"})
 
 
@@ -105,6 +109,8 @@ def error_body(exc: KiError, where: str = "") -> tuple[int, dict[str, Any]]:
         return body(404, "not_found", str(exc))
     if isinstance(exc, Overloaded):
         return body(exc.status, "overloaded", exc.message)
+    if isinstance(exc, RateLimited):
+        return body(429, "rate_limited", str(exc), retry_after_s=exc.retry_after_s)
     if isinstance(exc, SemanticUnavailable):
         return body(409, "semantic_unavailable", exc.message, field=exc.field)
     if isinstance(exc, WindowTooDeep):
@@ -127,6 +133,8 @@ def error_response(exc: KiError, where: str = "") -> web.Response:
     response = web.json_response(payload, status=status)
     if isinstance(exc, Overloaded):
         response.headers["Retry-After"] = "1"
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
     return response
 
 
@@ -149,7 +157,28 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _principals(request: web.Request) -> list[str]:
-    return await request.app[AUTH_KEY].principals(request.headers.get("Authorization"))
+    """Who calls (401 if nobody), within their rate limit (429): every /v1 endpoint starts here."""
+    principals = await request.app[AUTH_KEY].principals(request.headers.get("Authorization"))
+    request[PRINCIPALS_KEY] = principals  # for the access audit
+    request.app[SERVICE_KEY].limiter.take(principals)
+    return principals
+
+
+def _answer(request: web.Request, payload: dict[str, Any]) -> web.Response:
+    """The JSON answer, kept for the access audit (which documents it names)."""
+    request[ANSWER_KEY] = payload
+    return web.json_response(payload)
+
+
+@web.middleware
+async def audit(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One access-audit row per /v1 request (search.audit), whatever its status; after `errors`, so an
+    error is recorded with the status the caller got."""
+    response = await handler(request)
+    if request.path.startswith("/v1/"):
+        principals = request.get(PRINCIPALS_KEY, [])
+        request.app[SERVICE_KEY].audit_request(principals, _route(request), response.status, request.get(ANSWER_KEY))
+    return response
 
 
 def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awaitable[Any]]) -> Handler:
@@ -160,7 +189,7 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
         service = request.app[SERVICE_KEY]
         result = await call(service, principals, parsed)
-        return web.json_response(result.to_json(timings=service.is_operator(principals)))
+        return _answer(request, result.to_json(timings=service.is_operator(principals)))
 
     return handler
 
@@ -181,17 +210,41 @@ async def stats_handler(request: web.Request) -> web.Response:
     """`GET /v1/stats?hours=24`: the retrieval statistics of the last hours (administrators only: they
     aggregate every caller's queries)."""
     principals = await _principals(request)
-    raw = request.query.get("hours", "24")
-    try:
-        hours = int(raw)
-    except ValueError:
-        raise RequestInvalid("hours", f"must be a whole number of hours, got {raw[:40]!r}") from None
-    if not 1 <= hours <= MAX_STATS_HOURS:
-        raise RequestInvalid("hours", f"must be between 1 and {MAX_STATS_HOURS}")
+    hours = _whole(request, "hours", 24, MAX_STATS_HOURS)
     service = request.app[SERVICE_KEY]
     if not await service.is_admin(principals):
         raise Forbidden("retrieval statistics are for administrators (security.admin_principals)")
     return web.json_response(await service.stats_summary(hours))
+
+
+def _whole(request: web.Request, name: str, default: int, most: int) -> int:
+    """A whole-number query parameter between 1 and `most` (400 naming it otherwise)."""
+    raw = request.query.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RequestInvalid(name, f"must be a whole number, got {raw[:40]!r}") from None
+    if not 1 <= value <= most:
+        raise RequestInvalid(name, f"must be between 1 and {most}")
+    return value
+
+
+MAX_AUDIT_ROWS = 1000
+
+
+async def audit_handler(request: web.Request) -> web.Response:
+    """`GET /v1/audit?hours=24&principal=user:anna&limit=100`: the access audit's newest rows
+    (administrators only: it names every caller and what they saw)."""
+    principals = await _principals(request)
+    hours = _whole(request, "hours", 24, MAX_STATS_HOURS)
+    limit = _whole(request, "limit", 100, MAX_AUDIT_ROWS)
+    principal = request.query.get("principal") or None
+    if principal is not None and len(principal) > 512:
+        raise RequestInvalid("principal", "must be at most 512 characters")
+    service = request.app[SERVICE_KEY]
+    if not await service.is_admin(principals):
+        raise Forbidden("the access audit is for administrators (security.admin_principals)")
+    return web.json_response(await service.read_audit(hours, principal, limit))
 
 
 class NotFound(PermanentError):
@@ -211,7 +264,7 @@ async def document_handler(request: web.Request) -> web.Response:
     found = await request.app[SERVICE_KEY].get_document(principals, _document_id(request))
     if found is None:
         raise NotFound("no such document")
-    return web.json_response(found)
+    return _answer(request, found)
 
 
 async def related_handler(request: web.Request) -> web.Response:
@@ -221,13 +274,13 @@ async def related_handler(request: web.Request) -> web.Response:
     found = await request.app[SERVICE_KEY].related(principals, document_id, parsed)
     if found is None:
         raise NotFound("no such document")
-    return web.json_response(found)
+    return _answer(request, found)
 
 
 async def traverse_handler(request: web.Request) -> web.Response:
     principals = await _principals(request)
     parsed = parse_traverse_request(await _body(request), request.app[SETTINGS_KEY].api)
-    return web.json_response(await request.app[SERVICE_KEY].traverse(principals, parsed))
+    return _answer(request, await request.app[SERVICE_KEY].traverse(principals, parsed))
 
 
 async def me_handler(request: web.Request) -> web.Response:
@@ -329,7 +382,8 @@ def lane_metrics_urls(settings: Settings) -> dict[str, str]:
 def build_app(settings: Settings, service: SearchService) -> web.Application:
     # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
     app = web.Application(
-        middlewares=[instrument, security_headers, errors, admission], client_max_size=settings.api.max_body_bytes
+        middlewares=[instrument, security_headers, audit, errors, admission],
+        client_max_size=settings.api.max_body_bytes,
     )
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
@@ -343,6 +397,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     app.router.add_post("/v1/search/filter", filter_handler)
     app.router.add_post("/v1/decisions/search", decisions_handler)
     app.router.add_get("/v1/stats", stats_handler)
+    app.router.add_get("/v1/audit", audit_handler)
     app.router.add_get("/v1/documents/{document_id}", document_handler)
     app.router.add_get("/v1/documents/{document_id}/related", related_handler)
     app.router.add_post("/v1/traverse", traverse_handler)

@@ -154,6 +154,9 @@ class SearchMetrics:
         self.stats_dropped = Counter(
             "ki_search_stats_dropped", "Statistics rows not written (buffer full or database error)", registry=r
         )
+        self.audit_dropped = Counter(
+            "ki_audit_rows_dropped", "Access-audit rows not written (buffer full or database error)", registry=r
+        )
         self.floor_dropped = Counter(
             "ki_search_semantic_floor_dropped",
             "Semantic-leg hits below the relevance floor (retrieval.semantic_floor), left out before fusion",

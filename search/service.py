@@ -31,6 +31,7 @@ from ki.errors import KiError, RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
 from search import augment, documents
+from search.audit import AuditLog, read_audit, record_of
 from search.budget import fit_budget
 from search.decisions import DecisionPage, search_decisions
 from search.evidence import Mode, decide, load_reports
@@ -73,6 +74,7 @@ from search.legs import (
 from search.metrics import SearchMetrics
 from search.name_cache import NameCache
 from search.preflight import look_up_names, subject_versions
+from search.rate_limit import RateLimiter
 from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.scope_cache import ScopeCache
@@ -332,6 +334,7 @@ class SearchService:
         # The re-verify's connections (`ki.clients.make_async_engine(generic_plans=True)` in the API).
         self.verify_engine = verify_engine or engine
         self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
+        self.limiter = RateLimiter(settings.api.rate_limit_per_s, settings.api.rate_limit_burst)
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
         # Decided once at start-up from the evaluation reports (see search.evidence).
@@ -352,6 +355,10 @@ class SearchService:
         self.stats: StatsRecorder | None = None
         if settings.api.stats_enabled:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
+        # The access audit (search.audit): a row per request, recorded by the HTTP API and the MCP server.
+        self.audit: AuditLog | None = None
+        if settings.api.audit_enabled:
+            self.audit = AuditLog(engine, settings.api, on_dropped=lambda n: self.metrics.audit_dropped.inc(n))
         if use_cache:
             api = settings.api
             self.scope_cache = ScopeCache(api.scope_cache_size, api.scope_cache_max_ids)
@@ -369,6 +376,8 @@ class SearchService:
             self.feed.start()
         if self.stats is not None:
             self.stats.start()
+        if self.audit is not None:
+            self.audit.start()
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -481,6 +490,8 @@ class SearchService:
             self.feed.stop()
         if self.stats is not None:
             await self.stats.close()
+        if self.audit is not None:
+            await self.audit.close()
         if self.reranker is not None:
             await self.reranker.close()
 
@@ -1035,6 +1046,20 @@ class SearchService:
         async with self.engine.connect() as conn:
             caller = await conn.run_sync(lambda c: resolve_caller(c, principals, security))
         return caller.is_admin
+
+    def audit_request(self, principals: Sequence[str], endpoint: str, status: int, answer: Any) -> None:
+        """One access-audit row (search.audit): who asked where, and the documents the answer named."""
+        if self.audit is not None:
+            self.audit.record(record_of(principals, endpoint, status, answer))
+
+    async def read_audit(self, hours: int, principal: str | None, limit: int) -> dict[str, Any]:
+        """The audit's newest rows (what is still buffered written first)."""
+        if self.audit is None:
+            return {"enabled": False, "rows": []}
+        await self.audit.flush()
+        async with self.engine.connect() as conn:
+            rows = await conn.run_sync(lambda c: read_audit(c, hours, principal, limit))
+        return {"enabled": True, "rows": rows}
 
     async def stats_summary(self, hours: int) -> dict[str, Any]:
         """The last `hours` of retrieval statistics (search.stats), with what is still buffered written first."""

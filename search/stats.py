@@ -13,19 +13,16 @@ logged, counted and dropped. Retention: rows older than `api.stats_retention_day
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ki.settings import ApiSettings
+from search.batches import BatchWriter
 from search.fusion import Candidate
 from search.legs import LegHit
 
@@ -112,60 +109,23 @@ _EXPIRE = text(
 )
 
 
-class StatsRecorder:
+class StatsRecorder(BatchWriter[QueryStats]):
     """Buffers `QueryStats` and writes them in batches (see the module doc)."""
 
     def __init__(self, engine: AsyncEngine, api: ApiSettings, on_dropped: Any = None) -> None:
-        self.engine, self.api = engine, api
-        self.buffer: deque[QueryStats] = deque(maxlen=api.stats_buffer_rows)
-        self.on_dropped = on_dropped or (lambda n: None)
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        async def write(conn: AsyncConnection, rows: list[QueryStats]) -> None:
+            await conn.execute(_INSERT, [{**asdict(r), "fallbacks": list(r.fallbacks)} for r in rows])
+            await conn.execute(_EXPIRE, {"days": api.stats_retention_days, "max_rows": api.stats_max_rows})
 
-    def record(self, stats: QueryStats) -> None:
-        if len(self.buffer) == self.buffer.maxlen:
-            self.on_dropped(1)  # the oldest unwritten row makes room
-        self.buffer.append(stats)
-        if len(self.buffer) >= self.api.stats_batch_rows:
-            self._wake.set()
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.api.stats_flush_s)
-            self._wake.clear()
-            await self.flush()
-
-    async def flush(self) -> int:
-        """Write what is buffered now (and expire old rows); returns the rows written."""
-        rows = [self.buffer.popleft() for _ in range(len(self.buffer))]
-        if not rows:
-            return 0
-        params = [{**asdict(r), "fallbacks": list(r.fallbacks)} for r in rows]
-        started = time.perf_counter()
-        try:
-            async with self.engine.begin() as conn:
-                await conn.execute(_INSERT, params)
-                await conn.execute(
-                    _EXPIRE, {"days": self.api.stats_retention_days, "max_rows": self.api.stats_max_rows}
-                )
-        except Exception as exc:  # noqa: BLE001 - statistics never fail or slow a search
-            log.warning("search statistics: %d rows not written (%s: %s)", len(rows), type(exc).__name__, exc)
-            self.on_dropped(len(rows))
-            return 0
-        log.debug("search statistics: %d rows in %.1f ms", len(rows), (time.perf_counter() - started) * 1000)
-        return len(rows)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.flush()
+        super().__init__(
+            engine,
+            "search statistics",
+            write,
+            buffer_rows=api.stats_buffer_rows,
+            batch_rows=api.stats_batch_rows,
+            flush_s=api.stats_flush_s,
+            on_dropped=on_dropped,
+        )
 
 
 _SUMMARY = text(

@@ -5,7 +5,8 @@
 -- Idempotent: re-running it after a migration grants what new tables need and nothing else.
 --
 --   ki_api       the search API and the MCP server: reads what search, documents, relations and decisions
---                need; writes only its own statistics (ki_search_stats: insert, and delete for retention).
+--                need; writes only its own statistics and access audit (ki_search_stats, ki_access_audit:
+--                insert, and delete for retention).
 --   ki_worker    the sync worker, `ki backfill`, `ki reconcile`: reads the structured layer, writes nothing.
 --   ki_debezium  Debezium: logical replication, the published tables, and its heartbeat row.
 --   The operator role (the schema's owner, `database.user` of `ki migrate` and `ki rebuild`) keeps ownership.
@@ -30,6 +31,8 @@ TO ki_api, ki_worker;
 
 -- The API's own retrieval statistics.
 GRANT SELECT, INSERT, DELETE ON ki_search_stats TO ki_api;
+-- The access audit (who saw which documents), read back by administrators through the API.
+GRANT SELECT, INSERT, DELETE ON ki_access_audit TO ki_api;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ki_api;
 
 -- Debezium: the publication's tables (snapshot and schema reads) and its heartbeat upsert.

@@ -497,6 +497,24 @@ class DebeziumHeartbeat(Base):
     ts: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
+class AccessAudit(Base):
+    """One API request: who asked, where, with what status, and the documents the answer named
+    (search.audit; written by the API, not captured by CDC, read by administrators)."""
+
+    __tablename__ = "ki_access_audit"
+
+    id: Mapped[int] = _pk()
+    at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now(), index=True
+    )
+    principals: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False)
+    endpoint: Mapped[str] = mapped_column(Text, nullable=False)
+    status: Mapped[int] = mapped_column(Integer, nullable=False)
+    document_ids: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), nullable=False, server_default=sql_text("'{}'::bigint[]")
+    )
+
+
 class SearchStat(Base):
     """One ranked query's retrieval statistics (search.stats; written by the API, not captured by CDC)."""
 

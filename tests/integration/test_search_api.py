@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -397,6 +399,47 @@ def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(
     assert server.call("/metrics", token=bob)[0] == 403
     operator = server.call("/v1/search", {"query": fresh, "mode": "hybrid"}, server.operator_token())[1]
     assert operator["timings_ms"]["total"] > 0
+
+
+def test_every_request_is_in_the_access_audit_for_administrators_only(
+    server: Server, data: Data, settings: Settings
+) -> None:
+    """Issue 28: an audit row per request -- who, which endpoint, status, the documents the answer named."""
+    bob, admin = token(settings, data, "bob"), mint_token(settings.api, "root", roles=["admin"])
+    _, found = server.call("/v1/search", {"query": data.word, "limit": 20}, bob)
+    assert server.call(f"/v1/documents/{data.docs['a']}", token=bob)[0] == 200
+    assert server.call("/v1/documents/999999999", token=bob)[0] == 404
+    assert server.call("/v1/audit", token=bob)[0] == 403
+    status, audit = server.call(f"/v1/audit?principal=user:{data.user('bob')}&limit=10", token=admin)
+    assert status == 200 and audit["enabled"] is True
+    rows = [(r["endpoint"], r["status"], r["document_ids"]) for r in audit["rows"]][::-1]  # oldest first
+    assert rows[-4:] == [
+        ("/v1/search", 200, sorted(h["document_id"] for h in found["hits"])),
+        ("/v1/documents/{document_id}", 200, [data.docs["a"]]),
+        ("/v1/documents/{document_id}", 404, []),
+        ("/v1/audit", 403, []),
+    ]
+    assert server.call("/v1/audit?limit=0", token=admin)[1]["field"] == "limit"
+
+
+def test_a_caller_over_the_rate_limit_waits_and_others_do_not(
+    isolation: dict[str, str], data: Data, settings: Settings
+) -> None:
+    """Issue 28, against bisection: a token bucket per principal set, 429 with Retry-After."""
+    limited = Server("search-api-rate-limited", **isolation, KI_API__RATE_LIMIT_PER_S="0.2",
+                     KI_API__RATE_LIMIT_BURST="2")  # fmt: skip
+    limited.start()
+    try:
+        bob, carol = token(settings, data, "bob"), token(settings, data, "carol")
+        assert [limited.call("/v1/me", token=bob)[0] for _ in range(2)] == [200, 200]
+        request = urllib.request.Request(f"{limited.base}/v1/me", headers={"Authorization": f"Bearer {bob}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 429 and refused.value.headers["Retry-After"] == "5"
+        assert json.loads(refused.value.read())["error"] == "rate_limited"
+        assert limited.call("/v1/me", token=carol)[0] == 200  # another caller, another bucket
+    finally:
+        limited.stop()
 
 
 def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

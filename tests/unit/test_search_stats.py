@@ -28,3 +28,16 @@ def test_hit_sources_top_scores_and_zero_results() -> None:
     empty = query_stats(mode="lexical", page=[], legs={}, identity="none", reason="scope_empty",
                         fallbacks=[], took_ms=1.0, query="Kündigung")  # fmt: skip
     assert empty.zero_result and empty.top_fused is None and empty.top_lexical is None and empty.query == "Kündigung"
+
+
+def test_the_audit_names_the_documents_of_every_answer_shape() -> None:
+    from search.audit import named_documents, record_of
+
+    assert named_documents({"hits": [{"document_id": 3}, {"document_id": 1}, {"document_id": 3}]}) == (1, 3)
+    assert named_documents({"hits": [{"decision_id": 9, "document_id": None}]}) == ()
+    assert named_documents({"document_id": 5, "versions": []}) == (5,)
+    assert named_documents({"document_id": 5, "related": [{"document": {"document_id": 8}}]}) == (5, 8)
+    assert named_documents({"nodes": [{"document_id": 2}], "not_found": [77]}) == (2,)  # never what was asked
+    assert named_documents({"principals": ["user:x"], "admin": False}) == ()
+    assert named_documents(None) == ()
+    assert record_of(["user:x"], "/v1/documents/{document_id}", 404, {"document_id": 5, "versions": []}).document_ids == ()
