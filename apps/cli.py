@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 
 from ki.errors import PermanentError
+from ki.exposure import refuse_exposure
 from ki.settings import Settings, load_settings
 
 
@@ -61,12 +62,15 @@ def _mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise CliError("--port must be a port number (1-65535)")
+    if not args.stdio:  # stdio listens nowhere
+        refuse_exposure(settings, "mcp")
     return mcp_main(settings, stdio=args.stdio, port=args.port)
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
+    refuse_exposure(settings)  # before any worker starts: one line, not one per worker (each asks again)
     if args.workers > 1:
         from apps.serve_workers import run_workers
 

@@ -19,6 +19,7 @@ from apps.progress import ProgressReport
 from apps.stack.paths import StackPaths
 from apps.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
+from ki.exposure import refuse_exposure
 from ki.settings import Settings
 from search.auth import mint_token
 from streams.status import LagProbe, lag_summary, synced
@@ -140,6 +141,10 @@ def _interrupt(signum: int, frame: object) -> None:
 def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = None) -> int:
     from apps.stack import manager
 
+    # The console's demo-user picker mints tokens for anyone who reaches the API: the demo only, on loopback
+    # (refused before anything starts otherwise).
+    demo = settings.model_copy(update={"api": settings.api.model_copy(update={"demo_mode": True})})
+    refuse_exposure(demo)
     print("ki demo: starting the local stack (`ki stack up`) ...", flush=True)
     code = manager.up(settings)
     if code != 0:
@@ -160,8 +165,6 @@ def run_demo(settings: Settings, *, scale: int, seed: int, config: str | None = 
         _wait_until_synced(settings, engine)
         token = mint_token(settings.api, user.removeprefix("user:"), ttl_s=86_400)  # the token's sub is the name
         print(f"ki demo: searching as {user} (a partner of the demo firm)")
-        # The console's demo-user picker mints tokens for anyone who reaches the API: the demo only.
-        demo = settings.model_copy(update={"api": settings.api.model_copy(update={"demo_mode": True})})
         asyncio.run(_serve(demo, token))
     except KeyboardInterrupt:
         print("\nki demo: stopping")
