@@ -40,4 +40,5 @@ def test_the_audit_names_the_documents_of_every_answer_shape() -> None:
     assert named_documents({"nodes": [{"document_id": 2}], "not_found": [77]}) == (2,)  # never what was asked
     assert named_documents({"principals": ["user:x"], "admin": False}) == ()
     assert named_documents(None) == ()
-    assert record_of(["user:x"], "/v1/documents/{document_id}", 404, {"document_id": 5, "versions": []}).document_ids == ()
+    refused = record_of(["user:x"], "/v1/documents/{document_id}", 404, {"document_id": 5, "versions": []})
+    assert refused.document_ids == ()
