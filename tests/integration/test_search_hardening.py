@@ -3,7 +3,9 @@ broken kind, limits taken from settings, and schemathesis fuzzing from the serve
 
 The index these servers read is created (empty) by the one writer (`streams.writer.IndexWriter`) in an
 alias of this module's own, so a search is answered (200), not refused for a missing index (503).
-Fuzzing runs at most `FUZZ_EXAMPLES` generated requests per operation (about 30 s in all here).
+Fuzzing runs at most `FUZZ_EXAMPLES` generated requests per operation: every operation as an
+administrator, and the document endpoints (documents, related, traverse, decision search) once more as an
+ordinary caller who sees two related documents (about 40 s in all here).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hypothesis
+import hypothesis.strategies as st
 import jwt
 import pytest
 import schemathesis
@@ -245,9 +248,14 @@ fuzz = schemathesis.pytest.from_fixture("fuzz_schema")
 )
 def test_fuzzing_from_the_openapi_document(case: Any, admin_token: str) -> None:
     """No 5xx for anything generated from the document (valid or not); every 4xx is a JSON error."""
-    response = case.call(headers={"Authorization": f"Bearer {admin_token}"}, timeout=60)
+    assert_no_server_error(case, admin_token)
+
+
+def assert_no_server_error(case: Any, token: str) -> None:
+    """Call `case` with `token`: below 500, and a JSON error body for every 4xx."""
+    response = case.call(headers={"Authorization": f"Bearer {token}"}, timeout=60)
     status = response.status_code
-    assert status < 500, (case.method, case.path, case.body, status, response.text[:300])
+    assert status < 500, (case.method, case.formatted_path, case.query, case.body, status, response.text[:300])
     if status >= 400:
         headers = {name.lower(): value for name, value in response.headers.items()}
         content_type = headers.get("content-type", "")
@@ -255,3 +263,50 @@ def test_fuzzing_from_the_openapi_document(case: Any, admin_token: str) -> None:
         assert content_type.startswith("application/json"), (status, content_type, response.text[:300])
         body = response.json()
         assert isinstance(body.get("error"), str) and isinstance(body.get("message"), str), body
+
+
+# The endpoints that read documents by id, as a caller who is no administrator (the access checks most
+# callers meet), with ids the caller sees mixed in so the paths past the 404 (versions, relations, the walk)
+# are fuzzed too.
+READER_OPERATIONS = ["/v1/documents/{document_id}", "/v1/documents/{document_id}/related", "/v1/traverse",
+                     "/v1/decisions/search"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reader_fuzz_schema(server: Server, reader: Reader) -> Any:
+    schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json")
+    schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+    seen = st.sampled_from(reader.documents)
+
+    @schema.hook
+    def before_generate_path_parameters(context: Any, strategy: Any) -> Any:
+        return st.one_of(strategy, st.fixed_dictionaries({"document_id": seen}))
+
+    @schema.hook
+    def before_generate_body(context: Any, strategy: Any) -> Any:
+        if context.operation is None or context.operation.path != "/v1/traverse":
+            return strategy
+        starts = st.lists(st.one_of(seen, st.integers(min_value=1, max_value=2**63 - 1)), min_size=1, max_size=4)
+        planted = st.tuples(strategy, starts).map(
+            lambda pair: {**pair[0], "start": pair[1]} if isinstance(pair[0], dict) else pair[0]
+        )
+        return st.one_of(strategy, planted)
+
+    return schema
+
+
+# Filtered here: `from_fixture` re-clones the fixture's schema with its own filters, dropping the schema's.
+reader_fuzz = schemathesis.pytest.from_fixture("reader_fuzz_schema").include(path=READER_OPERATIONS)
+
+
+@reader_fuzz.parametrize()
+@hypothesis.settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    derandomize=False,
+)
+def test_fuzzing_the_document_endpoints_as_an_ordinary_caller(case: Any, reader: Reader) -> None:
+    """Documents, related, traverse and decision search: no 5xx for any generated input of a caller who sees
+    some documents and is no administrator; every 4xx is a JSON error."""
+    assert_no_server_error(case, reader.token)
