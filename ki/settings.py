@@ -88,6 +88,9 @@ class RetrievalSettings(_Section):
     profile_embeddings: bool = True
     clause_embeddings: bool = True
     fusion_rrf_k: int = Field(60, ge=1, le=10_000)
+    # How the legs' lists become one ranking (search.fusion.fuse): weighted RRF over ranks, or the weighted
+    # sum of each leg's scores normalised per query (minmax; dbsf: mean +- 3 sd), over the caller's own rows.
+    fusion_method: Literal["rrf", "minmax", "dbsf"] = "rrf"
     weight_lexical: float = Field(1.0, ge=0)
     weight_semantic: float = Field(1.0, ge=0)
     weight_identifier: float = Field(1.5, ge=0)

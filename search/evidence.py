@@ -81,6 +81,8 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
     fields = {name: getattr(retrieval, name) for name in RANKING_FIELDS}
     # Ranking steps added later enter only when on: off, they change nothing, so reports measured before
     # they existed still hold.
+    if retrieval.fusion_method != "rrf":
+        fields["fusion_method"] = retrieval.fusion_method
     if retrieval.decay_enabled:
         fields["decay_floor"] = retrieval.decay_floor
     if retrieval.semantic_floor_enabled:

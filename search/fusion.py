@@ -1,13 +1,14 @@
-"""Pure ranking steps: weighted reciprocal rank fusion, matched identifiers, version-status boost and
-per-document collapse. No I/O.
+"""Pure ranking steps: weighted reciprocal rank fusion or a weighted sum of per-query normalised leg
+scores (`fuse`), matched identifiers, version-status boost and per-document collapse. No I/O.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from search.legs import LEGS, LegHit
 
@@ -59,20 +60,27 @@ def rrf(legs: Mapping[str, Sequence[LegHit]], weights: Mapping[str, float], k: i
 
     Candidates found by the identifier leg get `matched_identifiers` (reported, not scored).
     """
+    return _combine(legs, lambda leg, rank, hit: float(weights.get(leg, 0.0)) / (k + rank), query)
+
+
+def _combine(
+    legs: Mapping[str, Sequence[LegHit]], contribution: Callable[[str, int, LegHit], float], query: str
+) -> list[Candidate]:
+    """Each chunk's score is the sum of its legs' `contribution(leg, rank, hit)`, ranks from 0; a leg lists a
+    chunk once (its best rank counts). Sorted by score, then id."""
     scores: dict[str, float] = {}
     sources: dict[str, dict[str, Any]] = {}
     ranks: dict[str, dict[str, int]] = {}
     parts: dict[str, dict[str, float]] = {}
     for leg in LEGS:
-        weight = float(weights.get(leg, 0.0))
         for rank, hit in enumerate(legs.get(leg, ())):
             if hit.id in ranks and leg in ranks[hit.id]:
-                continue  # a leg lists a chunk once; keep its best rank
-            contribution = weight / (k + rank)
-            scores[hit.id] = scores.get(hit.id, 0.0) + contribution
+                continue
+            part = contribution(leg, rank, hit)
+            scores[hit.id] = scores.get(hit.id, 0.0) + part
             sources.setdefault(hit.id, hit.source)
             ranks.setdefault(hit.id, {})[leg] = rank
-            parts.setdefault(hit.id, {})[leg] = contribution
+            parts.setdefault(hit.id, {})[leg] = part
     out = []
     for chunk_id, score in scores.items():
         source = sources[chunk_id]
@@ -81,6 +89,48 @@ def rrf(legs: Mapping[str, Sequence[LegHit]], weights: Mapping[str, float], k: i
             matched = matched_identifiers(source.get("identifiers") or [], query)
         out.append(Candidate(chunk_id, score, source, ranks[chunk_id], parts[chunk_id], matched_identifiers=matched))
     return sort_candidates(out)
+
+
+FusionMethod = Literal["rrf", "minmax", "dbsf"]
+
+
+def normalise(scores: Sequence[float], method: FusionMethod) -> list[float]:
+    """One leg's scores mapped to [0, 1] per query, for a weighted sum across legs (`fuse`).
+
+    * `minmax`: (s - min) / (max - min);
+    * `dbsf` (distribution-based): (s - (mean - 3 sd)) / (6 sd), clipped to [0, 1] -- scores further than
+      3 sd from the leg's mean are clipped, and a leg's scale is its spread, not its two extremes.
+
+    A leg with one hit, or with equal scores, gives each hit 1.0 (each is as good as that leg's best); an
+    empty leg gives nothing."""
+    if not scores:
+        return []
+    if method == "minmax":
+        low, high = min(scores), max(scores)
+        return [1.0 if high == low else (s - low) / (high - low) for s in scores]
+    mean = math.fsum(scores) / len(scores)
+    sd = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / len(scores))
+    if sd == 0.0:
+        return [1.0 for _ in scores]
+    low = mean - 3 * sd
+    return [min(1.0, max(0.0, (s - low) / (6 * sd))) for s in scores]
+
+
+def fuse(
+    legs: Mapping[str, Sequence[LegHit]],
+    weights: Mapping[str, float],
+    method: FusionMethod,
+    k: int,
+    query: str = "",
+) -> list[Candidate]:
+    """The legs' lists as one ranking: weighted RRF (`rrf`), or the weighted sum of each leg's scores
+    normalised per query over the list the caller's filter gave (`minmax`, `dbsf`: `normalise`). Either way
+    `ranks` keeps each leg's 0-based rank and `parts` each leg's weighted contribution (the score before
+    the boost is their sum)."""
+    if method == "rrf":
+        return rrf(legs, weights, k, query)
+    normalised = {leg: normalise([h.score for h in hits], method) for leg, hits in legs.items()}
+    return _combine(legs, lambda leg, rank, hit: float(weights.get(leg, 0.0)) * normalised[leg][rank], query)
 
 
 def sort_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:

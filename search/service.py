@@ -46,7 +46,7 @@ from search.filters import (
     point_in_time_clauses,
 )
 from search.floor import apply_floor, floor_for
-from search.fusion import Candidate, apply_boost, apply_decay, collapse, put_at, put_first, rrf
+from search.fusion import Candidate, apply_boost, apply_decay, collapse, fuse, put_at, put_first
 from search.identity import (
     NONE,
     OFF,
@@ -219,6 +219,7 @@ class FusionParams:
     weights: dict[str, float]
     rrf_k: int
     mode: str | None = None
+    method: str = "rrf"
 
 
 def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
@@ -228,6 +229,9 @@ def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
         "ranks": dict(c.ranks),
         "weights": {leg: params.weights[leg] for leg in c.ranks},
         "rrf_k": params.rrf_k,
+        # `rrf_parts` / `rrf_score`: each leg's weighted contribution and their sum, whichever `fusion`
+        # made them (weight / (rrf_k + rank), or weight * the leg's score normalised over the caller's rows).
+        "fusion": params.method,
         "rrf_parts": dict(c.parts),
         "rrf_score": rrf_score,
         "status_boost": c.boost,
@@ -897,7 +901,8 @@ class SearchService:
             legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
         if below_floor:
             self.metrics.floor_dropped.inc(below_floor)
-        fused = apply_boost(rrf(legs, weights, r.fusion_rrf_k, request.query), r.version_status_boost)
+        fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
+        fused = apply_boost(fused, r.version_status_boost)
         if r.decay_enabled:
             fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
         t3 = time.perf_counter()
@@ -936,7 +941,7 @@ class SearchService:
             else:
                 identity = replace(identity, extra={"hit": "filtered_out"})
         page = kept[request.offset : request.window]
-        explain = FusionParams(weights, r.fusion_rrf_k, mode) if request.explain else None
+        explain = FusionParams(weights, r.fusion_rrf_k, mode, r.fusion_method) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         if request.expand and hits:
             t6 = time.perf_counter()
