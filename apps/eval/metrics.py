@@ -76,6 +76,12 @@ def per_query(ranked: Sequence[str], judgments: Mapping[str, int]) -> dict[str, 
     }
 
 
+def per_query_scores(run: Run, qrels: Qrels, metric: str = "ndcg@10") -> list[float]:
+    """`metric` of each judged query (those with a relevant document), in the order of `qrels`: what a
+    paired comparison of two runs needs (apps.eval.significance)."""
+    return [per_query(run.get(qid, ()), judgments)[metric] for qid, judgments in qrels.items() if _relevant(judgments)]
+
+
 def evaluate(run: Run, qrels: Qrels) -> dict[str, float]:
     """Mean of each metric over the queries of `qrels` that have a relevant document.
 

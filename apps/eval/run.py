@@ -41,7 +41,8 @@ from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 
 from apps.eval import beir, citations, features, isolation, report, tuning
-from apps.eval.metrics import METRICS, evaluate
+from apps.eval.metrics import METRICS, evaluate, per_query_scores
+from apps.eval.significance import paired_comparison
 from apps.processes import free_port
 from apps.progress import ProgressReport
 from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
@@ -53,6 +54,18 @@ from projections.mapping import text_analysis
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
+
+
+def hybrid_against_best_leg(
+    runs: dict[str, dict[str, list[str]]], results: dict[str, dict[str, float]], qrels: Any
+) -> dict[str, Any] | None:
+    """Hybrid against the better single leg on these queries, paired per query (nDCG@10): wins, losses,
+    ties, the mean difference with its 95 % interval and a permutation p-value (issue 29, item 5)."""
+    if not all(mode in runs for mode in MODES):
+        return None
+    best = max(("lexical", "semantic"), key=lambda mode: results[mode]["ndcg@10"])
+    compared = paired_comparison(per_query_scores(runs["hybrid"], qrels), per_query_scores(runs[best], qrels))
+    return {"best_leg": best, "metric": "ndcg@10", **compared}
 EVAL_SUBJECT = "ki-eval"  # the token subject; its principal is user:ki-eval
 SOURCE_REF_PREFIX = "beir:"
 EVAL_LIMIT = 100  # hits per query: recall@100 needs the top 100 documents
@@ -830,6 +843,7 @@ async def evaluate_dataset(
             "total": round(time.monotonic() - began, 1),
         },
         "results": details,
+        "hybrid_vs_best_leg": hybrid_against_best_leg(runs, results, data.judged.qrels),
         "tuned": tuned,
         "tuning": tuning_record,
         "semantic_floor": floor_record,

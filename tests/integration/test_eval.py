@@ -105,6 +105,13 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     legs = {mode: set(result["legs"]) for mode, result in record["results"].items()}
     assert legs["lexical"] == {"lexical"} and legs["semantic"] == {"semantic"}
     assert {"lexical", "semantic"} <= legs["hybrid"]
+    # Hybrid against the better single leg, paired per query (wins, losses, ties, interval, p-value).
+    paired = record["hybrid_vs_best_leg"]
+    best = max(("lexical", "semantic"), key=lambda mode: record["results"][mode]["ndcg@10"])
+    assert paired["best_leg"] == best and paired["wins"] + paired["losses"] + paired["ties"] == paired["queries"] == 10
+    difference = record["results"]["hybrid"]["ndcg@10"] - record["results"][best]["ndcg@10"]
+    assert paired["mean_difference"] == pytest.approx(difference, abs=1e-5)
+    assert paired["ci95"][0] <= paired["mean_difference"] <= paired["ci95"][1] and 0 < paired["p_value"] <= 1
     # The product's default analyzer (a German chain), not english.
     assert record["settings"]["text_analyzer"] == load_settings().retrieval.text_analyzer != "english"
     assert "mietrecht-mini (de)" in run["stdout"] and "SciFact" not in run["stdout"] + run["stderr"]
