@@ -216,6 +216,7 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
         config=args.config,
         command="ki " + " ".join(sys.argv[1:]),
         compare_env=_env_pairs("--compare-env", args.compare_env),
+        compare_checkout=args.compare_checkout or None,
     )
     try:
         return bench_search(settings, options)
@@ -458,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare-env", default="",
                        help="search: a second API with these settings overrides (KI_A=1,KI_B=x), measured in the "
                             "same rounds; reports the difference of the two API/raw ratios")  # fmt: skip
+    bench.add_argument("--compare-checkout", default="",
+                       help="search: the second API from this git commit of the repository (a worktree under "
+                            "build/), e.g. the commit before a change; with or without --compare-env")  # fmt: skip
     bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
                        help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
     bench.add_argument(

@@ -35,6 +35,7 @@ import platform
 import random
 import re
 import statistics
+import subprocess
 import sys
 import time
 import urllib.error
@@ -127,6 +128,9 @@ class BenchOptions:
     # A second API with these environment overrides (e.g. a feature off), measured in the same rounds: the
     # difference of the two API/raw ratios is then read off the same machine state, round by round.
     compare_env: dict[str, str] = field(default_factory=dict)
+    # Or (and) that second API from another commit of this repository (a git ref, checked out in a worktree
+    # under build/): the same index and database, the code before a change.
+    compare_checkout: str | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -518,6 +522,7 @@ class ServeChild:
         extra_env: dict[str, str] | None = None,
         *,
         needs_index: bool = True,
+        checkout: Path = REPO_ROOT,
     ) -> None:
         self.operator_token = operator_token  # `/metrics` answers operators only
         self.needs_index = needs_index  # False: ready without the index (SQL-only endpoints)
@@ -526,10 +531,12 @@ class ServeChild:
         self.log_path = log_path
         argv = [sys.executable, "-m", "apps.cli"] + (["--config", config] if config else [])
         argv += ["serve", "--workers", str(workers)]
-        # The benchmark measures the search: a few callers at full speed would meet the per-caller limit.
-        env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port), "KI_API__RATE_LIMIT_PER_S": "0"}
+        env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)}
+        if checkout == REPO_ROOT:  # (an older checkout may not know the setting: its settings refuse it)
+            # The benchmark measures the search: a few callers at full speed would meet the per-caller limit.
+            env["KI_API__RATE_LIMIT_PER_S"] = "0"
         env.update(extra_env or {})
-        self.child = Child(argv, log_path, cwd=REPO_ROOT, env=env)
+        self.child = Child(argv, log_path, cwd=checkout, env=env)
 
     def _ready(self) -> bool:
         """Ready, and its scope cache in use when it has one (timed rounds must not run on the SQL path)."""
@@ -797,6 +804,32 @@ async def scope_compilation(
 # --------------------------------------------------------------------------------------------------
 
 
+def _revision(ref: str) -> str:
+    done = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO_ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise BenchError(f"--compare-checkout: {ref!r} is not a commit of this repository")
+    return done.stdout.strip()
+
+
+def _worktree(ref: str) -> Path:
+    """A detached worktree of `ref` under build/compare-checkout/ (made once, reused)."""
+    revision = _revision(ref)
+    path = REPO_ROOT / "build" / "compare-checkout" / revision[:12]
+    if not (path / "apps" / "cli.py").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--detach", "--force", str(path), revision], cwd=REPO_ROOT,
+                       check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def _compared_label(options: BenchOptions) -> str:
+    parts = [_env_label(options.compare_env)] if options.compare_env else []
+    if options.compare_checkout:
+        parts.append(f"checkout {options.compare_checkout}")
+    return ", ".join(parts)
+
+
 def _env_label(env: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
@@ -1002,9 +1035,10 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     operator = mint_token(settings.api, "ki-bench", roles=["operator"], ttl_s=6 * 3600)
     server = ServeChild(options.config, options.out_dir / "search-api.log", operator, options.workers)
     other = None
-    if options.compare_env:
+    if options.compare_env or options.compare_checkout:
+        checkout = _worktree(options.compare_checkout) if options.compare_checkout else REPO_ROOT
         other = ServeChild(options.config, options.out_dir / "search-api-compare.log", operator, options.workers,
-                           options.compare_env)  # fmt: skip
+                           options.compare_env, checkout=checkout)  # fmt: skip
     api = raw = compare = None
     try:
         await service.client.indices.refresh(index=index)
@@ -1023,7 +1057,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         await server.start()
         api = ApiClient(server.base, max(options.concurrency))
         if other is not None:
-            _progress(f"bench search: starting the compared `ki serve` ({_env_label(options.compare_env)}) "
+            _progress(f"bench search: starting the compared `ki serve` ({_compared_label(options)}) "
                       f"on port {other.port}")  # fmt: skip
             await other.start()
             compare = ApiClient(other.base, max(options.concurrency))
@@ -1100,6 +1134,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         "caller_set": options.caller_set,
         "api_workers": options.workers,
         "compare_env": options.compare_env or None,
+        "compare_checkout": _revision(options.compare_checkout) if options.compare_checkout else None,
         "api_scope": api_scope,
         "queries": {
             "texts": [b["query"] for b in bodies],
