@@ -205,6 +205,11 @@ def test_the_explain_panel_shows_the_ranks_the_api_gave(
     assert int(first.get_attribute("data-document-id")) == top["document_id"]
     assert shown == top["explain"]["ranks"] and "lexical" in shown
     assert "status boost" in panel.text and "RRF score" in panel.text
+    # Each leg's contribution as the API computed it, and the fusion that made it (issue 29).
+    parts = {row.get_attribute("data-leg"): row.find_element(By.CSS_SELECTOR, ".part").text
+             for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-leg]")}  # fmt: skip
+    assert parts == {leg: f"{part:.5f}" for leg, part in top["explain"]["rrf_parts"].items()}
+    assert f"fusion{top['explain']['fusion']}" in panel.text.replace(" ", "").replace("\n", "")
     screenshot(browser, "console-explain")
 
 

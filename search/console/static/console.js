@@ -191,9 +191,11 @@ function explainPanel(hit, answer) {
   const ex = hit.explain;
   const rows = Object.entries(ex.ranks).map(([leg, rank]) => el("tr", { "data-leg": leg },
     el("td", { text: leg }), el("td", { class: "rank", text: rank }), el("td", { text: ex.weights[leg] }),
-    el("td", { text: ex.rrf_parts[leg].toFixed(5) })));
+    el("td", { class: "part", text: ex.rrf_parts[leg].toFixed(5) })));
+  const fusion = ex.fusion || "rrf";  // rrf: weight / (k + rank); minmax, dbsf: weight × normalised score
   const facts = [
-    ["RRF score", ex.rrf_score.toFixed(5)], ["status boost", ex.status_boost],
+    ["fusion", fusion], [fusion === "rrf" ? "RRF score" : "fused legs", ex.rrf_score.toFixed(5)],
+    ["status boost", ex.status_boost],
     ["decay", ex.decay === undefined || ex.decay === null ? "—" : ex.decay], ["fused score", ex.fused_score.toFixed(5)],
     ["rerank score", ex.rerank_score === null ? "—" : ex.rerank_score], ["match", hit.match_reason || "—"],
   ];
@@ -203,7 +205,8 @@ function explainPanel(hit, answer) {
         ? ` — ${answer.identity.subjects.map((s) => s.title || s.document_id).join(", ")}` : "") })
     : null;
   return el("div", { class: "explain", hidden: true },
-    el("table", {}, el("thead", {}, el("tr", {}, ["leg", "rank", "weight", "RRF part"].map((h) => el("th", { text: h })))),
+    el("table", {}, el("thead", {}, el("tr", {},
+      ["leg", "rank", "weight", fusion === "rrf" ? "RRF part" : "part"].map((h) => el("th", { text: h })))),
       el("tbody", {}, rows)),
     el("table", {}, el("tbody", {}, facts.map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", { text: v }))))),
     identity);
