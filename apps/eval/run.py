@@ -54,6 +54,8 @@ from projections.mapping import text_analysis
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
+# Fusions measured beside the configured one (search.fusion.fuse), as `hybrid-<method>` results.
+OTHER_FUSIONS: tuple[str, ...] = ("minmax", "dbsf")
 
 
 def hybrid_against_best_leg(
@@ -64,8 +66,15 @@ def hybrid_against_best_leg(
     if not all(mode in runs for mode in MODES):
         return None
     best = max(("lexical", "semantic"), key=lambda mode: results[mode]["ndcg@10"])
-    compared = paired_comparison(per_query_scores(runs["hybrid"], qrels), per_query_scores(runs[best], qrels))
-    return {"best_leg": best, "metric": "ndcg@10", **compared}
+    leg = per_query_scores(runs[best], qrels)
+    compared = paired_comparison(per_query_scores(runs["hybrid"], qrels), leg)
+    # Each other fusion's hybrid against the same leg (issue 29: which fusion never loses to its best leg).
+    fusions = {
+        label: paired_comparison(per_query_scores(runs[label], qrels), leg)
+        for label in sorted(runs)
+        if label.startswith("hybrid-") and label != "hybrid-tuned"
+    }
+    return {"best_leg": best, "metric": "ndcg@10", **compared, "fusions": fusions}
 EVAL_SUBJECT = "ki-eval"  # the token subject; its principal is user:ki-eval
 SOURCE_REF_PREFIX = "beir:"
 EVAL_LIMIT = 100  # hits per query: recall@100 needs the top 100 documents
@@ -722,11 +731,18 @@ async def evaluate_dataset(
                         "identifier": r.weight_identifier,
                     },  # fmt: skip
                     "rrf_k": r.fusion_rrf_k,
+                    "fusion": r.fusion_method,
                     "seconds": round(mode_run.seconds, 2),
                 }
 
             for mode in MODES:
                 await measure(mode, mode_settings(es, mode), mode)
+            # The same hybrid with each score-aware fusion (issue 29): only the queries run again (the
+            # vectors are cached), so every report compares the methods on its own data.
+            for method in OTHER_FUSIONS:
+                hybrid = mode_settings(es, "hybrid")
+                retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
+                await measure(f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid")
             phase = QueryPhase(es, async_engine, client, embedder, cache, principals, data, loaded, options, progress)
             tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None

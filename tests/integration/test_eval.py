@@ -96,7 +96,9 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     assert (dataset["name"], dataset["language"], dataset["language_source"]) == ("mietrecht-mini", "de", "README")
     assert Path(dataset["path"]) == DATA.resolve() and len(dataset["sha256"]) == 64
     assert set(dataset["files"]) == {"corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "qrels/train.tsv"}
-    assert set(record["results"]) == {"lexical", "semantic", "hybrid", "hybrid-tuned"}
+    assert set(record["results"]) == {"lexical", "semantic", "hybrid", "hybrid-tuned", "hybrid-minmax", "hybrid-dbsf"}
+    fusions = [record["results"][m]["fusion"] for m in ("hybrid", "hybrid-minmax", "hybrid-dbsf")]
+    assert fusions == ["rrf", "minmax", "dbsf"]
     for mode, result in record["results"].items():
         for metric in ("ndcg@10", "recall@100", "mrr@10"):
             value = result[metric]
@@ -112,6 +114,10 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     difference = record["results"]["hybrid"]["ndcg@10"] - record["results"][best]["ndcg@10"]
     assert paired["mean_difference"] == pytest.approx(difference, abs=1e-5)
     assert paired["ci95"][0] <= paired["mean_difference"] <= paired["ci95"][1] and 0 < paired["p_value"] <= 1
+    for method in ("minmax", "dbsf"):  # the score-aware fusions against the same leg
+        other = paired["fusions"][f"hybrid-{method}"]
+        gap = record["results"][f"hybrid-{method}"]["ndcg@10"] - record["results"][best]["ndcg@10"]
+        assert other["queries"] == 10 and other["mean_difference"] == pytest.approx(gap, abs=1e-5)
     # The product's default analyzer (a German chain), not english.
     assert record["settings"]["text_analyzer"] == load_settings().retrieval.text_analyzer != "english"
     assert "mietrecht-mini (de)" in run["stdout"] and "SciFact" not in run["stdout"] + run["stderr"]
