@@ -153,6 +153,10 @@ class RetrievalSettings(_Section):
     # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
     # settings shows hybrid >= lexical (search.evidence). Relative paths start at the repository root.
     evidence_dir: str = Field("benchmarks", min_length=1)
+    # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test
+    # of the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without
+    # that test count every difference.
+    evidence_significance_level: float = Field(0.05, gt=0, le=1)
     text_analysis: TextAnalysis = TextAnalysis()
 
     @model_validator(mode="after")

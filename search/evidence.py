@@ -119,6 +119,8 @@ class EvidenceReport:
     binding: dict[str, str]
     lexical: float
     hybrid: float
+    # The paired test's p-value of hybrid against lexical over the report's queries (None: an older report).
+    p_value: float | None = None
 
     def matches(self, settings: Settings, embedding_signature: str) -> bool:
         b = self.binding
@@ -150,7 +152,16 @@ def parse_report(path: str, data: Any) -> EvidenceReport | None:
         raise ReportInvalid(f"{path}: no lexical and hybrid {METRIC} in results ({exc})") from None
     dataset = data.get("dataset")
     name = dataset.get("name") if isinstance(dataset, dict) else dataset
-    return EvidenceReport(path, str(name or Path(path).stem), {k: str(v) for k, v in binding.items()}, lexical, hybrid)
+    paired = data.get("hybrid_vs_lexical")
+    p_value = paired.get("p_value") if isinstance(paired, dict) else None
+    return EvidenceReport(
+        path,
+        str(name or Path(path).stem),
+        {k: str(v) for k, v in binding.items()},
+        lexical,
+        hybrid,
+        float(p_value) if isinstance(p_value, int | float) else None,
+    )
 
 
 def resolve_dir(directory: str) -> Path:
@@ -203,7 +214,8 @@ class GateDecision:
 
 
 def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_signature: str) -> GateDecision:
-    """Hybrid by default iff a matching report exists and none of the matching ones has hybrid < lexical."""
+    """Hybrid by default iff a matching report exists and none of the matching ones has hybrid < lexical
+    significantly (`retrieval.evidence_significance_level`; a report without a paired test: any difference)."""
     r = settings.retrieval
     if r.weight_semantic <= 0:
         return GateDecision("lexical", "the semantic leg is switched off (retrieval.weight_semantic is 0)")
@@ -216,9 +228,16 @@ def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_sign
             "shows hybrid helps",
         )
     names = tuple(rep.dataset for rep in matching)
-    worse = [rep for rep in matching if rep.hybrid < rep.lexical]
+    level = r.evidence_significance_level
+    below = [rep for rep in matching if rep.hybrid < rep.lexical]
+    worse = [rep for rep in below if rep.p_value is None or rep.p_value < level]
     if worse:
         detail = ", ".join(f"{w.dataset} {w.hybrid:.3f} < {w.lexical:.3f}" for w in worse)
         return GateDecision("lexical", f"hybrid ranked below lexical ({METRIC}) on {detail}: keyword-only", names)
-    detail = ", ".join(f"{m.dataset} {m.hybrid:.3f} >= {m.lexical:.3f}" for m in matching)
+    detail = ", ".join(
+        f"{m.dataset} {m.hybrid:.3f} >= {m.lexical:.3f}"
+        if m.hybrid >= m.lexical
+        else f"{m.dataset} {m.hybrid:.3f} < {m.lexical:.3f} not significantly (p {m.p_value:.3f} >= {level})"
+        for m in matching
+    )
     return GateDecision("hybrid", f"hybrid ranked at least as well as lexical ({METRIC}) on {detail}", names)

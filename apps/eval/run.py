@@ -860,6 +860,10 @@ async def evaluate_dataset(
         },
         "results": details,
         "hybrid_vs_best_leg": hybrid_against_best_leg(runs, results, data.judged.qrels),
+        # What the evidence gate reads: is hybrid below lexical significantly? (search.evidence)
+        "hybrid_vs_lexical": paired_comparison(
+            per_query_scores(runs["hybrid"], data.judged.qrels), per_query_scores(runs["lexical"], data.judged.qrels)
+        ),
         "tuned": tuned,
         "tuning": tuning_record,
         "semantic_floor": floor_record,

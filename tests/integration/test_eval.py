@@ -114,6 +114,8 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     difference = record["results"]["hybrid"]["ndcg@10"] - record["results"][best]["ndcg@10"]
     assert paired["mean_difference"] == pytest.approx(difference, abs=1e-5)
     assert paired["ci95"][0] <= paired["mean_difference"] <= paired["ci95"][1] and 0 < paired["p_value"] <= 1
+    lexical_gap = record["results"]["hybrid"]["ndcg@10"] - record["results"]["lexical"]["ndcg@10"]
+    assert record["hybrid_vs_lexical"]["mean_difference"] == pytest.approx(lexical_gap, abs=1e-5)  # the gate's test
     for method in ("minmax", "dbsf"):  # the score-aware fusions against the same leg
         other = paired["fusions"][f"hybrid-{method}"]
         gap = record["results"][f"hybrid-{method}"]["ndcg@10"] - record["results"][best]["ndcg@10"]

@@ -86,6 +86,18 @@ def test_one_matching_report_where_hybrid_loses_turns_semantic_off():
     assert "xquad-de 0.900 < 0.940" in decision.reason
 
 
+def test_a_loss_that_is_not_significant_keeps_hybrid_and_says_so():
+    s = settings()
+    noisy = {**report_json(s, lexical=0.94, hybrid=0.93, dataset="xquad-de"), "hybrid_vs_lexical": {"p_value": 0.4}}
+    decision = decide(reports(s, report_json(s), noisy), s, SIGNATURE)
+    assert decision.default_mode == "hybrid" and "xquad-de 0.930 < 0.940 not significantly (p 0.400" in decision.reason
+    real = {**noisy, "hybrid_vs_lexical": {"p_value": 0.01}}
+    assert decide(reports(s, real), s, SIGNATURE).default_mode == "lexical"
+    strict = settings(evidence_significance_level=1.0)  # every difference counts, as before the paired test
+    counted = {**report_json(strict, lexical=0.94, hybrid=0.93), "hybrid_vs_lexical": {"p_value": 0.4}}
+    assert decide(reports(strict, counted), strict, SIGNATURE).default_mode == "lexical"
+
+
 def test_semantic_weight_zero_means_keyword_only_whatever_the_reports():
     s = settings(weight_semantic=0)
     assert decide(reports(s, report_json(s)), s, SIGNATURE).default_mode == "lexical"
