@@ -383,9 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     token = sub.add_parser("token", help="mint a signed bearer token for local use")
-    token.add_argument("--sub", required=True, help="subject (becomes user:<sub> unless it contains ':')")
-    token.add_argument("--groups", default="", help="comma-separated groups")
-    token.add_argument("--roles", default="", help="comma-separated roles")
+    token.add_argument("--sub", required=True, help="subject: the caller is user:<sub> (api.claims_carry_kinds: "
+                       "a kind:name subject is that principal)")  # fmt: skip
+    token.add_argument("--groups", default="", help="comma-separated groups (each group:<g>)")
+    token.add_argument("--roles", default="", help="comma-separated roles (each role:<r>; operator: timings and "
+                       "/metrics, admin: administrator)")  # fmt: skip
     token.add_argument("--ttl", type=int, default=3600, help="seconds until the token expires")
     token.set_defaults(handler=_token)
 
