@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import Text
 
 from ki.settings import ApiSettings
-from search.batches import BatchWriter
+from search.batches import BatchWriter, batch_limits
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,7 @@ class AuditLog(BatchWriter[AccessRecord]):
             await conn.execute(_INSERT, params)
             await conn.execute(_EXPIRE, {"days": api.audit_retention_days})
 
-        super().__init__(
-            engine,
-            "access audit",
-            write,
-            buffer_rows=api.stats_buffer_rows,
-            batch_rows=api.stats_batch_rows,
-            flush_s=api.stats_flush_s,
-            on_dropped=on_dropped,
-        )
+        super().__init__(engine, "access audit", write, **batch_limits(api), on_dropped=on_dropped)
 
 
 _READ = text(

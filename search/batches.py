@@ -15,9 +15,16 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ki.settings import ApiSettings
+
 log = logging.getLogger(__name__)
 
 Row = TypeVar("Row")
+
+
+def batch_limits(api: ApiSettings) -> dict[str, Any]:
+    """The buffer and batch settings every writer of the API's own rows shares (`api.stats_*`)."""
+    return {"buffer_rows": api.stats_buffer_rows, "batch_rows": api.stats_batch_rows, "flush_s": api.stats_flush_s}
 
 
 class BatchWriter(Generic[Row]):

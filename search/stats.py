@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ki.settings import ApiSettings
-from search.batches import BatchWriter
+from search.batches import BatchWriter, batch_limits
 from search.fusion import Candidate
 from search.legs import LegHit
 
@@ -117,15 +117,7 @@ class StatsRecorder(BatchWriter[QueryStats]):
             await conn.execute(_INSERT, [{**asdict(r), "fallbacks": list(r.fallbacks)} for r in rows])
             await conn.execute(_EXPIRE, {"days": api.stats_retention_days, "max_rows": api.stats_max_rows})
 
-        super().__init__(
-            engine,
-            "search statistics",
-            write,
-            buffer_rows=api.stats_buffer_rows,
-            batch_rows=api.stats_batch_rows,
-            flush_s=api.stats_flush_s,
-            on_dropped=on_dropped,
-        )
+        super().__init__(engine, "search statistics", write, **batch_limits(api), on_dropped=on_dropped)
 
 
 _SUMMARY = text(
