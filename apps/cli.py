@@ -298,6 +298,10 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(f"--data {data}: no such directory")
     if args.drop and args.fresh:
         raise CliError("--drop and --fresh exclude each other (--fresh drops, then runs)")
+    if args.self_documents < 20:
+        raise CliError("--self-documents must be at least 20 (each half needs queries to test)")
+    if args.self_check and data is None:  # the live deployment, not a labelled data set
+        return _self_eval(args, settings)
     defaults = EvalOptions()
     if args.identity_reach:  # offline: no services, no index
         from apps.eval.beir import DataError
@@ -330,12 +334,42 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         concurrency=args.concurrency,
         fresh=args.fresh,
         drop=args.drop,
+        self_check=args.self_check,
+        self_documents=args.self_documents,
         argv=tuple(sys.argv[1:]),
     )
     try:
         return run_eval(settings, options)
     except EvalError as exc:
         raise CliError(str(exc)) from None
+
+
+def _self_eval(args: argparse.Namespace, settings: Settings) -> int:
+    """`ki eval --self`: the deployment's own evidence for its default mode (apps.eval.self_check)."""
+    import asyncio
+    from pathlib import Path
+
+    from apps.eval.self_check import SelfEvalError, self_evaluate
+    from ki.clients import as_ki_error
+    from ki.errors import Unavailable
+
+    out = Path(args.out) if args.out else Path("build/self-eval")
+    try:
+        report = asyncio.run(
+            self_evaluate(settings, max_documents=args.self_documents, out_dir=out, concurrency=args.concurrency,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+        )
+    except SelfEvalError as exc:
+        raise CliError(str(exc)) from None
+    except Exception as exc:
+        error = as_ki_error(exc)
+        if not isinstance(error, Unavailable):
+            raise
+        raise CliError(f"self-eval: {error}") from None
+    print(f"self-eval #{report['id']}: default mode {report['decision']} ({report['summary']}); {report['file']}")
+    refresh = settings.retrieval.self_eval_refresh_s
+    print(f"every API process picks it up within retrieval.self_eval_refresh_s ({refresh:g} s)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -504,6 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drop this eval's database, connector, slot, topics and indexes first, then run")  # fmt: skip
     ev.add_argument("--drop", action="store_true",
                     help="only drop this eval's database, connector, slot, topics, groups and indexes")  # fmt: skip
+    ev.add_argument("--self", dest="self_check", action="store_true",
+                    help="the deployment's own evidence: pseudo-queries from the live corpus decide the default "
+                    "mode of every API process (with --data: on that data set's eval world, beside its labels)",
+                    )  # fmt: skip
+    ev.add_argument("--self-documents", type=int, default=500,
+                    help="--self: documents sampled for pseudo-queries (default 500)")  # fmt: skip
     ev.add_argument("--identity-reach", action="store_true",
                     help="only count the test queries that name a document (identity preflight), offline")  # fmt: skip
     ev.set_defaults(handler=_eval)

@@ -157,6 +157,12 @@ class RetrievalSettings(_Section):
     # of the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without
     # that test count every difference.
     evidence_significance_level: float = Field(0.05, gt=0, le=1)
+    # The default mode when a request names none: "auto" lets the evidence decide (the deployment's own
+    # `ki eval --self` report first, else the reports in evidence_dir); an operator can pin one instead.
+    default_mode: Literal["auto", "hybrid", "lexical", "semantic"] = "auto"
+    # How often each API process re-reads the newest `ki eval --self` report from PostgreSQL (seconds):
+    # a new report reaches every process on every machine within this time, without a restart.
+    self_eval_refresh_s: float = Field(30.0, gt=0, le=3600)
     text_analysis: TextAnalysis = TextAnalysis()
 
     @model_validator(mode="after")

@@ -12,10 +12,14 @@ reports, each bound by hashes to what it measured —
 
 and the service loads the reports from `retrieval.evidence_dir` at start-up. Semantic is on by default
 only when at least one report matches the service's own embedding signature, analyzer and ranking
-hashes, and no matching report shows hybrid below lexical (nDCG@10). Otherwise the default is
-keyword-only and every response says why. A request's explicit `mode` is always honoured.
+hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
+is keyword-only and every response says why. A request's explicit `mode` is always honoured.
 
-Pure apart from `load_reports`, which only reads files.
+The deployment's own evidence comes first: the newest `ki eval --self` report (apps.eval.self_check, kept
+in PostgreSQL and re-read by every API process every `retrieval.self_eval_refresh_s`) decides when it
+matches these settings. An operator can pin the default instead (`retrieval.default_mode`).
+
+Pure apart from `load_reports` (reads files) and `load_self_evidence` (reads one row).
 """
 
 from __future__ import annotations
@@ -123,12 +127,65 @@ class EvidenceReport:
     p_value: float | None = None
 
     def matches(self, settings: Settings, embedding_signature: str) -> bool:
-        b = self.binding
-        return (
-            b.get("embedding_signature") == embedding_signature
-            and b.get("analyzer_hash") == analyzer_hash(settings.retrieval)
-            and b.get("ranking_hash") == ranking_hash(settings.retrieval, embedding_signature)
-        )
+        return binding_matches(self.binding, settings, embedding_signature)
+
+
+def binding_matches(binding: dict[str, str], settings: Settings, embedding_signature: str) -> bool:
+    """Was the evidence measured with this embedder, analyzer and ranking?"""
+    return (
+        binding.get("embedding_signature") == embedding_signature
+        and binding.get("analyzer_hash") == analyzer_hash(settings.retrieval)
+        and binding.get("ranking_hash") == ranking_hash(settings.retrieval, embedding_signature)
+    )
+
+
+@dataclass(frozen=True)
+class SelfEvidence:
+    """The newest `ki eval --self` report: the deployment's own pseudo-queries (apps.eval.self_check)."""
+
+    report_id: int
+    at: str
+    binding: dict[str, str]
+    decision: Mode
+    summary: str  # the figures behind the decision, one clause
+
+    @property
+    def name(self) -> str:
+        return f"self-eval #{self.report_id} ({self.at})"
+
+    def matches(self, settings: Settings, embedding_signature: str) -> bool:
+        return binding_matches(self.binding, settings, embedding_signature)
+
+
+def parse_self_report(report_id: int, at: str, decision: str, data: Any) -> SelfEvidence | None:
+    """The stored report as evidence; None (logged) when its binding does not verify or it lacks a summary."""
+    if not isinstance(data, dict) or decision not in ("hybrid", "lexical"):
+        return None
+    binding = data.get("binding")
+    if not isinstance(binding, dict) or data.get("binding_hash") != binding_hash(binding):
+        log.warning("evidence: ignoring self-eval #%s: binding_hash does not match its binding", report_id)
+        return None
+    summary = data.get("summary")
+    if not isinstance(summary, str) or not summary:
+        return None
+    mode: Mode = "hybrid" if decision == "hybrid" else "lexical"
+    return SelfEvidence(report_id, at, {k: str(v) for k, v in binding.items()}, mode, summary)
+
+
+async def load_self_evidence(engine: Any) -> SelfEvidence | None:
+    """The newest `ki_self_eval` row as evidence (None: no row, or a schema without the table)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import ProgrammingError
+
+    sql = text("SELECT id, at, decision, report FROM ki_self_eval ORDER BY id DESC LIMIT 1")
+    try:
+        async with engine.connect() as conn:
+            row = (await conn.execute(sql)).first()
+    except ProgrammingError:  # not migrated to 0009 yet
+        return None
+    if row is None:
+        return None
+    return parse_self_report(int(row.id), row.at.isoformat(timespec="seconds"), str(row.decision), row.report)
 
 
 class ReportInvalid(PermanentError):
@@ -213,12 +270,23 @@ class GateDecision:
         return {"default_mode": self.default_mode, "reason": self.reason, "reports": list(self.reports)}
 
 
-def decide(reports: Sequence[EvidenceReport], settings: Settings, embedding_signature: str) -> GateDecision:
-    """Hybrid by default iff a matching report exists and none of the matching ones has hybrid < lexical
-    significantly (`retrieval.evidence_significance_level`; a report without a paired test: any difference)."""
+def decide(
+    reports: Sequence[EvidenceReport],
+    settings: Settings,
+    embedding_signature: str,
+    own: SelfEvidence | None = None,
+) -> GateDecision:
+    """The operator's pin (`retrieval.default_mode`) if any; else the deployment's own self-eval report
+    when it matches these settings; else hybrid iff a matching `ki eval` report exists and none of the
+    matching ones has hybrid < lexical significantly (`retrieval.evidence_significance_level`; a report
+    without a paired test: any difference)."""
     r = settings.retrieval
     if r.weight_semantic <= 0:
         return GateDecision("lexical", "the semantic leg is switched off (retrieval.weight_semantic is 0)")
+    if r.default_mode != "auto":
+        return GateDecision(r.default_mode, f"pinned by the operator (retrieval.default_mode {r.default_mode!r})")
+    if own is not None and own.matches(settings, embedding_signature):
+        return GateDecision(own.decision, f"this deployment's own evaluation, {own.name}: {own.summary}", (own.name,))
     matching = [rep for rep in reports if rep.matches(settings, embedding_signature)]
     if not matching:
         return GateDecision(

@@ -34,7 +34,7 @@ from search import augment, documents
 from search.audit import AuditLog, read_audit, record_of
 from search.budget import fit_budget
 from search.decisions import DecisionPage, search_decisions
-from search.evidence import Mode, decide, load_reports
+from search.evidence import GateDecision, Mode, SelfEvidence, decide, load_reports, load_self_evidence
 from search.expansion import plan_neighbours
 from search.filters import (
     DecisionSearchRequest,
@@ -341,8 +341,12 @@ class SearchService:
         self.limiter = RateLimiter(settings.api.rate_limit_per_s, settings.api.rate_limit_burst)
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
-        # Decided once at start-up from the evaluation reports (see search.evidence).
-        self.gate = decide(load_reports(settings.retrieval.evidence_dir), settings, embedder.signature)
+        # Decided from the evaluation reports at start-up, then again whenever the deployment's own newest
+        # self-eval report changes (`start()` re-reads it every retrieval.self_eval_refresh_s; search.evidence).
+        self.reports = load_reports(settings.retrieval.evidence_dir)
+        self.own_evidence: SelfEvidence | None = None
+        self.gate = decide(self.reports, settings, embedder.signature)
+        self._gate_task: asyncio.Task[None] | None = None
         # Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests).
         self.filter_budget: int | None = settings.api.max_scope_filter_bytes
         # The scope cache and its feed (search.scope_cache, search.invalidation); `start()` starts the feed.
@@ -376,12 +380,27 @@ class SearchService:
             )
 
     def start(self) -> None:
+        self._gate_task = asyncio.get_running_loop().create_task(self._refresh_gate_forever())
         if self.feed is not None:
             self.feed.start()
         if self.stats is not None:
             self.stats.start()
         if self.audit is not None:
             self.audit.start()
+
+    async def refresh_gate(self) -> GateDecision:
+        """Re-read the newest self-eval report and decide the default mode again (search.evidence)."""
+        self.own_evidence = await load_self_evidence(self.engine)
+        self.gate = decide(self.reports, self.settings, self.embedder.signature, self.own_evidence)
+        return self.gate
+
+    async def _refresh_gate_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh_gate()
+            except Exception as exc:  # noqa: BLE001 - keep the last decision; PostgreSQL may be back next time
+                log.warning("evidence: could not read the self-eval report: %s", exc)
+            await asyncio.sleep(self.settings.retrieval.self_eval_refresh_s)
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -490,6 +509,8 @@ class SearchService:
         return apply_rerank(kept, scores)
 
     async def close(self) -> None:
+        if self._gate_task is not None:
+            self._gate_task.cancel()
         if self.feed is not None:
             self.feed.stop()
         if self.stats is not None:

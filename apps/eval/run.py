@@ -107,6 +107,8 @@ class EvalOptions:
     batch_docs: int = 250
     concurrency: int = 4
     fresh: bool = False  # drop the eval's world first, then run from scratch
+    self_check: bool = False  # also run `ki eval --self` on the eval's world (apps.eval.self_check)
+    self_documents: int = 500  # documents the self-evaluation samples
     drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
 
@@ -473,7 +475,7 @@ async def run_queries(
     principals: list[str],
     queries: Sequence[tuple[str, str]],
     *,
-    project_id: int,
+    project_id: int | None,
     documents: dict[int, str],
     limit: int,
     concurrency: int,
@@ -493,7 +495,9 @@ async def run_queries(
 
     async def one(qid: str, query: str) -> None:
         nonlocal done
-        body = {"query": query, "limit": limit, "filters": {"project_id": [project_id]}, "explain": True}
+        body: dict[str, Any] = {"query": query, "limit": limit, "explain": True}
+        if project_id is not None:
+            body["filters"] = {"project_id": [project_id]}
         if mode is not None:
             body["mode"] = mode  # explicit: the service's evidence-gated default must not pick the legs
         try:
@@ -744,6 +748,7 @@ async def evaluate_dataset(
                 retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
                 await measure(f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid")
             phase = QueryPhase(es, async_engine, client, embedder, cache, principals, data, loaded, options, progress)
+            train_record = await _train_fusions(phase) if data.train is not None else None
             tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None
             if options.tune:
@@ -760,6 +765,13 @@ async def evaluate_dataset(
                 feature_record = await _measure_features(phase, test_queries, tuned_floor)
         finally:
             await async_engine.dispose()
+        self_record: dict[str, Any] | None = None
+        if options.self_check:
+            from apps.eval.self_check import self_evaluate
+
+            self_record = await self_evaluate(
+                es, max_documents=options.self_documents, out_dir=options.out_dir, progress=progress
+            )
     finally:
         await client.close()
     truncation = await asyncio.to_thread(truncated_chunk_share, projection.chunk_inputs, embedder)
@@ -864,6 +876,7 @@ async def evaluate_dataset(
         "hybrid_vs_lexical": paired_comparison(
             per_query_scores(runs["hybrid"], data.judged.qrels), per_query_scores(runs["lexical"], data.judged.qrels)
         ),
+        "train": train_record,
         "tuned": tuned,
         "tuning": tuning_record,
         "semantic_floor": floor_record,
@@ -880,6 +893,11 @@ async def evaluate_dataset(
             "plot": str(plot_path) if plot_path else None,
         },  # fmt: skip
     }
+    if self_record is not None:
+        record["self_eval"] = self_eval_against_labels(self_record, record["hybrid_vs_lexical"], results,
+                                                       es.retrieval.evidence_significance_level)  # fmt: skip
+        progress(f"eval: self-eval decides {self_record['decision']}, the labelled test split "
+                 f"{record['self_eval']['labelled_decision']} ({self_record['file']})")  # fmt: skip
     report.write_json(json_path, record)
     progress(
         f"eval: database, connector, slot and index of {key} stay for a re-run; "
@@ -952,6 +970,49 @@ class QueryPhase:
         assert data.train is not None  # load_data refused --tune / --tune-floor without it
         judged = beir.restrict_qrels(data.train, beir.select_queries(data.train, None), data.doc_ids)
         return judged, tuning.sample_queries([qid for qid in judged.qrels if qid in data.queries])
+
+
+def self_eval_against_labels(
+    own: dict[str, Any], paired: dict[str, Any], results: dict[str, dict[str, float]], level: float
+) -> dict[str, Any]:
+    """The self-evaluation's decision beside the one the labelled test queries give by the gate's rule
+    (lexical iff hybrid is below lexical significantly)."""
+    below = results["hybrid"]["ndcg@10"] < results["lexical"]["ndcg@10"]
+    labelled = "lexical" if below and paired["p_value"] < level else "hybrid"
+    keep = ("id", "decision", "summary", "halves", "pseudo_queries", "corpus", "binding", "file")
+    agree = own["decision"] == labelled
+    return {**{k: own[k] for k in keep if k in own}, "labelled_decision": labelled, "agree": agree}
+
+
+async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
+    """Every mode and every fusion on (at most 1,000 sampled) train queries: what a fusion default may be
+    chosen on (issue 29; the test split only confirms). The legs' answers are memoised, so each fusion
+    costs only its re-ranking."""
+    from search.service import SearchService
+
+    judged, ids = q.train_sample()
+    if not ids:
+        return {"queries": 0, "results": {}}
+    train_queries = [(qid, q.data.queries[qid]) for qid in ids]
+    qrels = {qid: judged.qrels[qid] for qid in ids}
+    memo = cast(AsyncOpenSearch, MemoClient(q.client))
+    labels: list[tuple[str, Settings, Mode]] = [(m, mode_settings(q.settings, m), m) for m in MODES]
+    for method in ("rrf", *OTHER_FUSIONS):
+        hybrid = mode_settings(q.settings, "hybrid")
+        retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
+        labels.append((f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid"))
+    results: dict[str, dict[str, float]] = {}
+    for label, run_settings, mode in labels:
+        service = SearchService(run_settings, q.engine, memo, q.embedder)
+        service.cache = q.cache
+        mode_run = await run_queries(
+            service, q.principals, train_queries, project_id=q.loaded.project_id, documents=q.loaded.documents,
+            limit=TUNE_LIMIT, concurrency=q.options.concurrency, mode=mode, label=f"train {label}", progress=q.progress,
+        )  # fmt: skip
+        scores = evaluate(mode_run.run, qrels)
+        results[label] = {"ndcg@10": scores["ndcg@10"], "mrr@10": scores["mrr@10"]}
+    q.progress("eval: train nDCG@10 " + ", ".join(f"{k} {v['ndcg@10']:.4f}" for k, v in results.items()))
+    return {"split": "train", "queries": len(ids), "hits_per_query": TUNE_LIMIT, "results": results}
 
 
 async def _tune(q: QueryPhase) -> tuple[tuning.FusionConfig, dict[str, Any]]:

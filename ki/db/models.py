@@ -537,3 +537,17 @@ class SearchStat(Base):
     fallbacks: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]"))
     took_ms: Mapped[float] = mapped_column(Double, nullable=False)
     query: Mapped[str | None] = mapped_column(Text)
+
+
+class SelfEvalReport(Base):
+    """One `ki eval --self` run: the deployment's own evidence for its default mode (apps.eval.self_check;
+    written by the operator's command, read by every API process, not captured by CDC)."""
+
+    __tablename__ = "ki_self_eval"
+    __table_args__ = (CheckConstraint("decision IN ('hybrid', 'lexical')", name="decision"),)
+
+    id: Mapped[int] = _pk()
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    binding_hash: Mapped[str] = mapped_column(Text, nullable=False)
+    decision: Mapped[str] = mapped_column(Text, nullable=False)
+    report: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)

@@ -17,6 +17,7 @@ from search.evidence import (
     decide,
     load_reports,
     parse_report,
+    parse_self_report,
     ranking_hash,
 )
 
@@ -186,3 +187,43 @@ def test_the_shipped_settings_and_reports_make_hybrid_the_default():
     decision = decide(load_reports(shipped.retrieval.evidence_dir), shipped, SIGNATURE)
     assert decision.default_mode == "hybrid", decision.reason
     assert {"gesetze-headings-dev", "xquad-de"} <= {name.split(" (")[0] for name in decision.reports}
+
+
+def self_report(s, decision="lexical", signature=SIGNATURE):
+    binding = binding_for(s, signature, "cd" * 32)
+    data = {"binding": binding, "binding_hash": binding_hash(binding), "summary": "hybrid -0.210 on 80 queries"}
+    return parse_self_report(12, "2026-12-03T09:00:00+00:00", decision, data)
+
+
+def test_the_deployments_own_report_decides_when_it_matches():
+    s = settings()
+    committed = reports(s, report_json(s))
+    own = self_report(s, "lexical")
+    decision = decide(committed, s, SIGNATURE, own)
+    assert decision.default_mode == "lexical" and decision.reports == ("self-eval #12 (2026-12-03T09:00:00+00:00)",)
+    assert "this deployment's own evaluation, self-eval #12" in decision.reason and "-0.210" in decision.reason
+    assert decide(committed, s, SIGNATURE, self_report(s, "hybrid")).default_mode == "hybrid"
+    # Measured with another embedder or ranking: the committed reports decide again.
+    stale = self_report(settings(weight_semantic=0.5), "lexical")
+    assert decide(committed, s, SIGNATURE, stale).default_mode == "hybrid"
+    assert decide(committed, s, SIGNATURE, self_report(s, "lexical", "other-384")).default_mode == "hybrid"
+
+
+def test_a_self_report_edited_by_hand_or_without_figures_is_no_evidence():
+    s = settings()
+    own = self_report(s)
+    edited = {**own.binding, "ranking_hash": "0" * 12}
+    data = {"binding": edited, "binding_hash": binding_hash(own.binding), "summary": "x"}
+    assert parse_self_report(1, "t", "lexical", data) is None
+    good = {"binding": own.binding, "binding_hash": binding_hash(own.binding)}
+    assert parse_self_report(1, "t", "lexical", good) is None  # no summary
+    assert parse_self_report(1, "t", "semantic", {**good, "summary": "x"}) is None  # not a decision it makes
+
+
+def test_an_operator_pin_overrides_all_evidence_but_not_a_switched_off_leg():
+    pinned = settings(default_mode="hybrid")
+    decision = decide([], pinned, SIGNATURE, self_report(pinned, "lexical"))
+    assert decision.default_mode == "hybrid" and "pinned by the operator" in decision.reason
+    assert decide([], settings(default_mode="lexical"), SIGNATURE).default_mode == "lexical"
+    off = settings(default_mode="hybrid", weight_semantic=0)
+    assert decide([], off, SIGNATURE).default_mode == "lexical"

@@ -1,0 +1,258 @@
+"""`ki eval --self`: does the semantic leg help on *this* deployment's corpus? Measured on pseudo-queries made
+from the live documents (apps.eval.pseudo), through the real search path, and stored where every API
+process reads it (PostgreSQL `ki_self_eval`; search.evidence decides the default mode from the newest row).
+
+1. Refuses while the index is behind: change events still waiting in the content lane, or index rows
+   without a vector (they would make the semantic leg look worse than it is).
+2. Samples up to `max_documents` documents (their latest final versions; a fixed-seed order by hash, so a
+   re-run on an unchanged corpus asks the same questions) and makes at most two pseudo-queries each,
+   each document falling into the tuning or the confirming half.
+3. Runs every query in lexical, semantic and hybrid mode as an administrator, with the retrieval
+   statistics and the access audit off (these are not users' queries).
+4. Decides: lexical when hybrid ranks below lexical (nDCG@10) on the tuning half *and* significantly below
+   on the confirming half (paired permutation test at `retrieval.evidence_significance_level`); hybrid
+   otherwise. The tuning half says which way to look, the confirming half tests only that, so looking at
+   three modes on many queries does not manufacture a difference.
+5. Writes the report to `ki_self_eval` and to `<out>/self-eval-<id>.json` (deployment data: outside
+   `benchmarks/`; query texts hashed unless `api.stats_store_query_text`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from opensearchpy import AsyncOpenSearch
+from sqlalchemy import text
+
+from apps.eval import pseudo
+from apps.eval.metrics import METRICS, evaluate, per_query_scores
+from apps.eval.run import MemoClient, Mode, ModeRun, run_queries
+from apps.eval.significance import paired_comparison
+from ki.errors import PermanentError
+from ki.settings import Settings
+
+Progress = Callable[[str], None]
+MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
+SUBJECT = "ki-self-eval"
+LIMIT = 10  # the decision is on nDCG@10
+MIN_QUERIES_PER_HALF = 10  # fewer cannot show a significant difference
+
+
+class SelfEvalError(PermanentError):
+    """`ki eval --self` cannot run (or must not yet); the message is one readable line."""
+
+
+@dataclass(frozen=True)
+class SampledDocument:
+    document_id: int
+    version_id: int
+    identifiers: list[str]
+    text: str
+
+
+_SAMPLE_SQL = text(
+    "SELECT d.id, v.id AS version_id, d.identifiers, v.text FROM documents d "
+    "JOIN document_versions v ON v.id = d.latest_final_version_id "
+    "WHERE d.deleted_at IS NULL AND btrim(v.text) <> '' "
+    "ORDER BY md5(:salt || d.id::text) LIMIT :limit"
+)
+_CORPUS_SQL = text("SELECT count(*) FROM documents WHERE deleted_at IS NULL AND latest_final_version_id IS NOT NULL")
+
+
+async def sample_documents(engine: Any, limit: int, salt: str) -> tuple[list[SampledDocument], int]:
+    """Up to `limit` documents with a final version, in a fixed pseudo-random order; and how many there are."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SAMPLE_SQL, {"salt": salt, "limit": limit})).all()
+        total = int((await conn.execute(_CORPUS_SQL)).scalar_one())
+    return [SampledDocument(int(r.id), int(r.version_id), list(r.identifiers or []), str(r.text)) for r in rows], total
+
+
+def make_queries(documents: Sequence[SampledDocument], salt: str) -> list[pseudo.PseudoQuery]:
+    out: list[pseudo.PseudoQuery] = []
+    for doc in documents:
+        out.extend(pseudo.queries_for(doc.document_id, doc.text, doc.identifiers, salt=salt))
+    return out
+
+
+async def rows_without_vectors(client: Any, index: str) -> int:
+    """Index rows that have text but no vector yet."""
+    body = {"query": {"bool": {"must_not": [{"exists": {"field": "embedding"}}]}}}
+    return int((await client.count(index=index, body=body))["count"])
+
+
+def waiting_reason(content_lag: int | None, unvectored: int) -> str | None:
+    """Why the index is not ready to be measured, or None."""
+    if content_lag:
+        return f"{content_lag} change event(s) still wait in the content lane"
+    if unvectored:
+        return f"{unvectored} index row(s) still wait for their vectors"
+    return None
+
+
+def content_lag(settings: Settings) -> int | None:
+    """Events the content lane has not indexed yet (None: the lag cannot be read)."""
+    from streams.status import lane_lags
+
+    for lane in lane_lags(settings):
+        if lane.lane == "content":
+            return int(lane.total)
+    return None
+
+
+def decision(tuning: dict[str, Any], confirming: dict[str, Any], level: float) -> tuple[str, str]:
+    """`hybrid` or `lexical` from the two halves' paired comparisons of hybrid against lexical, and why."""
+    looks_worse = tuning["mean_difference"] < 0
+    confirmed = confirming["mean_difference"] < 0 and confirming["p_value"] < level
+    figures = (
+        f"hybrid - lexical nDCG@10 {tuning['mean_difference']:+.3f} on {tuning['queries']} tuning queries, "
+        f"{confirming['mean_difference']:+.3f} (95% CI {confirming['ci95'][0]:+.3f}..{confirming['ci95'][1]:+.3f}, "
+        f"p {confirming['p_value']:.3f}) on {confirming['queries']} confirming queries"
+    )
+    if looks_worse and confirmed:
+        return "lexical", f"{figures}: hybrid significantly worse, keyword-only"
+    return "hybrid", f"{figures}: hybrid not significantly worse"
+
+
+def summarise(runs: dict[str, ModeRun], queries: Sequence[pseudo.PseudoQuery], level: float) -> dict[str, Any]:
+    """Per half: each mode's metrics and hybrid against lexical, paired; and the decision."""
+    halves: dict[str, Any] = {}
+    for half in ("tuning", "confirming"):
+        qrels = {q.qid: {str(q.document_id): 1} for q in queries if q.half == half}
+        if len(qrels) < MIN_QUERIES_PER_HALF:
+            raise SelfEvalError(
+                f"only {len(qrels)} pseudo-queries in the {half} half (at least {MIN_QUERIES_PER_HALF} needed): "
+                "the corpus is too small or its texts too short for a self-evaluation"
+            )
+        results = {mode: {m: round(v, 6) for m, v in evaluate(runs[mode].run, qrels).items() if m in METRICS}
+                   for mode in MODES}  # fmt: skip
+        compared = paired_comparison(
+            per_query_scores(runs["hybrid"].run, qrels), per_query_scores(runs["lexical"].run, qrels)
+        )
+        halves[half] = {"queries": len(qrels), "results": results, "hybrid_vs_lexical": compared}
+    mode, why = decision(halves["tuning"]["hybrid_vs_lexical"], halves["confirming"]["hybrid_vs_lexical"], level)
+    return {"halves": halves, "decision": mode, "summary": why}
+
+
+async def self_evaluate(
+    settings: Settings,
+    *,
+    max_documents: int,
+    out_dir: Path,
+    progress: Progress,
+    concurrency: int = 4,
+    salt: str = "ki-self-eval",
+    skip_lag_check: bool = False,
+) -> dict[str, Any]:
+    """The whole run (see the module docstring); returns the stored report with its `id`."""
+    from ki.clients import make_async_engine, make_client
+    from ki.embedding import create_embedder
+    from search.evidence import binding_for, binding_hash
+    from search.service import EmbeddingCache, SearchService
+
+    began = time.monotonic()
+    r = settings.retrieval
+    run_settings = settings.model_copy(
+        update={"api": settings.api.model_copy(update={"stats_enabled": False, "audit_enabled": False})}
+    )
+    embedder = await asyncio.to_thread(create_embedder, settings)
+    client = make_client(settings)
+    engine = make_async_engine(settings)
+    try:
+        lag = None if skip_lag_check else await asyncio.to_thread(content_lag, settings)
+        why_not = waiting_reason(lag, await rows_without_vectors(client, r.index_name))
+        if why_not:
+            raise SelfEvalError(f"not now: {why_not}; run it again when the sync worker has caught up")
+        documents, corpus_documents = await sample_documents(engine, max_documents, salt)
+        queries = make_queries(documents, salt)
+        progress(f"self-eval: {len(queries)} pseudo-queries from {len(documents)} of {corpus_documents} documents")
+        admin = settings.security.admin_principals
+        if not admin:
+            raise SelfEvalError("security.admin_principals is empty: the self-evaluation searches as an administrator")
+        principals = [f"user:{SUBJECT}", admin[0]]
+        memo = cast(AsyncOpenSearch, MemoClient(client))
+        cache = EmbeddingCache(size=max(len(queries), 1), ttl_s=24 * 3600)  # one vector per query across modes
+        runs: dict[str, ModeRun] = {}
+        for mode in MODES:
+            service = SearchService(run_settings, engine, memo, embedder, scope_cache=False)
+            service.cache = cache
+            runs[mode] = await run_queries(
+                service, principals, [(q.qid, q.text) for q in queries], project_id=None,
+                documents=_AnyDocument(), limit=LIMIT, concurrency=concurrency, label=f"self-eval {mode}",
+                mode=mode, progress=progress,
+            )  # fmt: skip
+        level = r.evidence_significance_level
+        outcome = summarise(runs, queries, level)
+        fingerprint = hashlib.sha256(
+            json.dumps(sorted((d.document_id, d.version_id) for d in documents)).encode()
+        ).hexdigest()
+        binding = binding_for(settings, embedder.signature, fingerprint)
+        keep_text = settings.api.stats_store_query_text
+        report: dict[str, Any] = {
+            "kind": "self-eval",
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "binding": binding,
+            "binding_hash": binding_hash(binding),
+            "decision": outcome["decision"],
+            "summary": outcome["summary"],
+            "significance_level": level,
+            "corpus": {"documents": corpus_documents, "sampled": len(documents), "salt": salt},
+            "pseudo_queries": {
+                "made_from": "a heading inside the text and a sentence of each sampled document's latest final "
+                "version, identifiers stripped (apps.eval.pseudo)",
+                "bias": "the documents' own words: they favour the lexical leg",
+                "count": len(queries),
+                "by_kind": {k: sum(q.kind == k for q in queries) for k in ("heading", "sentence")},
+            },
+            "halves": outcome["halves"],
+            "queries": [
+                {
+                    "id": q.qid,
+                    "half": q.half,
+                    "kind": q.kind,
+                    ("text" if keep_text else "sha256"): q.text if keep_text else pseudo.digest(q.text),
+                    **{
+                        mode: round(per_query_scores(runs[mode].run, {q.qid: {str(q.document_id): 1}})[0], 4)
+                        for mode in MODES
+                    },
+                }  # fmt: skip
+                for q in queries
+            ],
+            "seconds": round(time.monotonic() - began, 1),
+        }
+        report["id"] = await store(engine, report)
+    finally:
+        await engine.dispose()
+        await client.close()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"self-eval-{report['id']}.json"
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    report["file"] = str(path)
+    return report
+
+
+class _AnyDocument(dict[int, str]):
+    """run_queries maps a hit's document id to a corpus id; here every document is its own id."""
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int)
+
+    def __missing__(self, key: int) -> str:
+        return str(key)
+
+
+async def store(engine: Any, report: dict[str, Any]) -> int:
+    sql = text(
+        "INSERT INTO ki_self_eval (binding_hash, decision, report) "
+        "VALUES (:binding_hash, :decision, CAST(:report AS jsonb)) RETURNING id"
+    )
+    params = {"binding_hash": report["binding_hash"], "decision": report["decision"], "report": json.dumps(report)}
+    async with engine.begin() as conn:
+        return int((await conn.execute(sql, params)).scalar_one())
