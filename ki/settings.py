@@ -163,6 +163,10 @@ class RetrievalSettings(_Section):
     # How often each API process re-reads the newest `ki eval --self` report from PostgreSQL (seconds):
     # a new report reaches every process on every machine within this time, without a restart.
     self_eval_refresh_s: float = Field(30.0, gt=0, le=3600)
+    # `ki eval --self` turns hybrid off only when hybrid loses by more than this (nDCG@10), significantly:
+    # its pseudo-queries are the documents' own words, where lexical is near its ceiling and a small loss
+    # of hybrid says nothing about users' questions (apps.eval.self_check).
+    self_eval_margin: float = Field(0.02, ge=0, le=1)
     text_analysis: TextAnalysis = TextAnalysis()
 
     @model_validator(mode="after")

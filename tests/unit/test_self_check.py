@@ -14,11 +14,13 @@ def compared(mean: float, p: float, n: int = 60) -> dict:
 
 
 def test_lexical_only_when_the_tuning_half_points_there_and_the_confirming_half_confirms() -> None:
-    assert decision(compared(-0.2, 0.001), compared(-0.15, 0.001), 0.05)[0] == "lexical"
-    assert decision(compared(-0.2, 0.001), compared(-0.15, 0.2), 0.05)[0] == "hybrid"  # not confirmed
-    assert decision(compared(+0.1, 0.01), compared(-0.15, 0.001), 0.05)[0] == "hybrid"  # tuning looked the other way
-    assert decision(compared(-0.2, 0.001), compared(+0.05, 0.01), 0.05)[0] == "hybrid"
-    mode, why = decision(compared(-0.2, 0.001), compared(-0.15, 0.001), 0.05)
+    assert decision(compared(-0.2, 0.001), compared(-0.15, 0.001), 0.05, 0.02)[0] == "lexical"
+    assert decision(compared(-0.2, 0.001), compared(-0.15, 0.2), 0.05, 0.02)[0] == "hybrid"  # not confirmed
+    assert (
+        decision(compared(+0.1, 0.01), compared(-0.15, 0.001), 0.05, 0.02)[0] == "hybrid"
+    )  # tuning looked the other way
+    assert decision(compared(-0.2, 0.001), compared(+0.05, 0.01), 0.05, 0.02)[0] == "hybrid"
+    mode, why = decision(compared(-0.2, 0.001), compared(-0.15, 0.001), 0.05, 0.02)
     assert "significantly worse" in why and "p 0.001" in why and "60 confirming queries" in why
 
 
@@ -37,10 +39,23 @@ def test_a_useless_semantic_leg_ends_keyword_only_and_too_few_queries_are_refuse
     right = {q.qid: [str(q.document_id)] for q in qs}
     noise = {q.qid: [str(q.document_id + 1000), str(q.document_id)] for q in qs}  # the answer at rank 2
     runs = {"lexical": ModeRun(run=right), "semantic": ModeRun(run=noise), "hybrid": ModeRun(run=noise)}
-    outcome = summarise(runs, qs, 0.05)
+    outcome = summarise(runs, qs, 0.05, 0.02)
     assert outcome["decision"] == "lexical"
     assert outcome["halves"]["confirming"]["results"]["lexical"]["ndcg@10"] == 1.0
     same = {"lexical": ModeRun(run=right), "semantic": ModeRun(run=right), "hybrid": ModeRun(run=right)}
-    assert summarise(same, qs, 0.05)["decision"] == "hybrid"
+    assert summarise(same, qs, 0.05, 0.02)["decision"] == "hybrid"
     with pytest.raises(SelfEvalError, match="only 5 pseudo-queries"):
-        summarise(same, queries(10), 0.05)
+        summarise(same, queries(10), 0.05, 0.02)
+
+
+def test_a_consistent_small_loss_within_the_margin_keeps_hybrid() -> None:
+    """Pseudo-queries put lexical near its ceiling: hybrid one rank lower on every 25th query (a loss of
+    0.37 nDCG@10 on those, 0.015 on average) is significant but within the margin."""
+    qs = queries(400)
+    right = {q.qid: [str(q.document_id)] for q in qs}
+    near = {q.qid: ([str(q.document_id + 1000)] if q.document_id % 25 == 0 else []) + [str(q.document_id)] for q in qs}
+    runs = {"lexical": ModeRun(run=right), "semantic": ModeRun(run=near), "hybrid": ModeRun(run=near)}
+    outcome = summarise(runs, qs, 0.05, 0.02)
+    assert outcome["halves"]["confirming"]["hybrid_vs_lexical"]["p_value"] < 0.05  # a real, small loss
+    assert outcome["decision"] == "hybrid"
+    assert summarise(runs, qs, 0.05, 0.0)["decision"] == "lexical"  # without a margin it would count
