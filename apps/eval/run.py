@@ -56,6 +56,8 @@ Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
 # Fusions measured beside the configured one (search.fusion.fuse), as `hybrid-<method>` results.
 OTHER_FUSIONS: tuple[str, ...] = ("minmax", "dbsf")
+# Semantic weights (lexical 1) each fusion is measured with on the train split, where a default may be chosen.
+TRAIN_SEMANTIC_WEIGHTS: tuple[float, ...] = (0.5, 0.7, 1.0)
 
 
 def hybrid_against_best_leg(
@@ -75,6 +77,8 @@ def hybrid_against_best_leg(
         if label.startswith("hybrid-") and label != "hybrid-tuned"
     }
     return {"best_leg": best, "metric": "ndcg@10", **compared, "fusions": fusions}
+
+
 EVAL_SUBJECT = "ki-eval"  # the token subject; its principal is user:ki-eval
 SOURCE_REF_PREFIX = "beir:"
 EVAL_LIMIT = 100  # hits per query: recall@100 needs the top 100 documents
@@ -985,9 +989,9 @@ def self_eval_against_labels(
 
 
 async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
-    """Every mode and every fusion on (at most 1,000 sampled) train queries: what a fusion default may be
-    chosen on (issue 29; the test split only confirms). The legs' answers are memoised, so each fusion
-    costs only its re-ranking."""
+    """Every mode, and every fusion with each of TRAIN_SEMANTIC_WEIGHTS, on (at most 1,000 sampled) train
+    queries: what a fusion default may be chosen on (issue 29; the test split only confirms). The legs'
+    answers are memoised, so each fusion costs only its re-ranking."""
     from search.service import SearchService
 
     judged, ids = q.train_sample()
@@ -998,9 +1002,11 @@ async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
     memo = cast(AsyncOpenSearch, MemoClient(q.client))
     labels: list[tuple[str, Settings, Mode]] = [(m, mode_settings(q.settings, m), m) for m in MODES]
     for method in ("rrf", *OTHER_FUSIONS):
-        hybrid = mode_settings(q.settings, "hybrid")
-        retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
-        labels.append((f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid"))
+        for weight in TRAIN_SEMANTIC_WEIGHTS:
+            hybrid = mode_settings(q.settings, "hybrid")
+            retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method, "weight_semantic": weight})
+            label = f"hybrid-{method}" + ("" if weight == 1.0 else f"-wsem{weight:g}")
+            labels.append((label, hybrid.model_copy(update={"retrieval": retrieval}), "hybrid"))
     results: dict[str, dict[str, float]] = {}
     for label, run_settings, mode in labels:
         service = SearchService(run_settings, q.engine, memo, q.embedder)
