@@ -54,8 +54,8 @@ from projections.mapping import text_analysis
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
-# Fusions measured beside the configured one (search.fusion.fuse), as `hybrid-<method>` results.
-OTHER_FUSIONS: tuple[str, ...] = ("minmax", "dbsf")
+# Fusions (search.fusion.fuse): each besides the configured one is measured too, as `hybrid-<method>`.
+FUSIONS: tuple[str, ...] = ("rrf", "minmax", "dbsf")
 # Semantic weights (lexical 1) each fusion is measured with on the train split, where a default may be chosen.
 TRAIN_SEMANTIC_WEIGHTS: tuple[float, ...] = (0.5, 0.7, 1.0)
 
@@ -747,7 +747,7 @@ async def evaluate_dataset(
                 await measure(mode, mode_settings(es, mode), mode)
             # The same hybrid with each score-aware fusion (issue 29): only the queries run again (the
             # vectors are cached), so every report compares the methods on its own data.
-            for method in OTHER_FUSIONS:
+            for method in (m for m in FUSIONS if m != es.retrieval.fusion_method):
                 hybrid = mode_settings(es, "hybrid")
                 retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
                 await measure(f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid")
@@ -1001,7 +1001,7 @@ async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
     qrels = {qid: judged.qrels[qid] for qid in ids}
     memo = cast(AsyncOpenSearch, MemoClient(q.client))
     labels: list[tuple[str, Settings, Mode]] = [(m, mode_settings(q.settings, m), m) for m in MODES]
-    for method in ("rrf", *OTHER_FUSIONS):
+    for method in FUSIONS:
         for weight in TRAIN_SEMANTIC_WEIGHTS:
             hybrid = mode_settings(q.settings, "hybrid")
             retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method, "weight_semantic": weight})
