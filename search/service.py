@@ -391,8 +391,11 @@ class SearchService:
     async def refresh_gate(self) -> GateDecision:
         """Re-read the newest self-eval report and decide the default mode again (search.evidence)."""
         self.own_evidence = await load_self_evidence(self.engine)
-        self.gate = decide(self.reports, self.settings, self.embedder.signature, self.own_evidence)
-        return self.gate
+        gate = decide(self.reports, self.settings, self.embedder.signature, self.own_evidence)
+        if gate != self.gate:
+            log.info("default search mode now: %s (%s)", gate.default_mode, gate.reason)
+        self.gate = gate
+        return gate
 
     async def _refresh_gate_forever(self) -> None:
         while True:
