@@ -79,9 +79,12 @@ def test_documents_related_and_traversal_run_the_same_statements_for_hidden_and_
     conn, who, security = recorder.conn, [f"user:probe-{w.tag}"], settings.security
     assert get_document(conn, who, security, ids["visible"]) is not None  # the caller sees something
     assert _same_for_hidden_and_missing(recorder, lambda d: get_document(conn, who, security, d), ids) is None
-    assert _same_for_hidden_and_missing(
-        recorder, lambda d: related(conn, who, security, d, kinds=None, direction="both", limit=10), ids
-    ) is None
+    assert (
+        _same_for_hidden_and_missing(
+            recorder, lambda d: related(conn, who, security, d, kinds=None, direction="both", limit=10), ids
+        )
+        is None
+    )
 
     def walk(start: int) -> dict[str, Any]:
         found = run_traversal(conn, who, security, [ids["visible"], start], kinds=None, direction="both", depth=2,

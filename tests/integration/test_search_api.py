@@ -571,9 +571,15 @@ def test_explain_parts_add_up_to_the_score(server: Server, data: Data, settings:
         assert "lexical" in ex["ranks"] and set(ex["rrf_parts"]) == set(ex["ranks"])
         # A made-up word may sit below the semantic floor: then the leg is gone and the answer says so.
         assert "semantic" in ex["ranks"] or body["semantic_floor"]["dropped"] > 0, body["semantic_floor"]
+        assert ex["fusion"] == r.fusion_method
         for leg, rank in ex["ranks"].items():
             assert ex["weights"][leg] == weights[leg]
-            assert ex["rrf_parts"][leg] == pytest.approx(weights[leg] / (r.fusion_rrf_k + rank), rel=1e-12)
+            if r.fusion_method == "rrf":
+                assert ex["rrf_parts"][leg] == pytest.approx(weights[leg] / (r.fusion_rrf_k + rank), rel=1e-12)
+            else:  # a normalised score in [0, 1] times the weight; a leg's first hit scores 1
+                assert 0.0 <= ex["rrf_parts"][leg] <= weights[leg] * (1 + 1e-12)
+                if rank == 0:
+                    assert ex["rrf_parts"][leg] == pytest.approx(weights[leg], rel=1e-12)
         assert sum(ex["rrf_parts"].values()) == pytest.approx(ex["rrf_score"], rel=1e-12)
         assert ex["status_boost"] == boosts[hit["document_id"]]
         assert ex["rrf_score"] * ex["status_boost"] == pytest.approx(hit["score"], rel=1e-12)

@@ -10,8 +10,9 @@ here is exact. For each world's callers and a few queries, in lexical and hybrid
 * the oracle runs the legs as an administrator over the world's projects at depth 200 (every row), drops
   the rows of versions the reference evaluator (`tests/acl_reference.py`) says the caller may not see,
   keeps each leg's first `leg_depth` rows, and applies the documented ranking written out here (not
-  imported): weighted RRF `sum w_leg / (k + rank)`, the version-status boost, one hit per document (best
-  score; ties to the caller's latest final version, then chunk id), the page;
+  imported): weighted RRF `sum w_leg / (k + rank)` or min-max (whichever is configured), the
+  version-status boost, one hit per document (best score; ties to the caller's latest final version, then
+  chunk id), the page;
 * `POST /v1/search` as the caller must answer the same, field by field: the page's documents, versions,
   chunks, scores and per-leg ranks, `has_more`, `reason` and `mode`.
 
@@ -176,13 +177,19 @@ def _expected(
         return int(hit.source["document_version_id"]) in seen
 
     legs = {leg: [h for h in found if admitted(h)][:depth] for leg, found in admin.items()}
-    # Weighted RRF (ranks from 0), then the version-status boost.
+    # Weighted RRF (ranks from 0) or, with `minmax`, the weighted sum of each leg's scores scaled to [0, 1]
+    # over the caller's own list (one hit or equal scores: 1); then the version-status boost.
+    assert r.fusion_method in ("rrf", "minmax"), "the reference knows RRF and min-max"
     fused: dict[str, dict[str, Any]] = {}
     for leg, hits in legs.items():
+        low, high = min((h.score for h in hits), default=0.0), max((h.score for h in hits), default=0.0)
         for rank, hit in enumerate(hits):
             row = fused.setdefault(hit.id, {"source": hit.source, "ranks": {}, "rrf": 0.0})
             row["ranks"][leg] = rank
-            row["rrf"] += weights[leg] / (r.fusion_rrf_k + rank)
+            if r.fusion_method == "rrf":
+                row["rrf"] += weights[leg] / (r.fusion_rrf_k + rank)
+            else:
+                row["rrf"] += weights[leg] * (1.0 if high == low else (hit.score - low) / (high - low))
     for chunk, row in fused.items():
         row["score"] = row["rrf"] * float(r.version_status_boost.get(str(row["source"].get("version_status")), 1.0))
         row["chunk"] = chunk
