@@ -29,7 +29,8 @@ from opensearchpy import OpenSearch
 from sqlalchemy import text
 
 from apps.eval import beir
-from apps.eval.run import load_into_postgres
+from apps.eval.fusion_choice import setting_label
+from apps.eval.run import FUSIONS, load_into_postgres
 from apps.processes import free_port
 from apps.stack.http import request_json
 from ki.clients import make_engine, make_kafka_admin
@@ -96,9 +97,11 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     assert (dataset["name"], dataset["language"], dataset["language_source"]) == ("mietrecht-mini", "de", "README")
     assert Path(dataset["path"]) == DATA.resolve() and len(dataset["sha256"]) == 64
     assert set(dataset["files"]) == {"corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "qrels/train.tsv"}
-    assert set(record["results"]) == {"lexical", "semantic", "hybrid", "hybrid-tuned", "hybrid-minmax", "hybrid-dbsf"}
-    fusions = [record["results"][m]["fusion"] for m in ("hybrid", "hybrid-minmax", "hybrid-dbsf")]
-    assert fusions == ["rrf", "minmax", "dbsf"]
+    configured = load_settings().retrieval.fusion_method
+    others = [m for m in FUSIONS if m != configured]
+    assert set(record["results"]) == {"lexical", "semantic", "hybrid", "hybrid-tuned", *(f"hybrid-{m}" for m in others)}
+    fusions = [record["results"][label]["fusion"] for label in ("hybrid", *(f"hybrid-{m}" for m in others))]
+    assert fusions == [configured, *others]
     for mode, result in record["results"].items():
         for metric in ("ndcg@10", "recall@100", "mrr@10"):
             value = result[metric]
@@ -116,7 +119,7 @@ def test_the_report_names_the_data_set_and_every_mode(run: dict) -> None:
     assert paired["ci95"][0] <= paired["mean_difference"] <= paired["ci95"][1] and 0 < paired["p_value"] <= 1
     lexical_gap = record["results"]["hybrid"]["ndcg@10"] - record["results"]["lexical"]["ndcg@10"]
     assert record["hybrid_vs_lexical"]["mean_difference"] == pytest.approx(lexical_gap, abs=1e-5)  # the gate's test
-    for method in ("minmax", "dbsf"):  # the score-aware fusions against the same leg
+    for method in others:  # the other fusions against the same leg
         other = paired["fusions"][f"hybrid-{method}"]
         gap = record["results"][f"hybrid-{method}"]["ndcg@10"] - record["results"][best]["ndcg@10"]
         assert other["queries"] == 10 and other["mean_difference"] == pytest.approx(gap, abs=1e-5)
@@ -134,9 +137,8 @@ def test_tuning_binding_truncation_and_the_query_diff(run: dict) -> None:
     assert train["split"] == "train" and train["queries"] == 4
     expected = {f"hybrid-{m}{w}" for m in ("rrf", "minmax", "dbsf") for w in ("", "-wsem0.5", "-wsem0.7")}
     assert set(train["results"]) == {"lexical", "semantic", "hybrid"} | expected
-    configured = load_settings().retrieval
-    assert configured.weight_semantic == 1.0
-    assert train["results"]["hybrid"] == train["results"][f"hybrid-{configured.fusion_method}"]
+    r = load_settings().retrieval
+    assert train["results"]["hybrid"] == train["results"][setting_label(r.fusion_method, r.weight_semantic)]
     binding = record["binding"]
     assert binding["dataset_sha256"] == record["dataset"]["sha256"]
     assert binding["embedding_signature"] == record["settings"]["embedding_signature"]
