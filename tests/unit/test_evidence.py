@@ -46,7 +46,7 @@ def reports(s, *items):
 def test_hashes_change_with_what_they_bind():
     base = settings()
     assert analyzer_hash(base.retrieval) != analyzer_hash(settings(text_analyzer="english").retrieval)
-    assert ranking_hash(base.retrieval) != ranking_hash(settings(weight_semantic=0.5).retrieval)
+    assert ranking_hash(base.retrieval) != ranking_hash(settings(weight_semantic=0.3).retrieval)
     assert ranking_hash(base.retrieval) != ranking_hash(settings(fusion_rrf_k=20).retrieval)
     assert ranking_hash(base.retrieval) != ranking_hash(settings(chunk_chars=900).retrieval)
     # Settings that do not change a ranking do not invalidate reports.
@@ -204,7 +204,7 @@ def test_the_deployments_own_report_decides_when_it_matches():
     assert "this deployment's own evaluation, self-eval #12" in decision.reason and "-0.210" in decision.reason
     assert decide(committed, s, SIGNATURE, self_report(s, "hybrid")).default_mode == "hybrid"
     # Measured with another embedder or ranking: the committed reports decide again.
-    stale = self_report(settings(weight_semantic=0.5), "lexical")
+    stale = self_report(settings(weight_semantic=0.3), "lexical")
     assert decide(committed, s, SIGNATURE, stale).default_mode == "hybrid"
     assert decide(committed, s, SIGNATURE, self_report(s, "lexical", "other-384")).default_mode == "hybrid"
 
