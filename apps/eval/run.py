@@ -930,13 +930,28 @@ async def _fill_index(
     try:
         if await indexed_rows(client, settings.retrieval.index_name) < expected:
             worker = await asyncio.to_thread(_start_worker, target, options, progress)
-        return await wait_indexed(
+        filled = await wait_indexed(
             client, settings, expected, timeout_s=options.timeout_s, worker=worker, progress=progress
         )
+        if worker is not None:
+            await _drain(settings, progress)
+        return filled
     finally:
         if worker is not None:
             await asyncio.to_thread(worker.stop)
             progress("eval: stopped the eval sync worker (queries need the CPU)")
+
+
+async def _drain(settings: Settings, progress: Progress, timeout_s: float = 120.0) -> None:
+    """Let the worker take what is still queued behind the rows (e.g. the references written after the
+    documents) before it stops, so the eval's world is a caught-up deployment (`ki eval --self` on it)."""
+    from apps.eval.self_check import content_lag
+
+    deadline = time.monotonic() + timeout_s
+    while (lag := await asyncio.to_thread(content_lag, settings)) and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)  # poll interval of a deadline loop
+    if lag:
+        progress(f"eval: {lag} change event(s) still queued after {timeout_s:.0f}s; stopping the worker anyway")
 
 
 def _start_worker(
