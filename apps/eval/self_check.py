@@ -15,7 +15,9 @@ process reads it (PostgreSQL `ki_self_eval`; search.evidence decides the default
    confirming half tests only that, so looking at three modes on many queries does not manufacture a
    difference. The margin answers the pseudo-queries' bias: they are the documents' own words, lexical
    sits near its ceiling on them, and a loss of a point or two there says nothing about users' questions;
-   a useless semantic leg loses by far more.
+   a useless semantic leg loses by far more. Lexical also when the semantic leg alone finds almost nothing
+   (its nDCG@10 significantly below USEFUL_SHARE of lexical's, by the same two halves): a robust fusion
+   absorbs such noise, but it costs a query embedding and can only mislead.
 5. Writes the report to `ki_self_eval` and to `<out>/self-eval-<id>.json` (deployment data: outside
    `benchmarks/`; query texts hashed unless `api.stats_store_query_text`).
 """
@@ -47,6 +49,11 @@ MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
 SUBJECT = "ki-self-eval"
 LIMIT = 10  # the decision is on nDCG@10
 MIN_QUERIES_PER_HALF = 10  # fewer cannot show a significant difference
+# A semantic leg whose own nDCG@10 stays significantly below this share of lexical's finds almost nothing:
+# noise that a robust fusion mostly absorbs, but that costs an embedding per query and can only mislead.
+# (On pseudo-queries a useful leg reaches 0.8-0.97 of lexical -- e5 and even the English MiniLM on German
+# text; near-constant vectors 0.03-0.09.)
+USEFUL_SHARE = 0.25
 
 
 class SelfEvalError(PermanentError):
@@ -110,20 +117,24 @@ def content_lag(settings: Settings) -> int | None:
     return None
 
 
+def confirms(tuning: dict[str, Any], confirming: dict[str, Any], level: float) -> bool:
+    """A loss the tuning half points to and the confirming half finds significant (paired comparisons)."""
+    return tuning["mean_difference"] < 0 and confirming["mean_difference"] < 0 and confirming["p_value"] < level
+
+
 def decision(tuning: dict[str, Any], confirming: dict[str, Any], level: float, margin: float) -> tuple[str, str]:
     """`hybrid` or `lexical` from the two halves' paired comparisons of hybrid against lexical, and why.
 
     Each comparison is of hybrid + `margin` against lexical (`summarise`): lexical only when hybrid loses by
     more than the margin on the tuning half and, significantly, on the confirming half."""
-    looks_worse = tuning["mean_difference"] < 0
-    confirmed = confirming["mean_difference"] < 0 and confirming["p_value"] < level
+    confirmed = confirms(tuning, confirming, level)
     low, high = confirming["ci95"]
     figures = (
         f"hybrid - lexical nDCG@10 {tuning['mean_difference'] - margin:+.3f} on {tuning['queries']} tuning queries, "
         f"{confirming['mean_difference'] - margin:+.3f} (95% CI {low - margin:+.3f}..{high - margin:+.3f}, "
         f"p {confirming['p_value']:.3f} for a loss beyond {margin:g}) on {confirming['queries']} confirming queries"
     )
-    if looks_worse and confirmed:
+    if confirmed:
         return "lexical", f"{figures}: hybrid significantly worse, keyword-only"
     return "hybrid", f"{figures}: hybrid not significantly worse"
 
@@ -145,13 +156,26 @@ def summarise(
                    for mode in MODES}  # fmt: skip
         hybrid = per_query_scores(runs["hybrid"].run, qrels)
         lexical = per_query_scores(runs["lexical"].run, qrels)
+        semantic = per_query_scores(runs["semantic"].run, qrels)
         halves[half] = {
             "queries": len(qrels),
             "results": results,
             "hybrid_vs_lexical": paired_comparison(hybrid, lexical),
             "beyond_margin": paired_comparison([h + margin for h in hybrid], lexical),
+            "semantic_vs_useful": paired_comparison(semantic, [USEFUL_SHARE * x for x in lexical]),
         }
-    mode, why = decision(halves["tuning"]["beyond_margin"], halves["confirming"]["beyond_margin"], level, margin)
+    tuning, confirming = halves["tuning"], halves["confirming"]
+    mode, why = decision(tuning["beyond_margin"], confirming["beyond_margin"], level, margin)
+    if mode == "hybrid" and confirms(tuning["semantic_vs_useful"], confirming["semantic_vs_useful"], level):
+        sem, lex = (confirming["results"][m]["ndcg@10"] for m in ("semantic", "lexical"))
+        mode, why = (
+            "lexical",
+            (
+                f"the semantic leg alone finds almost nothing: nDCG@10 {sem:.3f} against lexical {lex:.3f} on "
+                f"{confirming['queries']} confirming queries, significantly below {USEFUL_SHARE:g} of it "
+                f"(p {confirming['semantic_vs_useful']['p_value']:.3f}); {why.split(': hybrid')[0]}: keyword-only"
+            ),
+        )
     return {"halves": halves, "decision": mode, "summary": why}
 
 

@@ -123,7 +123,8 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
         report = json.loads(report_path.read_text())
         assert f"self-eval #{report['id']}: default mode lexical" in done.stdout
         assert report["decision"] == "lexical", report["summary"]
-        assert report["halves"]["confirming"]["hybrid_vs_lexical"]["p_value"] < 0.05
+        confirming = report["halves"]["confirming"]["results"]
+        assert confirming["semantic"]["ndcg@10"] < 0.25 * confirming["lexical"]["ndcg@10"], confirming
         assert all("sha256" in q and "text" not in q for q in report["queries"])  # texts hashed by default
         # The running API picks the new report up without a restart.
         name = f"self-eval #{report['id']}"
@@ -133,7 +134,7 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
             return mode if name in mode["reason"] else None
 
         after = wait_for(switched, timeout=30, what="the API to read the self-eval report")
-        assert after["used"] == "lexical" and "significantly worse" in after["reason"]
+        assert after["used"] == "lexical" and after["reason"].endswith("keyword-only"), after
     finally:
         server.stop()
         _ki("eval", "--data", str(DATA), "--name", "gesetze-mini-constant", "--drop", env=constant_embeddings)

@@ -59,3 +59,16 @@ def test_a_consistent_small_loss_within_the_margin_keeps_hybrid() -> None:
     assert outcome["halves"]["confirming"]["hybrid_vs_lexical"]["p_value"] < 0.05  # a real, small loss
     assert outcome["decision"] == "hybrid"
     assert summarise(runs, qs, 0.05, 0.0)["decision"] == "lexical"  # without a margin it would count
+
+
+def test_a_semantic_leg_that_finds_almost_nothing_ends_keyword_only_even_when_fusion_absorbs_it() -> None:
+    qs = queries(80)
+    right = {q.qid: [str(q.document_id)] for q in qs}
+    nothing = {q.qid: [str(q.document_id + 1000)] for q in qs}  # never the document asked for
+    runs = {"lexical": ModeRun(run=right), "semantic": ModeRun(run=nothing), "hybrid": ModeRun(run=right)}
+    outcome = summarise(runs, qs, 0.05, 0.02)
+    assert outcome["decision"] == "lexical" and "finds almost nothing" in outcome["summary"]
+    # A weak but useful leg (the document at rank 3: nDCG@10 0.5 of lexical's) keeps hybrid.
+    weak = {q.qid: [str(q.document_id + 1000), str(q.document_id + 2000), str(q.document_id)] for q in qs}
+    runs["semantic"] = ModeRun(run=weak)
+    assert summarise(runs, qs, 0.05, 0.02)["decision"] == "hybrid"
