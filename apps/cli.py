@@ -356,8 +356,14 @@ def _self_eval(args: argparse.Namespace, settings: Settings) -> int:
     out = Path(args.out) if args.out else Path("build/self-eval")
     try:
         report = asyncio.run(
-            self_evaluate(settings, max_documents=args.self_documents, out_dir=out, concurrency=args.concurrency,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+            self_evaluate(
+                settings,
+                max_documents=args.self_documents,
+                out_dir=out,
+                concurrency=args.concurrency,
+                check_lag=True,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )  # fmt: skip
         )
     except SelfEvalError as exc:
         raise CliError(str(exc)) from None

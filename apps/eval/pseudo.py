@@ -79,9 +79,7 @@ def strip_identifiers(text: str, identifiers: Sequence[str] = ()) -> str:
     words = [
         w
         for i, w in enumerate(tokens)
-        if not numbered(i)
-        and any(c.isalpha() for c in w)
-        and not (len(w) <= 2 and numbered(i - 1) and numbered(i + 1))
+        if not numbered(i) and any(c.isalpha() for c in w) and not (len(w) <= 2 and numbered(i - 1) and numbered(i + 1))
     ]
     return " ".join(words).strip(" \t,;:-–()[]")
 

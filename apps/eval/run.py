@@ -773,13 +773,12 @@ async def evaluate_dataset(
         if options.self_check:
             from apps.eval.self_check import SelfEvalError, self_evaluate
 
-            # The index was just checked complete (`_fill_index`); the lanes' lag is no measure here, since
-            # the eval stops its worker once the rows are in and later writes (e.g. references) stay queued.
+            # No lane-lag check (the CLI's `--self` has it): the index was just checked complete
+            # (`_fill_index`), and a re-run's writes (e.g. references) stay queued for a stopped worker.
             try:
                 self_record = await self_evaluate(
-                    es, max_documents=options.self_documents, out_dir=options.out_dir, progress=progress,
-                    skip_lag_check=True,
-                )  # fmt: skip
+                    es, max_documents=options.self_documents, out_dir=options.out_dir, progress=progress
+                )
             except SelfEvalError as exc:  # the labelled report still gets written
                 progress(f"eval: self-eval: {exc}")
                 self_record = None

@@ -187,7 +187,7 @@ async def self_evaluate(
     progress: Progress,
     concurrency: int = 4,
     salt: str = "ki-self-eval",
-    skip_lag_check: bool = False,
+    check_lag: bool = False,
 ) -> dict[str, Any]:
     """The whole run (see the module docstring); returns the stored report with its `id`."""
     from ki.clients import make_async_engine, make_client
@@ -204,7 +204,7 @@ async def self_evaluate(
     client = make_client(settings)
     engine = make_async_engine(settings)
     try:
-        lag = None if skip_lag_check else await asyncio.to_thread(content_lag, settings)
+        lag = await asyncio.to_thread(content_lag, settings) if check_lag else None
         why_not = waiting_reason(lag, await rows_without_vectors(client, r.index_name))
         if why_not:
             raise SelfEvalError(f"not now: {why_not}; run it again when the sync worker has caught up")
