@@ -204,7 +204,8 @@ def test_the_explain_panel_shows_the_ranks_the_api_gave(
     top = answer["hits"][0]
     assert int(first.get_attribute("data-document-id")) == top["document_id"]
     assert shown == top["explain"]["ranks"] and "lexical" in shown
-    assert "status boost" in panel.text and "RRF score" in panel.text
+    fused = "RRF score" if top["explain"]["fusion"] == "rrf" else "fused legs"
+    assert "status boost" in panel.text and fused in panel.text
     # Each leg's contribution as the API computed it, and the fusion that made it (issue 29).
     parts = {row.get_attribute("data-leg"): row.find_element(By.CSS_SELECTOR, ".part").text
              for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-leg]")}  # fmt: skip
