@@ -335,6 +335,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         fresh=args.fresh,
         drop=args.drop,
         self_check=args.self_check,
+        train_fusions=not args.no_train_fusions,
         self_documents=args.self_documents,
         argv=tuple(sys.argv[1:]),
     )
@@ -548,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the deployment's own evidence: pseudo-queries from the live corpus decide the default "
                     "mode of every API process (with --data: on that data set's eval world, beside its labels)",
                     )  # fmt: skip
+    ev.add_argument("--no-train-fusions", action="store_true",
+                    help="skip the train split's grid of every fusion and semantic weight (where the shipped default "
+                    "was chosen); refreshing the test evidence does not need it")  # fmt: skip
     ev.add_argument("--self-documents", type=int, default=500,
                     help="--self: documents sampled for pseudo-queries (default 500)")  # fmt: skip
     ev.add_argument("--identity-reach", action="store_true",

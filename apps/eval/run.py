@@ -113,6 +113,7 @@ class EvalOptions:
     fresh: bool = False  # drop the eval's world first, then run from scratch
     self_check: bool = False  # also run `ki eval --self` on the eval's world (apps.eval.self_check)
     self_documents: int = 500  # documents the self-evaluation samples
+    train_fusions: bool = True  # every fusion x semantic weight on the train split (where the default is chosen)
     drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
 
@@ -752,7 +753,7 @@ async def evaluate_dataset(
                 retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
                 await measure(f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid")
             phase = QueryPhase(es, async_engine, client, embedder, cache, principals, data, loaded, options, progress)
-            train_record = await _train_fusions(phase) if data.train is not None else None
+            train_record = await _train_fusions(phase) if data.train is not None and options.train_fusions else None
             tuning_record: dict[str, Any] | None = None
             tuned: dict[str, Any] | None = None
             if options.tune:
