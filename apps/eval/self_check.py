@@ -129,10 +129,15 @@ def decision(tuning: dict[str, Any], confirming: dict[str, Any], level: float, m
     more than the margin on the tuning half and, significantly, on the confirming half."""
     confirmed = confirms(tuning, confirming, level)
     low, high = confirming["ci95"]
+    beyond = (
+        f"a loss beyond {margin:g} at p {confirming['p_value']:.3f}"
+        if confirming["mean_difference"] < 0
+        else f"no loss beyond {margin:g}"
+    )
     figures = (
         f"hybrid - lexical nDCG@10 {tuning['mean_difference'] - margin:+.3f} on {tuning['queries']} tuning queries, "
-        f"{confirming['mean_difference'] - margin:+.3f} (95% CI {low - margin:+.3f}..{high - margin:+.3f}, "
-        f"p {confirming['p_value']:.3f} for a loss beyond {margin:g}) on {confirming['queries']} confirming queries"
+        f"{confirming['mean_difference'] - margin:+.3f} (95% CI {low - margin:+.3f}..{high - margin:+.3f}; "
+        f"{beyond}) on {confirming['queries']} confirming queries"
     )
     if confirmed:
         return "lexical", f"{figures}: hybrid significantly worse, keyword-only"
