@@ -286,7 +286,10 @@ def decide(
     if r.default_mode != "auto":
         return GateDecision(r.default_mode, f"pinned by the operator (retrieval.default_mode {r.default_mode!r})")
     if own is not None and own.matches(settings, embedding_signature):
-        return GateDecision(own.decision, f"this deployment's own evaluation, {own.name}: {own.summary}", (own.name,))
+        # Callers read the reason: no figures from the report, which measured every document, also those
+        # a caller may not see (its query counts tell the corpus size). Operators read them in the report.
+        verdict = "keyword-only" if own.decision == "lexical" else "hybrid not significantly worse than keyword-only"
+        return GateDecision(own.decision, f"this deployment's own evaluation, {own.name}: {verdict}", (own.name,))
     matching = [rep for rep in reports if rep.matches(settings, embedding_signature)]
     if not matching:
         return GateDecision(
