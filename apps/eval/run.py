@@ -481,7 +481,7 @@ async def run_queries(
     queries: Sequence[tuple[str, str]],
     *,
     project_id: int | None,
-    documents: dict[int, str],
+    documents: dict[int, str] | None,
     limit: int,
     concurrency: int,
     scope: Any = None,
@@ -489,7 +489,8 @@ async def run_queries(
     mode: Mode | None = None,
     progress: Progress | None = _progress,
 ) -> ModeRun:
-    """Each query through the search service; ranked corpus ids per query and which legs contributed."""
+    """Each query through the search service; ranked corpus ids per query (`documents` maps document ids to
+    them; None: the document id itself) and which legs contributed."""
     from ki.errors import RequestInvalid
     from search.filters import parse_search_request
 
@@ -514,7 +515,8 @@ async def run_queries(
                 result = await service.search(principals, request)
             else:
                 result = await service.search_in_scope(principals, request, scope)
-        out.run[qid] = [documents[h["document_id"]] for h in result.hits if h["document_id"] in documents]
+        ids = [h["document_id"] for h in result.hits]
+        out.run[qid] = [str(i) for i in ids] if documents is None else [documents[i] for i in ids if i in documents]
         for hit in result.hits:
             for leg in hit.get("explain", {}).get("ranks", {}):
                 out.legs[leg] = out.legs.get(leg, 0) + 1

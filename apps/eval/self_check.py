@@ -228,7 +228,7 @@ async def self_evaluate(
             service.cache = cache
             runs[mode] = await run_queries(
                 service, principals, [(q.qid, q.text) for q in queries], project_id=None,
-                documents=_AnyDocument(), limit=LIMIT, concurrency=concurrency, label=f"self-eval {mode}",
+                documents=None, limit=LIMIT, concurrency=concurrency, label=f"self-eval {mode}",
                 mode=mode, progress=progress,
             )  # fmt: skip
         level = r.evidence_significance_level
@@ -280,16 +280,6 @@ async def self_evaluate(
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report["file"] = str(path)
     return report
-
-
-class _AnyDocument(dict[int, str]):
-    """run_queries maps a hit's document id to a corpus id; here every document is its own id."""
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, int)
-
-    def __missing__(self, key: int) -> str:
-        return str(key)
 
 
 async def store(engine: Any, report: dict[str, Any]) -> int:
