@@ -15,6 +15,7 @@ k-NN plugin zip unpacked into `plugins/opensearch-knn/`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -192,9 +193,22 @@ class Resolver:
 
     def _ensure(self, name: str, build: Callable[[Path], None]) -> Path:
         dest = self.paths.artifacts / name
-        marker = dest / MARKER
-        if marker.is_file() and marker.read_text().strip() == self.digest:
+        if self._is_current(dest):
             return dest
+        # Two stacks starting at once (the test lanes) share this cache: one resolves, the other waits
+        # for it and then finds the artifact ready.
+        self.paths.artifacts.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.artifacts / ".resolve.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._is_current(dest):
+                return dest
+            return self._build(name, dest, build)
+
+    def _is_current(self, dest: Path) -> bool:
+        marker = dest / MARKER
+        return marker.is_file() and marker.read_text().strip() == self.digest
+
+    def _build(self, name: str, dest: Path, build: Callable[[Path], None]) -> Path:
         started = time.monotonic()
         self.report(f"artifacts: resolving {name} with Maven (first run only)…")
         staging = dest.with_name(name + ".partial")
