@@ -75,14 +75,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         from apps.serve_workers import run_workers
 
         return run_workers(args.workers, config=args.config)
-    from search.api import serve
+    from search.web.api import serve
 
     serve(settings, reuse_port=args.reuse_port)
     return 0
 
 
 def _token(args: argparse.Namespace, settings: Settings) -> int:
-    from search.auth import mint_token
+    from search.web.auth import mint_token
 
     if args.ttl < 1:
         raise CliError("--ttl must be at least 1 second")

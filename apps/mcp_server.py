@@ -2,14 +2,14 @@
 
 Tools: `search`, `search_filter`, `search_decisions`, `get_document`, `related_documents`, `traverse`. Each
 tool's input schema is the JSON schema of the request model the HTTP API validates with
-(`search.filters`), and each call is parsed by the same parser under the same `api.*` limits, answered by
+(`search.request`), and each call is parsed by the same parser under the same `api.*` limits, answered by
 the same `SearchService` method and the same authorization: a tool answer is what the HTTP endpoint
 would answer, as structured content (and as JSON text for clients that only read text). A refused call
 is a tool error carrying the HTTP API's error body (`error`, `message`, `field`).
 
 Transports:
 * **streamable HTTP** (`ki mcp`, `mcp.host:mcp.port`, path `/mcp`): every request needs
-  `Authorization: Bearer <token>`, verified like the API's (`search.auth.Authenticator`: HMAC or the
+  `Authorization: Bearer <token>`, verified like the API's (`search.web.auth.Authenticator`: HMAC or the
   identity provider) before the MCP layer sees it -- a missing or bad token is an HTTP 401 with a JSON
   body; the principals are read from the request of each tool call. Stateless JSON responses: no
   session state to lose between requests.
@@ -33,9 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
-from search.api import NotFound, create_service, error_body
-from search.auth import Authenticator, AuthError
-from search.filters import (
+from search.request import (
     DecisionSearchRequest,
     FilterRequest,
     Id,
@@ -48,8 +46,10 @@ from search.filters import (
     parse_traverse_request,
     validate_request,
 )
-from search.oidc import IdentityProviderUnavailable
 from search.service import SearchService
+from search.web.api import NotFound, create_service, error_body
+from search.web.auth import Authenticator, AuthError
+from search.web.oidc import IdentityProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def build_server(settings: Settings, service: SearchService, principals_of: Prin
             service.limiter.take(principals)  # the same limit as over HTTP
             request = spec.parse(params.arguments or {}, settings.api)
             answer = await spec.call(service, principals, request)
-            service.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.audit)
+            service.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.telemetry.audit)
             return tool_result(answer)
         except KiError as exc:
             result = tool_error(exc, where)

@@ -6,7 +6,7 @@ and CDC invalidation feed). The supervisor (`apps.supervisor`) holds them togeth
 
 Metrics: the workers run prometheus_client in multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, a fresh
 directory per run), so whichever worker answers `GET /metrics` reports every worker's counters and
-histograms summed, and gauges per their `multiprocess_mode` (`search.metrics`). A worker's files are
+histograms summed, and gauges per their `multiprocess_mode` (`search.telemetry.metrics`). A worker's files are
 marked dead when it exits; the directory is removed at the end.
 
 Several machines: run `ki serve` (with or without `--workers`) on each behind any HTTP load balancer

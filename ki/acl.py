@@ -569,7 +569,7 @@ def visible_observations(
     `version_ids` (a visible version always has a citable observation), so this can replace
     `visible_versions` where citations are needed. An `Unresolved` caller is resolved (`resolve_caller`'s
     rules) in the same statement. `of`: `ids` are versions; or versions whose documents' every version is
-    asked (`siblings`: what a caller's view of those documents is computed from, `search.version_view`); or
+    asked (`siblings`: what a caller's view of those documents is computed from, `search.access.version_view`); or
     documents, every version of which is asked. One statement whether or not the ids exist."""
     if not ids:
         return []

@@ -6,31 +6,31 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
     ├── TransientError          goes away by itself; retry later (the worker retries forever, the API says 503/429)
     │   ├── Unavailable         a service we depend on did not answer (unreachable, timed out, 429/5xx); `.service`
     │   │   ├── SearchUnavailable           OpenSearch
-    │   │   ├── RerankUnavailable           the rerank gateway (search/rerank.py)
+    │   │   ├── RerankUnavailable           the rerank gateway (search/ranking/rerank.py)
     │   │   └── EmbeddingUnavailable        the embedding service, after its own retries (ki/embedding)
-    │   ├── Overloaded          the search API is at capacity (search/admission.py)
+    │   ├── Overloaded          the search API is at capacity (search/web/admission.py)
     │   └── BulkThrottled       bulk items still answered 429/5xx after our retries (also a BulkError)
     └── PermanentError          retrying the same thing fails the same way
         ├── SettingsError       settings or a config file are invalid
-        ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/filters.py)
-        │   ├── WindowTooDeep               offset + limit beyond the ranked window (search/filters.py)
+        ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/request.py)
+        │   ├── WindowTooDeep               offset + limit beyond the ranked window (search/request.py)
         │   ├── SemanticUnavailable         a mode that needs vectors where there are none (search/service.py)
         │   └── QueryTooManyTerms           OpenSearch refused the query text for its clause count (by type)
-        ├── AuthError           missing or invalid credentials (search/auth.py)
+        ├── AuthError           missing or invalid credentials (search/web/auth.py)
         ├── Rejected            a service answered and refused (4xx, 500, a non-retriable Kafka error); `.service`
         ├── AlreadyExists       what we create exists already (a topic, an index): often fine, a concurrent creator
         ├── IndexSchemaError    the live index cannot hold what we write (dimension, analyzer, embedding)
         ├── BulkRejected        bulk items the index refused, e.g. 400 mapper_parsing_exception (also a BulkError)
         ├── PoisonEvent         a change event that can never be applied: dead-lettered (projections/cdc.py)
         ├── EmbeddingError      the embedder cannot give a valid vector (ki/embedding); E5FormatError
-        ├── ReportInvalid       an eval report that cannot serve as evidence (search/evidence.py)
+        ├── ReportInvalid       an eval report that cannot serve as evidence (search/ranking/mode_gate.py)
         └── the applications' one-line errors: CliError, StackError, EvalError, BenchError, DataError,
             IsolationError (apps/)
 
 Leaves that one module raises live in that module; the categories several modules share live here.
 Foreign exceptions (opensearch-py, confluent-kafka, SQLAlchemy) become these types in one function per
-library in `ki.clients`, beside the code that builds those clients; aiohttp's in `search/rerank.py`, the
-one aiohttp client. The search API maps the tree to HTTP in one table (`search/api.py`).
+library in `ki.clients`, beside the code that builds those clients; aiohttp's in `search/ranking/rerank.py`, the
+one aiohttp client. The search API maps the tree to HTTP in one table (`search/web/api.py`).
 
 This module imports nothing but the standard library, so every layer (also the pure `projections/`) may
 use it.

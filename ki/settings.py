@@ -88,7 +88,7 @@ class RetrievalSettings(_Section):
     profile_embeddings: bool = True
     clause_embeddings: bool = True
     fusion_rrf_k: int = Field(60, ge=1, le=10_000)
-    # How the legs' lists become one ranking (search.fusion.fuse): weighted RRF over ranks, or the weighted
+    # How the legs' lists become one ranking (search.ranking.fusion.fuse): weighted RRF over ranks, or the weighted
     # sum of each leg's scores normalised per query (minmax; dbsf: mean +- 3 sd), over the caller's own rows.
     fusion_method: Literal["rrf", "minmax", "dbsf"] = "rrf"
     weight_lexical: float = Field(1.0, ge=0)
@@ -106,18 +106,18 @@ class RetrievalSettings(_Section):
     rerank_timeout_s: float = Field(20.0, gt=0)
     # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
     rerank_api_key_env: str = "KI_RERANK_API_KEY"
-    # Graph augmentation (search.augment): the top `graph_rag_seeds` documents' forward `references`
+    # Graph augmentation (search.ranking.augment): the top `graph_rag_seeds` documents' forward `references`
     # relations pull at most `graph_rag_max_added` cited documents into the pool, scored seed score x
     # `graph_rag_hop_penalty`. Off by default (measured on gesetze-headings-dev: BENCHMARKS.md).
     graph_rag_enabled: bool = False
     graph_rag_seeds: int = Field(5, ge=1, le=100)
     graph_rag_max_added: int = Field(10, ge=1, le=200)
     graph_rag_hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
-    # Authoritative class (search.augment): the ontology key of a document type (its whole subtree, e.g.
+    # Authoritative class (search.ranking.augment): the ontology key of a document type (its whole subtree, e.g.
     # statutes) whose best lexical match for the query is always on the first page -- at its end when the
     # ranking did not put it there; nothing ranked is dropped. None: off.
     authoritative_doc_type: str | None = Field(None, min_length=1)
-    # Identity preflight (search.identity): identifiers and exact titles named in the query are resolved
+    # Identity preflight (search.names.keys): identifiers and exact titles named in the query are resolved
     # against the caller's scope before ranking; one named document is the top hit, several are reported
     # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more
     # than `identity_max_documents_per_name` documents at all) is common and names nothing.
@@ -125,13 +125,13 @@ class RetrievalSettings(_Section):
     # request's `as_of`, else today); off by default -- the dev sets carry no dates to measure it on.
     decay_enabled: bool = False
     decay_floor: float = Field(0.8, ge=0.0, le=1.0)
-    # Synonyms (search.synonyms): groups of phrases meaning the same; a query containing one gets the others
+    # Synonyms (search.ranking.synonyms): groups of phrases meaning the same; a query containing one gets the others
     # added for the lexical and semantic legs. None: the shipped German list (docs/search-api.md).
     synonyms_enabled: bool = False
     synonyms: list[list[str]] | None = None
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     expand_max_chunks_per_document: int = Field(3, ge=1, le=100)
-    # Relevance floor of the semantic leg (search.floor): a kNN hit whose cosine similarity to the query is
+    # Relevance floor of the semantic leg (search.ranking.floor): a kNN hit whose cosine similarity to the query is
     # below the floor stored for the index's embedding signature is no evidence and leaves before fusion.
     # Cosine ranges differ by model, so the floor is per signature (tuned on train splits by
     # `ki eval --tune`); a signature without an entry has no floor.
@@ -151,7 +151,7 @@ class RetrievalSettings(_Section):
     # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)
     # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
-    # settings shows hybrid >= lexical (search.evidence). Relative paths start at the repository root.
+    # settings shows hybrid >= lexical (search.ranking.mode_gate). Relative paths start at the repository root.
     evidence_dir: str = Field("benchmarks", min_length=1)
     # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test
     # of the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without
@@ -259,7 +259,7 @@ class ConnectSettings(_Section):
     publication_name: str = Field("ki_publication", pattern=r"^[a-z_][a-z0-9_]*$")
     slot_name: str = Field("ki_slot", pattern=r"^[a-z_][a-z0-9_]*$")
     snapshot_mode: Literal["initial", "no_data", "always", "when_needed", "never"] = "initial"
-    # Also the scope cache's proof that Debezium is current (search.invalidation): short on purpose.
+    # Also the scope cache's proof that Debezium is current (search.access.invalidation): short on purpose.
     heartbeat_interval_ms: int = Field(1_000, ge=100)
     # Host name Connect uses to reach PostgreSQL; empty = database.host (differs under docker compose).
     database_hostname: str = ""
@@ -405,19 +405,19 @@ class ApiSettings(_Section):
     max_token_bytes: int = Field(4096, ge=256, le=8000)
     embedding_cache_ttl_s: int = Field(600, ge=0)
     embedding_cache_size: int = Field(1024, ge=0)
-    # Scope cache (search.scope_cache): entries (callers + scopes; 0 = off) and ids held across all scopes
+    # Scope cache (search.access.scope_cache): entries (callers + scopes; 0 = off) and ids held across all scopes
     # (8 bytes each), used only while its CDC invalidation feed is at most this far behind PostgreSQL.
     scope_cache_size: int = Field(4096, ge=0)
     scope_cache_max_ids: int = Field(5_000_000, ge=0)
     scope_cache_max_feed_lag_s: float = Field(5.0, gt=0)
-    # Identity look-up cache (search.name_cache): name keys (0 = off) and documents held across them,
+    # Identity look-up cache (search.names.cache): name keys (0 = off) and documents held across them,
     # fed by the scope cache's invalidation feed and used only while it is current (needs the scope cache).
     identity_cache_keys: int = Field(100_000, ge=0)
     identity_cache_max_documents: int = Field(200_000, ge=0)
-    # The scope clause each leg carries (search.scope): a larger scope is sent as its projects, or not at
+    # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not at
     # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
-    # Retrieval statistics (search.stats): one row per ranked query in ki_search_stats, written in batches
+    # Retrieval statistics (search.telemetry.stats): one row per ranked query in ki_search_stats, written in batches
     # (buffer bounded; a full buffer drops the oldest), kept stats_retention_days and at most stats_max_rows;
     # the query text only when stats_store_query_text (queries can name clients and matters).
     stats_enabled: bool = True
@@ -427,21 +427,21 @@ class ApiSettings(_Section):
     stats_buffer_rows: int = Field(10_000, ge=1)
     stats_batch_rows: int = Field(200, ge=1)
     stats_flush_s: float = Field(1.0, gt=0, le=3600)
-    # The access audit (search.audit): one row per /v1 request and MCP tool call in ki_access_audit (who,
+    # The access audit (search.telemetry.audit): one row per /v1 request and MCP tool call in ki_access_audit (who,
     # which endpoint, status, the documents the answer named), written in batches like the statistics,
     # kept audit_retention_days, read by administrators (`GET /v1/audit`).
     audit_enabled: bool = True
     audit_retention_days: int = Field(365, ge=1, le=3650)
-    # Relations (search.documents, search.graph): how deep `POST /v1/traverse` may go, how many edges it
+    # Relations (search.documents.read, search.documents.graph): how deep `POST /v1/traverse` may go, how many edges it
     # follows out of one document at most, and how many related documents one answer lists at most.
     max_traverse_depth: int = Field(3, ge=1, le=10)
     max_traverse_fanout: int = Field(50, ge=1, le=1000)
     max_related: int = Field(200, ge=1, le=10_000)
-    # The console (`/console`, search.console): in demo mode only, a picker of the demo users that mints
+    # The console (`/console`, search.web.console): in demo mode only, a picker of the demo users that mints
     # local tokens -- anyone who reaches the API can then act as anyone, so never on a shared machine.
     demo_mode: bool = False
     # The operations dashboard's window: commit -> visible quantiles and request rates over the last
-    # this many seconds (search.ops).
+    # this many seconds (search.telemetry.ops).
     ops_window_s: float = Field(300.0, ge=10, le=86_400)
     # How long the dashboard waits for a lane's /metrics before showing it as down.
     ops_scrape_timeout_s: float = Field(2.0, gt=0, le=60)
@@ -455,7 +455,7 @@ OIDC_ALGORITHMS: tuple[OidcAlgorithm, ...] = ("RS256", "ES256")
 
 
 class OidcSettings(_Section):
-    """Callers signed in at an OpenID Connect provider (search.oidc): RS256/ES256 access tokens verified
+    """Callers signed in at an OpenID Connect provider (search.web.oidc): RS256/ES256 access tokens verified
     against the provider's published keys. Off while `issuer` is empty; HMAC tokens (`api.jwt_*`) are
     accepted beside them while `api.hmac_enabled`."""
 

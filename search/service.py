@@ -30,24 +30,14 @@ from ki.embedding import Embedder
 from ki.errors import KiError, RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
-from search import augment, documents
-from search.audit import AuditLog, read_audit, record_of
-from search.budget import fit_budget
-from search.decisions import DecisionPage, search_decisions
-from search.evidence import GateDecision, Mode, SelfEvidence, decide, load_reports, load_self_evidence
-from search.expansion import plan_neighbours
-from search.filters import (
-    DecisionSearchRequest,
-    FilterRequest,
-    RelatedRequest,
-    SearchRequest,
-    TraverseRequest,
-    metadata_clauses,
-    point_in_time_clauses,
-)
-from search.floor import apply_floor, floor_for
-from search.fusion import Candidate, apply_boost, apply_decay, collapse, fuse, put_at, put_first
-from search.identity import (
+from search.access.invalidation import ChangeSubscriber, InvalidationFeed
+from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
+from search.access.scope_cache import ScopeCache
+from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
+from search.documents import read as documents
+from search.documents.decisions import DecisionPage, search_decisions
+from search.names.cache import NameCache
+from search.names.keys import (
     NONE,
     OFF,
     Identity,
@@ -60,8 +50,12 @@ from search.identity import (
     name_grams,
     resolve,
 )
-from search.invalidation import InvalidationFeed
-from search.legs import (
+from search.names.sql import look_up_names, subject_versions
+from search.ranking import augment
+from search.ranking.budget import fit_budget
+from search.ranking.floor import apply_floor, floor_for
+from search.ranking.fusion import Candidate, apply_boost, apply_decay, collapse, fuse, put_at, put_first
+from search.ranking.legs import (
     SOURCE_INCLUDES,
     LegHit,
     LegName,
@@ -71,17 +65,24 @@ from search.legs import (
     leg_depth,
     run_legs,
 )
-from search.metrics import SearchMetrics
-from search.name_cache import NameCache
-from search.preflight import look_up_names, subject_versions
+from search.ranking.mode_gate import GateDecision, Mode, SelfEvidence, decide, load_reports, load_self_evidence
+from search.ranking.neighbours import plan_neighbours
+from search.ranking.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
+from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 from search.rate_limit import RateLimiter
-from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
-from search.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
-from search.scope_cache import ScopeCache
-from search.stats import StatsRecorder, query_stats
-from search.stats import summary as stats_summary
-from search.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
-from search.version_view import VersionFacts, in_force, latest_final, shown_numbers
+from search.request import (
+    DecisionSearchRequest,
+    FilterRequest,
+    RelatedRequest,
+    SearchRequest,
+    TraverseRequest,
+    metadata_clauses,
+    point_in_time_clauses,
+)
+from search.telemetry.audit import AuditLog, read_audit, record_of
+from search.telemetry.metrics import SearchMetrics
+from search.telemetry.stats import StatsRecorder, query_stats
+from search.telemetry.stats import summary as stats_summary
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def reverify(
     version visible through one object never cites another object the caller has no grant for. The
     statement reads every version of the candidates' documents, so a version's number, its document's
     latest final version and (with `as_of`) which version is in force are those of the caller's own view
-    (`search.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
+    (`search.access.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
     the versions in force that day are answered."""
     ids = sorted(set(version_ids))
     if not ids:
@@ -342,14 +343,16 @@ class SearchService:
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
         # Decided from the evaluation reports at start-up, then again whenever the deployment's own newest
-        # self-eval report changes (`start()` re-reads it every retrieval.self_eval_refresh_s; search.evidence).
+        # self-eval report changes (`start()` re-reads it every retrieval.self_eval_refresh_s;
+        # search.ranking.mode_gate).
         self.reports = load_reports(settings.retrieval.evidence_dir)
         self.own_evidence: SelfEvidence | None = None
         self.gate = decide(self.reports, settings, embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
         # Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests).
         self.filter_budget: int | None = settings.api.max_scope_filter_bytes
-        # The scope cache and its feed (search.scope_cache, search.invalidation); `start()` starts the feed.
+        # The scope cache and its feed (search.access.scope_cache, search.access.invalidation); `start()`
+        # starts the feed.
         use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
         self.name_cache: NameCache | None = None
@@ -359,11 +362,11 @@ class SearchService:
         self.synonym_groups: list[list[str]] | None = None
         if r.synonyms_enabled:
             self.synonym_groups = r.synonyms if r.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
-        # Retrieval statistics (search.stats): buffered here, written by `start()`'s background task.
+        # Retrieval statistics (search.telemetry.stats): buffered here, written by `start()`'s background task.
         self.stats: StatsRecorder | None = None
         if settings.api.stats_enabled:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
-        # The access audit (search.audit): a row per request, recorded by the HTTP API and the MCP server.
+        # The access audit (search.telemetry.audit): a row per request, recorded by the HTTP API and the MCP server.
         self.audit: AuditLog | None = None
         if settings.api.audit_enabled:
             self.audit = AuditLog(engine, settings.api, on_dropped=lambda n: self.metrics.audit_dropped.inc(n))
@@ -372,11 +375,11 @@ class SearchService:
             self.scope_cache = ScopeCache(api.scope_cache_size, api.scope_cache_max_ids)
             if api.identity_cache_keys > 0:
                 self.name_cache = NameCache(api.identity_cache_keys, api.identity_cache_max_documents)
+            subscribers: list[ChangeSubscriber] = [self.scope_cache]
+            if self.name_cache is not None:
+                subscribers.append(self.name_cache)
             self.feed = InvalidationFeed(
-                settings,
-                self.scope_cache,
-                on_event=lambda table: self.metrics.feed_events.labels(table).inc(),
-                names=self.name_cache,
+                settings, subscribers, on_event=lambda table: self.metrics.feed_events.labels(table).inc()
             )
 
     def start(self) -> None:
@@ -389,7 +392,7 @@ class SearchService:
             self.audit.start()
 
     async def refresh_gate(self) -> GateDecision:
-        """Re-read the newest self-eval report and decide the default mode again (search.evidence)."""
+        """Re-read the newest self-eval report and decide the default mode again (search.ranking.mode_gate)."""
         self.own_evidence = await load_self_evidence(self.engine)
         gate = decide(self.reports, self.settings, self.embedder.signature, self.own_evidence)
         if gate != self.gate:
@@ -531,7 +534,7 @@ class SearchService:
             raise opensearch_error(exc) from exc
 
     def expansion(self, query: str) -> Expansion:
-        """The query with synonyms added (search.synonyms), what the lexical and semantic legs use."""
+        """The query with synonyms added (search.ranking.synonyms), what the lexical and semantic legs use."""
         if self.synonym_groups is None:
             return Expansion(query, ())
         return expand_query(query, self.synonym_groups)
@@ -646,7 +649,7 @@ class SearchService:
     async def identify(
         self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
     ) -> tuple[Identity, dict[int, VerifiedVersion]]:
-        """The identity preflight (search.identity): the documents the query names, among those the
+        """The identity preflight (search.names.keys): the documents the query names, among those the
         caller's scope holds, each with the version its hit would show, verified in SQL like every hit."""
         r = self.settings.retrieval
         if not r.identity_enabled:
@@ -707,7 +710,7 @@ class SearchService:
         kept: list[Candidate],
         verified: dict[int, VerifiedVersion],
     ) -> tuple[list[Candidate], dict[int, VerifiedVersion], dict[str, Any]]:
-        """Graph augmentation (search.augment): the top seeds' cited documents join the pool, scoped,
+        """Graph augmentation (search.ranking.augment): the top seeds' cited documents join the pool, scoped,
         re-verified, scored below their seed; nothing ranked is dropped."""
         r = self.settings.retrieval
         seeds = kept[: r.graph_rag_seeds]
@@ -733,7 +736,7 @@ class SearchService:
     async def authoritative_hit(
         self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
     ) -> tuple[Candidate, VerifiedVersion] | None:
-        """The best lexical match of the authoritative document type (search.augment), scoped and verified."""
+        """The best lexical match of the authoritative document type (search.ranking.augment), scoped and verified."""
         key = self.settings.retrieval.authoritative_doc_type
         if key is None:
             return None
@@ -840,7 +843,7 @@ class SearchService:
         return "filtered_out" if len(found) < size else "no_credible_evidence"  # not sure: say less
 
     async def expand(self, hits: list[dict[str, Any]]) -> None:
-        """Chunk expansion (search.expansion): every hit's neighbours, fetched in one `mget`, as `context`."""
+        """Chunk expansion (search.ranking.neighbours): every hit's neighbours, fetched in one `mget`, as `context`."""
         planned = plan_neighbours(
             [(h["chunk_id"], h["document_id"]) for h in hits], self.settings.retrieval.expand_max_chunks_per_document
         )
@@ -1077,7 +1080,7 @@ class SearchService:
         return caller.is_admin
 
     def audit_request(self, principals: Sequence[str], endpoint: str, status: int, answer: Any) -> None:
-        """One access-audit row (search.audit): who asked where, and the documents the answer named."""
+        """One access-audit row (search.telemetry.audit): who asked where, and the documents the answer named."""
         if self.audit is not None:
             self.audit.record(record_of(principals, endpoint, status, answer))
 
@@ -1091,7 +1094,8 @@ class SearchService:
         return {"enabled": True, "rows": rows}
 
     async def stats_summary(self, hours: int) -> dict[str, Any]:
-        """The last `hours` of retrieval statistics (search.stats), with what is still buffered written first."""
+        """The last `hours` of retrieval statistics (search.telemetry.stats), what is still buffered written
+        first."""
         if self.stats is not None:
             await self.stats.flush()
         async with self.engine.connect() as conn:

@@ -1,5 +1,5 @@
 """What a query should name, decided from the identity rules as `docs/search-api.md` states them — the
-test oracle of the identity preflight. It shares no code with `search/identity.py` or the SQL look-up:
+test oracle of the identity preflight. It shares no code with `search/names/keys.py` or the SQL look-up:
 plain loops over (document, name) pairs, one small function per rule.
 
 The rules:

@@ -33,7 +33,7 @@ from apps.bench.cleanup import Footprint, bench_label, delete_from_postgres
 from apps.bench.search import ServeChild
 from ki.clients import make_engine
 from ki.settings import REPO_ROOT, Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 
 GOAL_MS = 0.5
 WARMUP = 20

@@ -18,7 +18,7 @@ What runs:
   concurrency. It pays neither scope SQL, embedding, fusion, re-verification nor HTTP to the API.
 * **Rounds**: at every concurrency, `rounds` rounds alternate which side goes first; per-round p50/p95/p99
   and throughput, medians over rounds, ratios API/raw per round and their median.
-* **Scope compilation** (`search.scope.compile_scope` as the service calls it) for callers that see 100 to
+* **Scope compilation** (`search.access.scope.compile_scope` as the service calls it) for callers that see 100 to
   100k documents, generated set-based inside one transaction that is rolled back.
 
 Progress goes to stderr; one JSON object to stdout and `build/bench/search.json`; a PNG of the latency
@@ -75,11 +75,11 @@ from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
 from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, Settings
-from search.auth import decode_token, mint_token, principals_from_claims
-from search.filters import SearchRequest, parse_search_request
-from search.legs import LegRun, msearch_lines
-from search.scope import CompiledScope, compile_scope, strict_filter
+from search.access.scope import CompiledScope, compile_scope, strict_filter
+from search.ranking.legs import LegRun, msearch_lines
+from search.request import SearchRequest, parse_search_request
 from search.service import SearchService
+from search.web.auth import decode_token, mint_token, principals_from_claims
 from streams.writer import IndexWriter
 
 DEFAULT_SCALE = 1000  # ~6.4k chunks: indexing them is most of a first run (~10-20 chunks/s on 2 shared cores)

@@ -21,7 +21,7 @@ from apps.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
 from ki.exposure import refuse_exposure
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from streams.status import LagProbe, lag_summary, synced
 
 
@@ -109,7 +109,7 @@ def _curl(settings: Settings, token: str, path: str, body: dict[str, Any]) -> st
 
 async def _serve(settings: Settings, token: str) -> None:
     """The search API in the foreground; first prove the example requests return hits."""
-    from search.api import create_app
+    from search.web.api import create_app
 
     runner = web.AppRunner(await create_app(settings), access_log=None)
     await runner.setup()

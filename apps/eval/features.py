@@ -3,7 +3,7 @@ the same index and test queries.
 
 A feature that is on by default must not lower nDCG@10 by more than `MAX_DEFAULT_LOSS` on any data set;
 a feature that is off shows what switching it on would do. Each run is a pair (lexical, hybrid) with the
-feature's own ranking hash, written into the report as a *variant* (`search.evidence.parse_reports`), so
+feature's own ranking hash, written into the report as a *variant* (`search.ranking.mode_gate.parse_reports`), so
 the evidence gate keeps its footing when an operator switches the feature on. A feature that cannot
 change the lexical-only ranking reuses the base lexical run.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from apps.eval import beir
 from ki.settings import Settings
-from search.identity import NamedDocument, identity_key, name_grams, resolve
+from search.names.keys import NamedDocument, identity_key, name_grams, resolve
 
 
 def identity_reach(root: Path, settings: Settings) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from apps.processes import Child, pid_alive, stop_pid
 from ki.clients import make_kafka_admin, make_sync_client
 from ki.errors import PermanentError
 from ki.settings import Settings, with_overrides
-from search.evidence import analyzer_definition
+from search.ranking.mode_gate import analyzer_definition
 
 Progress = Callable[[str], None]
 

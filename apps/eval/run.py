@@ -54,7 +54,7 @@ from projections.mapping import text_analysis
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
-# Fusions (search.fusion.fuse): each besides the configured one is measured too, as `hybrid-<method>`.
+# Fusions (search.ranking.fusion.fuse): each besides the configured one is measured too, as `hybrid-<method>`.
 FUSIONS: tuple[str, ...] = ("rrf", "minmax", "dbsf")
 # Semantic weights (lexical 1) each fusion is measured with on the train split, where a default may be chosen.
 TRAIN_SEMANTIC_WEIGHTS: tuple[float, ...] = (0.5, 0.7, 1.0)
@@ -492,7 +492,7 @@ async def run_queries(
     """Each query through the search service; ranked corpus ids per query (`documents` maps document ids to
     them; None: the document id itself) and which legs contributed."""
     from ki.errors import RequestInvalid
-    from search.filters import parse_search_request
+    from search.request import parse_search_request
 
     out = ModeRun()
     gate = asyncio.Semaphore(concurrency)
@@ -662,9 +662,9 @@ async def evaluate_dataset(
     record (None after `--drop`)."""
     from ki.clients import make_client
     from ki.embedding import create_embedder
-    from search.auth import authenticate, mint_token
-    from search.evidence import binding_for, binding_hash
+    from search.ranking.mode_gate import binding_for, binding_hash
     from search.service import EmbeddingCache, SearchService
+    from search.web.auth import authenticate, mint_token
 
     began = time.monotonic()
     data = load_data(options)
@@ -885,7 +885,7 @@ async def evaluate_dataset(
         },
         "results": details,
         "hybrid_vs_best_leg": hybrid_against_best_leg(runs, results, data.judged.qrels),
-        # What the evidence gate reads: is hybrid below lexical significantly? (search.evidence)
+        # What the evidence gate reads: is hybrid below lexical significantly? (search.ranking.mode_gate)
         "hybrid_vs_lexical": paired_comparison(
             per_query_scores(runs["hybrid"], data.judged.qrels), per_query_scores(runs["lexical"], data.judged.qrels)
         ),
@@ -1093,12 +1093,12 @@ async def _tune(q: QueryPhase) -> tuple[tuning.FusionConfig, dict[str, Any]]:
 
 
 async def _tune_floor(q: QueryPhase) -> dict[str, Any]:
-    """The semantic leg's relevance floor proposed by the train split (`search.floor.floor_from_train`):
+    """The semantic leg's relevance floor proposed by the train split (`search.ranking.floor.floor_from_train`):
     for each sampled train query, the cosine similarity of its best-ranked relevant chunk among the leg's
     top hits; the floor keeps `FLOOR_KEEPS` of those queries."""
-    from search.filters import parse_search_request
-    from search.floor import FLOOR_KEEPS, cosine_from_score, floor_from_train
-    from search.legs import run_legs
+    from search.ranking.floor import FLOOR_KEEPS, cosine_from_score, floor_from_train
+    from search.ranking.legs import run_legs
+    from search.request import parse_search_request
     from search.service import SearchService
 
     settings, engine, client, embedder, data, loaded = q.settings, q.engine, q.client, q.embedder, q.data, q.loaded
@@ -1151,7 +1151,7 @@ async def _measure_features(
     q: QueryPhase, test_queries: list[tuple[str, str]], tuned_floor: float | None
 ) -> dict[str, Any]:
     """Base (lexical, hybrid) and every feature switched from its default, top 10, on the test queries."""
-    from search.evidence import binding_for, binding_hash
+    from search.ranking.mode_gate import binding_for, binding_hash
     from search.service import SearchService
 
     settings, engine, client, embedder, data, loaded = q.settings, q.engine, q.client, q.embedder, q.data, q.loaded

@@ -1,6 +1,6 @@
 """`ki eval --self`: does the semantic leg help on *this* deployment's corpus? Measured on pseudo-queries made
 from the live documents (apps.eval.pseudo), through the real search path, and stored where every API
-process reads it (PostgreSQL `ki_self_eval`; search.evidence decides the default mode from the newest row).
+process reads it (PostgreSQL `ki_self_eval`; search.ranking.mode_gate decides the default mode from the newest row).
 
 1. Refuses while the index is behind: change events still waiting in the content lane, or index rows
    without a vector (they would make the semantic leg look worse than it is).
@@ -197,7 +197,7 @@ async def self_evaluate(
     """The whole run (see the module docstring); returns the stored report with its `id`."""
     from ki.clients import make_async_engine, make_client
     from ki.embedding import create_embedder
-    from search.evidence import binding_for, binding_hash
+    from search.ranking.mode_gate import binding_for, binding_hash
     from search.service import EmbeddingCache, SearchService
 
     began = time.monotonic()

@@ -231,7 +231,7 @@ class Document(Base):
             deferrable=True,
             initially="DEFERRED",
         ),
-        # The identity preflight's look-ups (search.identity, migration 0005): titles and identifiers by key.
+        # The identity preflight's look-ups (search.names.keys, migration 0005): titles and identifiers by key.
         Index(
             "ix_documents_title_identity",
             func.ki_identity_key(sql_text("title")),
@@ -499,7 +499,7 @@ class DebeziumHeartbeat(Base):
 
 class AccessAudit(Base):
     """One API request: who asked, where, with what status, and the documents the answer named
-    (search.audit; written by the API, not captured by CDC, read by administrators)."""
+    (search.telemetry.audit; written by the API, not captured by CDC, read by administrators)."""
 
     __tablename__ = "ki_access_audit"
 
@@ -516,7 +516,7 @@ class AccessAudit(Base):
 
 
 class SearchStat(Base):
-    """One ranked query's retrieval statistics (search.stats; written by the API, not captured by CDC)."""
+    """One ranked query's retrieval statistics (search.telemetry.stats; written by the API, not captured by CDC)."""
 
     __tablename__ = "ki_search_stats"
 

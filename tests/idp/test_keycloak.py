@@ -34,7 +34,7 @@ from apps.processes import free_port
 from apps.stack.keycloak import ADMIN_USER, Keycloak
 from apps.stack.paths import StackPaths
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import McpHttp, Server, remove_world, synced_api, wait_until_indexed
 from tests.integration.world import World

@@ -23,7 +23,7 @@ from apps.processes import Child as Process
 from apps.processes import free_port
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import REPO_ROOT, Settings, load_settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 
 
@@ -296,7 +296,7 @@ class RerankGateway:
 
 def wait_until_indexed(server: Server, settings: Settings, projects: list[int], documents: set[int], what: str) -> None:
     """Poll metadata-only search as an administrator until every one of `documents` is in the index."""
-    from search.auth import mint_token
+    from search.web.auth import mint_token
 
     admin = mint_token(settings.api, "root", roles=["admin"])
 

@@ -63,7 +63,7 @@ from sqlalchemy import Connection, Engine, text
 
 from ki.clients import make_engine, make_sync_client
 from ki.settings import ApiSettings, SecuritySettings, Settings, load_settings
-from search.auth import mint_token, principals_from_claims
+from search.web.auth import mint_token, principals_from_claims
 from tests import acl_reference as ref
 from tests.conftest import wait_for
 from tests.integration.acl_worlds import NAMES, TAG, Written, cases, draw, read_world, write

@@ -23,8 +23,8 @@ from selenium.webdriver.support.ui import Select
 from sqlalchemy import Engine
 
 from ki.settings import Settings
-from search.auth import mint_token
-from search.ops import parse_exposition
+from search.telemetry.ops import parse_exposition
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.browser import chromium, screenshot
 from tests.integration.search_harness import Server, SyncWorker, remove_world, synced_api, wait_until_indexed

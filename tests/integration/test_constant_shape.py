@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import Connection, Engine, event, text
 
 from ki.settings import Settings
-from search.decisions import search_decisions
-from search.documents import get_document, related, run_traversal
-from search.filters import DecisionSearchRequest
+from search.documents.decisions import search_decisions
+from search.documents.read import get_document, related, run_traversal
+from search.request import DecisionSearchRequest
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack

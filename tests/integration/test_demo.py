@@ -12,7 +12,7 @@ from ki.acl import resolve_caller, visible_scope
 from ki.clients import make_engine
 from ki.db.models import grants_scope_check_sql
 from ki.settings import Settings
-from search.auth import authenticate, mint_token
+from search.web.auth import authenticate, mint_token
 
 pytestmark = pytest.mark.stack
 

@@ -35,7 +35,7 @@ from apps.processes import free_port
 from apps.stack.http import request_json
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
-from search.evidence import parse_report, parse_reports
+from search.ranking.mode_gate import parse_report, parse_reports
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(900)]

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World
 

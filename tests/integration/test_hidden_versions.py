@@ -28,9 +28,9 @@ from sqlalchemy import Engine, text
 from ki.clients import make_async_engine, make_client
 from ki.embedding import create_embedder
 from ki.settings import Settings
-from search.auth import mint_token
-from search.filters import parse_search_request
+from search.request import parse_search_request
 from search.service import SearchService
+from search.web.auth import mint_token
 from tests.integration.search_harness import McpHttp, Server, remove_world, synced_api, wait_until_indexed
 from tests.integration.test_mcp import call as call_tool
 from tests.integration.world import World

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
 from tests.integration.world import World

@@ -31,7 +31,7 @@ from sqlalchemy import Engine, text
 from apps.demo.generator import generate, users
 from ki.clients import make_sync_client
 from ki.settings import REPO_ROOT, Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests import acl_reference as ref
 from tests.conftest import wait_for
 from tests.identity_oracle import Expected, Limits, Name, expected, name_key

@@ -1,4 +1,4 @@
-"""One identity key: `ki_identity_key(x)` in SQL (migration 0005) == `search.identity.identity_key(x)`,
+"""One identity key: `ki_identity_key(x)` in SQL (migration 0005) == `search.names.keys.identity_key(x)`,
 and the preflight's look-up finds names through the indexes of that key."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from search.identity import UNICODE_SEPARATORS, identity_key
-from search.preflight import named_documents
+from search.names.keys import UNICODE_SEPARATORS, identity_key
+from search.names.sql import named_documents
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack

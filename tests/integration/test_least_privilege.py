@@ -16,7 +16,7 @@ from apps.stack.paths import StackPaths
 from apps.stack.postgres import Postgres
 from ki.db.models import HEARTBEAT_ACTION_QUERY
 from ki.settings import REPO_ROOT, Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World
 

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 
 from apps.mcp_server import TOOLS
 from ki.settings import REPO_ROOT, Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.integration.search_harness import (
     McpHttp,
     Server,

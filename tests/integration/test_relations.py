@@ -17,8 +17,8 @@ from sqlalchemy import Engine, text
 from ki.clients import make_engine
 from ki.db.models import RELATION_KINDS
 from ki.settings import Settings
-from search.auth import mint_token
-from search.documents import get_document, run_traversal
+from search.documents.read import get_document, run_traversal
+from search.web.auth import mint_token
 from tests import acl_reference as ref
 from tests.integration.acl_worlds import cases, write
 from tests.integration.search_harness import Server

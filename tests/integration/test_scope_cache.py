@@ -35,9 +35,9 @@ from apps.stack.http import request_json
 from ki.clients import make_async_engine, make_client, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings
-from search.auth import mint_token
-from search.filters import parse_filter_request, parse_search_request
+from search.request import parse_filter_request, parse_search_request
 from search.service import SearchService
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import Server, SyncWorker, isolated
 from tests.integration.world import World

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 from apps.processes import free_port
 from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
 from tests.integration.world import World
@@ -329,7 +329,7 @@ def test_reverify_drops_a_candidate_revoked_after_scope_compilation(
 
     from ki.clients import make_async_engine, make_client
     from ki.embedding import create_embedder
-    from search.filters import parse_search_request
+    from search.request import parse_search_request
     from search.service import SearchService
 
     with engine.begin() as conn:
@@ -786,7 +786,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
     isolation: dict[str, str], data: Data, settings: Settings, iso_settings: Settings, tmp_path_factory
 ) -> None:
     from ki.embedding import create_embedder
-    from search.evidence import binding_for, binding_hash
+    from search.ranking.mode_gate import binding_for, binding_hash
 
     erin = token(settings, data, "erin")
     reports = tmp_path_factory.mktemp("evidence")

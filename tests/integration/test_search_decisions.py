@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, text
 
 from ki.clients import make_engine
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.integration.search_harness import Server
 from tests.integration.world import World
 

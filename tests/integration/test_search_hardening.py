@@ -28,8 +28,8 @@ from schemathesis import GenerationMode
 from sqlalchemy import Engine
 
 from ki.settings import Settings, load_settings
-from search.auth import mint_token
-from search.openapi import openapi_document
+from search.web.auth import mint_token
+from search.web.openapi import openapi_document
 from tests.integration.search_harness import Server, isolated, remove_world
 from tests.integration.world import World
 

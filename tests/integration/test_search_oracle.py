@@ -34,9 +34,9 @@ from ki.clients import make_sync_client
 from ki.embedding import create_embedder
 from ki.principals import canonical_principal
 from ki.settings import Settings, load_settings
-from search.auth import mint_token
-from search.legs import LegHit, LegName, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
-from search.version_view import VersionFacts, latest_final
+from search.access.version_view import VersionFacts, latest_final
+from search.ranking.legs import LegHit, LegName, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
+from search.web.auth import mint_token
 from tests import acl_reference as ref
 from tests.conftest import wait_for
 from tests.integration.acl_worlds import TAG, Written, cases, draw, write

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ki.settings import REPO_ROOT, load_settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import Server
 

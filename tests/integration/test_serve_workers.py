@@ -12,7 +12,7 @@ import pytest
 
 from apps.processes import proc_stat
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import Server
 

@@ -20,7 +20,7 @@ from apps.stack.http import Auth, HttpError, request_json
 from apps.stack.kafka import kafka_metadata_probe
 from apps.stack.secure import SecureMaterial, issue_certificate, pem_cert, read_env_file
 from ki.settings import REPO_ROOT, Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World
 

@@ -37,12 +37,12 @@ from ki.errors import (
     Unavailable,
     bulk_error,
 )
-from search.admission import Overloaded
-from search.api import error_body, error_response, errors
-from search.auth import AuthError
-from search.filters import WindowTooDeep
-from search.rerank import RerankUnavailable
+from search.ranking.rerank import RerankUnavailable
+from search.request import WindowTooDeep
 from search.service import SemanticUnavailable
+from search.web.admission import Overloaded
+from search.web.api import error_body, error_response, errors
+from search.web.auth import AuthError
 from streams.writer import item_outcome
 
 # -- the tree --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from apps.eval.run import (
 )
 from apps.processes import free_port
 from ki.settings import Settings, SettingsError, load_settings
-from search.evidence import binding_for, binding_hash
+from search.ranking.mode_gate import binding_for, binding_hash
 from tests.conftest import wait_for
 
 README = """# data

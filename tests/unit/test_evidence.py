@@ -1,4 +1,4 @@
-"""The evidence gate (search.evidence): binding hashes, report parsing, the default-mode decision."""
+"""The evidence gate (search.ranking.mode_gate): binding hashes, report parsing, the default-mode decision."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ki.settings import load_settings
-from search.evidence import (
+from search.ranking.mode_gate import (
     EvidenceReport,
     ReportInvalid,
     analyzer_hash,

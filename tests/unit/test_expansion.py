@@ -1,8 +1,8 @@
-"""Chunk expansion's plan: which neighbouring rows to fetch for a page of hits (search.expansion)."""
+"""Chunk expansion's plan: which neighbouring rows to fetch for a page of hits (search.ranking.neighbours)."""
 
 from __future__ import annotations
 
-from search.expansion import Neighbour, body_ordinal, plan_neighbours
+from search.ranking.neighbours import Neighbour, body_ordinal, plan_neighbours
 
 
 def test_body_ordinal_parses_body_rows_only() -> None:

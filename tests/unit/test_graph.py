@@ -1,4 +1,4 @@
-"""The traversal rule (search.graph) on random relation graphs: only visible documents, never through a
+"""The traversal rule (search.documents.graph) on random relation graphs: only visible documents, never through a
 hidden one, each at its least depth, cycles ended, fan-out capped -- checked against a plain BFS written
 here over the graph the caller may see."""
 
@@ -9,7 +9,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.graph import Edge, steps, traverse
+from search.documents.graph import Edge, steps, traverse
 
 KINDS = ("supersedes", "annex_of", "responds_to", "references", "thread")
 
@@ -117,17 +117,17 @@ def test_cycles_end_and_their_closing_edge_is_shown() -> None:
     assert found.edges == sorted(edges)
 
 
-# --- graph augmentation (search.augment), pure parts ------------------------------------------------------
+# --- graph augmentation (search.ranking.augment), pure parts ------------------------------------------------------
 
 
 def _candidate(chunk: str, doc: int, score: float):
-    from search.fusion import Candidate
+    from search.ranking.fusion import Candidate
 
     return Candidate(chunk, score, {"document_id": str(doc), "document_version_id": str(doc), "project_id": "1"})
 
 
 def test_additions_are_cited_by_seeds_new_bounded_and_scored_by_the_best_seed() -> None:
-    from search.augment import plan_additions
+    from search.ranking.augment import plan_additions
 
     seeds = [_candidate("a", 1, 0.9), _candidate("b", 2, 0.5)]
     edges = [(1, 7, 10), (2, 7, 10), (2, 8, 10), (1, 2, 10), (3, 9, 10)]  # 2 is present; 3 is no seed
@@ -137,7 +137,7 @@ def test_additions_are_cited_by_seeds_new_bounded_and_scored_by_the_best_seed() 
 
 
 def test_merge_keeps_every_ranked_candidate_and_puts_ties_behind_it() -> None:
-    from search.augment import Cited, added_candidates, merge
+    from search.ranking.augment import Cited, added_candidates, merge
 
     kept = [_candidate("a", 1, 0.9), _candidate("b", 2, 0.4), _candidate("c", 3, 0.2)]
     hits = [{"_id": "x", "_source": {"document_id": "7", "document_version_id": "7", "project_id": "1"}},

@@ -1,4 +1,4 @@
-"""Identity keys, query grams and the pure decisions of the identity preflight (search.identity)."""
+"""Identity keys, query grams and the pure decisions of the identity preflight (search.names.keys)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from search.identity import (
+from search.names.keys import (
     NamedDocument,
     VersionRow,
     choose_versions,

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 import streams.metrics  # noqa: F401 - registers the worker's metrics in the default registry
 from ki.settings import REPO_ROOT, load_settings
-from search.metrics import SearchMetrics
+from search.telemetry.metrics import SearchMetrics
 
 MONITORING = REPO_ROOT / "monitoring"
 _NAME = re.compile(r"\bki_[a-z0-9_]+")

@@ -1,4 +1,4 @@
-"""The identity look-up cache (search.name_cache): what each `documents` change drops, the generation
+"""The identity look-up cache (search.names.cache): what each `documents` change drops, the generation
 guard against storing a look-up that raced a change, and its bounds. No services."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from projections.cdc import UNAVAILABLE, ChangeEvent, SourceInfo, Tombstone
-from search.identity import NamedDocument, NameKey, carried, identity_key
-from search.name_cache import NameCache
+from search.names.cache import NameCache
+from search.names.keys import NamedDocument, NameKey, carried, identity_key
 
 TITLE: NameKey = ("title", identity_key("Mietvertrag Hauptstraße 5"))
 AZ: NameKey = ("identifier", identity_key("5 O 1234/22"))
@@ -43,17 +43,17 @@ def test_get_returns_cached_entries_and_the_keys_to_look_up() -> None:
 
 def test_a_new_document_drops_the_keys_of_its_names_only() -> None:
     cache = filled()
-    cache.apply(event("c", None, row(9, "MIETVERTRAG  Hauptstrasse 5", ["5 O 1234-22"])))
+    cache.on_change(event("c", None, row(9, "MIETVERTRAG  Hauptstrasse 5", ["5 O 1234-22"])))
     _, missing = cache.get([TITLE, AZ, OTHER])
     assert missing == [TITLE, AZ]  # the new document carries both (other spellings, same keys)
 
 
 def test_a_renamed_or_deleted_document_drops_its_old_and_new_names() -> None:
     cache = filled()
-    cache.apply(event("u", row(7, "Mietvertrag Hauptstraße 5"), row(7, "Atlas Migration")))
+    cache.on_change(event("u", row(7, "Mietvertrag Hauptstraße 5"), row(7, "Atlas Migration")))
     assert cache.get([TITLE, OTHER])[1] == [TITLE, OTHER]
     cache = filled()
-    cache.apply(event("d", row(7, "Mietvertrag Hauptstraße 5"), None))
+    cache.on_change(event("d", row(7, "Mietvertrag Hauptstraße 5"), None))
     assert cache.get([TITLE, AZ, OTHER])[1] == [TITLE]
 
 
@@ -65,18 +65,18 @@ def test_incomplete_changes_drop_everything_and_other_tables_nothing() -> None:
         event("u", row(7, "x") | {"identifiers": UNAVAILABLE}, row(7, "x")),
     ):
         cache = filled()
-        cache.apply(incomplete)
+        cache.on_change(incomplete)
         assert len(cache) == 0, incomplete
     cache = filled()
-    cache.apply(event("u", {"id": 1}, {"id": 1}, table="grants"))
-    cache.apply(Tombstone("ki.public.documents", "documents", {"id": 7}))
+    cache.on_change(event("u", {"id": 1}, {"id": 1}, table="grants"))
+    cache.on_change(Tombstone("ki.public.documents", "documents", {"id": 7}))
     assert len(cache) == 3 and cache.generation == 0
 
 
 def test_a_look_up_that_raced_a_change_is_not_stored() -> None:
     cache = NameCache(max_keys=100, max_documents=100)
     generation = cache.generation  # read before the SQL ran
-    cache.apply(event("c", None, row(9, "Atlas Migration")))  # arrives while it runs
+    cache.on_change(event("c", None, row(9, "Atlas Migration")))  # arrives while it runs
     assert not cache.put({OTHER: ()}, generation)  # the look-up may predate the new carrier
     assert cache.get([OTHER])[1] == [OTHER] and cache.stats.stale_stores == 1
     cache.clear()

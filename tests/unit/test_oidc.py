@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from ki.settings import ApiSettings, OidcSettings
-from search.auth import Authenticator, AuthError, mint_token
-from search.oidc import IdentityProviderUnavailable, Jwks, claim
+from search.web.auth import Authenticator, AuthError, mint_token
+from search.web.oidc import IdentityProviderUnavailable, Jwks, claim
 
 ISSUER = "https://idp.example/realms/ki"
 OIDC = OidcSettings(issuer=ISSUER, audience="ki-search", jwks_refresh_min_interval_s=30, jwks_cache_ttl_s=3600)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from search.ops import Reading, Window, api_reading, beyond, minus, overview, parse_exposition, quantile
+from search.telemetry.ops import Reading, Window, api_reading, beyond, minus, overview, parse_exposition, quantile
 
 API = """\
 # TYPE ki_api_requests_total counter

@@ -1,4 +1,4 @@
-"""The scope cache (search.scope_cache): what each change event invalidates, LRU and id bounds, and the
+"""The scope cache (search.access.scope_cache): what each change event invalidates, LRU and id bounds, and the
 generation check that keeps an entry computed before an invalidation out of the cache."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from ki.acl import Caller
 from projections.cdc import decode
-from search.scope import CompiledScope
-from search.scope_cache import EVERYTHING, NOTHING, Invalidation, ScopeCache, invalidation_for
+from search.access.scope import CompiledScope
+from search.access.scope_cache import EVERYTHING, NOTHING, Invalidation, ScopeCache, invalidation_for
 
 
 def event(table: str, op: str, before: dict | None = None, after: dict | None = None):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Score-aware fusion (issue 29, step 1: `search.fusion.fuse` with `minmax` and `dbsf`): per-query
+"""Score-aware fusion (issue 29, step 1: `search.ranking.fusion.fuse` with `minmax` and `dbsf`): per-query
 normalisation of each leg's scores, edge cases included, and a weighted sum; RRF stays the default and
 leaves the ranking hash of committed evidence reports as it was."""
 
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ki.settings import RetrievalSettings
-from search.evidence import ranking_hash
-from search.fusion import fuse, normalise, rrf
-from search.legs import LegHit
+from search.ranking.fusion import fuse, normalise, rrf
+from search.ranking.legs import LegHit
+from search.ranking.mode_gate import ranking_hash
 
 
 def hit(chunk: str, score: float, document: int = 1) -> LegHit:

@@ -8,7 +8,7 @@ import jwt
 import pytest
 
 from ki.settings import ApiSettings
-from search.auth import AuthError, authenticate, mint_token
+from search.web.auth import AuthError, authenticate, mint_token
 
 API = ApiSettings()
 

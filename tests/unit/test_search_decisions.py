@@ -6,8 +6,8 @@ import pytest
 
 from ki.errors import RequestInvalid
 from ki.settings import ApiSettings
-from search.decisions import Anchors
-from search.filters import WindowTooDeep, parse_decision_request
+from search.documents.decisions import Anchors
+from search.request import WindowTooDeep, parse_decision_request
 
 API = ApiSettings(max_query_chars=50, max_limit=20, max_filter_values=3)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.fusion import apply_boost, rrf
-from search.legs import LegHit
+from search.ranking.fusion import apply_boost, rrf
+from search.ranking.legs import LegHit
 from search.service import FusionParams, explain_json
 
 

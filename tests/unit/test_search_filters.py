@@ -8,7 +8,7 @@ import pytest
 
 from ki.errors import RequestInvalid
 from ki.settings import ApiSettings
-from search.filters import (
+from search.request import (
     WindowTooDeep,
     metadata_clauses,
     parse_filter_request,
@@ -98,7 +98,7 @@ def test_metadata_clauses_cover_every_filter() -> None:
 
 
 def test_issue_15s_request_fields_are_in_the_openapi_document() -> None:
-    from search.openapi import openapi_document
+    from search.web.openapi import openapi_document
 
     properties = openapi_document()["components"]["schemas"]["SearchRequest"]["properties"]
     assert {"expand", "as_of", "evidence_budget_chars", "mode", "explain"} <= properties.keys()

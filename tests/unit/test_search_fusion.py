@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from search.fusion import Candidate, age_factor, apply_boost, apply_decay, collapse, matched_identifiers, rrf
-from search.legs import LegHit
+from search.ranking.fusion import Candidate, age_factor, apply_boost, apply_decay, collapse, matched_identifiers, rrf
+from search.ranking.legs import LegHit
 
 W = {"lexical": 1.0, "semantic": 1.0, "identifier": 1.5}
 

@@ -9,8 +9,8 @@ import jwt
 import pytest
 
 from ki.settings import ApiSettings
-from search.admission import AdmissionGate, Overloaded
-from search.auth import AuthError, authenticate, mint_token
+from search.web.admission import AdmissionGate, Overloaded
+from search.web.auth import AuthError, authenticate, mint_token
 
 API = ApiSettings(max_token_bytes=512)
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ki.errors import PermanentError, QueryTooManyTerms, Rejected, SearchUnavailable, TransientError
-from search.legs import SOURCE_INCLUDES, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
-from search.scope import MATCH_NONE, CompiledScope, strict_filter
+from search.access.scope import MATCH_NONE, CompiledScope, strict_filter
+from search.ranking.legs import SOURCE_INCLUDES, build_leg_bodies, leg_depth, msearch_lines, parse_msearch
 
 
 @pytest.mark.parametrize(

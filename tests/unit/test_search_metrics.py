@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from search.legs import active_legs, build_leg_bodies, leg_took
-from search.metrics import SearchMetrics
+from search.ranking.legs import active_legs, build_leg_bodies, leg_took
+from search.telemetry.metrics import SearchMetrics
 
 STRICT = {"bool": {"filter": [{"terms": {"document_id": ["1"]}}]}}
 

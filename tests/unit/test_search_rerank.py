@@ -7,8 +7,16 @@ import json
 import pytest
 
 from ki.settings import RetrievalSettings, SettingsError, load_settings
-from search.fusion import Candidate
-from search.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, parse_scores, passages, request_body
+from search.ranking.fusion import Candidate
+from search.ranking.rerank import (
+    RERANK_TOP_N,
+    Reranker,
+    RerankUnavailable,
+    apply_rerank,
+    parse_scores,
+    passages,
+    request_body,
+)
 
 
 def cand(i: int) -> Candidate:

@@ -1,4 +1,4 @@
-"""Bounded scope filters (search.scope) and the page-proportional re-verify (search.service): a request's
+"""Bounded scope filters (search.access.scope) and the page-proportional re-verify (search.service): a request's
 scope clauses stay under 64 KiB at every scope size, a superset filter is made exact hit by hit, and
 re-verifying a prefix of the fused list gives the page that re-verifying all of it gives."""
 
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ki.settings import load_settings
-from search.fusion import Candidate, collapse
-from search.legs import LEGS, LegHit, build_leg_bodies
-from search.scope import MATCH_NONE, CompiledScope, strict_filter, terms_bytes
+from search.access.scope import MATCH_NONE, CompiledScope, strict_filter, terms_bytes
+from search.ranking.fusion import Candidate, collapse
+from search.ranking.legs import LEGS, LegHit, build_leg_bodies
 from search.service import SearchService, VerifiedVersion, _resized, admitted, prefix_end
 
 BUDGET = load_settings(environ={}).api.max_scope_filter_bytes

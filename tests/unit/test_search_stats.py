@@ -1,10 +1,10 @@
-"""Retrieval statistics of one ranked answer (search.stats.query_stats)."""
+"""Retrieval statistics of one ranked answer (search.telemetry.stats.query_stats)."""
 
 from __future__ import annotations
 
-from search.fusion import Candidate
-from search.legs import LegHit
-from search.stats import query_stats
+from search.ranking.fusion import Candidate
+from search.ranking.legs import LegHit
+from search.telemetry.stats import query_stats
 
 
 def cand(chunk: str, *legs: str, score: float = 1.0) -> Candidate:
@@ -31,7 +31,7 @@ def test_hit_sources_top_scores_and_zero_results() -> None:
 
 
 def test_the_audit_names_the_documents_of_every_answer_shape() -> None:
-    from search.audit import named_documents, record_of
+    from search.telemetry.audit import named_documents, record_of
 
     assert named_documents({"hits": [{"document_id": 3}, {"document_id": 1}, {"document_id": 3}]}) == (1, 3)
     assert named_documents({"hits": [{"decision_id": 9, "document_id": None}]}) == ()

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ki.settings import SettingsError, load_settings
-from search.budget import fit_budget
-from search.floor import apply_floor, cosine_from_score, floor_for, floor_from_train
-from search.legs import LegHit
+from search.ranking.budget import fit_budget
+from search.ranking.floor import apply_floor, cosine_from_score, floor_for, floor_from_train
+from search.ranking.legs import LegHit
 
 SIGNATURE = "multilingual-e5-small-384"
 

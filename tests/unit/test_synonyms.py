@@ -1,11 +1,11 @@
-"""Synonym expansion of a query (search.synonyms)."""
+"""Synonym expansion of a query (search.ranking.synonyms)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ki.settings import RetrievalSettings
-from search.synonyms import DEFAULT_SYNONYMS, expand_query
+from search.ranking.synonyms import DEFAULT_SYNONYMS, expand_query
 
 GROUPS = [["Kündigung", "Beendigung des Vertragsverhältnisses"], ["Kaution", "Mietsicherheit"], ["Lohn", "Gehalt"]]
 

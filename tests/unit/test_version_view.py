@@ -1,4 +1,4 @@
-"""A document's versions as one caller sees them (search.version_view): nothing shown depends on a version
+"""A document's versions as one caller sees them (search.access.version_view): nothing shown depends on a version
 the caller may not see."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import datetime as dt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.version_view import VersionFacts, in_force, latest_final, shown_numbers
+from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
 
 D = dt.date
 

@@ -4,7 +4,7 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01
 
-`ki_identity_key(text)` is the SQL twin of `search.identity.identity_key`: NFC, casefolded (0004's
+`ki_identity_key(text)` is the SQL twin of `search.names.keys.identity_key`: NFC, casefolded (0004's
 `ki_casefold_lowered` after the ICU lower-casing, only when a code point needs it), every separator
 (ASCII other than [0-9a-z], Unicode spaces, `§`, dashes, quotes ...) a space, a space between a digit
 and anything else, runs of spaces collapsed, trimmed. `ki_identity_keys(text[])` maps it over an array,
@@ -29,7 +29,7 @@ depends_on: str | Sequence[str] | None = None
 
 _0004 = importlib.import_module("ki.migrations.versions.0004_casefolded_principals")
 
-# Frozen copy of search.identity.UNICODE_SEPARATORS at this revision.
+# Frozen copy of search.names.keys.UNICODE_SEPARATORS at this revision.
 UNICODE_SEPARATORS = (
     "\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f"
     "\u205f\u3000"

@@ -1,4 +1,4 @@
-"""Retrieval statistics: one row per ranked query, written by the search API (search.stats).
+"""Retrieval statistics: one row per ranked query, written by the search API (search.telemetry.stats).
 
 Revision ID: 0006
 Revises: 0005

@@ -1,5 +1,5 @@
 """The access audit: one row per API request -- who asked, which endpoint, what status, which documents
-the answer named (search.audit).
+the answer named (search.telemetry.audit).
 
 Revision ID: 0008
 Revises: 0007

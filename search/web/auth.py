@@ -1,5 +1,5 @@
 """Bearer-token authentication: a signed JWT names the caller; principals never come from the body.
-Two kinds of signer: the HMAC secret of `api.jwt_*` (below) and an OpenID Connect provider (search.oidc);
+Two kinds of signer: the HMAC secret of `api.jwt_*` (below) and an OpenID Connect provider (search.web.oidc);
 `Authenticator` tells them apart by the token's algorithm.
 
 Principals: the subject claim becomes `user:<sub>`, each group claim value `group:<g>`, each role claim
@@ -25,8 +25,8 @@ import jwt
 from ki.errors import PermanentError
 from ki.principals import canonical_principal
 from ki.settings import ApiSettings, OidcSettings
-from search.filters import check_text
-from search.oidc import Jwks, OidcTokenInvalid, check_header, check_times, claim_values
+from search.request import check_text
+from search.web.oidc import Jwks, OidcTokenInvalid, check_header, check_times, claim_values
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 
@@ -148,7 +148,7 @@ def principals_from_oidc(claims: dict[str, Any], oidc: OidcSettings) -> list[str
 
 class Authenticator:
     """Who calls: HMAC tokens (`api.jwt_*`, while `api.hmac_enabled`) and, with `oidc.issuer` set, an
-    identity provider's RS256/ES256 tokens (search.oidc). The token's own `alg` picks the path, and each
+    identity provider's RS256/ES256 tokens (search.web.oidc). The token's own `alg` picks the path, and each
     path accepts only its own algorithms: an RS256 token re-signed as HS256 with the provider's public key
     meets the HMAC secret and fails, `alg: none` fails everywhere."""
 

@@ -3,7 +3,7 @@
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/documents/{id}`,
 `GET /v1/documents/{id}/related`, `POST /v1/traverse`, `GET /v1/stats`, `GET /v1/me`, `GET /v1/ops/overview`,
 `GET /healthz`, `GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus), and the console under
-`/console` (search.console).
+`/console` (search.web.console).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
 (a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
@@ -30,10 +30,9 @@ from ki.clients import as_ki_error, make_async_engine, make_client
 from ki.embedding import EmbeddingUnavailable, create_embedder
 from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from ki.settings import ApiSettings, Settings
-from search.admission import AdmissionGate, Overloaded
-from search.auth import Authenticator, AuthError
-from search.console import Console, security_headers
-from search.filters import (
+from search.ranking.rerank import RerankUnavailable
+from search.rate_limit import RateLimited
+from search.request import (
     MAX_ID,
     WindowTooDeep,
     parse_decision_request,
@@ -42,13 +41,14 @@ from search.filters import (
     parse_search_request,
     parse_traverse_request,
 )
-from search.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from search.oidc import IdentityProviderUnavailable
-from search.openapi import openapi_document
-from search.ops import OpsReader
-from search.rate_limit import RateLimited
-from search.rerank import RerankUnavailable
 from search.service import SearchService, SemanticUnavailable
+from search.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from search.telemetry.ops import OpsReader
+from search.web.admission import AdmissionGate, Overloaded
+from search.web.auth import Authenticator, AuthError
+from search.web.console import Console, security_headers
+from search.web.oidc import IdentityProviderUnavailable
+from search.web.openapi import openapi_document
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _answer(request: web.Request, payload: dict[str, Any]) -> web.Response:
 
 @web.middleware
 async def audit(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """One access-audit row per /v1 request (search.audit), whatever its status; after `errors`, so an
+    """One access-audit row per /v1 request (search.telemetry.audit), whatever its status; after `errors`, so an
     error is recorded with the status the caller got."""
     response = await handler(request)
     if request.path.startswith("/v1/"):
@@ -292,7 +292,7 @@ async def me_handler(request: web.Request) -> web.Response:
 
 
 async def ops_handler(request: web.Request) -> web.Response:
-    """`GET /v1/ops/overview`: the operations dashboard's figures (administrators only, search.ops)."""
+    """`GET /v1/ops/overview`: the operations dashboard's figures (administrators only, search.telemetry.ops)."""
     principals = await _principals(request)
     service = request.app[SERVICE_KEY]
     if not await service.is_admin(principals):

@@ -1,7 +1,7 @@
 """The identity preflight's look-up cache: per name key, which documents carry it.
 
 Most keys a free-text query yields name nothing, and the words of a practice's queries recur. Without a
-cache, every ranked query pays one SQL round trip for its keys (`search.preflight.look_up_names`), which
+cache, every ranked query pays one SQL round trip for its keys (`search.names.sql.look_up_names`), which
 competes with the legs for the cores. With it, a query whose keys are all known costs a dictionary
 look-up. Only a query that names a document still goes to PostgreSQL, to choose and verify its version.
 
@@ -12,9 +12,9 @@ changes. `documents` has REPLICA IDENTITY FULL, so every change event carries th
 one. The keys of both rows' titles and identifiers are dropped (`NameCache.apply`). A change whose rows
 are incomplete (a truncate, a placeholder for an unchanged column, no old row) drops everything.
 
-Freshness: the cache is fed by the scope cache's invalidation feed (`search.invalidation`) and used only
+Freshness: the cache is fed by the scope cache's invalidation feed (`search.access.invalidation`) and used only
 while that feed is current. A gap in the feed empties it. A look-up's result is stored only if no
-`documents` event arrived while it ran (`generation`), the protocol of `search.scope_cache`.
+`documents` event arrived while it ran (`generation`), the protocol of `search.access.scope_cache`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
-from search.identity import NamedDocument, NameKey, identity_key
+from search.names.keys import NamedDocument, NameKey, identity_key
 
 Entry = tuple[NamedDocument, ...]
 
@@ -84,7 +84,7 @@ class NameCache:
                 self._held -= len(evicted)
             return True
 
-    def apply(self, event: ChangeEvent | Tombstone) -> None:
+    def on_change(self, event: ChangeEvent | Tombstone) -> None:
         """Drop what a change of `documents` can alter: the keys of its old and new names."""
         if isinstance(event, Tombstone) or event.table != "documents":
             return

@@ -22,9 +22,9 @@ from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ki.settings import ApiSettings
-from search.batches import BatchWriter, batch_limits
-from search.fusion import Candidate
-from search.legs import LegHit
+from search.ranking.fusion import Candidate
+from search.ranking.legs import LegHit
+from search.telemetry.batches import BatchWriter, batch_limits
 
 log = logging.getLogger(__name__)
 

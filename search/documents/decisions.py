@@ -34,7 +34,7 @@ from sqlalchemy.types import BigInteger, Text
 
 from ki.acl import Caller, resolve_caller, visible_versions
 from ki.settings import SecuritySettings
-from search.filters import DecisionSearchRequest
+from search.request import DecisionSearchRequest
 
 _TOKENS = """regexp_split_to_array(lower(({expr}) COLLATE "und-x-icu"), '[^[:alnum:]]+')"""
 

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
-    from search.stats import QueryStats
+    from search.telemetry.stats import QueryStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -3,7 +3,7 @@
 `mcp:<tool>`), the status, and the ids of the documents the answer named. What compliance asks after an
 incident: who saw which document when, and who kept asking about things they may not see.
 
-Rows are written in batches off the request path (`search.batches`), kept `api.audit_retention_days`, and
+Rows are written in batches off the request path (`search.telemetry.batches`), kept `api.audit_retention_days`, and
 read back by administrators only (`GET /v1/audit`). A row is lost only when PostgreSQL refuses the write
 or the buffer overflows; both are logged and counted (`ki_audit_rows_dropped_total`).
 """
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import Text
 
 from ki.settings import ApiSettings
-from search.batches import BatchWriter, batch_limits
+from search.telemetry.batches import BatchWriter, batch_limits
 
 
 @dataclass(frozen=True)

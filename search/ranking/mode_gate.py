@@ -36,7 +36,7 @@ from ki.analysis import canonical, used_analysis
 from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
-from search.synonyms import DEFAULT_SYNONYMS
+from search.ranking.synonyms import DEFAULT_SYNONYMS
 
 log = logging.getLogger(__name__)
 

@@ -204,7 +204,7 @@ def choose_versions(
     """Per subject document, the version its identity hit shows, chosen among the versions the caller may
     see (`visible`) only, so that no choice depends on a version the caller may not see: with `as_of`, the
     latest final or executed version dated on or before it; else the latest final version (`latest_final`,
-    as the caller sees it: `search.version_view`), or the highest-numbered one. Documents without such a
+    as the caller sees it: `search.access.version_view`), or the highest-numbered one. Documents without such a
     version are left out."""
     by_document: dict[int, list[VersionRow]] = {}
     for v in versions:

@@ -1,7 +1,7 @@
 """Relations between documents: the traversal rule, pure.
 
 Relations (`relations`: supersedes, annex_of, responds_to, references, thread) are directed document →
-document edges, read from PostgreSQL when asked (`search.documents`); nothing in the index derives from
+document edges, read from PostgreSQL when asked (`search.documents.read`); nothing in the index derives from
 them. A traversal walks them breadth-first from the start documents, and every document it reaches is
 checked against the caller's access (the one ACL, through the `visible` callable) before it is shown or
 walked on: a document the caller may not see is cut, with its edges, never shown as a placeholder and
@@ -10,7 +10,7 @@ Each document is reached once (cycles end there), at its least depth; at most `f
 caller may see are followed out of one document, in a fixed order (kind, then the other end's id), so the
 answer does not depend on the database's row order, and nothing the caller may not see changes it.
 
-Pure: the edges and the visibility come in as callables (`search.documents` passes SQL ones, the property
+Pure: the edges and the visibility come in as callables (`search.documents.read` passes SQL ones, the property
 tests a reference evaluator's).
 """
 

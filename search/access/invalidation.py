@@ -1,12 +1,13 @@
 """The scope cache's invalidation feed: every API process follows the CDC topics of the tables that decide
-access, itself, and drops what each change can affect (`search.scope_cache.invalidation_for`).
+access, itself, and drops what each change can affect (`search.access.scope_cache.invalidation_for`).
 
 Why each process reads the topics directly (rather than the sync worker publishing invalidations): the
 events are the same ones the worker consumes, a process needs nothing but Kafka to stay correct, and any
 number of API processes on any number of machines each invalidate their own cache. The consumer has no
 group and commits nothing: it is assigned every partition at its end when it starts, with an empty cache.
-The same `documents` events also feed the identity look-up cache (`search.name_cache`), with the same
-health rules.
+Every cache that depends on these tables subscribes to the feed (`ChangeSubscriber`: the scope cache, the
+identity look-up cache of `search.names.cache`); each drops what an event can alter, and all are cleared
+together when the feed cannot vouch for them.
 
 Health, and why the cache is bypassed without it. The cache is used only while the feed is known to be
 current, i.e. all of these hold:
@@ -29,8 +30,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from confluent_kafka import OFFSET_END, KafkaError, Message, TopicPartition
 
@@ -38,8 +40,6 @@ from ki.clients import make_kafka_consumer
 from ki.db.models import HEARTBEAT_TABLE
 from ki.settings import Settings
 from projections.cdc import ChangeEvent, PoisonEvent, decode, topic_name
-from search.name_cache import NameCache
-from search.scope_cache import EVERYTHING, ScopeCache, invalidation_for
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,14 @@ AT_END = float("inf")
 _METADATA_RETRY_S = 2.0
 
 
+class ChangeSubscriber(Protocol):
+    """A cache fed by the feed: drops what one change can alter, or everything."""
+
+    def on_change(self, event: ChangeEvent) -> None: ...
+
+    def clear(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class FeedHealth:
     usable: bool
@@ -68,20 +76,18 @@ class FeedHealth:
 
 
 class InvalidationFeed:
-    """A daemon thread consuming the scope tables' topics and the heartbeat topic into a `ScopeCache`."""
+    """A daemon thread consuming the scope tables' topics and the heartbeat topic into its subscribers."""
 
     def __init__(
         self,
         settings: Settings,
-        cache: ScopeCache,
+        subscribers: Sequence[ChangeSubscriber],
         *,
         clock: Callable[[], float] = time.time,
         on_event: Callable[[str], None] | None = None,
-        names: NameCache | None = None,
     ) -> None:
         prefix = settings.kafka.topic_prefix
-        self.settings, self.cache, self.clock = settings, cache, clock
-        self.names = names  # the identity look-up cache, fed by the same `documents` events
+        self.settings, self.subscribers, self.clock = settings, tuple(subscribers), clock
         self.scope_topics = [topic_name(prefix, t) for t in SCOPE_TABLES]
         self.heartbeat_topic = topic_name(prefix, HEARTBEAT_TABLE)
         self.max_lag_s = settings.api.scope_cache_max_feed_lag_s
@@ -141,9 +147,8 @@ class InvalidationFeed:
         return FeedHealth(usable, reason, lag)
 
     def _drop_everything(self) -> None:
-        self.cache.apply(EVERYTHING)
-        if self.names is not None:
-            self.names.clear()
+        for subscriber in self.subscribers:
+            subscriber.clear()
 
     # --- the thread ----------------------------------------------------------------------------
 
@@ -227,8 +232,7 @@ class InvalidationFeed:
                 with self._lock:
                     self._heartbeat_ts = max(self._heartbeat_ts or 0.0, committed)
             return committed
-        self.cache.apply(invalidation_for(event))
-        if self.names is not None:
-            self.names.apply(event)
+        for subscriber in self.subscribers:
+            subscriber.on_change(event)
         self.on_event(event.table)
         return committed

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from ki.settings import RetrievalSettings
-from search.legs import LegHit
+from search.ranking.legs import LegHit
 
 # The train queries whose relevant document's best similarity stays at or above the proposed floor.
 FLOOR_KEEPS = 0.99

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
-from search.fusion import Candidate
+from search.ranking.fusion import Candidate
 
 _REFERENCES_SQL = text(
     """

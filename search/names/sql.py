@@ -1,6 +1,6 @@
 """The identity preflight's SQL: which documents carry a name the query contains, and their versions.
 
-The decisions are pure (`search.identity`); this module only reads. Both statements run on the
+The decisions are pure (`search.names.keys`); this module only reads. Both statements run on the
 re-verify's connections; what the caller may see is decided by the compiled scope and by the SQL
 re-verify (`search.service.reverify`, through `ki.acl`), never here.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 
-from search.identity import NamedDocument, NameKey, VersionRow, carried
+from search.names.keys import NamedDocument, NameKey, VersionRow, carried
 
 # Per name, at most `per_name` documents (+1 to know it has more): a name carried by more documents than
 # that is common for every caller, and the look-up stays bounded. Keys equal the indexed expressions of

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from search.filters import (
+from search.request import (
     MAX_RANKED_WINDOW,
     DecisionSearchRequest,
     FilterRequest,

@@ -22,7 +22,7 @@ import aiohttp
 
 from ki.errors import SettingsError, Unavailable
 from ki.settings import RetrievalSettings
-from search.fusion import Candidate
+from search.ranking.fusion import Candidate
 
 RERANK_TOP_N = 20
 MAX_SCORE = 10.0

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
-from search.auth import mint_token
+from search.web.auth import mint_token
 
 STATIC = Path(str(files(__package__) / "static"))
 CSP = (

@@ -4,7 +4,7 @@ each carries the version it is cited by and the source objects the caller may ci
 
 A document is visible when at least one of its versions is (`ki.acl.visible_observations`); only those
 versions are listed, numbered among themselves, and its latest final version is one of them
-(`search.version_view`), so nothing shown depends on a version the caller may not see. A document the
+(`search.access.version_view`), so nothing shown depends on a version the caller may not see. A document the
 caller may not see is answered exactly like one that does not exist (`None` here, 404 over HTTP), and by
 the same SQL statements: the one ACL statement reads the documents' versions itself, so whether any
 version row exists decides nothing before it (`tests/integration/test_constant_shape.py`).
@@ -23,8 +23,8 @@ from sqlalchemy.types import BigInteger
 
 from ki.acl import Unresolved, VisibleObservation, visible_observations
 from ki.settings import SecuritySettings
-from search.graph import Direction, Edge, Traversal, steps, traverse
-from search.version_view import VersionFacts, by_document, latest_final, shown_numbers
+from search.access.version_view import VersionFacts, by_document, latest_final, shown_numbers
+from search.documents.graph import Direction, Edge, Traversal, steps, traverse
 
 _IDS = bindparam("ids", type_=ARRAY(BigInteger))
 

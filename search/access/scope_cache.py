@@ -1,5 +1,5 @@
 """The scope cache: compiled scopes reused across requests, invalidated by the CDC events of the tables
-that decide access (owners' decision in issue 14). Pure: no I/O; `search.invalidation` feeds it.
+that decide access (owners' decision in issue 14). Pure: no I/O; `search.access.invalidation` feeds it.
 
 Two maps, both LRU-bounded:
 
@@ -16,7 +16,7 @@ Why this cannot leak: the SQL re-verify of every hit runs on every request with 
 afresh in the same statement, so a scope that is too broad (a revocation not yet seen) only costs
 candidates. A scope that is too narrow (a new grant not yet seen) hides a document until the event
 arrives -- the same staleness the index itself has. The service uses the cache only while the
-invalidation feed is healthy (`search.invalidation`), and never stores an entry computed before an
+invalidation feed is healthy (`search.access.invalidation`), and never stores an entry computed before an
 invalidation that arrived while it was computed (`generation`).
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Literal
 from ki.acl import Caller
 from ki.principals import canonical_principal
 from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
-from search.scope import CompiledScope
+from search.access.scope import CompiledScope
 
 ScopeKey = tuple[frozenset[str], bool, tuple[int, ...] | None]
 RawKey = tuple[str, ...]
@@ -239,6 +239,10 @@ class ScopeCache:
                 for raw in gone_callers:
                     del self._callers[raw]
                 self.stats.invalidated["callers"] += len(gone_callers)
+
+    def on_change(self, event: ChangeEvent | Tombstone) -> None:
+        """The invalidation feed's call: drop what the change can alter."""
+        self.apply(invalidation_for(event))
 
     def clear(self) -> None:
         self.apply(EVERYTHING)

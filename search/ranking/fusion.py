@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from search.legs import LEGS, LegHit
+from search.ranking.legs import LEGS, LegHit
 
 
 @dataclass(frozen=True)

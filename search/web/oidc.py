@@ -33,7 +33,7 @@ class IdentityProviderUnavailable(Unavailable):
 
 
 class OidcTokenInvalid(PermanentError):
-    """The token is not one this provider signed for this API (HTTP 401; search.auth turns it into AuthError)."""
+    """The token is not one this provider signed for this API (HTTP 401; search.web.auth turns it into AuthError)."""
 
 
 async def fetch_json(url: str, timeout_s: float) -> Any:

@@ -1,7 +1,7 @@
 """Synonyms: everyday and legal wording of the same thing, added to a query so that either finds both.
 
 A group lists phrases that mean the same (`["Kündigung", "Beendigung des Vertragsverhältnisses"]`). When a
-phrase of a group occurs in the query -- compared as identity keys, whole tokens (search.identity), so
+phrase of a group occurs in the query -- compared as identity keys, whole tokens (search.names.keys), so
 case, `ß`/`ss` and punctuation do not matter -- the group's other phrases are appended to the text the
 lexical leg matches and the semantic leg embeds. Additive: the query's own words stay, so both registers
 count. The identifier leg and the identity preflight see the query as typed. Applied at query time only,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from search.identity import contains, identity_key
+from search.names.keys import contains, identity_key
 
 #: The shipped list (German legal register <-> everyday wording); replace it with `retrieval.synonyms`.
 DEFAULT_SYNONYMS: tuple[tuple[str, ...], ...] = (

@@ -23,7 +23,7 @@ from ki.errors import (
     SearchUnavailable,
     error_types,
 )
-from search.scope import MATCH_NONE
+from search.access.scope import MATCH_NONE
 
 LegName = Literal["lexical", "semantic", "identifier"]
 LEGS: tuple[LegName, ...] = ("lexical", "semantic", "identifier")
@@ -151,7 +151,7 @@ def leg_took(bodies: dict[LegName, dict[str, Any]], response: dict[str, Any]) ->
 class LegRun:
     hits: dict[LegName, list[LegHit]]
     took_ms: dict[LegName, float]
-    scope_filter: str = "exact"  # the kind of scope clause the legs carried (search.scope)
+    scope_filter: str = "exact"  # the kind of scope clause the legs carried (search.access.scope)
 
 
 async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:

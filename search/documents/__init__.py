@@ -1,0 +1,1 @@
+"""Documents, their relations and decision records, read for a caller."""

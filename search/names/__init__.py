@@ -1,0 +1,1 @@
+"""The identity preflight: documents a query names (keys, SQL, cache)."""

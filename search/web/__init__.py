@@ -1,0 +1,1 @@
+"""The HTTP boundary: routes, error table, authentication, OpenAPI, admission and rate limits, the console."""
