@@ -21,7 +21,7 @@ class CliError(PermanentError):
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
-    from apps.stack import manager
+    from apps.dev.stack import manager
 
     # Annotated: the commands' signatures differ, so mypy would otherwise infer the values as plain `function`.
     actions: dict[str, Callable[..., int]] = {
@@ -58,7 +58,7 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from apps.mcp_server import main as mcp_main
+    from apps.runtime.mcp_server import main as mcp_main
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise CliError("--port must be a port number (1-65535)")
@@ -72,7 +72,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("--workers must be at least 1")
     refuse_exposure(settings)  # before any worker starts: one line, not one per worker (each asks again)
     if args.workers > 1:
-        from apps.serve_workers import run_workers
+        from apps.runtime.serve_workers import run_workers
 
         return run_workers(args.workers, config=args.config)
     from search.web.api import serve
@@ -96,7 +96,7 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         from streams.topics import ensure_topics
 
         ensure_topics(settings)  # once, before the lanes race to it
-        from apps.sync_lanes import run_lanes
+        from apps.runtime.sync_lanes import run_lanes
 
         return run_lanes(config=args.config, loglevel=args.loglevel)
     if args.action == "run":
@@ -120,7 +120,7 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
 def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from apps.progress import StepReport
+    from apps.runtime.progress import StepReport
     from streams.replay import rebuild
 
     with StepReport("rebuild") as steps:
@@ -131,7 +131,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 def _backfill(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from apps.progress import StepReport
+    from apps.runtime.progress import StepReport
     from streams.replay import backfill
 
     with StepReport("backfill") as steps:
@@ -144,7 +144,7 @@ def _backfill(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from apps.demo.commands import run_demo, run_generate
+    from apps.dev.demo.commands import run_demo, run_generate
 
     if args.scale < 1:
         raise CliError("--scale must be at least 1")
@@ -156,7 +156,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from apps.progress import StepReport
+    from apps.runtime.progress import StepReport
     from streams.replay import reconcile
 
     with StepReport("reconcile") as steps:
@@ -188,8 +188,8 @@ def _env_pairs(flag: str, value: str) -> dict[str, str]:
 def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from apps.bench.search import DEFAULT_SCALE, BenchError, BenchOptions
-    from apps.bench.search import main as bench_search
+    from apps.dev.bench.search import DEFAULT_SCALE, BenchError, BenchOptions
+    from apps.dev.bench.search import main as bench_search
 
     for flag, value in (
         ("--scale", args.scale),
@@ -228,13 +228,13 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "search":
         return _bench_search(args, settings)
     if args.what == "clean":
-        from apps.bench.cleanup import clean
+        from apps.dev.bench.cleanup import clean
 
         return clean(settings)
     if args.what == "authz-timing":
         from pathlib import Path
 
-        from apps.bench.authz_timing import main as bench_authz_timing
+        from apps.dev.bench.authz_timing import main as bench_authz_timing
 
         if args.pairs < 1:
             raise CliError("--pairs must be at least 1")
@@ -243,8 +243,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "freshness":
         from pathlib import Path
 
-        from apps.bench.freshness import FreshnessOptions
-        from apps.bench.freshness import main as bench_freshness
+        from apps.dev.bench.freshness import FreshnessOptions
+        from apps.dev.bench.freshness import main as bench_freshness
 
         for flag, value in (("--rate", args.rate), ("--docs", args.docs)):
             if value < 1:
@@ -267,7 +267,7 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             command="ki " + " ".join(sys.argv[1:]),
         )
         return bench_freshness(settings, options, Path(args.out) if args.out else None)
-    from apps.bench.sync import main as bench_sync
+    from apps.dev.bench.sync import main as bench_sync
 
     return bench_sync(
         settings,
@@ -282,8 +282,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
 def _eval(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from apps.eval.run import EvalError, EvalOptions
-    from apps.eval.run import main as run_eval
+    from apps.dev.eval.run import EvalError, EvalOptions
+    from apps.dev.eval.run import main as run_eval
 
     for flag, value, low in (("--limit-docs", args.limit_docs, 1), ("--queries", args.queries, 1),
                              ("--concurrency", args.concurrency, 1), ("--batch-docs", args.batch_docs, 1)):  # fmt: skip
@@ -304,8 +304,8 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         return _self_eval(args, settings)
     defaults = EvalOptions()
     if args.identity_reach:  # offline: no services, no index
-        from apps.eval.beir import DataError
-        from apps.eval.identity_reach import write_reach
+        from apps.dev.eval.beir import DataError
+        from apps.dev.eval.identity_reach import write_reach
 
         root = data or defaults.data_dir
         out = Path(args.out or "build/eval") / f"identity-reach-{root.resolve().name}.json"
@@ -346,11 +346,11 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _self_eval(args: argparse.Namespace, settings: Settings) -> int:
-    """`ki eval --self`: the deployment's own evidence for its default mode (apps.eval.self_check)."""
+    """`ki eval --self`: the deployment's own evidence for its default mode (apps.dev.eval.self_check)."""
     import asyncio
     from pathlib import Path
 
-    from apps.eval.self_check import SelfEvalError, self_evaluate
+    from apps.dev.eval.self_check import SelfEvalError, self_evaluate
     from ki.clients import as_ki_error
     from ki.errors import Unavailable
 

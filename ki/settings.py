@@ -165,7 +165,7 @@ class RetrievalSettings(_Section):
     self_eval_refresh_s: float = Field(30.0, gt=0, le=3600)
     # `ki eval --self` turns hybrid off only when hybrid loses by more than this (nDCG@10), significantly:
     # its pseudo-queries are the documents' own words, where lexical is near its ceiling and a small loss
-    # of hybrid says nothing about users' questions (apps.eval.self_check).
+    # of hybrid says nothing about users' questions (apps.dev.eval.self_check).
     self_eval_margin: float = Field(0.02, ge=0, le=1)
     text_analysis: TextAnalysis = TextAnalysis()
 
@@ -484,7 +484,7 @@ class OidcSettings(_Section):
 
 
 class McpSettings(_Section):
-    """`ki mcp`: the MCP server (apps.mcp_server). Over HTTP callers bring bearer tokens as for the API; over
+    """`ki mcp`: the MCP server (apps.runtime.mcp_server). Over HTTP callers bring bearer tokens as for the API; over
     stdio there is no token, so the caller is `stdio_principals` (empty: nothing is visible)."""
 
     host: str = "127.0.0.1"
@@ -500,11 +500,11 @@ class StackSettings(_Section):
     kafka_heap: str = "512m"
     connect_heap: str = "512m"
     start_timeout_s: float = Field(180.0, gt=0)
-    # The local identity provider (`ki stack up --idp`, apps/stack/keycloak.py): its port, and a Java 21+
+    # The local identity provider (`ki stack up --idp`, apps/dev/stack/keycloak.py): its port, and a Java 21+
     # for it (empty: the newest under /usr/lib/jvm).
     keycloak_port: int = Field(58180, ge=1, le=65535)
     keycloak_java_home: str = ""
-    # The secured profile (`ki stack up --secure`, apps/stack/secure.py): TLS and credentials on every
+    # The secured profile (`ki stack up --secure`, apps/dev/stack/secure.py): TLS and credentials on every
     # service, with a CA, certificates and passwords generated into <home>/secure.
     secure: bool = False
 

@@ -3,7 +3,7 @@
 For each candidate `text_analysis` definition (see CANDIDATES, or --candidates FILE with the same
 shape) the corpus (title + text, no vectors) is bulk-indexed into a temporary index on the
 OpenSearch of the current settings ($KI_CONFIG), queried with BM25 `multi_match`, and scored with
-nDCG@10 (`apps.eval.metrics`). Temporary indices (`ki-analysis-bench-*`) are deleted afterwards.
+nDCG@10 (`apps.dev.eval.metrics`). Temporary indices (`ki-analysis-bench-*`) are deleted afterwards.
 
   KI_CONFIG=... python scripts/analysis_bench.py /work/shared/data/gesetze-headings-dev:1500 \
       /work/shared/data/xquad-de
@@ -22,7 +22,7 @@ from typing import Any
 
 from opensearchpy import OpenSearch, helpers
 
-from apps.eval.metrics import ndcg_at_k
+from apps.dev.eval.metrics import ndcg_at_k
 from ki.clients import make_sync_client
 from ki.settings import load_settings
 

@@ -10,7 +10,7 @@ need_apt=()
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v unzip >/dev/null || need_apt+=(unzip)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-client-15)
-# A JDK, not only a runtime: `ki stack up` compiles the small ICU analysis module (apps/stack/icu).
+# A JDK, not only a runtime: `ki stack up` compiles the small ICU analysis module (apps/dev/stack/icu).
 command -v javac >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 # With --test: the console's browser tests drive Debian's Chromium through its version-matched
 # driver (nothing is downloaded at run time), and promtool checks monitoring/prometheus.yml.

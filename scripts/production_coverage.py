@@ -125,7 +125,7 @@ def run_demo(env: dict[str, str]) -> None:
 
 def run_serve(env: dict[str, str]) -> None:
     """`ki serve` itself (the demo runs the API in its own process): up, one probe, SIGTERM."""
-    from apps.processes import Child, free_port
+    from apps.runtime.processes import Child, free_port
 
     port = free_port()
     say("ki serve")

@@ -50,7 +50,7 @@ stop_stack() {
 # KI_TEST_PORT_SHIFT=N: this run's stack on ports shifted by N (beside another stack, e.g. CI's lanes).
 if [ "${KI_TEST_PORT_SHIFT:-0}" != "0" ]; then
   set -a
-  eval "$(.venv/bin/python -m apps.stack.ports --shift "$KI_TEST_PORT_SHIFT")"
+  eval "$(.venv/bin/python -m apps.dev.stack.ports --shift "$KI_TEST_PORT_SHIFT")"
   set +a
 fi
 
@@ -65,7 +65,7 @@ faults_shift=$(( ${KI_TEST_PORT_SHIFT:-0} + 1000 ))
 (
   export KI_STACK__HOME="$KI_STACK__HOME-faults"
   set -a
-  eval "$(.venv/bin/python -m apps.stack.ports --shift "$faults_shift")"
+  eval "$(.venv/bin/python -m apps.dev.stack.ports --shift "$faults_shift")"
   set +a
   run_lane -m faults tests/integration
 ) >build/test-faults.log 2>&1 &

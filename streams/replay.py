@@ -3,7 +3,7 @@
 All three reuse the worker's `Projector`, so they write exactly what the live sync would. They report
 through two callbacks: `progress` takes a line of text, `on_progress(unit, done, total)` how far the
 current long step is (events read, versions projected); the CLI turns the latter into a progress bar or
-plain lines (`apps.progress`), which this layer may not import.
+plain lines (`apps.runtime.progress`), which this layer may not import.
 """
 
 from __future__ import annotations

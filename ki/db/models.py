@@ -540,7 +540,7 @@ class SearchStat(Base):
 
 
 class SelfEvalReport(Base):
-    """One `ki eval --self` run: the deployment's own evidence for its default mode (apps.eval.self_check;
+    """One `ki eval --self` run: the deployment's own evidence for its default mode (apps.dev.eval.self_check;
     written by the operator's command, read by every API process, not captured by CDC)."""
 
     __tablename__ = "ki_self_eval"

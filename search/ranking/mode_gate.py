@@ -15,7 +15,7 @@ only when at least one report matches the service's own embedding signature, ana
 hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
 is keyword-only and every response says why. A request's explicit `mode` is always honoured.
 
-The deployment's own evidence comes first: the newest `ki eval --self` report (apps.eval.self_check, kept
+The deployment's own evidence comes first: the newest `ki eval --self` report (apps.dev.eval.self_check, kept
 in PostgreSQL and re-read by every API process every `retrieval.self_eval_refresh_s`) decides when it
 matches these settings. An operator can pin the default instead (`retrieval.default_mode`).
 
@@ -141,7 +141,7 @@ def binding_matches(binding: dict[str, str], settings: Settings, embedding_signa
 
 @dataclass(frozen=True)
 class SelfEvidence:
-    """The newest `ki eval --self` report: the deployment's own pseudo-queries (apps.eval.self_check)."""
+    """The newest `ki eval --self` report: the deployment's own pseudo-queries (apps.dev.eval.self_check)."""
 
     report_id: int
     at: str

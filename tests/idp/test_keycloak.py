@@ -1,4 +1,4 @@
-"""Callers from a real identity provider: Keycloak (started by `ki stack up --idp`, realm apps/stack/keycloak/
+"""Callers from a real identity provider: Keycloak (started by `ki stack up --idp`, realm apps/dev/stack/keycloak/
 ki-realm.json) issues the tokens at its real token endpoint; the real `ki serve` and `ki mcp` verify them
 against its real JWKS while a real sync worker indexes the documents.
 
@@ -30,9 +30,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import Engine
 
-from apps.processes import free_port
-from apps.stack.keycloak import ADMIN_USER, Keycloak
-from apps.stack.paths import StackPaths
+from apps.dev.stack.keycloak import ADMIN_USER, Keycloak
+from apps.dev.stack.paths import StackPaths
+from apps.runtime.processes import free_port
 from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for

@@ -19,8 +19,8 @@ from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.processes import Child as Process
-from apps.processes import free_port
+from apps.runtime.processes import Child as Process
+from apps.runtime.processes import free_port
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import REPO_ROOT, Settings, load_settings
 from search.web.auth import mint_token

@@ -15,8 +15,8 @@ from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from apps.processes import Child, free_port
-from apps.stack.manager import start_service, stop_service
+from apps.dev.stack.manager import start_service, stop_service
+from apps.runtime.processes import Child, free_port
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings

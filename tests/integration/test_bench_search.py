@@ -171,7 +171,7 @@ def test_no_indexing_measures_the_index_as_it_is(settings: Settings) -> None:
     """`--no-indexing`: a corpus whose versions are not indexed yet is reported, not backfilled."""
     import asyncio
 
-    from apps.bench.search import ensure_corpus
+    from apps.dev.bench.search import ensure_corpus
     from ki.clients import make_engine
 
     alias = f"ki-bench-search-noindex-{uuid.uuid4().hex[:8]}"
@@ -192,7 +192,7 @@ def test_generated_corpus_left_no_trace(run: dict[str, Any], settings: Settings)
     run's aliases) and from the index it was backfilled into."""
     from sqlalchemy import text
 
-    from apps.demo.generator import NAME_SEPARATOR
+    from apps.dev.demo.generator import NAME_SEPARATOR
     from ki.clients import make_engine
 
     result = run["file"]

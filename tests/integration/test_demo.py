@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from apps.demo.generator import GenerationSummary, demo_data_exists, generate
+from apps.dev.demo.generator import GenerationSummary, demo_data_exists, generate
 from ki.acl import resolve_caller, visible_scope
 from ki.clients import make_engine
 from ki.db.models import grants_scope_check_sql

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from apps.processes import free_port
+from apps.runtime.processes import free_port
 from ki.settings import REPO_ROOT, Settings
 from tests.conftest import wait_for
 

@@ -28,11 +28,11 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import text
 
-from apps.eval import beir
-from apps.eval.fusion_choice import setting_label
-from apps.eval.run import FUSIONS, load_into_postgres
-from apps.processes import free_port
-from apps.stack.http import request_json
+from apps.dev.eval import beir
+from apps.dev.eval.fusion_choice import setting_label
+from apps.dev.eval.run import FUSIONS, load_into_postgres
+from apps.dev.stack.http import request_json
+from apps.runtime.processes import free_port
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
 from search.ranking.mode_gate import parse_report, parse_reports

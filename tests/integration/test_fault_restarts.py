@@ -17,7 +17,7 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from apps.stack.connector import Connector
+from apps.dev.stack.connector import Connector
 from ki.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.change_stream import ChangeStream, FaultWorld, make_fault_world

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from apps.demo.generator import generate, users
+from apps.dev.demo.generator import generate, users
 from ki.clients import make_sync_client
 from ki.settings import REPO_ROOT, Settings
 from search.web.auth import mint_token

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from apps.processes import free_port
+from apps.runtime.processes import free_port
 from ki.clients import make_client, make_engine, make_sync_client
 from ki.errors import IndexSchemaError
 from ki.settings import REPO_ROOT, Settings, with_overrides

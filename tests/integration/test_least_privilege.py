@@ -12,8 +12,8 @@ import pytest
 from psycopg import errors
 from sqlalchemy import Engine
 
-from apps.stack.paths import StackPaths
-from apps.stack.postgres import Postgres
+from apps.dev.stack.paths import StackPaths
+from apps.dev.stack.postgres import Postgres
 from ki.db.models import HEARTBEAT_ACTION_QUERY
 from ki.settings import REPO_ROOT, Settings
 from search.web.auth import mint_token

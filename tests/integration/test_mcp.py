@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import Engine, text
 
-from apps.mcp_server import TOOLS
+from apps.runtime.mcp_server import TOOLS
 from ki.settings import REPO_ROOT, Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import (

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from apps.stack.http import request_json
+from apps.dev.stack.http import request_json
 from ki.clients import make_async_engine, make_client, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from apps.processes import free_port
+from apps.runtime.processes import free_port
 from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
 from search.web.auth import mint_token

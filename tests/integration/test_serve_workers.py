@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.processes import proc_stat
+from apps.runtime.processes import proc_stat
 from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for

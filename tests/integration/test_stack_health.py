@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import ConfigResource
 
-from apps.stack.connector import Connector
-from apps.stack.http import request_json
+from apps.dev.stack.connector import Connector
+from apps.dev.stack.http import request_json
 from ki.clients import make_kafka_admin
 from ki.settings import Settings
 from tests.conftest import wait_for

@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
-from apps.processes import Child, free_port
+from apps.runtime.processes import Child, free_port
 from ki.clients import make_kafka_consumer
 from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
 from streams.status import consumer_lag

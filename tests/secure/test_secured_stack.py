@@ -1,4 +1,4 @@
-"""The secured profile (`ki stack up --secure`, apps/stack/secure.py) end to end: every service refuses
+"""The secured profile (`ki stack up --secure`, apps/dev/stack/secure.py) end to end: every service refuses
 plaintext and anonymous callers; the sync worker, the API and a rebuild run over TLS as their own
 least-privileged logins; the worker's OpenSearch user cannot touch another index; a wrong password or an
 untrusted certificate fails with one line naming the service.
@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from apps.stack.http import Auth, HttpError, request_json
-from apps.stack.kafka import kafka_metadata_probe
-from apps.stack.secure import SecureMaterial, issue_certificate, pem_cert, read_env_file
+from apps.dev.stack.http import Auth, HttpError, request_json
+from apps.dev.stack.kafka import kafka_metadata_probe
+from apps.dev.stack.secure import SecureMaterial, issue_certificate, pem_cert, read_env_file
 from ki.settings import REPO_ROOT, Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed

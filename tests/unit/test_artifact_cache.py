@@ -1,4 +1,4 @@
-"""The artifact cache shared by several stacks (apps.stack.artifacts.Resolver._ensure): built once, even when
+"""The artifact cache shared by several stacks (apps.dev.stack.artifacts.Resolver._ensure): built once, even when
 two stacks start at the same time, and rebuilt when its digest changes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.stack.artifacts import Resolver
-from apps.stack.paths import StackPaths
+from apps.dev.stack.artifacts import Resolver
+from apps.dev.stack.paths import StackPaths
 
 
 def _resolver(home: Path) -> Resolver:

@@ -14,8 +14,8 @@ from pathlib import Path
 import faust
 import pytest
 
-from apps.stack.connector import connect_auth, connector_config
-from apps.stack.http import request_json
+from apps.dev.stack.connector import connect_auth, connector_config
+from apps.dev.stack.http import request_json
 from ki.clients import LIBRDKAFKA_LOG, _connect_args, kafka_config, opensearch_options
 from ki.errors import SettingsError
 from ki.settings import Settings, load_settings

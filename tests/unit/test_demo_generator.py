@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from apps.demo.generator import (
+from apps.dev.demo.generator import (
     FINAL_STATUSES,
     IDENTIFIER_PATTERNS,
     MAX_TEXT_CHARS,
@@ -167,7 +167,7 @@ def test_every_principal_the_demo_writes_is_canonical() -> None:
 
 
 def test_relations_join_documents_of_one_matter_deterministically() -> None:
-    from apps.demo.generator import DOC_TYPE_CHOICES, Placed, plan_relations
+    from apps.dev.demo.generator import DOC_TYPE_CHOICES, Placed, plan_relations
     from ki.db.models import RELATION_KINDS
 
     keys = [k for k, _, _ in DOC_TYPE_CHOICES]

@@ -49,7 +49,7 @@ from streams.writer import item_outcome
 
 CORE = ("ki", "projections", "streams", "search", "apps")
 # Deliberately outside the tree: the stack's HTTP probe error is an OSError so `except OSError` sees it.
-OUTSIDE = {"apps.stack.http.HttpError"}
+OUTSIDE = {"apps.dev.stack.http.HttpError"}
 
 
 def _exception_classes() -> list[type[BaseException]]:
@@ -58,7 +58,7 @@ def _exception_classes() -> list[type[BaseException]]:
         package = importlib.import_module(root)
         names = [root] + [m.name for m in pkgutil.walk_packages(package.__path__, root + ".")]
         for name in names:
-            if name.startswith(("ki.migrations.", "apps.demo.__main__")):
+            if name.startswith(("ki.migrations.", "apps.dev.demo.__main__")):
                 continue
             module = importlib.import_module(name)
             for _, cls in inspect.getmembers(module, inspect.isclass):

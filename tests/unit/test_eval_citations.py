@@ -1,8 +1,8 @@
-"""Section citations in statute text (apps.eval.citations), written by hand from how German laws cite."""
+"""Section citations in statute text (apps.dev.eval.citations), written by hand from how German laws cite."""
 
 from __future__ import annotations
 
-from apps.eval.citations import cited_sections, derive_references
+from apps.dev.eval.citations import cited_sections, derive_references
 
 LAWS = {"BGB", "SGB 5", "KSchG", "GG", "ZPO"}
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from apps.eval import beir, isolation, report, tuning
-from apps.eval.run import (
+from apps.dev.eval import beir, isolation, report, tuning
+from apps.dev.eval.run import (
     eval_key,
     mode_settings,
     out_stem,
     project,
     truncated_chunk_share,
 )
-from apps.processes import free_port
+from apps.runtime.processes import free_port
 from ki.settings import Settings, SettingsError, load_settings
 from search.ranking.mode_gate import binding_for, binding_hash
 from tests.conftest import wait_for
@@ -403,7 +403,7 @@ def test_a_killed_runs_worker_is_adopted_with_the_same_settings_and_stopped_othe
 
 
 def test_expected_rows_cut_chunks_to_the_workers_token_budget_like_the_worker():
-    from apps.eval.run import token_budget
+    from apps.dev.eval.run import token_budget
 
     class Words:
         max_tokens = 40

@@ -1,8 +1,8 @@
-"""`ki eval --features` (apps.eval.features): which runs a feature needs and how a result is judged."""
+"""`ki eval --features` (apps.dev.eval.features): which runs a feature needs and how a result is judged."""
 
 from __future__ import annotations
 
-from apps.eval.features import (
+from apps.dev.eval.features import (
     FEATURES,
     MAX_DEFAULT_LOSS,
     default_state,

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from apps.eval.metrics import dcg, evaluate, mrr_at_k, ndcg_at_k, recall_at_k
+from apps.dev.eval.metrics import dcg, evaluate, mrr_at_k, ndcg_at_k, recall_at_k
 
 L2, L3, L4 = math.log2(2), math.log2(3), math.log2(4)
 

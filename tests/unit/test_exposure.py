@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.processes import free_port
+from apps.runtime.processes import free_port
 from ki.exposure import PUBLISHED_JWT_SECRET, exposure_problem, is_loopback
 from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
 

@@ -1,8 +1,8 @@
-"""The train-split choice of one fusion setting over every data set and embedder (apps.eval.fusion_choice)."""
+"""The train-split choice of one fusion setting over every data set and embedder (apps.dev.eval.fusion_choice)."""
 
 from __future__ import annotations
 
-from apps.eval.fusion_choice import Measured, choose, measured, table
+from apps.dev.eval.fusion_choice import Measured, choose, measured, table
 
 
 def report(name: str, train: dict[str, float], test: dict[str, tuple[str, float, float]]) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apps.eval.identity_reach import identity_reach
+from apps.dev.eval.identity_reach import identity_reach
 from ki.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""apps/processes.py, on real child processes: start with a log and extra environment, wait until a
+"""apps/runtime/processes.py, on real child processes: start with a log and extra environment, wait until a
 probe answers (or the child exits, or the deadline passes), stop with SIGTERM then SIGKILL."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.processes import START_MARKER, Child, pid_alive, stop_pid
+from apps.runtime.processes import START_MARKER, Child, pid_alive, stop_pid
 
 # Writes $GREETING to stdout, touches its ready file, then sleeps until signalled.
 _SERVE = """

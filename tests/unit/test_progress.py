@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from apps.progress import ProgressReport, RateWindow, StepReport, duration
+from apps.runtime.progress import ProgressReport, RateWindow, StepReport, duration
 from streams.status import LaneLag, PartitionLag, lag_summary, synced
 
 

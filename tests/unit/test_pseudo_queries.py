@@ -1,9 +1,9 @@
-"""Pseudo-queries for `ki eval --self` (apps.eval.pseudo): headings and sentences of a document, identifiers
+"""Pseudo-queries for `ki eval --self` (apps.dev.eval.pseudo): headings and sentences of a document, identifiers
 stripped, each document in one half."""
 
 from __future__ import annotations
 
-from apps.eval.pseudo import MAX_SENTENCE_WORDS, half_of, headings, queries_for, sentences, strip_identifiers
+from apps.dev.eval.pseudo import MAX_SENTENCE_WORDS, half_of, headings, queries_for, sentences, strip_identifiers
 
 CONTRACT = """§ 5 Kündigung des Mietverhältnisses
 Der Mieter kann das Mietverhältnis mit einer Frist von drei Monaten kündigen.

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from apps.bench.search import _label_prefix, query_mix, summarize, vocabulary
-from apps.bench.stats import percentile
 from apps.cli import main
-from apps.demo.generator import run_label
+from apps.dev.bench.search import _label_prefix, query_mix, summarize, vocabulary
+from apps.dev.bench.stats import percentile
+from apps.dev.demo.generator import run_label
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -80,7 +80,7 @@ def test_bad_options_exit_2_with_one_line(argv: list[str], message: str, capsys:
 
 
 def test_sides_take_turns_going_first():
-    from apps.bench.search import side_order
+    from apps.dev.bench.search import side_order
 
     sides = ["api", "raw_msearch", "api_compare"]
     orders = [side_order(sides, r) for r in range(3)]

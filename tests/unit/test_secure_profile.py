@@ -1,4 +1,4 @@
-"""The secured profile's pure parts (apps/stack/secure.py and the services' secured configuration):
+"""The secured profile's pure parts (apps/dev/stack/secure.py and the services' secured configuration):
 certificates that verify against the generated CA for the stack's host names, secrets only in files of
 the invoking user, env files naming files and never a secret, roles that confine each login."""
 
@@ -13,10 +13,10 @@ import bcrypt
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from apps.stack.kafka import Kafka
-from apps.stack.paths import StackPaths
-from apps.stack.postgres import Postgres
-from apps.stack.secure import ROLES, SecureMaterial, opensearch_security_files, read_env_file
+from apps.dev.stack.kafka import Kafka
+from apps.dev.stack.paths import StackPaths
+from apps.dev.stack.postgres import Postgres
+from apps.dev.stack.secure import ROLES, SecureMaterial, opensearch_security_files, read_env_file
 from ki.settings import Settings, load_settings
 
 

@@ -1,12 +1,12 @@
-"""`ki eval --self`'s decision rule and readiness check (apps.eval.self_check), without services."""
+"""`ki eval --self`'s decision rule and readiness check (apps.dev.eval.self_check), without services."""
 
 from __future__ import annotations
 
 import pytest
 
-from apps.eval.pseudo import PseudoQuery
-from apps.eval.run import ModeRun
-from apps.eval.self_check import SelfEvalError, decision, summarise, waiting_reason
+from apps.dev.eval.pseudo import PseudoQuery
+from apps.dev.eval.run import ModeRun
+from apps.dev.eval.self_check import SelfEvalError, decision, summarise, waiting_reason
 
 
 def compared(mean: float, p: float, n: int = 60) -> dict:

@@ -1,4 +1,4 @@
-"""Paired comparison of two rankings per query (apps.eval.significance)."""
+"""Paired comparison of two rankings per query (apps.dev.eval.significance)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from apps.eval.significance import paired_comparison, significant
+from apps.dev.eval.significance import paired_comparison, significant
 
 
 def test_a_consistent_gain_is_significant_and_its_interval_excludes_zero() -> None:

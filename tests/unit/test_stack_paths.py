@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from apps.stack.artifacts import MARKER, copy_resolved
-from apps.stack.errors import StackError
-from apps.stack.opensearch import OpenSearch
-from apps.stack.paths import StackPaths, system_state_dir
-from apps.stack.postgres import Postgres
-from apps.stack.users import ServiceUser
+from apps.dev.stack.artifacts import MARKER, copy_resolved
+from apps.dev.stack.errors import StackError
+from apps.dev.stack.opensearch import OpenSearch
+from apps.dev.stack.paths import StackPaths, system_state_dir
+from apps.dev.stack.postgres import Postgres
+from apps.dev.stack.users import ServiceUser
 from ki.settings import Settings
 
 STRANGER = ServiceUser("stranger", uid=os.geteuid() + 4242, gid=os.getegid() + 4242, home="/nonexistent")

@@ -1,4 +1,4 @@
-"""The stack's ports kept out of the ephemeral range (apps.stack.ports), on a file standing in for /proc."""
+"""The stack's ports kept out of the ephemeral range (apps.dev.stack.ports), on a file standing in for /proc."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.stack.ports import format_reserved, parse_reserved, reserve, shifted_ports
-from apps.stack.ports import main as ports_main
+from apps.dev.stack.ports import format_reserved, parse_reserved, reserve, shifted_ports
+from apps.dev.stack.ports import main as ports_main
 from ki.settings import Settings, load_settings
 
 

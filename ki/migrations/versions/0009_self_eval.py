@@ -1,4 +1,4 @@
-"""The deployment's own retrieval evidence: one row per `ki eval --self` run (apps.eval.self_check).
+"""The deployment's own retrieval evidence: one row per `ki eval --self` run (apps.dev.eval.self_check).
 
 Revision ID: 0009
 Revises: 0008

@@ -1,0 +1,182 @@
+"""The Kafka broker (KRaft, one combined broker + controller) and the JVM launch it shares with Kafka
+Connect: one classpath resolved from Maven, log4j2 to stdout, heap from the settings."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import shutil
+import uuid
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from apps.dev.stack import process
+from apps.dev.stack.process import Launch
+from apps.dev.stack.secure import KAFKA_USERS, SecureMaterial
+from apps.dev.stack.service import Runtime, Service, java_properties
+from ki.clients import kafka_config
+
+LOG4J_TEMPLATE = Path(__file__).with_name("kafka-log4j2.properties")
+NODE_ID = 1
+PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+
+# librdkafka reports every refused connection while the broker starts; health probes stay quiet.
+_QUIET = logging.getLogger("apps.dev.stack.kafka-client")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def pem_tls(material: SecureMaterial, prefix: str = "") -> dict[str, object]:
+    """A Kafka-family JVM's TLS from PEM files: its key and certificate, and the CA it trusts."""
+    return {
+        f"{prefix}ssl.keystore.type": "PEM",
+        f"{prefix}ssl.keystore.location": material.server_bundle,
+        f"{prefix}ssl.truststore.type": "PEM",
+        f"{prefix}ssl.truststore.location": material.ca_cert,
+    }
+
+
+def kafka_metadata_probe(client_config: dict[str, Any], timeout_s: float = 3.0) -> str | None:
+    """None when a broker answers a metadata request, else why not."""
+    admin = AdminClient({**client_config, "logger": _QUIET})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        return f"metadata request failed: {exc.args[0] if exc.args else exc}"
+    return None if metadata.brokers else "no broker in the metadata answer"
+
+
+class KafkaJvmService(Service):
+    """A Kafka-family JVM: `java <heap> -cp <kafka libs>/* <main class> <properties file>`."""
+
+    main_class: str
+    config_name: str
+
+    @property
+    @abstractmethod
+    def heap(self) -> str: ...
+
+    @abstractmethod
+    def config(self, runtime: Runtime) -> dict[str, object]: ...
+
+    @property
+    def config_file(self) -> Path:
+        return self.state_dir / self.config_name
+
+    def command_marker(self, state_dir: Path) -> str:
+        return str(state_dir / self.config_name)
+
+    def system_properties(self) -> dict[str, str]:
+        """Extra `-D` properties of the JVM (none by default)."""
+        return {}
+
+    def jvm(self, runtime: Runtime, main_class: str, *args: str) -> Launch:
+        log4j = self.write_config(self.state_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
+        properties = [f"-D{key}={value}" for key, value in self.system_properties().items()]
+        argv = [
+            str(runtime.java.java), f"-Xms{self.heap}", f"-Xmx{self.heap}",
+            "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", *properties,
+            "-cp", runtime.artifacts.kafka_classpath, main_class, *args,
+        ]  # fmt: skip
+        return Launch(argv, cwd=self.state_dir)
+
+    def prepare(self, runtime: Runtime) -> Launch:
+        self.write_config(self.config_file, java_properties(self.config(runtime)))
+        return self.jvm(runtime, self.main_class, str(self.config_file))
+
+
+class Kafka(KafkaJvmService):
+    name = "kafka"
+    main_class = "kafka.Kafka"
+    config_name = "server.properties"
+
+    @property
+    def host(self) -> str:
+        return self.listener[0]
+
+    @property
+    def listener(self) -> tuple[str, int]:
+        return split_host_port(self.settings.kafka.bootstrap_servers.split(",")[0].strip())
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.listener[1], self.settings.kafka.controller_port)
+
+    @property
+    def heap(self) -> str:
+        return self.settings.stack.kafka_heap
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    def config(self, runtime: Runtime) -> dict[str, object]:
+        host, port = self.listener
+        controller = f"{host}:{self.settings.kafka.controller_port}"
+        # Secured: the clients' listener is SASL_SSL (PLAIN over TLS); the controller's stays on loopback.
+        client = "SASL_SSL" if self.settings.stack.secure else "PLAINTEXT"
+        return {
+            "process.roles": "broker,controller",
+            "node.id": NODE_ID,
+            "controller.quorum.voters": f"{NODE_ID}@{controller}",
+            "listeners": f"{client}://{host}:{port},CONTROLLER://{controller}",
+            "advertised.listeners": f"{client}://{host}:{port}",
+            "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": client,
+            **(self.secure_config() if self.settings.stack.secure else {}),
+            "log.dirs": self.log_dir,
+            "num.partitions": self.settings.kafka.partitions,
+            # One broker: every internal topic has exactly one replica.
+            "default.replication.factor": 1,
+            "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            "group.initial.rebalance.delay.ms": 0,
+        }
+
+    def secure_config(self) -> dict[str, object]:
+        """TLS from the secured profile's PEM files and the PLAIN logins (broker, connect, ki)."""
+        material = SecureMaterial.of(self.settings)
+        logins = " ".join(f'user_{user}="{material.password("kafka", user)}"' for user in KAFKA_USERS)
+        return {
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f'{PLAIN_LOGIN} username="broker" password="{material.password("kafka", "broker")}" {logins};'
+            ),
+            **pem_tls(material),
+        }
+
+    def prepare(self, runtime: Runtime) -> Launch:
+        launch = super().prepare(runtime)
+        if not (self.log_dir / "meta.properties").is_file():
+            shutil.rmtree(self.log_dir, ignore_errors=True)  # never formatted: nothing to keep
+            fmt = self.jvm(runtime, "kafka.tools.StorageTool", "format",
+                           "--cluster-id", _cluster_id(), "--config", str(self.config_file))  # fmt: skip
+            process.run_once(fmt, self.log_file, self.user, "kafka storage format")
+        return launch
+
+    def probe(self) -> str | None:
+        return kafka_metadata_probe(kafka_config(self.settings))
+
+
+def _cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding, not starting with '-'."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
