@@ -4,9 +4,10 @@
 # runs every test (unit and against the real services), and always stops the stack again.
 #
 # Without arguments the tests run in two lanes at once, each on a stack of its own: the fault-injection
-# tests (`-m faults`: services stopped, workers killed; mostly waiting) on a second stack whose ports are
-# shifted by 1000 and whose home is "$KI_STACK__HOME-faults" (log: build/test-faults.log), everything
-# else here. With arguments: one lane, `pytest "$@"`.
+# tests (`-m faults`: services stopped, workers killed; mostly waiting) and the long independent ones
+# (`-m second_lane`: rebuilds, benchmark smoke runs) on a second stack whose ports are shifted by 1000 and
+# whose home is "$KI_STACK__HOME-faults" (log: build/test-faults.log), everything else here. With
+# arguments: one lane, `pytest "$@"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --test
@@ -67,12 +68,12 @@ faults_shift=$(( ${KI_TEST_PORT_SHIFT:-0} + 1000 ))
   set -a
   eval "$(.venv/bin/python -m apps.dev.stack.ports --shift "$faults_shift")"
   set +a
-  run_lane -m faults tests/integration
+  run_lane -m "faults or second_lane" tests/integration
 ) >build/test-faults.log 2>&1 &
 faults_pid=$!
 echo "test: the fault-injection tests run beside these on a second stack (log: build/test-faults.log)"
 # In the background too, so that `set -e` holds inside the lane (it does not in a `( … ) || …` list).
-(run_lane -m "not faults") &
+(run_lane -m "not faults and not second_lane") &
 main_pid=$!
 main_status=0
 wait "$main_pid" || main_status=$?

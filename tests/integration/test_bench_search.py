@@ -23,7 +23,7 @@ import pytest
 from ki.clients import make_sync_client
 from ki.settings import REPO_ROOT, Settings, with_overrides
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.stack, pytest.mark.second_lane, pytest.mark.timeout(1200)]
 
 SCALE, SEED, REQUESTS, ROUNDS = 24, 23, 6, 1
 CONCURRENCY = (1, 2)

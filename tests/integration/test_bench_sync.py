@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 
 from ki.settings import REPO_ROOT, Settings
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.second_lane]
 
 
 def run_bench(*args: str) -> dict:

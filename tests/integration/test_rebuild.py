@@ -26,7 +26,7 @@ from tests.integration.sync_harness import Worker, dump
 from tests.integration.test_sync import LONG_TEXT, make_world
 from tests.integration.world import World
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.second_lane]
 
 
 def wait_until_replayable(settings: Settings, version_ids: set[int]) -> None:
