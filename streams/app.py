@@ -105,12 +105,17 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     def _configure_logging(app: faust.App, /, *_: Any, signal: Any, **__: Any) -> None:  # pragma: no cover - wiring
         logging.getLogger("opensearch").setLevel(logging.WARNING)
 
+    building = asyncio.Lock()
+
     async def projector() -> Projector:
-        if "projector" not in state:
-            embedder = create_embedder(settings)
-            writer = IndexWriter(make_client(settings), settings)
-            await writer.ensure_index(embedder.signature)
-            state["projector"] = Projector(settings, make_engine(settings), writer, embedder)
+        async with building:
+            if "projector" not in state:
+                # Loading the model takes seconds (more on a busy machine): off the event loop, so the
+                # worker's /metrics and its broker heartbeats keep answering meanwhile.
+                embedder = await asyncio.to_thread(create_embedder, settings)
+                writer = IndexWriter(make_client(settings), settings)
+                await writer.ensure_index(embedder.signature)
+                state["projector"] = Projector(settings, make_engine(settings), writer, embedder)
         projector_: Projector = state["projector"]
         return projector_
 
