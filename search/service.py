@@ -13,7 +13,6 @@ import hashlib
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, Unresolved, VisibleObservation, resolve_caller, visible_observations
+from ki.bounded_cache import BoundedCache
 from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import KiError, RequestInvalid
@@ -94,38 +94,18 @@ class SemanticUnavailable(RequestInvalid):
         super().__init__("mode", message)
 
 
-class EmbeddingCache:
+class EmbeddingCache(BoundedCache[str, list[float]]):
     """Query vectors by sha256(embedder signature + caller + text), LRU-bounded, each entry living `ttl_s`.
     Per caller (the token's principal set): a hit is ~20 ms faster than a miss, so a shared entry would
     tell one caller that another asked the same text."""
 
     def __init__(self, size: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.size, self.ttl_s, self.clock = size, ttl_s, clock
-        self._entries: OrderedDict[str, tuple[float, list[float]]] = OrderedDict()
-        self.hits = self.misses = 0
+        super().__init__(size, ttl_s=ttl_s, clock=clock)
 
     @staticmethod
     def key(signature: str, query: str, caller: Sequence[str] = ()) -> str:
         who = "\x01".join(sorted({canonical_principal(p) or "" for p in caller}))
         return hashlib.sha256(f"{signature}\x00{who}\x00{query}".encode()).hexdigest()
-
-    def get(self, key: str) -> list[float] | None:
-        entry = self._entries.get(key)
-        if entry is None or entry[0] <= self.clock():
-            self._entries.pop(key, None)
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return entry[1]
-
-    def put(self, key: str, vector: list[float]) -> None:
-        if self.size <= 0 or self.ttl_s <= 0:
-            return
-        self._entries[key] = (self.clock() + self.ttl_s, vector)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,12 @@ invalidation that arrived while it was computed (`generation`).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ki.acl import Caller
+from ki.bounded_cache import BoundedCache, StoreGuard
 from ki.principals import canonical_principal
 from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
 from search.access.scope import CompiledScope
@@ -105,28 +104,18 @@ def invalidation_for(event: ChangeEvent | Tombstone) -> Invalidation:
     return NOTHING  # matters, type nodes, decision records, relations, heartbeats
 
 
-@dataclass
-class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    stores: int = 0
-    stale_stores: int = 0  # computed before an invalidation that arrived meanwhile: not stored
-    evictions: int = 0
-    invalidated: dict[str, int] = field(default_factory=lambda: {"scopes": 0, "callers": 0})
-
-
 class ScopeCache:
-    """Callers and compiled scopes, LRU-bounded by entries and by ids held; thread-safe (the invalidation
-    feed runs in a thread of its own)."""
+    """Callers and compiled scopes, LRU-bounded by entries (each) and scopes by ids held; thread-safe (the
+    invalidation feed runs in a thread of its own). A caller's resolution and the scopes compiled from it
+    share one lock and one generation: any invalidation refuses both stores computed before it."""
 
     def __init__(self, max_entries: int, max_ids: int) -> None:
         self.max_entries, self.max_ids = max_entries, max_ids
-        self._lock = threading.Lock()
-        self._callers: OrderedDict[RawKey, Caller] = OrderedDict()
-        self._scopes: OrderedDict[ScopeKey, CompiledScope] = OrderedDict()
-        self._ids = 0
-        self.generation = 0  # bumped by every invalidation that dropped or could have dropped anything
-        self.stats = CacheStats()
+        self._guard = StoreGuard()
+        self._callers: BoundedCache[RawKey, Caller] = BoundedCache(max_entries, guard=self._guard)
+        self._scopes: BoundedCache[ScopeKey, CompiledScope] = BoundedCache(
+            max_entries, max_weight=max_ids, weigh=lambda scope: scope.size, guard=self._guard
+        )
 
     @staticmethod
     def raw_key(principals: Iterable[object]) -> RawKey:
@@ -140,105 +129,48 @@ class ScopeCache:
         return (caller.principals, caller.is_admin, narrowing)
 
     @property
+    def generation(self) -> int:
+        """Read before the SQL runs; handed back to `put_caller` / `put_scope`."""
+        return self._guard.generation
+
+    @property
     def ids_held(self) -> int:
-        return self._ids
+        return self._scopes.weight
 
     def __len__(self) -> int:
         return len(self._callers) + len(self._scopes)
 
-    # --- lookups -------------------------------------------------------------------------------
-
     def caller(self, key: RawKey) -> Caller | None:
-        with self._lock:
-            return self._touch(self._callers, key)
+        return self._callers.get(key)
 
     def scope(self, key: ScopeKey) -> CompiledScope | None:
-        with self._lock:
-            return self._touch(self._scopes, key)
-
-    def _touch(self, entries: OrderedDict[Any, Any], key: Any) -> Any:
-        value = entries.get(key)
-        if value is None:
-            self.stats.misses += 1
-            return None
-        entries.move_to_end(key)
-        self.stats.hits += 1
-        return value
-
-    # --- stores --------------------------------------------------------------------------------
+        return self._scopes.get(key)
 
     def put_caller(self, key: RawKey, caller: Caller, generation: int) -> bool:
-        with self._lock:
-            if not self._fresh(generation):
-                return False
-            self._callers[key] = caller
-            self._callers.move_to_end(key)
-            self._evict()
-            return True
+        return self._callers.put(key, caller, generation)
 
     def put_scope(self, key: ScopeKey, scope: CompiledScope, generation: int) -> bool:
         """Store unless an invalidation arrived since `generation` was read (before the SQL ran), or the
         scope alone exceeds the id bound."""
-        with self._lock:
-            if not self._fresh(generation) or scope.size > self.max_ids:
-                return False
-            old = self._scopes.pop(key, None)
-            if old is not None:
-                self._ids -= old.size
-            self._scopes[key] = scope
-            self._ids += scope.size
-            self._evict()
-            return True
-
-    def _fresh(self, generation: int) -> bool:
-        if generation != self.generation:
-            self.stats.stale_stores += 1
-            return False
-        self.stats.stores += 1
-        return True
-
-    def _evict(self) -> None:
-        while len(self._callers) + len(self._scopes) > self.max_entries or self._ids > self.max_ids:
-            # Scopes first (they hold the memory), oldest first; then callers.
-            if self._scopes:
-                _, scope = self._scopes.popitem(last=False)
-                self._ids -= scope.size
-            elif self._callers:
-                self._callers.popitem(last=False)
-            else:
-                break
-            self.stats.evictions += 1
-
-    # --- invalidation --------------------------------------------------------------------------
+        return self._scopes.put(key, scope, generation)
 
     def apply(self, invalidation: Invalidation) -> None:
         if invalidation.empty:
             return
-        with self._lock:
-            self.generation += 1
-            if invalidation.scopes == "all":
-                self.stats.invalidated["scopes"] += len(self._scopes)
+        with self._guard.lock:  # both caches at once: no store slips in between
+            scopes, callers = invalidation.scopes, invalidation.callers
+            if scopes == "all":
                 self._scopes.clear()
-                self._ids = 0
-            elif invalidation.scopes:
-                named = invalidation.scopes
-                gone = [k for k in self._scopes if not named.isdisjoint(k[0])]
-                for key in gone:
-                    self._ids -= self._scopes.pop(key).size
-                self.stats.invalidated["scopes"] += len(gone)
-            if invalidation.callers == "all":
-                self.stats.invalidated["callers"] += len(self._callers)
+            else:
+                named = scopes or frozenset()
+                self._scopes.discard_where(lambda key, _scope: not named.isdisjoint(key[0]))
+            if callers == "all":
                 self._callers.clear()
-            elif invalidation.callers:
-                named = invalidation.callers
-                gone_callers = [
-                    k
-                    for k, c in self._callers.items()
-                    if not named.isdisjoint(c.principals) or not named.isdisjoint(_canonical(k))
-                ]
-                for raw in gone_callers:
-                    del self._callers[raw]
-                self.stats.invalidated["callers"] += len(gone_callers)
+            else:
+                who = callers or frozenset()
+                self._callers.discard_where(
+                    lambda raw, caller: not who.isdisjoint(caller.principals) or not who.isdisjoint(_canonical(raw))
+                )
 
     def on_change(self, event: ChangeEvent | Tombstone) -> None:
         """The invalidation feed's call: drop what the change can alter."""

@@ -1,0 +1,187 @@
+"""One bounded cache for every cache in the service (query vectors, callers and scopes, names).
+
+Least recently used first out, bounded by entries and optionally by a weight (the ids a scope holds, the
+documents a name carries); entries optionally expire after `ttl_s`; thread-safe (the invalidation feed
+runs in a thread of its own).
+
+Stores are guarded against racing invalidations: a caller reads `generation` before computing a value
+(before its SQL runs) and hands it back to `put`. Every invalidation — `discard`, `discard_where`, `clear`
+— bumps the generation, whether or not it found anything, so a value computed from the state before the
+change is refused instead of outliving it. Caches that guard each other's stores (a caller's resolution and
+the scopes compiled from it) share one `StoreGuard`: one lock, one generation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    stores: int = 0
+    stale_stores: int = 0  # computed before an invalidation that arrived meanwhile: refused
+    oversized: int = 0  # heavier alone than the weight bound: refused
+    evictions: int = 0
+    expired: int = 0
+    discarded: int = 0  # dropped by invalidations
+
+
+class StoreGuard:
+    """The lock and the generation that one or more caches share."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.generation = 0
+
+
+def _unit(_value: object) -> int:
+    return 1
+
+
+class BoundedCache(Generic[K, V]):
+    def __init__(
+        self,
+        max_entries: int,
+        *,
+        max_weight: int | None = None,
+        weigh: Callable[[V], int] = _unit,
+        ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        guard: StoreGuard | None = None,
+    ) -> None:
+        self.max_entries, self.max_weight, self.ttl_s = max_entries, max_weight, ttl_s
+        self._weigh, self._clock = weigh, clock
+        self._guard = guard or StoreGuard()
+        self._entries: OrderedDict[K, tuple[float, int, V]] = OrderedDict()  # expiry, weight, value
+        self._weight = 0
+        self.stats = CacheStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0 and (self.ttl_s is None or self.ttl_s > 0)
+
+    @property
+    def generation(self) -> int:
+        return self._guard.generation
+
+    @property
+    def weight(self) -> int:
+        return self._weight
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def get(self, key: K) -> V | None:
+        with self._guard.lock:
+            return self._get(key)
+
+    def get_many(self, keys: Iterable[K]) -> tuple[dict[K, V], list[K]]:
+        """The cached values among `keys`, and the keys not cached (in the order given)."""
+        found: dict[K, V] = {}
+        missing: list[K] = []
+        with self._guard.lock:
+            for key in keys:
+                value = self._get(key)
+                if value is None:
+                    missing.append(key)
+                else:
+                    found[key] = value
+        return found, missing
+
+    def _get(self, key: K) -> V | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] <= self._clock():
+            self._drop(key)
+            self.stats.expired += 1
+            entry = None
+        if entry is None:
+            self.stats.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.stats.hits += 1
+        return entry[2]
+
+    # --- stores --------------------------------------------------------------------------------
+
+    def put(self, key: K, value: V, generation: int | None = None) -> bool:
+        """Store, unless an invalidation arrived since `generation` was read (None: no race to guard
+        against) or the value alone is heavier than the weight bound; True if stored."""
+        return self._store({key: value}, generation) == 1
+
+    def put_many(self, entries: Mapping[K, V], generation: int | None = None) -> bool:
+        """Store every entry that fits; False (and nothing stored) if the generation is stale."""
+        return self._store(entries, generation) is not None
+
+    def _store(self, entries: Mapping[K, V], generation: int | None) -> int | None:
+        with self._guard.lock:
+            if generation is not None and generation != self._guard.generation:
+                self.stats.stale_stores += 1
+                return None
+            if not self.enabled:
+                return 0
+            expiry = float("inf") if self.ttl_s is None else self._clock() + self.ttl_s
+            stored = 0
+            for key, value in entries.items():
+                weight = self._weigh(value)
+                if self.max_weight is not None and weight > self.max_weight:
+                    self.stats.oversized += 1
+                    continue
+                self._drop(key)
+                self._entries[key] = (expiry, weight, value)
+                self._weight += weight
+                stored += 1
+            self.stats.stores += stored
+            self._evict()
+            return stored
+
+    def _evict(self) -> None:
+        while self._entries and (
+            len(self._entries) > self.max_entries or (self.max_weight is not None and self._weight > self.max_weight)
+        ):
+            _, (_, weight, _) = self._entries.popitem(last=False)
+            self._weight -= weight
+            self.stats.evictions += 1
+
+    # --- invalidation --------------------------------------------------------------------------
+
+    def discard(self, keys: Iterable[K]) -> int:
+        with self._guard.lock:
+            self._guard.generation += 1
+            return self._count_discarded(sum(self._drop(key) for key in keys))
+
+    def discard_where(self, stale: Callable[[K, V], bool]) -> int:
+        with self._guard.lock:
+            self._guard.generation += 1
+            gone = [key for key, (_, _, value) in self._entries.items() if stale(key, value)]
+            return self._count_discarded(sum(self._drop(key) for key in gone))
+
+    def clear(self) -> int:
+        with self._guard.lock:
+            self._guard.generation += 1
+            count = len(self._entries)
+            self._entries.clear()
+            self._weight = 0
+            return self._count_discarded(count)
+
+    def _count_discarded(self, count: int) -> int:
+        self.stats.discarded += count
+        return count
+
+    def _drop(self, key: K) -> int:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return 0
+        self._weight -= entry[1]
+        return 1
