@@ -32,6 +32,7 @@ from typing import Any
 import faust
 from prometheus_client import generate_latest
 
+from ki.backoff import Backoff
 from ki.clients import as_ki_error, kafka_ssl_context, make_client, make_engine
 from ki.embedding import create_embedder
 from ki.errors import IndexSchemaError, TransientError
@@ -45,6 +46,8 @@ from streams.writer import IndexWriter
 
 log = logging.getLogger(__name__)
 
+# Between attempts at a failing batch (the partition pauses meanwhile).
+SYNC_BACKOFF = Backoff(base_s=0.5, max_s=15.0)
 
 # Exit status of a worker whose settings do not fit the live index.
 EXIT_INDEX_MISMATCH = 3
@@ -137,7 +140,6 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     async def apply_until_done(keys: DirtyKeys) -> None:
         """Retry transient failures forever (the partition pauses, nothing is acked); give up on
         anything else after `streams.max_attempts` so the caller can dead-letter the batch."""
-        delay = 0.5
         attempt = 0
         while True:
             try:
@@ -161,6 +163,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 if not transient and attempt >= settings.streams.max_attempts:
                     raise
                 metrics.SYNC_RETRIES.inc()
+                delay = SYNC_BACKOFF.delay(attempt - 1)
                 log.warning(
                     "sync failed (%s: %s); %s retry in %.1fs",
                     type(exc).__name__,
@@ -169,7 +172,6 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 15.0)
 
     @app.agent(source, name=f"cdc-{lane}")
     async def cdc(stream: faust.StreamT) -> None:

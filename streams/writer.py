@@ -19,6 +19,7 @@ from typing import Any, Literal
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import NotFoundError, OpenSearchException
 
+from ki.backoff import Backoff
 from ki.clients import opensearch_error
 from ki.errors import (
     AlreadyExists,
@@ -39,6 +40,8 @@ from projections.mapping import (
 )
 
 log = logging.getLogger(__name__)
+
+OPENSEARCH_BACKOFF = Backoff(base_s=0.2, max_s=10.0)
 
 # Rows fetched per search when reading what is indexed (the index.max_result_window default).
 EXISTING_PAGE = 10_000
@@ -357,7 +360,6 @@ class IndexWriter:
     async def _send(self, batch: list[BulkOp], lines: list[dict[str, Any]], result: BulkResult, refresh: bool) -> None:
         pending = batch
         pending_lines = lines
-        delay = 0.2
         for attempt in range(self.settings.opensearch.max_retries + 1):
             started = time.perf_counter()
             response = await self._with_retries(
@@ -387,16 +389,15 @@ class IndexWriter:
                 return
             if attempt == self.settings.opensearch.max_retries:
                 raise bulk_error({doc_id: failure for doc_id, (_, failure) in retry.items()})
+            delay = OPENSEARCH_BACKOFF.delay(attempt)
             log.warning("bulk: %d item(s) rejected with 429/5xx, retrying in %.1fs", len(retry), delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
             pending = [op for op, _ in retry.values()]
             pending_lines = [line for op in pending for line in op.lines(self.index)]
 
     async def _with_retries(self, call: Any) -> Any:
         """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
         raise the failure as a `ki.errors` type."""
-        delay = 0.2
         for attempt in range(self.settings.opensearch.max_retries + 1):
             try:
                 return await call()
@@ -404,9 +405,9 @@ class IndexWriter:
                 error = opensearch_error(exc)
                 if not isinstance(error, TransientError) or attempt == self.settings.opensearch.max_retries:
                     raise error from exc
+            delay = OPENSEARCH_BACKOFF.delay(attempt)
             log.warning("opensearch: %s; retrying in %.1fs", error, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
 
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ki.backoff import Backoff
 from ki.embedding import BaseEmbedder, EmbeddingError, EmbeddingUnavailable, make_signature
 
 __all__ = ["HttpEmbedder", "RETRY_STATUSES"]
@@ -88,8 +88,7 @@ class HttpEmbedder(BaseEmbedder):
         self.timeout_s = timeout_s
         self.retries = retries
         self.send_dimensions = send_dimensions
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = Backoff(base_s=backoff_base_s, max_s=backoff_max_s, jitter=0.25)
         self._sleep = sleep
         self._dimensions = dimensions
         self._signature = make_signature(model, dimensions)
@@ -127,12 +126,6 @@ class HttpEmbedder(BaseEmbedder):
             snippet = raw[:_BODY_SNIPPET].decode("utf-8", "replace")
             raise EmbeddingError(f"{self.endpoint} returned invalid JSON: {snippet!r}") from exc
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.backoff_max_s)
-        delay = self.backoff_base_s * (2**attempt)
-        return min(delay * (0.75 + random.random() / 2), self.backoff_max_s)  # +-25 % jitter
-
     def _request(self, payload: dict[str, Any]) -> Any:
         body = json.dumps(payload).encode("utf-8")
         attempt = 0
@@ -142,7 +135,7 @@ class HttpEmbedder(BaseEmbedder):
             except EmbeddingUnavailable as exc:
                 if attempt >= self.retries:
                     raise EmbeddingUnavailable(f"{exc} (gave up after {attempt + 1} attempts)") from exc
-                self._sleep(self._backoff(attempt, exc.retry_after))
+                self._sleep(self.backoff.delay(attempt, exc.retry_after))
                 attempt += 1
 
     # -- BaseEmbedder hooks --------------------------------------------------------------------
