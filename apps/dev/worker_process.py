@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-import urllib.request
 from pathlib import Path
 
 from apps.runtime.processes import Child
+from ki import exposition
 from ki.settings import REPO_ROOT, Settings
 from streams.topics import LANES, lane_web_port
 
@@ -22,14 +22,7 @@ class SyncWorker:
         self.child: Child | None = None
 
     def answers(self) -> bool:
-        try:
-            for url in self.urls:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status != 200:
-                        return False
-        except OSError:
-            return False
-        return True
+        return all(exposition.answers(url, timeout_s=2) for url in self.urls)
 
     def ensure(self, timeout: float = 120) -> str:
         """Make sure a worker answers; returns what was done, for the caller's progress line."""

@@ -2,7 +2,7 @@
 scrapes: the API's own exposition (`GET /metrics`, which also carries the index gauges), and each sync
 lane's `/metrics`. So a figure that is not moving reads the same on the dashboard and in `/metrics`.
 
-Pure parts first (parsing an exposition, bucket quantiles, the rolling window, the overview itself), then
+Pure parts first (bucket quantiles, the rolling window, the overview itself), then
 the reads (`OpsReader`). Quantiles follow Prometheus' `histogram_quantile`: linear within a bucket, the
 highest finite bound when the rank falls into `+Inf`.
 """
@@ -13,59 +13,12 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Labels = Mapping[str, str]
-Buckets = dict[float, float]  # upper bound -> cumulative count
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: Labels
-    value: float
-
-
-def parse_exposition(text: str) -> list[Sample]:
-    return [
-        Sample(s.name, dict(s.labels), float(s.value))
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    ]
-
-
-def _all(_: Labels) -> bool:
-    return True
-
-
-def total(samples: Iterable[Sample], name: str, match: Callable[[Labels], bool] = _all) -> float:
-    return sum(s.value for s in samples if s.name == name and match(s.labels))
-
-
-def first(samples: Iterable[Sample], name: str) -> float | None:
-    return next((s.value for s in samples if s.name == name), None)
-
-
-def histogram(samples: Iterable[Sample], name: str, match: Callable[[Labels], bool] = _all) -> Buckets:
-    """The `<name>_bucket` series whose labels match, summed per upper bound."""
-    out: Buckets = {}
-    for s in samples:
-        if s.name == f"{name}_bucket" and match(s.labels):
-            bound = float(s.labels["le"])
-            out[bound] = out.get(bound, 0.0) + s.value
-    return out
-
-
-def minus(new: Mapping[float, float], old: Mapping[float, float]) -> Buckets:
-    """What was counted between two readings of one histogram; a counter that went down was reset (a
-    restarted process), so the new reading is all there is."""
-    if any(new.get(b, 0.0) < v for b, v in old.items()):
-        return dict(new)
-    return {b: v - old.get(b, 0.0) for b, v in new.items()}
+from ki.exposition import Buckets, Labels, Sample, first, histogram, minus, total
+from ki.exposition import parse as parse_exposition
 
 
 def quantile(buckets: Mapping[float, float], q: float) -> float | None:

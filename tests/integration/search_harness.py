@@ -17,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from apps.runtime.processes import Child as Process
 from apps.runtime.processes import free_port
+from ki import exposition
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import REPO_ROOT, Settings, load_settings
 from search.web.auth import mint_token
@@ -88,7 +88,7 @@ class SyncWorker(Child):
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         self.process.start()
         urls = [f"http://127.0.0.1:{port}/metrics" for port in (self.port, self.access_port)]
-        why = self.process.wait_ready(lambda: all(self._up(url) for url in urls), timeout)
+        why = self.process.wait_ready(lambda: all(exposition.answers(url) for url in urls), timeout)
         assert why is None, f"{self.name} (both lanes): {why}; see {self.log_path}"
 
 
@@ -111,13 +111,8 @@ class Server(Child):
 
     def metric(self, sample: str, **labels: str) -> float:
         """The sum of `/metrics` samples named `sample` whose labels include `labels` (0 if none)."""
-        _, _, payload = self.request("/metrics", token=self.operator_token())
-        return sum(
-            s.value
-            for family in text_string_to_metric_families(payload.decode())
-            for s in family.samples
-            if s.name == sample and labels.items() <= s.labels.items()
-        )
+        samples = exposition.scrape(f"{self.base}/metrics", token=self.operator_token())
+        return exposition.total(samples, sample, exposition.having(**labels))
 
     def call(self, path: str, *args: Any, **kwargs: Any) -> tuple[int, Any]:
         """Status and JSON body of one `request` (same arguments). A non-JSON body fails the test."""

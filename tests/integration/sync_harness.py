@@ -5,7 +5,6 @@ everything committed in PostgreSQL has been applied"."""
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import urllib.request
 import uuid
@@ -17,6 +16,7 @@ from sqlalchemy import Engine, text
 
 from apps.dev.stack.manager import start_service, stop_service
 from apps.runtime.processes import Child, free_port
+from ki import exposition
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings
@@ -81,25 +81,19 @@ class Worker:
     def returncode(self) -> int | None:
         return self.child.returncode
 
+    def _metrics_url(self, lane: Lane) -> str:
+        return f"http://127.0.0.1:{self.web_port if lane == 'content' else self.access_web_port}/metrics"
+
     def _metrics_ready(self) -> bool:
-        try:
-            return all("ki_sync_events_total" in self.metrics_text(lane) for lane in self.lanes)
-        except OSError:
-            return False
+        return all(exposition.answers(self._metrics_url(lane), "ki_sync_events_total") for lane in self.lanes)
 
     def metrics_text(self, lane: Lane = "content") -> str:
-        port = self.web_port if lane == "content" else self.access_web_port
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(self._metrics_url(lane), timeout=10) as response:
             return response.read().decode()
 
     def counter(self, name: str) -> float:
         """A counter summed over its labels and the worker's lanes."""
-        total = 0.0
-        for lane in self.lanes:
-            for line in self.metrics_text(lane).splitlines():
-                if re.match(rf"^{name}(\{{.*\}})? ", line):
-                    total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(exposition.total(exposition.scrape(self._metrics_url(lane)), name) for lane in self.lanes)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""

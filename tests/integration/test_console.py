@@ -22,8 +22,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 from sqlalchemy import Engine
 
+from ki import exposition
 from ki.settings import Settings
-from search.telemetry.ops import parse_exposition
 from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.browser import chromium, screenshot
@@ -239,10 +239,8 @@ def index_prefix(server: Server) -> str:
     return server.process.env["KI_RETRIEVAL__INDEX_NAME"] + "--"
 
 
-def _metrics(url: str, token: str | None = None) -> list:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return parse_exposition(response.read().decode())
+def _metrics(url: str, token: str | None = None) -> list[exposition.Sample]:
+    return exposition.scrape(url, token=token)
 
 
 def test_the_dashboard_shows_what_metrics_reports(

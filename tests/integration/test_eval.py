@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from apps.dev.eval.fusion_choice import setting_label
 from apps.dev.eval.run import FUSIONS, load_into_postgres
 from apps.dev.stack.http import request_json
 from apps.runtime.processes import free_port
+from ki import exposition
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
 from search.ranking.mode_gate import parse_report, parse_reports
@@ -270,11 +270,7 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
 
         def answers() -> bool:
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as response:
-                    return b"ki_sync_events_total" in response.read()
-            except OSError:
-                return False
+            return exposition.answers(f"http://127.0.0.1:{port}/metrics", "ki_sync_events_total")
 
         wait_for(answers, timeout=120, interval=0.5, what="the worker on the web port of its --config")
         topics = set(admin.list_topics(timeout=30).topics)

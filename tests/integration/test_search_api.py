@@ -16,10 +16,10 @@ from typing import Any
 
 import jwt as pyjwt
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from apps.runtime.processes import free_port
+from ki import exposition
 from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
@@ -446,9 +446,7 @@ def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float
     status, content_type, payload = server.request("/metrics", token=server.operator_token())
     assert status == 200 and content_type.startswith("text/plain")
     return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(payload.decode())
-        for sample in family.samples
+        (sample.name, frozenset(sample.labels.items())): sample.value for sample in exposition.parse(payload.decode())
     }
 
 

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from search.telemetry.ops import Reading, Window, api_reading, beyond, minus, overview, parse_exposition, quantile
+from ki.exposition import minus
+from ki.exposition import parse as parse_exposition
+from search.telemetry.ops import Reading, Window, api_reading, beyond, overview, quantile
 
 API = """\
 # TYPE ki_api_requests_total counter

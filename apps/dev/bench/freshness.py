@@ -31,12 +31,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import statistics
 import sys
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.stats import percentile
 from apps.dev.plotting import pyplot, save_figure
 from apps.dev.worker_process import SyncWorker
+from ki import exposition
 from ki.clients import make_engine, make_kafka_consumer, make_sync_client
 from ki.embedding import Embedder, create_embedder
 from ki.settings import REPO_ROOT, Settings
@@ -211,17 +210,12 @@ def _scrape_freshness(settings: Settings) -> tuple[dict[float, float], float]:
     lag = 0.0
     for port in sorted({lane_web_port(settings, lane) for lane in LANES}):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                body = response.read().decode()
+            samples = exposition.scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=2)
         except OSError:
             continue
-        for line in body.splitlines():
-            bucket = re.match(r'ki_sync_freshness_seconds_bucket\{.*le="([^"]+)".*\} ([0-9.e+-]+)', line)
-            if bucket:
-                le = float(bucket.group(1))
-                buckets[le] = buckets.get(le, 0.0) + float(bucket.group(2))
-            elif line.startswith("ki_sync_consumer_lag{"):
-                lag += float(line.rsplit(" ", 1)[1])
+        for le, count in exposition.histogram(samples, "ki_sync_freshness_seconds").items():
+            buckets[le] = buckets.get(le, 0.0) + count
+        lag += exposition.total(samples, "ki_sync_consumer_lag")
     return buckets, lag
 
 

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Connection, Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
@@ -70,6 +69,7 @@ from apps.dev.demo.generator import (
 from apps.dev.plotting import pyplot, save_figure
 from apps.runtime.processes import Child, free_port
 from apps.runtime.progress import StepReport
+from ki import exposition
 from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
@@ -553,16 +553,8 @@ class ServeChild:
 
     def metric(self, family: str, label: str) -> dict[str, float]:
         """`<family>_total` samples by the value of `label`, from the API's /metrics (every worker's)."""
-        bearer = {"Authorization": f"Bearer {self.operator_token}"}
-        scrape = urllib.request.Request(f"{self.base}/metrics", headers=bearer)
-        with urllib.request.urlopen(scrape, timeout=10) as response:
-            exposition = response.read().decode()
-        out: dict[str, float] = {}
-        for metric in text_string_to_metric_families(exposition):
-            for sample in metric.samples:
-                if sample.name == f"{family}_total" and label in sample.labels:
-                    out[sample.labels[label]] = out.get(sample.labels[label], 0.0) + sample.value
-        return out
+        samples = exposition.scrape(f"{self.base}/metrics", token=self.operator_token)
+        return exposition.by_label(samples, f"{family}_total", label)
 
     async def start(self, timeout: float = 180) -> None:
         self.child.start()

@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from apps.runtime.processes import Child, pid_alive, stop_pid
+from ki import exposition
 from ki.clients import make_kafka_admin, make_sync_client
 from ki.errors import PermanentError
 from ki.settings import Settings, with_overrides
@@ -219,11 +219,7 @@ class EvalWorker:
         return f"http://127.0.0.1:{self.port}/metrics"
 
     def answering(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=3) as response:
-                return b"ki_sync_events_total" in response.read()
-        except OSError:
-            return False
+        return exposition.answers(self.metrics_url, "ki_sync_events_total")
 
     def command(self) -> list[str]:
         return [
