@@ -453,66 +453,77 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.set_defaults(handler=_reconcile)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
-    bench.add_argument(
-        "what",
-        choices=["sync", "freshness", "search", "clean", "authz-timing"],
-        help="clean: remove what benchmark runs killed outright left in PostgreSQL and the index",
-    )
-    bench.add_argument("--versions", type=int, default=60, help="sync: versions in the corpus")
-    bench.add_argument("--pairs", type=int, default=200, help="authz-timing: hidden/missing pairs per endpoint")
-    bench.add_argument("--paragraphs", type=int, default=40, help="sync: paragraphs per version")
-    bench.add_argument("--rounds", type=int, default=5, help="sync, search: rounds (median reported)")
-    bench.add_argument(
+    kinds = bench.add_subparsers(dest="what", required=True, metavar="KIND")
+
+    def kind(name: str, help_: str) -> argparse.ArgumentParser:
+        parser = kinds.add_parser(name, help=help_, description=help_)
+        parser.set_defaults(handler=_bench)
+        return parser
+
+    sync_bench = kind("sync", "content and access sync throughput through the real CDC path")
+    sync_bench.add_argument("--versions", type=int, default=60, help="versions in the corpus")
+    sync_bench.add_argument("--paragraphs", type=int, default=40, help="paragraphs per version")
+    sync_bench.add_argument("--rounds", type=int, default=5, help="rounds (median reported)")
+    sync_bench.add_argument(
         "--compare-model",
         default=None,
-        help="sync: also run the content sync with this local model (e.g. all-MiniLM-L6-v2) in the same run",
+        help="also run the content sync with this local model (e.g. all-MiniLM-L6-v2) in the same run",
     )
-    bench.add_argument(
-        "--compare-max-tokens", type=int, default=256, help="sync: token window of --compare-model (default 256)"
+    sync_bench.add_argument(
+        "--compare-max-tokens", type=int, default=256, help="token window of --compare-model (default 256)"
     )
-    bench.add_argument("--rate", type=int, default=200, help="freshness: row changes per second")
-    bench.add_argument("--seconds", type=float, default=60, help="freshness: how long to sustain the rate")
-    bench.add_argument("--docs", type=int, default=200, help="freshness: documents the load spreads over")
-    bench.add_argument("--probe-interval", type=float, default=0.5, help="freshness: seconds between probes")
-    bench.add_argument(
+
+    fresh = kind("freshness", "commit-to-searchable lag under a sustained change rate")
+    fresh.add_argument("--rate", type=int, default=200, help="row changes per second")
+    fresh.add_argument("--seconds", type=float, default=60, help="how long to sustain the rate")
+    fresh.add_argument("--docs", type=int, default=200, help="documents the load spreads over")
+    fresh.add_argument("--probe-interval", type=float, default=0.5, help="seconds between probes")
+    fresh.add_argument(
         "--content-backlog",
         type=int,
         default=0,
-        help="freshness: also measure access changes while about this many chunks are being embedded",
+        help="also measure access changes while about this many chunks are being embedded",
     )
-    bench.add_argument(
+    fresh.add_argument(
         "--access-rates",
         default="",
-        help="freshness: comma-separated access-change rates to step through until p99 > 2 s (e.g. 5,10,20,50)",
+        help="comma-separated access-change rates to step through until p99 > 2 s (e.g. 5,10,20,50)",
     )
-    bench.add_argument("--step-seconds", type=float, default=20, help="freshness: seconds per --access-rates step")
-    bench.add_argument("--scale", type=int, help="search: demo corpus versions (default 1000, ~6.4k chunks)")
-    bench.add_argument(
+    fresh.add_argument("--step-seconds", type=float, default=20, help="seconds per --access-rates step")
+    fresh.add_argument("--out", help="output folder (default benchmarks)")
+
+    search_bench = kind("search", "the search API against raw _msearch on the demo corpus, in the same rounds")
+    search_bench.add_argument("--scale", type=int, help="demo corpus versions (default 1000, ~6.4k chunks)")
+    search_bench.add_argument(
         "--no-indexing",
         action="store_true",
-        help="search: measure the index as it is; corpus versions not indexed yet stay out",
+        help="measure the index as it is; corpus versions not indexed yet stay out",
     )
-    bench.add_argument("--seed", type=int, default=7, help="search: demo corpus and query-mix seed")
-    bench.add_argument("--concurrency", default="1,8,32", help="search: comma-separated concurrency levels")
-    bench.add_argument("--requests", type=int, default=160, help="search: requests per side and round")
-    bench.add_argument("--callers", choices=["mix", "broad", "narrow"], default="mix",
-                       help="search: the first four demo users who see anything (mix), or the one who sees the "
-                            "most (broad) or least (narrow)")  # fmt: skip
-    bench.add_argument("--workers", type=int, default=1, help="search: API processes (`ki serve --workers N`)")
-    bench.add_argument("--compare-env", default="",
-                       help="search: a second API with these settings overrides (KI_A=1,KI_B=x), measured in the "
-                            "same rounds; reports the difference of the two API/raw ratios")  # fmt: skip
-    bench.add_argument("--compare-checkout", default="",
-                       help="search: the second API from this git commit of the repository (a worktree under "
-                            "build/), e.g. the commit before a change; with or without --compare-env")  # fmt: skip
-    bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
-                       help="search: visible-document counts for scope compilation ('' to skip)")  # fmt: skip
-    bench.add_argument(
-        "--out",
-        help="search: output folder (default build/bench); freshness: output folder (default benchmarks); "
-        "authz-timing: output file (default benchmarks/authz-timing.json)",
-    )
-    bench.set_defaults(handler=_bench)
+    search_bench.add_argument("--seed", type=int, default=7, help="demo corpus and query-mix seed")
+    search_bench.add_argument("--rounds", type=int, default=5, help="rounds (median reported)")
+    search_bench.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrency levels")
+    search_bench.add_argument("--requests", type=int, default=160, help="requests per side and round")
+    search_bench.add_argument("--callers", choices=["mix", "broad", "narrow"], default="mix",
+                              help="the first four demo users who see anything (mix), or the one who sees the "
+                                   "most (broad) or least (narrow)")  # fmt: skip
+    search_bench.add_argument("--workers", type=int, default=1, help="API processes (`ki serve --workers N`)")
+    search_bench.add_argument("--compare-env", default="",
+                              help="a second API with these settings overrides (KI_A=1,KI_B=x), measured in the "
+                                   "same rounds; reports the difference of the two API/raw ratios")  # fmt: skip
+    search_bench.add_argument("--compare-checkout", default="",
+                              help="the second API from this git commit of the repository (a worktree "
+                                   "under build/), e.g. the commit before a change; with or without "
+                                   "--compare-env")  # fmt: skip
+    search_bench.add_argument("--scope-sizes", default="100,1000,10000,100000",
+                              help="visible-document counts for scope compilation ('' to skip)")  # fmt: skip
+    search_bench.add_argument("--out", help="output folder (default build/bench)")
+
+    authz = kind("authz-timing", "whether a hidden document answers any faster or slower than a missing one")
+    authz.add_argument("--pairs", type=int, default=200, help="hidden/missing pairs per endpoint")
+    authz.add_argument("--seed", type=int, default=7, help="the pairs' seed")
+    authz.add_argument("--out", help="output file (default benchmarks/authz-timing.json)")
+
+    kind("clean", "remove what benchmark runs killed outright left in PostgreSQL and the index")
 
     ev = sub.add_parser(
         "eval",

@@ -99,3 +99,22 @@ def test_compare_env_takes_settings_overrides_only():
     for bad in ("PATH=/tmp", "KI_A__B", "KI_A__B="):
         with pytest.raises(CliError, match="--compare-env"):
             _env_pairs("--compare-env", bad)
+
+
+@pytest.mark.parametrize(
+    ("kind", "own", "foreign"),
+    [("search", "--scale", "--rate"), ("freshness", "--rate", "--scale"), ("sync", "--paragraphs", "--pairs")],
+)
+def test_each_bench_kind_lists_only_its_own_options(
+    kind: str, own: str, foreign: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", kind, "--help"])
+    shown = capsys.readouterr().out
+    assert exit_.value.code == 0 and own in shown and foreign not in shown
+
+
+def test_an_option_of_another_bench_kind_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "sync", "--scale", "10"])
+    assert exit_.value.code == 2 and "--scale" in capsys.readouterr().err
