@@ -1,6 +1,6 @@
 """A rate limit per caller: a token bucket per principal set (the token's principals, canonical, sorted).
 
-Against bisection (issue 28): whatever a single answer hides, a caller who may ask without limit can
+Against bisection: whatever a single answer hides, a caller who may ask without limit can
 probe one hypothesis per request. Each caller's bucket holds `api.rate_limit_burst` requests and refills at
 `api.rate_limit_per_s`; a request that finds it empty is refused with 429 and `Retry-After` (whole
 seconds until one request's worth has refilled), before any work is done. 0 per second: no limit.

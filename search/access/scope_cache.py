@@ -1,5 +1,5 @@
 """The scope cache: compiled scopes reused across requests, invalidated by the CDC events of the tables
-that decide access (owners' decision in issue 14). Pure: no I/O; `search.access.invalidation` feeds it.
+that decide access. Pure: no I/O; `search.access.invalidation` feeds it.
 
 Two maps, both LRU-bounded:
 

@@ -1,4 +1,4 @@
-"""Randomised authorisation soak through the HTTP API (issue 6, item 6).
+"""Randomised authorisation soak through the HTTP API.
 
 A few random ACL worlds (the strategies of `tests/integration/acl_worlds.py`, drawn with a fixed seed,
 each with principals of its own tag so the worlds' memberships and aliases, which are global tables, do

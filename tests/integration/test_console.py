@@ -206,7 +206,7 @@ def test_the_explain_panel_shows_the_ranks_the_api_gave(
     assert shown == top["explain"]["ranks"] and "lexical" in shown
     fused = "RRF score" if top["explain"]["fusion"] == "rrf" else "fused legs"
     assert "status boost" in panel.text and fused in panel.text
-    # Each leg's contribution as the API computed it, and the fusion that made it (issue 29).
+    # Each leg's contribution as the API computed it, and the fusion that made it.
     parts = {row.get_attribute("data-leg"): row.find_element(By.CSS_SELECTOR, ".part").text
              for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-leg]")}  # fmt: skip
     assert parts == {leg: f"{part:.5f}" for leg, part in top["explain"]["rrf_parts"].items()}

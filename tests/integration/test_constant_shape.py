@@ -1,4 +1,4 @@
-"""Constant-shape authorisation (issue 28 item 4): asking about a document the caller may not see runs the
+"""Constant-shape authorisation: asking about a document the caller may not see runs the
 same SQL statements as asking about one that does not exist, for documents, related documents, traversal
 and decision search. The statements (text and parameter names, not values) are recorded from the real
 PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a missing

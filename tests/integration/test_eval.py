@@ -132,7 +132,7 @@ def test_tuning_binding_truncation_and_the_query_diff(run: dict) -> None:
     record = run["record"]
     assert set(record["tuned"]) == {"weight_lexical", "weight_semantic", "fusion_rrf_k"}
     assert record["tuning"]["split"] == "train" and record["tuning"]["queries"] == 4
-    # Every fusion and semantic weight on the train split: where a fusion default may be chosen (issue 29).
+    # Every fusion and semantic weight on the train split: where a fusion default may be chosen.
     train = record["train"]
     assert train["split"] == "train" and train["queries"] == 4
     expected = {f"hybrid-{m}{w}" for m in ("rrf", "minmax", "dbsf") for w in ("", "-wsem0.5", "-wsem0.7")}

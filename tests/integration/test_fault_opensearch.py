@@ -1,4 +1,4 @@
-"""Fault: OpenSearch stopped for 30 s while row changes stream in (issue 6, item 1).
+"""Fault: OpenSearch stopped for 30 s while row changes stream in.
 
 Injected: `ki stack stop opensearch` while a change stream writes ~20 row changes/s; 30 s later
 `ki stack start opensearch`. Observed: the worker stays up, retries with backoff, and the consumer

@@ -1,5 +1,4 @@
-"""Faults: the Kafka broker, Kafka Connect (Debezium) and PostgreSQL each restarted mid-stream (issue 6,
-item 2).
+"""Faults: the Kafka broker, Kafka Connect (Debezium) and PostgreSQL each restarted mid-stream.
 
 Injected, one service per test: `ki stack stop <service>` then `ki stack start <service>` while a change
 stream writes ~20 row changes/s (it retries a change whose transaction failed while PostgreSQL was away).

@@ -1,4 +1,4 @@
-"""Faults: sync workers killed with SIGKILL (issue 6, items 3 and 4; issue 13).
+"""Faults: sync workers killed with SIGKILL.
 
 Each worker is `ki sync run`: an access lane and a content lane, each a process and a consumer group of
 its own; SIGKILL of the worker kills both lanes. Injected: (3) one worker SIGKILLed ten times, each time

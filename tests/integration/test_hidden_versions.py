@@ -1,4 +1,4 @@
-"""A hidden version of a visible document shows nowhere in a search answer (issue 28, items 1, 2, 3, 5).
+"""A hidden version of a visible document shows nowhere in a search answer.
 
 Access is decided per version. The world: document D in project P has version 1 (final) and version 3
 (a draft) observed at an object whose ACL is unknown (so the caller's project grant decides: visible), and
@@ -149,7 +149,7 @@ def test_as_of_and_version_numbers_are_the_callers_own(scene: tuple[Scene, Serve
 
 
 def test_a_document_shows_the_callers_versions_only(scene: tuple[Scene, Server, Server], settings: Settings) -> None:
-    """Issue 28 item 3: `GET /v1/documents/{id}` numbered v1 and v3 "1" and "3" and said the latest final
+    """`GET /v1/documents/{id}` numbered v1 and v3 "1" and "3" and said the latest final
     version was null (the pointer names the hidden v2); now they are the caller's 1 and 2 and the latest
     final is the caller's own v1. A document with only hidden versions answers as one that does not exist."""
     data, server, _ = scene

@@ -1,4 +1,4 @@
-"""The scope cache and bounded scope filters on the real stack (issue 14).
+"""The scope cache and bounded scope filters on the real stack.
 
 A world of three projects is written to PostgreSQL and indexed by a real `ki sync run` worker through
 Debezium and Kafka, which then stops (access changes are decided in SQL; the index may lag them). Then:

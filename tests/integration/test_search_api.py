@@ -274,7 +274,7 @@ def test_auth_and_validation_errors(server: Server, data: Data, settings: Settin
 def test_a_token_cannot_forge_an_administrator_or_another_users_name(
     server: Server, data: Data, settings: Settings
 ) -> None:
-    """Issue 28 item 9: a subject or group claim `role:admin` is a user and a group of that name, never an
+    """A subject or group claim `role:admin` is a user and a group of that name, never an
     administrator; a name that full case folding merges with another user (long s, the Kelvin sign) is
     refused, not taken for that user; a `crit` header and a string `exp` are refused."""
     forged = mint_token(settings.api, "role:admin", groups=["role:admin", "system:admin"])
@@ -373,7 +373,7 @@ METRICS_TOKEN = uuid.uuid4().hex  # what Prometheus would send (api.metrics_toke
 
 
 def test_metrics_are_for_operators_only(server: Server, data: Data, settings: Settings) -> None:
-    """Issue 28 item 7: /metrics carries every tenant's index and access-change counts."""
+    """/metrics carries every tenant's index and access-change counts."""
     assert server.call("/metrics")[0] == 401
     assert server.call("/metrics", token=token(settings, data, "bob"))[0] == 403
     assert server.request("/metrics", headers={"Authorization": "Bearer not-the-static-token"})[0] == 401
@@ -385,7 +385,7 @@ def test_metrics_are_for_operators_only(server: Server, data: Data, settings: Se
 def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(
     server: Server, data: Data, settings: Settings
 ) -> None:
-    """Issue 28 item 6: no `timings_ms` for callers (an embedding-cache hit was 20x faster than a miss), the
+    """No `timings_ms` for callers (an embedding-cache hit was 20x faster than a miss), the
     embedding cache is per caller, and no counter a caller can read moves: the answer to a query asked
     before by someone else has the same fields as to a query nobody asked."""
     bob, alice = token(settings, data, "bob"), token(settings, data, "alice")
@@ -404,7 +404,7 @@ def test_a_caller_cannot_tell_whether_another_caller_sent_a_query(
 def test_every_request_is_in_the_access_audit_for_administrators_only(
     server: Server, data: Data, settings: Settings
 ) -> None:
-    """Issue 28: an audit row per request -- who, which endpoint, status, the documents the answer named."""
+    """An audit row per request -- who, which endpoint, status, the documents the answer named."""
     bob, admin = token(settings, data, "bob"), mint_token(settings.api, "root", roles=["admin"])
     _, found = server.call("/v1/search", {"query": data.word, "limit": 20}, bob)
     assert server.call(f"/v1/documents/{data.docs['a']}", token=bob)[0] == 200
@@ -425,7 +425,7 @@ def test_every_request_is_in_the_access_audit_for_administrators_only(
 def test_a_caller_over_the_rate_limit_waits_and_others_do_not(
     isolation: dict[str, str], data: Data, settings: Settings
 ) -> None:
-    """Issue 28, against bisection: a token bucket per principal set, 429 with Retry-After."""
+    """Against bisection: a token bucket per principal set, 429 with Retry-After."""
     limited = Server("search-api-rate-limited", **isolation, KI_API__RATE_LIMIT_PER_S="0.2",
                      KI_API__RATE_LIMIT_BURST="2")  # fmt: skip
     limited.start()

@@ -1,4 +1,4 @@
-"""The oracle property test (issue 28): what a caller's search answers equals what the documented ranking
+"""The oracle property test: what a caller's search answers equals what the documented ranking
 gives over the rows the caller may see -- so no row the caller may not see has any effect on it.
 
 Random ACL worlds (`tests/integration/acl_worlds.py`: per-version access through projects, documents,
@@ -159,7 +159,7 @@ def _expected(
 ) -> dict[str, Any]:
     """The documented ranking over the caller's rows. `per_document`: over the rows of every version of the
     documents the caller sees one version of instead, the rows of hidden versions dropped only after fusion
-    (the code before issue 28) -- to show the worlds tell the two apart."""
+    (the code before per-version filtering) -- to show the worlds tell the two apart."""
     r = settings.retrieval
     weights: dict[LegName, float] = {"lexical": r.weight_lexical, "identifier": r.weight_identifier,
                                      "semantic": r.weight_semantic if mode == "hybrid" else 0.0}  # fmt: skip

@@ -1,4 +1,4 @@
-"""`ki eval --self` end to end (issue 29): a German corpus whose semantic leg is useless ends keyword-only by
+"""`ki eval --self` end to end: a German corpus whose semantic leg is useless ends keyword-only by
 the deployment's own evidence, and every running API process follows without a restart; the same corpus
 with the shipped embedder keeps hybrid.
 

@@ -1,4 +1,4 @@
-"""`ki serve --workers 2` (issue 14): two API processes on one port, metrics from every worker at any
+"""`ki serve --workers 2`: two API processes on one port, metrics from every worker at any
 worker's `/metrics`, and supervision (a worker killed -> the others stop, the command exits non-zero)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replication slot health (issue 6, item 5): the WAL the Debezium slot retains is reported, and the
+"""Replication slot health: the WAL the Debezium slot retains is reported, and the
 heartbeat keeps the slot moving while no captured table changes.
 
 Observed: `ki sync status` prints the retained bytes, the worker's /metrics carries

@@ -1,4 +1,4 @@
-"""Score-aware fusion (issue 29, step 1: `search.ranking.fusion.fuse` with `minmax` and `dbsf`): per-query
+"""Score-aware fusion (`search.ranking.fusion.fuse` with `minmax` and `dbsf`): per-query
 normalisation of each leg's scores, edge cases included, and a weighted sum; RRF stays the default and
 leaves the ranking hash of committed evidence reports as it was."""
 

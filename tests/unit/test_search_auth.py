@@ -24,7 +24,7 @@ def test_principals_from_subject_groups_and_roles() -> None:
 
 @pytest.mark.parametrize("subject", ["role:admin", "system:admin", "group:partner", "user:bob"])
 def test_a_subject_is_always_a_user_and_a_group_always_a_group(subject: str) -> None:
-    """A provider that lets people pick their own name must not let them pick `role:admin` (issue 28)."""
+    """A provider that lets people pick their own name must not let them pick `role:admin`."""
     token = mint_token(API, subject, groups=["role:admin"], roles=["role:reader"])
     assert authenticate(bearer(token), API) == [f"user:{subject}", "group:role:admin", "role:reader"]
 

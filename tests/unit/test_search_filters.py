@@ -48,7 +48,7 @@ def test_defaults_and_single_values_become_lists() -> None:
         ({"query": "a", "filters": {"date_from": "2024-13-01"}}, "filters.date_from"),
         ({"query": "a", "filters": {"date_from": "2024-02-01", "date_to": "2024-01-01"}}, "filters"),
         ([1, 2], "body"),
-        # issue 15's request fields
+        # the evidence-shaping request fields
         ({"query": "a", "expand": "vielleicht"}, "expand"),
         ({"query": "a", "as_of": "gestern"}, "as_of"),
         ({"query": "a", "evidence_budget_chars": -5}, "evidence_budget_chars"),

@@ -47,8 +47,8 @@ def test_config_json_keeps_the_spec_retrieval_defaults() -> None:
     for key, value in SPEC_RETRIEVAL_DEFAULTS.items():
         assert retrieval[key] == value, key
     # Deliberate deviations: the shipped local model is 384-d (the spec's 1536 is the HTTP provider); the
-    # legs are fused by min-max with the semantic leg at 0.5, chosen on the train splits (issue 29,
-    # BENCHMARKS.md) -- the spec's weighted RRF with equal weights stays the class default.
+    # legs are fused by min-max with the semantic leg at 0.5, chosen on the train splits
+    # (BENCHMARKS.md) -- the spec's weighted RRF with equal weights stays the class default.
     assert retrieval["embedding_dimensions"] == 384
     assert Settings().retrieval.embedding_dimensions == 1536
     assert (retrieval["fusion_method"], retrieval["weight_semantic"]) == ("minmax", 0.5)

@@ -1,4 +1,4 @@
-"""Evidence shaping (issue 15, items 6 and 7): the semantic relevance floor and the evidence budget --
+"""Evidence shaping: the semantic relevance floor and the evidence budget --
 pure functions, no services."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`ki bench authz-timing`: can a caller tell a document they may not see from one that does not exist by
-how long the API takes? (issue 28 item 4, a timing oracle: 11.2 vs 6.8 ms before constant-shape
+how long the API takes? (a timing oracle: 11.2 vs 6.8 ms before constant-shape
 authorisation.)
 
 A world of its own (labelled, removed at the end): the caller's project with one visible document, and

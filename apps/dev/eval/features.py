@@ -19,7 +19,7 @@ from typing import Any
 
 from ki.settings import Settings, with_overrides
 
-MAX_DEFAULT_LOSS = 0.005  # nDCG@10 a default-on feature may cost on any data set (issue 15)
+MAX_DEFAULT_LOSS = 0.005  # nDCG@10 a default-on feature may cost on any data set
 FEATURE_LIMIT = 10
 
 

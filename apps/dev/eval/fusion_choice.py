@@ -1,4 +1,4 @@
-"""One fusion setting for every data set and embedder, chosen on train splits only (issue 29).
+"""One fusion setting for every data set and embedder, chosen on train splits only.
 
 `python -m apps.dev.eval.fusion_choice REPORT.json ...` reads `ki eval` reports (each carries `train`: every
 mode and every fusion × semantic weight on at most 1,000 train queries, and `results`: the test split),

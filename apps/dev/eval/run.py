@@ -64,13 +64,13 @@ def hybrid_against_best_leg(
     runs: dict[str, dict[str, list[str]]], results: dict[str, dict[str, float]], qrels: Any
 ) -> dict[str, Any] | None:
     """Hybrid against the better single leg on these queries, paired per query (nDCG@10): wins, losses,
-    ties, the mean difference with its 95 % interval and a permutation p-value (issue 29, item 5)."""
+    ties, the mean difference with its 95 % interval and a permutation p-value."""
     if not all(mode in runs for mode in MODES):
         return None
     best = max(("lexical", "semantic"), key=lambda mode: results[mode]["ndcg@10"])
     leg = per_query_scores(runs[best], qrels)
     compared = paired_comparison(per_query_scores(runs["hybrid"], qrels), leg)
-    # Each other fusion's hybrid against the same leg (issue 29: which fusion never loses to its best leg).
+    # Each other fusion's hybrid against the same leg.
     fusions = {
         label: paired_comparison(per_query_scores(runs[label], qrels), leg)
         for label in sorted(runs)
@@ -748,7 +748,7 @@ async def evaluate_dataset(
 
             for mode in MODES:
                 await measure(mode, mode_settings(es, mode), mode)
-            # The same hybrid with each score-aware fusion (issue 29): only the queries run again (the
+            # The same hybrid with each score-aware fusion: only the queries run again (the
             # vectors are cached), so every report compares the methods on its own data.
             for method in (m for m in FUSIONS if m != es.retrieval.fusion_method):
                 hybrid = mode_settings(es, "hybrid")
@@ -1014,7 +1014,7 @@ def self_eval_against_labels(
 
 async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
     """Every mode, and every fusion with each of TRAIN_SEMANTIC_WEIGHTS, on (at most 1,000 sampled) train
-    queries: what a fusion default may be chosen on (issue 29; the test split only confirms). The legs'
+    queries: what a fusion default may be chosen on. The legs'
     answers are memoised, so each fusion costs only its re-ranking."""
     from search.service import SearchService
 

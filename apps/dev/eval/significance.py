@@ -1,5 +1,5 @@
-"""Is one ranking better than another on these queries, or only on average by chance? Paired per query
-(issue 29, item 5): wins, losses and ties; the mean difference with a 95 % paired-bootstrap interval; and
+"""Is one ranking better than another on these queries, or only on average by chance? Paired per query:
+wins, losses and ties; the mean difference with a 95 % paired-bootstrap interval; and
 the two-sided p-value of a paired sign-flip permutation test (under "no difference" each query's
 difference is as likely negative as positive). Seeded, so a report is reproducible. Pure."""
 
