@@ -20,20 +20,19 @@ from typing import Any
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ki.acl import Caller, Unresolved, VisibleObservation, resolve_caller, visible_observations
+from ki.acl import Caller, resolve_caller
 from ki.bounded_cache import BoundedCache
 from ki.clients import opensearch_error
 from ki.embedding import Embedder
-from ki.errors import KiError, RequestInvalid
+from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
 from search.access.invalidation import ChangeSubscriber, InvalidationFeed
+from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.access.scope_cache import ScopeCache
-from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
 from search.documents import read as documents
 from search.documents.decisions import DecisionPage, search_decisions
 from search.names.cache import NameCache
@@ -51,10 +50,11 @@ from search.names.keys import (
     resolve,
 )
 from search.names.sql import look_up_names, subject_versions
+from search.pipeline import QueryContext, StageTimer, matches, post_ranking_steps, run_steps
 from search.ranking import augment
 from search.ranking.budget import fit_budget
 from search.ranking.floor import apply_floor, floor_for
-from search.ranking.fusion import Candidate, apply_boost, apply_decay, collapse, fuse, put_at, put_first
+from search.ranking.fusion import Candidate, apply_boost, apply_decay, collapse, fuse
 from search.ranking.legs import (
     SOURCE_INCLUDES,
     LegHit,
@@ -108,17 +108,6 @@ class EmbeddingCache(BoundedCache[str, list[float]]):
         return hashlib.sha256(f"{signature}\x00{who}\x00{query}".encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class VerifiedVersion:
-    version_id: int
-    document_id: int
-    project_id: int
-    title: str
-    version_no: int
-    latest_final_version_id: int | None
-    source_object_ids: tuple[int, ...]
-
-
 @dataclass
 class SearchResult:
     hits: list[dict[str, Any]]
@@ -153,44 +142,6 @@ class SearchResult:
         }
         out.update({key: value for key, value in optional.items() if value is not None})
         return out
-
-
-def reverify(
-    conn: Connection,
-    raw_principals: Sequence[str],
-    settings: Settings,
-    version_ids: Sequence[int],
-    as_of: dt.date | None = None,
-) -> dict[int, VerifiedVersion]:
-    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
-    statement that resolves the caller's aliases and groups and reads the grants, observations and rows
-    in one snapshot -- whatever a cache holds, this is the authority on every hit.
-
-    A citation lists only the source objects the caller may access (`ki.acl.visible_observations`): a
-    version visible through one object never cites another object the caller has no grant for. The
-    statement reads every version of the candidates' documents, so a version's number, its document's
-    latest final version and (with `as_of`) which version is in force are those of the caller's own view
-    (`search.access.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
-    the versions in force that day are answered."""
-    ids = sorted(set(version_ids))
-    if not ids:
-        return {}
-    first: dict[int, VisibleObservation] = {}
-    objects: dict[int, set[int]] = {}  # version -> citable source objects
-    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, of="siblings"):
-        first.setdefault(o.version_id, o)
-        objects.setdefault(o.version_id, set()).add(o.source_object_id)
-    view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]
-    numbers = shown_numbers(view)
-    latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
-    wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
-    return {
-        v: VerifiedVersion(
-            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v]))
-        )
-        for v, o in first.items()
-        if v in wanted
-    }
 
 
 @dataclass(frozen=True)
@@ -315,6 +266,8 @@ class SearchService:
         verify_engine: AsyncEngine | None = None,
     ) -> None:
         self.reranker = Reranker(settings.retrieval) if settings.retrieval.rerank_enabled else None
+        # The features after ranking, in order (search.pipeline).
+        self.steps = post_ranking_steps(rerank=self.reranker is not None)
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
         # The re-verify's connections (`ki.clients.make_async_engine(generic_plans=True)` in the API).
         self.verify_engine = verify_engine or engine
@@ -480,8 +433,8 @@ class SearchService:
         clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
         return strict_filter(self.scope_filter(scope), clauses)
 
-    async def _rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
-        """Step 7: the top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
+    async def rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
+        """The top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
         assert self.reranker is not None
         top = kept[:RERANK_TOP_N]
         items = passages(top, [verified[c.version_id].title for c in top])
@@ -616,7 +569,7 @@ class SearchService:
                 verified.update(await self._reverify(principals, sorted(ids), as_of))
                 checked |= ids
             n, batch = end, batch * FILL_GROWTH
-            survivors = [c for c in fused[:n] if self._matches(c, verified)]
+            survivors = [c for c in fused[:n] if matches(c, verified)]
             kept = collapse(
                 survivors,
                 per_document=r.collapse_per_document,
@@ -709,7 +662,7 @@ class SearchService:
         response = await self._opensearch(self.client.search(index=self.index, body=body))
         added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag_hop_penalty)
         found = await self._reverify(principals, [c.version_id for c in added], request.as_of)
-        added = [c for c in added if self._matches(c, found)]
+        added = [c for c in added if matches(c, found)]
         info["added"] = len(added)
         return augment.merge(kept, added), {**verified, **found}, info
 
@@ -736,29 +689,8 @@ class SearchService:
             if _admits(scope, h.get("_source") or {})
         ]
         verified = await self._reverify(principals, [c.version_id for c in found], request.as_of)
-        best = next((c for c in found if self._matches(c, verified)), None)
+        best = next((c for c in found if matches(c, verified)), None)
         return None if best is None else (best, verified[best.version_id])
-
-    async def _keep_authoritative(
-        self,
-        principals: Sequence[str],
-        request: SearchRequest,
-        scope: CompiledScope,
-        kept: list[Candidate],
-        verified: dict[int, VerifiedVersion],
-    ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
-        """The authoritative type's best match on the first page: at its end unless already on it."""
-        found = await self.authoritative_hit(principals, request, scope)
-        if found is None:
-            return kept, verified
-        hit, version = found
-        page = kept[: request.window]
-        if any(c.document_id == hit.document_id for c in page):
-            return kept, verified
-        r = self.settings.retrieval
-        placed = put_at(hit, kept, request.window - 1, per_document=r.collapse_per_document,
-                        max_chunks_per_document=r.max_chunks_per_document)  # fmt: skip
-        return placed, {**verified, hit.version_id: version}
 
     async def identity_hit(
         self, request: SearchRequest, scope: CompiledScope, subject: Subject, fused: Sequence[Candidate]
@@ -875,10 +807,8 @@ class SearchService:
 
         `vector`: the query vector being computed (else embedded here). Timings: `embed` is the wait for
         the vector after the scope."""
-        t0 = started if started is not None else time.perf_counter()
-        timings: dict[str, float] = {}
-        t = time.perf_counter()
-        timings["scope"] = (t - t0) * 1000
+        timer = StageTimer(started)
+        t = timer.mark("scope", timer.started)
         r = self.settings.retrieval
         mode = self.resolve_mode(request.mode)
         weights = self.leg_weights(mode)
@@ -888,72 +818,43 @@ class SearchService:
             if vector is None and "semantic" in active_legs(weights):
                 vector = self.embed_query(self.expansion(request.query).text, principals)
             query_vector = await vector if vector is not None else None
-            t1 = time.perf_counter()
-            timings["embed"] = (t1 - t) * 1000
+            t = timer.mark("embed", t)
             run, rounds = await self.run_legs_in_scope(request, scope, query_vector)
-            t2 = time.perf_counter()
-            timings["msearch"] = (t2 - t1) * 1000
+            t = timer.mark("msearch", t)
             identity, identity_verified = await preflight
         finally:
             preflight.cancel()  # a no-op once it is done
-        t_id = time.perf_counter()
-        timings["identity_wait"] = (t_id - t2) * 1000
+        timer.mark("identity_wait", t)
         if run.took_ms:
-            self.metrics.msearch_seconds.observe(t2 - t1)
+            self.metrics.msearch_seconds.observe(timer.ms["msearch"] / 1000)
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
-        legs = {str(leg): found for leg, found in run.hits.items()}
-        floor = floor_for(r, self.embedder.signature)
-        below_floor = 0
-        if "semantic" in legs:
-            legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
-        if below_floor:
-            self.metrics.floor_dropped.inc(below_floor)
-        fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
-        fused = apply_boost(fused, r.version_status_boost)
-        if r.decay_enabled:
-            fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
-        t3 = time.perf_counter()
-        timings["fuse"] = (t3 - t_id) * 1000
-        subject = identity.unique
-        need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1 + (subject is not None)
-        kept, verified = await self.verified_head(principals, fused, need, request.as_of)
-        t4 = time.perf_counter()
-        timings["reverify"] = (t4 - t3) * 1000
-        graph: dict[str, Any] | None = None
-        if r.graph_rag_enabled and kept:
-            # Its own failure must not take the ranked answer with it: answer without it, flagged and counted.
-            try:
-                kept, verified, graph = await self.augment(principals, request, scope, kept, verified)
-            except (KiError, SQLAlchemyError) as exc:
-                log.warning("graph augmentation failed, answering without it: %s: %s", type(exc).__name__, exc)
-                graph = {"status": "failed", "error": type(exc).__name__}
-            self.metrics.graph_augmentation.labels(graph["status"]).inc()
-            timings["graph"] = (time.perf_counter() - t4) * 1000
-        if r.authoritative_doc_type is not None and request.offset == 0:
-            kept, verified = await self._keep_authoritative(principals, request, scope, kept, verified)
-        if self.reranker is not None and kept:
-            t5 = time.perf_counter()
-            kept = await self._rerank(request.query, kept, verified)
-            timings["rerank"] = (time.perf_counter() - t5) * 1000
-        if subject is not None:  # the named document first, whatever the ranking (and the rerank) said
-            hit = await self.identity_hit(request, scope, subject, fused)
-            if hit is not None and self._matches(hit, identity_verified):
-                verified = {**verified, **identity_verified}
-                kept = put_first(
-                    hit,
-                    kept,
-                    per_document=r.collapse_per_document,
-                    max_chunks_per_document=r.max_chunks_per_document,
-                )
-            else:
-                identity = replace(identity, extra={"hit": "filtered_out"})
+        with timer.stage("fuse"):
+            legs = {str(leg): found for leg, found in run.hits.items()}
+            floor = floor_for(r, self.embedder.signature)
+            below_floor = 0
+            if "semantic" in legs:
+                legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
+            if below_floor:
+                self.metrics.floor_dropped.inc(below_floor)
+            fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
+            fused = apply_boost(fused, r.version_status_boost)
+            if r.decay_enabled:
+                fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
+        need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
+        need += identity.unique is not None
+        with timer.stage("reverify"):
+            kept, verified = await self.verified_head(principals, fused, need, request.as_of)
+        ctx = QueryContext(principals, request, scope, fused, kept, verified, identity, identity_verified, timer)
+        if run.scope_filter != "exact":
+            ctx.fallbacks.append(f"scope_filter_{run.scope_filter}")
+        await run_steps(self.steps, ctx, self)
+        kept, verified, identity, graph = ctx.kept, ctx.verified, ctx.identity, ctx.graph
         page = kept[request.offset : request.window]
         explain = FusionParams(weights, r.fusion_rrf_k, mode, r.fusion_method) if request.explain else None
         hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
         if request.expand and hits:
-            t6 = time.perf_counter()
-            await self.expand(hits)
-            timings["expand"] = (time.perf_counter() - t6) * 1000
+            with timer.stage("expand"):
+                await self.expand(hits)
         has_more = len(kept) > request.window
         budget = request.evidence_budget_chars or r.evidence_budget_chars
         evidence = None
@@ -962,13 +863,9 @@ class SearchService:
             has_more = has_more or use.hits_dropped > 0
             evidence = use.to_json()
         reason = await self.empty_reason(request, scope) if not kept else None
-        timings["total"] = (time.perf_counter() - t0) * 1000
+        timings = timer.finish()
         mode_info = self.mode_json(request.mode, mode)
-        fallbacks = [] if run.scope_filter == "exact" else [f"scope_filter_{run.scope_filter}"]
-        if identity.extra.get("hit") == "filtered_out":
-            fallbacks.append("identity_filtered_out")
-        if graph is not None and graph["status"] == "failed":
-            fallbacks.append("graph_failed")
+        fallbacks = ctx.fallbacks
         if request.mode is None and mode != "hybrid":
             fallbacks.append(f"default_mode_{mode}")
         stats = query_stats(
@@ -1036,7 +933,7 @@ class SearchService:
         seen: set[int] = set()
         survivors = []
         for c in candidates:
-            if self._matches(c, verified) and c.version_id not in seen:
+            if matches(c, verified) and c.version_id not in seen:
                 seen.add(c.version_id)
                 survivors.append(c)
         page = survivors[request.offset : request.window]
@@ -1121,12 +1018,6 @@ class SearchService:
         security = self.settings.security
         async with self.engine.connect() as conn:
             return await conn.run_sync(lambda c: search_decisions(c, principals, security, request))
-
-    @staticmethod
-    def _matches(c: Candidate, verified: dict[int, VerifiedVersion]) -> bool:
-        """The row exists in SQL, the caller may see it, and the index agrees on its identity."""
-        v = verified.get(c.version_id)
-        return v is not None and v.document_id == c.document_id and v.project_id == c.project_id
 
     async def refresh_index_gauges(self, timeout_s: float) -> str | None:
         """Read the alias target, store size and rows from OpenSearch into the index gauges; on failure keep

@@ -1,0 +1,62 @@
+"""The SQL re-verification of hits: the authority on every hit, whatever the index or a cache holds."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from ki.acl import Unresolved, VisibleObservation, visible_observations
+from ki.settings import Settings
+from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
+
+
+@dataclass(frozen=True)
+class VerifiedVersion:
+    version_id: int
+    document_id: int
+    project_id: int
+    title: str
+    version_no: int
+    latest_final_version_id: int | None
+    source_object_ids: tuple[int, ...]
+
+
+def reverify(
+    conn: Connection,
+    raw_principals: Sequence[str],
+    settings: Settings,
+    version_ids: Sequence[int],
+    as_of: dt.date | None = None,
+) -> dict[int, VerifiedVersion]:
+    """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
+    statement that resolves the caller's aliases and groups and reads the grants, observations and rows
+    in one snapshot -- whatever a cache holds, this is the authority on every hit.
+
+    A citation lists only the source objects the caller may access (`ki.acl.visible_observations`): a
+    version visible through one object never cites another object the caller has no grant for. The
+    statement reads every version of the candidates' documents, so a version's number, its document's
+    latest final version and (with `as_of`) which version is in force are those of the caller's own view
+    (`search.access.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
+    the versions in force that day are answered."""
+    ids = sorted(set(version_ids))
+    if not ids:
+        return {}
+    first: dict[int, VisibleObservation] = {}
+    objects: dict[int, set[int]] = {}  # version -> citable source objects
+    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, of="siblings"):
+        first.setdefault(o.version_id, o)
+        objects.setdefault(o.version_id, set()).add(o.source_object_id)
+    view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]
+    numbers = shown_numbers(view)
+    latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
+    wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
+    return {
+        v: VerifiedVersion(
+            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v]))
+        )
+        for v, o in first.items()
+        if v in wanted
+    }
