@@ -279,6 +279,27 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def _config(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from ki.exposure import exposure_problem
+    from ki.settings import deviations, reference
+
+    if args.what == "print":
+        print("\n".join(reference(settings)))
+        return 0
+    changed = deviations(settings)
+    names = [f"{section}.{field}" for section, fields in changed.items() for field in fields]
+    problems = [p for p in (exposure_problem(settings, "api"), exposure_problem(settings, "mcp")) if p]
+    for problem in problems:
+        print(f"ki: {problem}", file=sys.stderr)
+    verdict = "config ok" if not problems else "config valid, but no server may start with it"
+    print(f"{verdict}: {len(names)} setting(s) differ from the defaults" + (f": {', '.join(names)}" if names else ""))
+    if args.json:
+        print(json.dumps(changed, indent=2, ensure_ascii=False))
+    return 2 if problems else 0
+
+
 def _eval(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
@@ -451,6 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile = sub.add_parser("reconcile", help="diff PostgreSQL against the index and repair drift")
     reconcile.set_defaults(handler=_reconcile)
+
+    config = sub.add_parser("config", help="the settings in effect: every one with its default, or a check")
+    config_kinds = config.add_subparsers(dest="what", required=True, metavar="ACTION")
+    config_kinds.add_parser("print", help="every setting as section.field = value, with its default where it differs")
+    check = config_kinds.add_parser(
+        "check", help="validate the settings in effect (file, --config, KI_* variables) and list the deviations"
+    )
+    check.add_argument("--json", action="store_true", help="also print the deviations as a minimal config.json")
+    config.set_defaults(handler=_config)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures (ratios against a same-run baseline)")
     kinds = bench.add_subparsers(dest="what", required=True, metavar="KIND")

@@ -1,13 +1,17 @@
 """The one settings object.
 
-`config.json` at the repository root holds every setting with its default. Environment variables
-`KI_<SECTION>__<FIELD>` override single fields (JSON for maps and lists). Anything unknown, mistyped
-or out of range stops start-up with one line naming the key and the problem (`SettingsError`).
+The classes below hold every setting with its default; `config.json` at the repository root holds only
+the deliberate deviations from them (`ki config print` shows every setting, its value and its default;
+`ki config check` validates a configuration). Environment variables `KI_<SECTION>__<FIELD>` override
+single fields (JSON for maps and lists). Anything unknown, mistyped or out of range stops start-up with
+one line naming the key and the problem (`SettingsError`); a retired setting is ignored with a one-line
+warning, so an older configuration keeps starting.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -23,6 +27,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
 ENV_PREFIX = "KI_"
 REDACT_MIN_CHARS = 6
+
+log = logging.getLogger(__name__)
+
+#: Settings that no longer exist -> why; in a config file or a `KI_*` variable they are dropped with a warning.
+RETIRED: dict[tuple[str, str], str] = {
+    ("retrieval", "weight_decisions"): "decision records are searched apart from the legs and never fused",
+}
 
 
 #: A secret setting: never in a repr (so never in a log line that prints settings), redacted by
@@ -94,7 +105,6 @@ class RetrievalSettings(_Section):
     weight_lexical: float = Field(1.0, ge=0)
     weight_semantic: float = Field(1.0, ge=0)
     weight_identifier: float = Field(1.5, ge=0)
-    weight_decisions: float = Field(0.8, ge=0)
     version_status_boost: dict[str, float] = Field(
         default_factory=lambda: {"executed": 1.2, "final": 1.0, "unknown": 0.8, "draft": 0.7}
     )
@@ -553,6 +563,9 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
+        if (section, field) in RETIRED:
+            log.warning("%s is ignored: %s.%s was retired (%s)", name, section, field, RETIRED[section, field])
+            continue
         section_model = Settings.model_fields.get(section)
         if section_model is None:
             raise SettingsError(f"{name}: unknown settings section {section!r}")
@@ -571,6 +584,45 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
                     raise SettingsError(f"{name}: {section}.{field} must be JSON ({exc.msg})") from None
         overrides.setdefault(section, {})[field] = value
     return overrides
+
+
+def _drop_retired(data: dict[str, Any], where: str) -> None:
+    for (section, field), why in RETIRED.items():
+        fields = data.get(section)
+        if isinstance(fields, dict) and field in fields:
+            del fields[field]
+            log.warning("%s: %s.%s is ignored: the setting was retired (%s)", where, section, field, why)
+
+
+def deviations(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The settings that differ from their class defaults, by section (what a minimal config.json holds)."""
+    defaults = Settings().model_dump(mode="json")
+    current = settings.model_dump(mode="json")
+    out: dict[str, dict[str, Any]] = {}
+    for section, fields in current.items():
+        changed = {k: v for k, v in fields.items() if defaults[section].get(k) != v}
+        if changed:
+            out[section] = changed
+    return out
+
+
+def reference(settings: Settings) -> list[str]:
+    """Every setting as `section.field = value`, with its default where the value differs; secrets shown
+    as `***` (set or not is all it tells)."""
+    defaults = Settings().model_dump(mode="json")
+    current = settings.model_dump(mode="json")
+    lines: list[str] = []
+    for section, fields in current.items():
+        model = Settings.model_fields[section].annotation
+        secret = set(_secret_names(model)) if isinstance(model, type) and issubclass(model, BaseModel) else set()
+        for field, value in fields.items():
+            shown = "***" if field in secret and value else json.dumps(value, ensure_ascii=False)
+            line = f"{section}.{field} = {shown}"
+            default = defaults[section].get(field)
+            if default != value and field not in secret:
+                line += f"  (default {json.dumps(default, ensure_ascii=False)})"
+            lines.append(line)
+    return lines
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -598,6 +650,7 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
     if not isinstance(data, dict):
         raise SettingsError(f"config error: {config_path}: top level must be an object")
     environ.pop("KI_CONFIG", None)
+    _drop_retired(data, str(config_path))
     for section, fields in _env_overrides(environ).items():
         current = data.setdefault(section, {})
         if not isinstance(current, dict):

@@ -13,7 +13,7 @@ import pytest
 
 from apps.runtime.processes import free_port
 from ki.exposure import PUBLISHED_JWT_SECRET, exposure_problem, is_loopback
-from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
+from ki.settings import REPO_ROOT, Settings, load_settings
 
 OWN_SECRET = "a-secret-of-our-own-0123456789abcdef"
 LOOPBACK = ["127.0.0.1", "127.8.9.10", "::1", "localhost", "LocalHost", "::ffff:127.0.0.1"]
@@ -25,8 +25,8 @@ def settings(server: str = "api", host: str = "0.0.0.0", **api: object) -> Setti
     return load_settings(environ={f"KI_{server.upper()}__HOST": host, **env})
 
 
-def test_the_published_secret_is_the_one_config_json_ships() -> None:
-    shipped = json.loads(DEFAULT_CONFIG_PATH.read_text())["api"]["jwt_secret"]
+def test_the_published_secret_is_the_one_the_shipped_configuration_has() -> None:
+    shipped = load_settings(environ={}).api.jwt_secret
     assert shipped == PUBLISHED_JWT_SECRET == "change-me-local-only-secret-0123456789"
 
 

@@ -1,9 +1,10 @@
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-from ki.settings import DEFAULT_CONFIG_PATH, Settings, SettingsError, load_settings
+from ki.settings import DEFAULT_CONFIG_PATH, Settings, SettingsError, deviations, load_settings, reference
 
 SPEC_RETRIEVAL_DEFAULTS = {
     "index_name": "knowledge-index-chunks-v1",
@@ -19,7 +20,6 @@ SPEC_RETRIEVAL_DEFAULTS = {
     "fusion_rrf_k": 60,
     "weight_lexical": 1.0,
     "weight_identifier": 1.5,
-    "weight_decisions": 0.8,
     "version_status_boost": {"executed": 1.2, "final": 1.0, "unknown": 0.8, "draft": 0.7},
     "collapse_per_document": True,
     "max_chunks_per_document": 3,
@@ -34,12 +34,39 @@ def _write(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-def test_config_json_lists_every_setting() -> None:
+def test_config_json_holds_only_deliberate_deviations() -> None:
     on_disk = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    shipped = load_settings(environ={})
+    assert on_disk == deviations(shipped)  # nothing that repeats a default, nothing unknown
+    assert sorted(f"{s}.{f}" for s, fields in on_disk.items() for f in fields) == [
+        "embedding.threads",
+        "retrieval.embedding_dimensions",
+        "retrieval.fusion_method",
+        "retrieval.semantic_floor",
+        "retrieval.semantic_floor_enabled",
+        "retrieval.text_analysis",
+        "retrieval.text_analyzer",
+        "retrieval.weight_semantic",
+    ]
+
+
+def test_a_retired_setting_is_ignored_with_one_warning_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path, {"retrieval": {"weight_decisions": 0.8, "fusion_rrf_k": 40}})
+    with caplog.at_level(logging.WARNING, logger="ki.settings"):
+        settings = load_settings(path, environ={"KI_RETRIEVAL__WEIGHT_DECISIONS": "0.5"})
+    assert settings.retrieval.fusion_rrf_k == 40 and not hasattr(settings.retrieval, "weight_decisions")
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and all("weight_decisions" in w and "\n" not in w for w in warned)
+
+
+def test_the_reference_lists_every_setting_with_its_default_and_hides_secrets() -> None:
+    settings = load_settings(environ={"KI_API__JWT_SECRET": "a-secret-of-our-own-0123456789"})
+    lines = reference(settings)
     model = Settings().model_dump(mode="json")
-    assert on_disk.keys() == model.keys()
-    for section, fields in model.items():
-        assert on_disk[section].keys() == fields.keys(), section
+    assert len(lines) == sum(len(fields) for fields in model.values())
+    assert 'retrieval.fusion_method = "minmax"  (default "rrf")' in lines
+    assert "retrieval.fusion_rrf_k = 60" in lines
+    assert "api.jwt_secret = ***" in lines and not any("a-secret-of-our-own" in line for line in lines)
 
 
 def test_config_json_keeps_the_spec_retrieval_defaults() -> None:
@@ -93,7 +120,7 @@ def test_bad_values_fail_with_one_line_naming_the_key(environ: dict, needle: str
 
 def test_unknown_key_in_file_is_rejected(tmp_path: Path) -> None:
     data = json.loads(DEFAULT_CONFIG_PATH.read_text())
-    data["opensearch"]["urll"] = "x"
+    data.setdefault("opensearch", {})["urll"] = "x"
     with pytest.raises(SettingsError, match=r"opensearch\.urll"):
         load_settings(_write(tmp_path, data), environ={})
 
@@ -109,7 +136,7 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
 
 def test_ki_config_env_selects_the_file(tmp_path: Path) -> None:
     data = json.loads(DEFAULT_CONFIG_PATH.read_text())
-    data["api"]["port"] = 9999
+    data.setdefault("api", {})["port"] = 9999
     path = _write(tmp_path, data)
     assert load_settings(environ={"KI_CONFIG": str(path)}).api.port == 9999
 
@@ -122,3 +149,19 @@ def test_security_principals_must_be_kind_colon_name(tmp_path: Path) -> None:
             load_settings(path)
     path.write_text(json.dumps({"security": {"aliases": {" Mail:Anna@Kanzlei.de ": "USER:anna"}}}))
     assert load_settings(path).security.aliases == {" Mail:Anna@Kanzlei.de ": "USER:anna"}
+
+
+def test_ki_config_check_lists_deviations_and_fails_on_an_unsafe_exposure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.cli import main
+
+    assert main(["config", "check"]) == 0
+    assert "retrieval.fusion_method" in capsys.readouterr().out
+    monkeypatch.setenv("KI_API__HOST", "0.0.0.0")
+    assert main(["config", "check"]) == 2
+    captured = capsys.readouterr()
+    assert "api.host" in captured.out and "api.jwt_secret" in captured.err and len(captured.err.splitlines()) == 1
+    monkeypatch.setenv("KI_API__PORT", "not-a-port")
+    assert main(["config", "check"]) == 2
+    assert "api.port" in capsys.readouterr().err
