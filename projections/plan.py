@@ -14,6 +14,9 @@ itself:
    which stored rows to delete and, per new row, one `RowWrite`: create, re-embed, partial update,
    replace (keeping the stored vector) or nothing. A version gone from PostgreSQL, or of a deleted
    document, has no rows: every stored row is deleted.
+   On the access lane, which never embeds, `plan_version` decides the lane fallback: a version whose
+   rebuilt rows need a vector only gets its stored rows' principal projection rewritten there (the
+   projection cannot wait for the embedder); the content lane writes the rest.
 4. **Access-only path**, per version: read only the principal fields of its rows and the granted
    principals; `access_only_update` gives each row's partial update, or None when the row already
    holds that projection. Nothing is split or embedded.
@@ -210,3 +213,20 @@ def plan_content_writes(new_rows: Sequence[IndexRow], stored: Mapping[str, Store
     writes = tuple((row, write) for row in new_rows if (write := row_write(row, stored.get(row.id))) != RowWrite.KEEP)
     deletes = tuple(sorted(set(stored) - set(ids)))
     return ContentPlan(writes=writes, deletes=deletes)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPlan:
+    """One version's sync on one lane: its content writes, or (`access_fallback`) only the principal
+    projection of its stored rows, because this lane cannot embed what the content writes need."""
+
+    content: ContentPlan
+    access_fallback: bool = False
+
+
+def plan_version(new_rows: Sequence[IndexRow], stored: Mapping[str, StoredRow], *, embeds: bool) -> VersionPlan:
+    """The content path's plan for a version, decided for a lane that embeds (content lane, rebuild) or
+    not (access lane)."""
+    content = plan_content_writes(new_rows, stored)
+    needs_vector = any(write.needs_vector for _, write in content.writes)
+    return VersionPlan(content, access_fallback=needs_vector and not embeds)

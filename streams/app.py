@@ -11,7 +11,8 @@ so that access changes never queue behind embedding:
 Both lanes read the index before PostgreSQL and write conditionally, so neither can overwrite the other
 with older state: a lost race is projected again from fresh reads (keeping the vectors already computed).
 
-A batch is decoded, turned into dirty keys and applied by the `Projector`. Faust acknowledges a
+A batch is decoded, turned into dirty keys and applied by the `Projector` (`streams.batch.BatchHandler`:
+decoding, retries and the dead-letter topic, without Kafka). Faust acknowledges a
 batch's offsets only after the loop body returns, and the body only returns once OpenSearch
 acknowledged every write — or the events went to the dead-letter topic — so a crash at any
 point replays the batch instead of losing it. Transient failures (OpenSearch or PostgreSQL away) are
@@ -25,29 +26,25 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import faust
 from prometheus_client import generate_latest
 
-from ki.backoff import Backoff
-from ki.clients import as_ki_error, kafka_ssl_context, make_client, make_engine
+from ki.clients import kafka_ssl_context, make_client, make_engine
 from ki.embedding import create_embedder
-from ki.errors import IndexSchemaError, TransientError
+from ki.errors import IndexSchemaError
 from ki.settings import Settings
-from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
-from projections.dirty import DirtyKeys, dirty_keys
+from projections.dirty import DirtyKeys
 from streams import metrics
+from streams.batch import BatchHandler
 from streams.sync import Projector
 from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
 from streams.writer import IndexWriter
 
 log = logging.getLogger(__name__)
 
-# Between attempts at a failing batch (the partition pauses meanwhile).
-SYNC_BACKOFF = Backoff(base_s=0.5, max_s=15.0)
 
 # Exit status of a worker whose settings do not fit the live index.
 EXIT_INDEX_MISMATCH = 3
@@ -99,7 +96,6 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         stream_wait_empty=False,
     )
     source = app.topic(*lane_topics(settings, lane), key_type=bytes, value_type=bytes, allow_empty=True)
-    content_topics = frozenset(lane_topics(settings, "content"))
     dlq = app.topic(settings.streams.dlq_topic, key_type=bytes, value_type=bytes, internal=False)
     state: dict[str, Any] = {}
 
@@ -122,8 +118,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         projector_: Projector = state["projector"]
         return projector_
 
-    async def send_to_dlq(event: Any, reason: str) -> None:
-        message = event.message
+    async def send_to_dlq(message: Any, reason: str) -> None:
         payload = {
             "lane": lane,
             "reason": reason,
@@ -137,41 +132,12 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         metrics.DLQ_EVENTS.labels(lane=lane, table=message.topic.rsplit(".", 1)[-1]).inc()
         log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
 
-    async def apply_until_done(keys: DirtyKeys) -> None:
-        """Retry transient failures forever (the partition pauses, nothing is acked); give up on
-        anything else after `streams.max_attempts` so the caller can dead-letter the batch."""
-        attempt = 0
-        while True:
-            try:
-                proj = await projector()
-                stats = await proj.apply(keys, lane)
-                metrics.record_sync(stats)
-                return
-            except IndexSchemaError as exc:
-                # The settings do not fit the live index (dimension, embedder, analyzer): no batch can ever
-                # apply, and dead-lettering them all would empty the stream. Stop hard, acking nothing, so
-                # the operator runs `ki rebuild` (or fixes the settings) and the worker resumes where it was.
-                log.critical("index does not match the settings: %s", exc)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(EXIT_INDEX_MISMATCH)
-            except Exception as exc:
-                attempt += 1
-                # Decided by type: ki.errors says which failures go away by themselves; a foreign
-                # exception is read once, in ki.clients, and anything unknown counts as permanent.
-                transient = isinstance(as_ki_error(exc), TransientError)
-                if not transient and attempt >= settings.streams.max_attempts:
-                    raise
-                metrics.SYNC_RETRIES.inc()
-                delay = SYNC_BACKOFF.delay(attempt - 1)
-                log.warning(
-                    "sync failed (%s: %s); %s retry in %.1fs",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0],
-                    "transient," if transient else "",
-                    delay,
-                )
-                await asyncio.sleep(delay)
+    async def apply(keys: DirtyKeys) -> Any:
+        return await (await projector()).apply(keys, lane)
+
+    handler = BatchHandler(
+        lane, lane_topics(settings, "content"), apply, send_to_dlq, max_attempts=settings.streams.max_attempts
+    )
 
     @app.agent(source, name=f"cdc-{lane}")
     async def cdc(stream: faust.StreamT) -> None:
@@ -187,36 +153,17 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
             # out. A worker stopped (SIGTERM) while its batch waited for OpenSearch lost that batch (found by
             # the fault tests). So the acks are held back until the batch is applied or dead-lettered.
             _hold_acks(events)
-            await process(events)
-            _release_acks(app, events)
-
-    async def process(events: list[Any]) -> None:
-        keys = DirtyKeys()
-        newest_commit_ms: int | None = None
-        for event in events:
-            message = event.message
             try:
-                decoded = decode(message.topic, message.key, message.value)
-                event_keys = dirty_keys(decoded)
-            except (PoisonEvent, ValueError, TypeError) as exc:
-                # Both lanes read the content topics: the content lane alone dead-letters what it cannot read.
-                if lane == "content" or message.topic not in content_topics:
-                    await send_to_dlq(event, f"undecodable: {exc}")
-                continue
-            if isinstance(decoded, ChangeEvent):
-                metrics.EVENTS.labels(lane=lane, table=decoded.table, op=decoded.op).inc()
-                if decoded.source.ts_ms and not decoded.source.snapshot:
-                    newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
-            elif isinstance(decoded, Tombstone):
-                metrics.EVENTS.labels(lane=lane, table=decoded.table, op="tombstone").inc()
-            keys.update(event_keys)
-        try:
-            await apply_until_done(keys)
-        except Exception as exc:
-            for event in events:
-                await send_to_dlq(event, f"cannot be applied: {type(exc).__name__}: {exc}")
-        if newest_commit_ms:
-            metrics.FRESHNESS.labels(lane=lane).observe(max(0.0, time.time() - newest_commit_ms / 1000))
+                await handler.handle([event.message for event in events])
+            except IndexSchemaError as exc:
+                # The settings do not fit the live index (dimension, embedder, analyzer): no batch can ever
+                # apply, and dead-lettering them all would empty the stream. Stop hard, acking nothing, so
+                # the operator runs `ki rebuild` (or fixes the settings) and the worker resumes where it was.
+                log.critical("index does not match the settings: %s", exc)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_INDEX_MISMATCH)
+            _release_acks(app, events)
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:

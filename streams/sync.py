@@ -38,7 +38,7 @@ from projections.plan import (
     access_only_versions,
     micro_batches,
     next_access_version,
-    plan_content_writes,
+    plan_version,
 )
 from projections.rows import (
     AccessProjection,
@@ -347,14 +347,13 @@ class Projector:
             stored = existing.get(version_id, {})
             state = states.get(version_id)
             new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
-            plan = plan_content_writes(new_rows, stored)
-            if not embed and any(write.needs_vector for _, write in plan.writes):
-                # An embedded string changed: the content lane rewrites these rows; the projection cannot wait.
+            plan = plan_version(new_rows, stored, embeds=embed)
+            if plan.access_fallback:
                 granted = grants.get(version_id, GrantedPrincipals((), ()))
                 access_ops.extend(_access_update(row, granted, version_id) for row in stored.values())
                 stats.access_versions += 1
                 continue
-            plans[version_id] = plan
+            plans[version_id] = plan.content
             stats.versions_projected += 1
 
         lost: set[int] = set()

@@ -16,6 +16,7 @@ from projections.plan import (
     micro_batches,
     next_access_version,
     plan_content_writes,
+    plan_version,
     row_write,
 )
 from projections.rows import AccessProjection
@@ -197,3 +198,29 @@ def test_a_version_bigger_than_a_micro_batch_is_a_group_of_its_own_never_split()
     assert micro_batches([], 64) == []
     with pytest.raises(ValueError, match="max_rows"):
         micro_batches([(1, 1)], 0)
+
+
+# --- one plan per version and lane ----------------------------------------------------------------
+
+
+def test_the_access_lane_falls_back_to_the_projection_when_rows_need_vectors() -> None:
+    index = stored(rows_for(access=access()))
+    retitled = rows_for(document=replace(DOC, title="Gewerbemietvertrag Hauptstraße 1"), access=access())
+    on_access = plan_version(retitled, index, embeds=False)
+    on_content = plan_version(retitled, index, embeds=True)
+    assert on_access.access_fallback and not on_content.access_fallback
+    assert writes(on_content.content) == {row.id: RowWrite.REEMBED for row in retitled}
+
+
+def test_a_grant_change_is_written_by_whichever_lane_sees_it_first() -> None:
+    index = stored(rows_for(access=access(access_version=3)))
+    regranted = rows_for(access=access(REGRANTED, access_version=4))
+    for embeds in (False, True):  # no vector needed: the access lane writes the partial updates itself
+        plan = plan_version(regranted, index, embeds=embeds)
+        assert not plan.access_fallback
+        assert set(writes(plan.content).values()) == {RowWrite.UPDATE}
+
+
+def test_a_new_version_on_the_access_lane_is_left_to_the_content_lane() -> None:
+    plan = plan_version(rows_for(access=access()), {}, embeds=False)
+    assert plan.access_fallback  # every row needs a vector; with nothing stored there is nothing to rewrite

@@ -1,0 +1,120 @@
+"""One lane's handling of a batch of CDC messages, apart from Faust and Kafka.
+
+Decode every message into dirty keys; dead-letter what cannot be read (a message on a content topic
+only by the content lane: both lanes read those topics, one record is enough); apply the batch's keys
+through the projector, retrying transient failures for as long as they last (the partition pauses,
+nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the whole
+batch. A settings/index mismatch (`IndexSchemaError`) is never retried nor dead-lettered: it goes up
+to the app, which stops the worker without acknowledging anything.
+
+The app (`streams.app`) holds the acknowledgements back until `handle` returns, so a batch is either
+applied, dead-lettered, or replayed after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol
+
+from ki.backoff import Backoff
+from ki.clients import as_ki_error
+from ki.errors import IndexSchemaError, TransientError
+from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
+from projections.dirty import DirtyKeys, dirty_keys
+from streams import metrics
+from streams.topics import Lane
+
+log = logging.getLogger(__name__)
+
+# Between attempts at a failing batch (the partition pauses meanwhile).
+SYNC_BACKOFF = Backoff(base_s=0.5, max_s=15.0)
+
+
+class Message(Protocol):
+    """What the handler reads of a consumed record (a Faust message has these)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+Apply = Callable[[DirtyKeys], Awaitable[Any]]
+DeadLetter = Callable[[Message, str], Awaitable[None]]
+
+
+class BatchHandler:
+    def __init__(
+        self,
+        lane: Lane,
+        content_topics: Collection[str],
+        apply: Apply,
+        dead_letter: DeadLetter,
+        *,
+        max_attempts: int,
+        backoff: Backoff = SYNC_BACKOFF,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.lane, self.content_topics = lane, frozenset(content_topics)
+        self.apply, self.dead_letter = apply, dead_letter
+        self.max_attempts, self.backoff, self.sleep, self.clock = max_attempts, backoff, sleep, clock
+
+    async def handle(self, messages: Sequence[Message]) -> None:
+        keys = DirtyKeys()
+        newest_commit_ms: int | None = None
+        for message in messages:
+            try:
+                decoded = decode(message.topic, message.key, message.value)
+                event_keys = dirty_keys(decoded)
+            except (PoisonEvent, ValueError, TypeError) as exc:
+                if self.lane == "content" or message.topic not in self.content_topics:
+                    await self.dead_letter(message, f"undecodable: {exc}")
+                continue
+            if isinstance(decoded, ChangeEvent):
+                metrics.EVENTS.labels(lane=self.lane, table=decoded.table, op=decoded.op).inc()
+                if decoded.source.ts_ms and not decoded.source.snapshot:
+                    newest_commit_ms = max(newest_commit_ms or 0, decoded.source.ts_ms)
+            elif isinstance(decoded, Tombstone):
+                metrics.EVENTS.labels(lane=self.lane, table=decoded.table, op="tombstone").inc()
+            keys.update(event_keys)
+        try:
+            await self.apply_until_done(keys)
+        except IndexSchemaError:
+            raise
+        except Exception as exc:
+            for message in messages:
+                await self.dead_letter(message, f"cannot be applied: {type(exc).__name__}: {exc}")
+        if newest_commit_ms:
+            metrics.FRESHNESS.labels(lane=self.lane).observe(max(0.0, self.clock() - newest_commit_ms / 1000))
+
+    async def apply_until_done(self, keys: DirtyKeys) -> None:
+        """Retry transient failures forever; give up on anything else after `max_attempts`."""
+        attempt = 0
+        while True:
+            try:
+                metrics.record_sync(await self.apply(keys))
+                return
+            except IndexSchemaError:
+                raise
+            except Exception as exc:
+                attempt += 1
+                # Decided by type: ki.errors says which failures go away by themselves; a foreign
+                # exception is read once, in ki.clients, and anything unknown counts as permanent.
+                transient = isinstance(as_ki_error(exc), TransientError)
+                if not transient and attempt >= self.max_attempts:
+                    raise
+                metrics.SYNC_RETRIES.inc()
+                delay = self.backoff.delay(attempt - 1)
+                log.warning(
+                    "sync failed (%s: %s); %s retry in %.1fs",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0],
+                    "transient," if transient else "",
+                    delay,
+                )
+                await self.sleep(delay)
