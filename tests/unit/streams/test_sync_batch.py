@@ -13,7 +13,7 @@ from ki.errors import IndexSchemaError, PermanentError, TransientError
 from projections.dirty import DirtyKeys
 from streams.batch import BatchHandler
 from streams.sync import SyncStats
-from tests.unit.test_cdc import KEY, TOPIC, VERSION_ROW, envelope
+from tests.unit.projections.test_cdc import KEY, TOPIC, VERSION_ROW, envelope
 
 CONTENT_TOPICS = {TOPIC}
 ACCESS_TOPIC = "ki.public.grants"

@@ -21,7 +21,7 @@ from projections.plan import (
 )
 from projections.rows import AccessProjection
 from streams.writer import ExistingRow
-from tests.unit.test_rows import DOC, FINAL, PARAGRAPHS, rows_for
+from tests.unit.projections.test_rows import DOC, FINAL, PARAGRAPHS, rows_for
 
 GRANTED = GrantedPrincipals(allowed_principals=("group:a", "user:b"), denied_principals=("user:x",))
 REGRANTED = GrantedPrincipals(allowed_principals=("group:a", "user:c"), denied_principals=("user:x",))
