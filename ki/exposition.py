@@ -29,21 +29,26 @@ def parse(text: str) -> list[Sample]:
     ]
 
 
-def scrape(url: str, *, token: str | None = None, timeout_s: float = 10.0) -> list[Sample]:
-    """One GET of an exposition (with a bearer token where `/metrics` is for operators only); an
+def fetch(url: str, *, token: str | None = None, timeout_s: float = 10.0) -> str:
+    """One GET of an exposition's text (with a bearer token where `/metrics` is for operators only); an
     unreachable or slow endpoint raises OSError (TimeoutError is one)."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return parse(response.read().decode())
+        return str(response.read().decode())
+
+
+def scrape(url: str, *, token: str | None = None, timeout_s: float = 10.0) -> list[Sample]:
+    return parse(fetch(url, token=token, timeout_s=timeout_s))
 
 
 def answers(url: str, family: str | None = None, *, timeout_s: float = 3.0) -> bool:
-    """A readiness probe: `url` answers with an exposition (that carries `family`, if named)."""
+    """A readiness probe: `url` answers with an exposition that declares `family`, if named (a labelled
+    counter declares itself before it has any sample)."""
     try:
-        samples = scrape(url, timeout_s=timeout_s)
-    except (OSError, ValueError):
+        text = fetch(url, timeout_s=timeout_s)
+    except OSError:
         return False
-    return family is None or any(s.name.startswith(family) for s in samples)
+    return family is None or family in text
 
 
 def _all(_: Labels) -> bool:

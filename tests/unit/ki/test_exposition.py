@@ -42,3 +42,29 @@ def test_a_closed_port_does_not_answer() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
         assert not exposition.answers(f"http://127.0.0.1:{port}/metrics", timeout_s=1)
+
+
+def test_a_worker_is_ready_once_it_declares_the_family_even_without_samples() -> None:
+    import http.server
+    import threading
+
+    body = b"# HELP ki_sync_events_total CDC events consumed\n# TYPE ki_sync_events_total counter\n"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        assert exposition.scrape(url) == []  # a labelled counter without children has no sample yet
+        assert exposition.answers(url, "ki_sync_events_total")
+        assert not exposition.answers(url, "ki_search_requests_total")
+    finally:
+        server.shutdown()
