@@ -829,17 +829,7 @@ class SearchService:
             self.metrics.msearch_seconds.observe(timer.ms["msearch"] / 1000)
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
         with timer.stage("fuse"):
-            legs = {str(leg): found for leg, found in run.hits.items()}
-            floor = floor_for(r, self.embedder.signature)
-            below_floor = 0
-            if "semantic" in legs:
-                legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
-            if below_floor:
-                self.metrics.floor_dropped.inc(below_floor)
-            fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
-            fused = apply_boost(fused, r.version_status_boost)
-            if r.decay_enabled:
-                fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
+            legs, fused, floor, below_floor = self.rank(request, run, weights)
         need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
         need += identity.unique is not None
         with timer.stage("reverify"):
@@ -868,19 +858,7 @@ class SearchService:
         fallbacks = ctx.fallbacks
         if request.mode is None and mode != "hybrid":
             fallbacks.append(f"default_mode_{mode}")
-        stats = query_stats(
-            mode=mode,
-            page=page,
-            legs=legs,
-            identity=identity.outcome,
-            reason=reason,
-            fallbacks=fallbacks,
-            took_ms=timings["total"],
-            query=request.query if self.settings.api.stats_store_query_text else None,
-        )
-        self.metrics.observe_query(stats)
-        if self.stats is not None:
-            self.stats.record(stats)
+        self._record(request, mode, page, legs, identity, reason, fallbacks, timings["total"])
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
         return SearchResult(
             hits,
@@ -897,6 +875,51 @@ class SearchService:
             graph=graph,
             reason=reason,
         )
+
+    def rank(
+        self, request: SearchRequest, run: LegRun, weights: Mapping[str, float]
+    ) -> tuple[dict[str, list[LegHit]], list[Candidate], float | None, int]:
+        """The legs' lists as one ranking: the relevance floor on the semantic leg, fusion, status boost,
+        decay. Also answers the legs as fused, the floor and how many hits it dropped."""
+        r = self.settings.retrieval
+        legs = {str(leg): found for leg, found in run.hits.items()}
+        floor = floor_for(r, self.embedder.signature)
+        below_floor = 0
+        if "semantic" in legs:
+            legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
+        if below_floor:
+            self.metrics.floor_dropped.inc(below_floor)
+        fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
+        fused = apply_boost(fused, r.version_status_boost)
+        if r.decay_enabled:
+            fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
+        return legs, fused, floor, below_floor
+
+    def _record(
+        self,
+        request: SearchRequest,
+        mode: Mode,
+        page: Sequence[Candidate],
+        legs: Mapping[str, Sequence[LegHit]],
+        identity: Identity,
+        reason: str | None,
+        fallbacks: Sequence[str],
+        took_ms: float,
+    ) -> None:
+        """The query's retrieval statistics: metrics now, the statistics table in the background."""
+        stats = query_stats(
+            mode=mode,
+            page=page,
+            legs=legs,
+            identity=identity.outcome,
+            reason=reason,
+            fallbacks=fallbacks,
+            took_ms=took_ms,
+            query=request.query if self.settings.api.stats_store_query_text else None,
+        )
+        self.metrics.observe_query(stats)
+        if self.stats is not None:
+            self.stats.record(stats)
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
