@@ -44,8 +44,15 @@ def test_retained_wal_is_reported_by_sync_status_and_metrics(settings: Settings)
 
     worker = Worker(settings, name="slot-health-worker")
     worker.start()
-    try:
+
+    def slot_lines() -> list[str] | None:
+        # The gauge is read while a scrape is served; a scrape that meets another one still reading (the
+        # readiness probe's, say) answers the old value, so poll until a reading has landed.
         lines = [ln for ln in worker.metrics_text().splitlines() if ln.startswith("ki_sync_replication_slot")]
+        return lines if lines and float(lines[0].rsplit(" ", 1)[1]) > 0 else None
+
+    try:
+        lines = wait_for(slot_lines, timeout=60, interval=1.0, what="the retained WAL on /metrics")
     finally:
         worker.stop()
     assert [ln.split(" ")[0] for ln in lines] == ["ki_sync_replication_slot_retained_bytes"]
