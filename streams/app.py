@@ -22,6 +22,7 @@ retried with backoff inside the body: the partition simply pauses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ from streams.writer import IndexWriter
 
 log = logging.getLogger(__name__)
 
+
+# How long a /metrics scrape waits for the broker's lag reading before it answers the previous values.
+LAG_READ_WAIT_S = 2.0
 
 # Exit status of a worker whose settings do not fit the live index.
 EXIT_INDEX_MISMATCH = 3
@@ -167,7 +171,12 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
-        await asyncio.to_thread(metrics.update_lag, settings)
+        # Reading the lag asks the broker, which can take many seconds while a group rebalances: wait for
+        # it a moment, then answer with the values as they are (the reading lands for the next scrape), so
+        # a scrape never hangs on Kafka.
+        reading = asyncio.ensure_future(asyncio.to_thread(metrics.update_lag, settings))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reading), timeout=LAG_READ_WAIT_S)
         return self.bytes(generate_latest(), content_type="text/plain")
 
     return app

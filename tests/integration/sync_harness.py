@@ -93,7 +93,10 @@ class Worker:
 
     def counter(self, name: str) -> float:
         """A counter summed over its labels and the worker's lanes."""
-        return sum(exposition.total(exposition.scrape(self._metrics_url(lane)), name) for lane in self.lanes)
+        # A generous timeout: two stacks share two cores here, and what is under test is that nothing is lost.
+        return sum(
+            exposition.total(exposition.scrape(self._metrics_url(lane), timeout_s=30), name) for lane in self.lanes
+        )
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""
