@@ -118,7 +118,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 embedder = await asyncio.to_thread(create_embedder, settings)
                 writer = IndexWriter(make_client(settings), settings)
                 await writer.ensure_index(embedder.signature)
-                state["projector"] = Projector(settings, make_engine(settings), writer, embedder)
+                state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)
         projector_: Projector = state["projector"]
         return projector_
 

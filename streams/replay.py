@@ -149,8 +149,8 @@ async def rebuild(
         await writer.create_physical(physical)
         progress(f"rebuild: replaying the CDC topics into {physical}")
         keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
-        projector = Projector(settings, engine, writer, embedder)
-        content, access = await asyncio.to_thread(projector._resolve, keys)
+        projector = Projector.on_postgres(settings, engine, writer, embedder)
+        content, access = await projector.resolve(keys)
         stats = await _project_in_batches(projector, content | access, on_progress)
         progress(f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written")
         await writer.refresh()
@@ -195,7 +195,7 @@ async def backfill(
         else:
             with engine.connect() as conn:
                 ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
-        return await _project_in_batches(Projector(settings, engine, writer, embedder), ids, on_progress)
+        return await _project_in_batches(Projector.on_postgres(settings, engine, writer, embedder), ids, on_progress)
     finally:
         await client.close()
         engine.dispose()
@@ -235,7 +235,7 @@ async def reconcile(
             f"reconcile: {len(expected)} live versions, {len(indexed)} indexed; "
             f"{len(missing)} missing, {len(stale)} stale"
         )
-        projector = Projector(settings, engine, writer, embedder)
+        projector = Projector.on_postgres(settings, engine, writer, embedder)
         # Re-projecting every indexed version is cheap when nothing changed: unchanged rows are not
         # re-embedded and identical rows are not written at all.
         stats = await _project_in_batches(projector, expected | indexed, on_progress)

@@ -1,7 +1,10 @@
-"""Apply dirty keys to the index: the I/O of the sync, shared by the Faust worker, rebuild and backfill.
+"""Apply dirty keys to the index: the sync shared by the Faust worker, rebuild and backfill.
 
 What to write is decided in `projections.plan` (the sync model is described there); this module
-resolves dirty keys to versions in SQL, reads the index and PostgreSQL, embeds, and writes.
+sequences the work: it resolves dirty keys to versions, reads the index and PostgreSQL, plans, embeds,
+and writes. PostgreSQL and the index are reached through two small interfaces (`VersionSource`,
+`RowIndex`), so the sequencing is unit-tested without services; `streams.source` and
+`streams.writer` implement them.
 
 Order of operations per batch (this order is what makes concurrent or repeated work safe):
 1. read the affected rows from the index, with their sequence numbers;
@@ -19,13 +22,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from sqlalchemy import Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.types import BigInteger, Text
-
-from ki.acl import GrantedPrincipals, expand_principals, version_projections
+from ki.acl import GrantedPrincipals
 from ki.embedding import Embedder
 from ki.settings import Settings
 from projections.chunking import TokenBudget
@@ -40,109 +39,17 @@ from projections.plan import (
     next_access_version,
     plan_version,
 )
-from projections.rows import (
-    AccessProjection,
-    DocumentState,
-    IndexRow,
-    NotableClause,
-    VersionState,
-    build_rows,
-)
+from projections.rows import AccessProjection, IndexRow, build_rows
+from streams.source import AccessBasis, PostgresSource, VersionSnapshot
 from streams.topics import Lane
-from streams.writer import BulkOp, BulkResult, ExistingRow, IndexWriter
+from streams.writer import BulkOp, BulkResult, ExistingRow
+
+if TYPE_CHECKING:  # the production wiring only names the engine type
+    from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
-
-_IDS = ARRAY(BigInteger)
-
-
-def _sql(statement: str, **types: Any) -> Any:
-    return text(statement).bindparams(*(bindparam(name, type_=t) for name, t in types.items()))
-
-
-# Dirty keys -> version ids. Each statement returns one column `id`.
-_RESOLVE_CONTENT = _sql(
-    """
-    SELECT id FROM document_versions WHERE id = ANY(:versions)
-    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id = ANY(:documents)
-    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
-          WHERE d.matter_id = ANY(:matters)
-    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
-          WHERE d.doc_type_id IN (SELECT sub.id FROM unnest(CAST(:nodes AS bigint[])) AS n(node_id),
-                                  LATERAL ontology_descendants(n.node_id) AS sub)
-    """,
-    versions=_IDS,
-    documents=_IDS,
-    matters=_IDS,
-    nodes=_IDS,
-)
-
-_RESOLVE_ACCESS = _sql(
-    """
-    WITH touched_grants AS (
-        SELECT project_id, document_id, source_object_id FROM grants
-        WHERE ki_principal(principal) = ANY(CAST(:principals AS text[]))
-    ),
-    touched_projects AS (
-        SELECT unnest(CAST(:projects AS bigint[])) AS id
-        UNION SELECT project_id FROM touched_grants WHERE project_id IS NOT NULL
-    ),
-    touched_documents AS (
-        SELECT unnest(CAST(:documents AS bigint[])) AS id
-        UNION SELECT document_id FROM touched_grants WHERE document_id IS NOT NULL
-    ),
-    touched_objects AS (
-        SELECT unnest(CAST(:objects AS bigint[])) AS id
-        UNION SELECT source_object_id FROM touched_grants WHERE source_object_id IS NOT NULL
-        UNION SELECT so.id FROM source_objects so WHERE so.source_id = ANY(:sources)
-    )
-    SELECT id FROM document_versions WHERE id = ANY(:versions)
-    UNION SELECT dv.id FROM document_versions dv WHERE dv.document_id IN (SELECT id FROM touched_documents)
-    UNION SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id
-          WHERE d.project_id IN (SELECT id FROM touched_projects)
-    UNION SELECT o.document_version_id FROM source_observations o
-          WHERE o.source_object_id IN (SELECT id FROM touched_objects)
-    """,
-    principals=ARRAY(Text),
-    projects=_IDS,
-    documents=_IDS,
-    objects=_IDS,
-    sources=_IDS,
-    versions=_IDS,
-)
-
-_VERSION_STATE = _sql(
-    """
-    SELECT dv.id, dv.document_id, dv.version_no, dv.status, dv.language, dv.doc_date, dv.text,
-           dv.notable_clauses,
-           d.project_id, d.title, d.matter_id, d.doc_type_id, d.identifiers, d.latest_final_version_id,
-           d.deleted_at,
-           m.title AS matter_title, m.reference AS matter_reference,
-           t.label AS doc_type_label,
-           COALESCE((SELECT array_agg(a.id ORDER BY a.depth) FROM ontology_ancestors(d.doc_type_id) a),
-                    '{}') AS doc_type_ancestors,
-           (SELECT min(o.source_object_id) FROM source_observations o
-             WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL) AS source_object_id
-    FROM document_versions dv
-    JOIN documents d ON d.id = dv.document_id
-    LEFT JOIN matters m ON m.id = d.matter_id
-    LEFT JOIN ontology_nodes t ON t.id = d.doc_type_id
-    WHERE dv.id = ANY(:ids)
-    """,
-    ids=_IDS,
-)
-
-
-_FIRST_OBSERVATION = _sql(
-    """
-    SELECT dv.id, (SELECT min(o.source_object_id) FROM source_observations o
-                    WHERE o.document_version_id = dv.id AND o.deleted_at IS NULL) AS source_object_id
-    FROM document_versions dv WHERE dv.id = ANY(:ids)
-    """,
-    ids=_IDS,
-)
 
 
 @dataclass
@@ -161,105 +68,63 @@ class SyncStats:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-@dataclass(frozen=True)
-class _State:
-    document: DocumentState
-    version: VersionState
-    doc_type_ancestors: tuple[int, ...]
-    doc_type_label: str | None
-    matter_title: str | None
-    matter_reference: str | None
-    source_object_id: int | None
+class VersionSource(Protocol):
+    """PostgreSQL as the sync reads it; blocking, so called in a thread (`streams.source.PostgresSource`)."""
+
+    def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        """The existing versions whose content, resp. whose access, `keys` dirtied."""
+        ...
+
+    def versions(
+        self, version_ids: Sequence[int]
+    ) -> tuple[dict[int, VersionSnapshot], dict[int, GrantedPrincipals]]: ...
+
+    def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]: ...
+
+    def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]: ...
 
 
-def _state_from_row(row: Any) -> _State:
-    clauses = tuple(
-        NotableClause(
-            clause_type_id=c.get("clause_type_id"), locus=str(c.get("locus") or ""), text=str(c.get("text") or "")
-        )
-        for c in (row.notable_clauses or [])
-        if isinstance(c, dict)
-    )
-    return _State(
-        document=DocumentState(
-            id=row.document_id,
-            project_id=row.project_id,
-            title=row.title,
-            matter_id=row.matter_id,
-            doc_type_id=row.doc_type_id,
-            identifiers=tuple(row.identifiers or ()),
-            latest_final_version_id=row.latest_final_version_id,
-            deleted_at=row.deleted_at,
-        ),
-        version=VersionState(
-            id=row.id,
-            document_id=row.document_id,
-            version_no=row.version_no,
-            status=row.status,
-            language=row.language,
-            doc_date=row.doc_date,
-            text=row.text,
-            notable_clauses=clauses,
-        ),
-        doc_type_ancestors=tuple(row.doc_type_ancestors or ()),
-        doc_type_label=row.doc_type_label,
-        matter_title=row.matter_title,
-        matter_reference=row.matter_reference,
-        source_object_id=row.source_object_id,
-    )
+class RowIndex(Protocol):
+    """The index as the sync reads and writes it (`streams.writer.IndexWriter`, the one writer)."""
+
+    async def existing_rows(
+        self, version_ids: Iterable[int], *, with_source: Sequence[str] = (), with_doc_values: Sequence[str] = ()
+    ) -> dict[int, dict[str, ExistingRow]]: ...
+
+    async def vectors(self, doc_ids: Sequence[str]) -> dict[str, list[float]]: ...
+
+    async def reusable_vectors(
+        self, document_ids: Iterable[str], content_hashes: Iterable[str]
+    ) -> dict[str, list[float]]: ...
+
+    async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]: ...
+
+    async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult: ...
+
+    async def refresh(self) -> None: ...
 
 
 class Projector:
     """Turns dirty keys into conditional index writes."""
 
-    def __init__(self, settings: Settings, engine: Engine, writer: IndexWriter, embedder: Embedder) -> None:
+    def __init__(self, settings: Settings, source: VersionSource, index: RowIndex, embedder: Embedder) -> None:
         self.settings = settings
-        self.engine = engine
-        self.writer = writer
+        self.source = source
+        self.index = index
         self.embedder = embedder
         # Body chunks are cut to the embedder's window (its own tokenizer counts; projections stay pure).
         self.token_budget = TokenBudget(embedder.count_tokens, embedder.max_tokens)
 
+    @classmethod
+    def on_postgres(cls, settings: Settings, engine: Engine, index: RowIndex, embedder: Embedder) -> Projector:
+        """The production wiring: PostgreSQL through this engine, the index through `index`."""
+        return cls(settings, PostgresSource(engine, settings.security), index, embedder)
+
     # -- resolution ----------------------------------------------------------------------------
 
-    def _resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
-        with self.engine.connect() as conn:
-            content = {
-                row.id
-                for row in conn.execute(
-                    _RESOLVE_CONTENT,
-                    {
-                        # An observation change (access_versions) can also change a row's
-                        # meta.source_object_id, which only the content path writes; that path re-embeds
-                        # nothing unless the text changed.
-                        "versions": sorted(keys.content_versions | keys.access_versions),
-                        "documents": sorted(keys.content_documents),
-                        "matters": sorted(keys.content_matters),
-                        "nodes": sorted(keys.content_ontology_nodes),
-                    },
-                )
-            }
-            access: set[int] = set()
-            if keys.names_access:
-                access = {
-                    row.id
-                    for row in conn.execute(
-                        _RESOLVE_ACCESS,
-                        {
-                            # A changed alias or membership of P changes the projection of every
-                            # grant to a principal P resolves to (ki.acl.version_projections).
-                            "principals": sorted(
-                                expand_principals(conn, keys.access_principals, self.settings.security)
-                            ),
-                            "projects": sorted(keys.access_projects),
-                            "documents": sorted(keys.access_documents),
-                            "objects": sorted(keys.access_source_objects),
-                            "sources": sorted(keys.access_sources),
-                            "versions": sorted(keys.access_versions),
-                        },
-                    )
-                    if row.id is not None
-                }
+    async def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        """The versions to project on the content path, and those that need only their access rewritten."""
+        content, access = await asyncio.to_thread(self.source.resolve, keys)
         # Versions deleted from PostgreSQL are found through what the event named directly.
         content |= keys.content_versions
         return content, access_only_versions(content, access)
@@ -272,11 +137,10 @@ class Projector:
         if not keys:
             return stats
         started = time.perf_counter()
-        content, access = await asyncio.to_thread(self._resolve, keys)
+        content, access = await self.resolve(keys)
         # Documents deleted outright no longer have versions in PostgreSQL: find their rows in the index.
-        gone_docs = keys.content_documents
-        if gone_docs:
-            content |= await self.writer.indexed_versions("document_id", gone_docs)
+        if keys.content_documents:
+            content |= await self.index.indexed_versions("document_id", keys.content_documents)
         stats.timed("resolve", started)
         await self.project_versions(content, stats, embed=lane != "access")
         if lane != "content":
@@ -318,14 +182,8 @@ class Projector:
             if pending:
                 stats.conflict_rounds += 1
                 log.info("%s: %d version(s) lost a write race; refreshing and projecting again", path, len(pending))
-                await self.writer.refresh()
+                await self.index.refresh()
         raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
-
-    def _load_states(self, version_ids: Sequence[int]) -> tuple[dict[int, _State], dict[int, GrantedPrincipals]]:
-        with self.engine.connect() as conn:
-            states = {row.id: _state_from_row(row) for row in conn.execute(_VERSION_STATE, {"ids": list(version_ids)})}
-            grants = version_projections(conn, states.keys(), self.settings.security)
-        return states, grants
 
     async def _project_versions_once(
         self, version_ids: list[int], stats: SyncStats, known: dict[str, list[float]], *, embed: bool
@@ -338,7 +196,7 @@ class Projector:
             version_ids = [version_id for version_id in version_ids if existing.get(version_id)]
             if not version_ids:
                 return set()
-        states, grants = await asyncio.to_thread(self._load_states, version_ids)  # step 2: PostgreSQL
+        states, grants = await asyncio.to_thread(self.source.versions, version_ids)  # step 2: PostgreSQL
         stats.timed("read", started)
 
         plans: dict[int, ContentPlan] = {}
@@ -380,7 +238,7 @@ class Projector:
                 if embed:
                     # The access lane may have missed these rows (written after its read); re-check here.
                     basis = {v: _access_basis(states.get(v), grants.get(v)) for v in group if v not in group_lost}
-                    group_lost |= await asyncio.to_thread(self._access_changed, basis)
+                    group_lost |= await self._access_changed(basis)
             except BaseException:
                 if next_vectors is not None:
                     next_vectors.cancel()
@@ -394,14 +252,14 @@ class Projector:
         """The stored rows of these versions. Search only sees refreshed rows, and rows the other lane (or
         worker) wrote a moment ago may not be: a version found without rows is read again after a refresh,
         so that access work never skips rows just because they are new."""
-        existing = await self.writer.existing_rows(version_ids, **fields)
+        existing = await self.index.existing_rows(version_ids, **fields)
         missing = [version_id for version_id in version_ids if not existing.get(version_id)]
         if missing and refresh_if_missing:
-            await self.writer.refresh()
-            existing.update(await self.writer.existing_rows(missing, **fields))
+            await self.index.refresh()
+            existing.update(await self.index.existing_rows(missing, **fields))
         return existing
 
-    def _access_changed(self, basis: Mapping[int, tuple[GrantedPrincipals, int | None]]) -> set[int]:
+    async def _access_changed(self, basis: Mapping[int, AccessBasis]) -> set[int]:
         """The versions whose projection or first observation changed in PostgreSQL since the rows were built.
 
         A content write can take minutes of embedding; a grant committed meanwhile is projected by the
@@ -410,11 +268,8 @@ class Projector:
         (cheaply: its vectors are kept)."""
         if not basis:
             return set()
-        with self.engine.connect() as conn:
-            grants = version_projections(conn, basis.keys(), self.settings.security)
-            objects = {row.id: row.source_object_id for row in conn.execute(_FIRST_OBSERVATION, {"ids": list(basis)})}
-        current = {v: _access_basis_of(grants.get(v), objects.get(v)) for v in basis}
-        return {v for v, used in basis.items() if current[v] != used}
+        current = await asyncio.to_thread(self.source.access_bases, sorted(basis))
+        return {v for v, used in basis.items() if current.get(v) != used}
 
     async def _write_versions(
         self,
@@ -436,7 +291,7 @@ class Projector:
             planned.extend((version_id, row, write, stored.get(row.id)) for row, write in plan.writes)
 
         # REPLACE keeps the stored vector, read here (after step 1, so a row deleted meanwhile is missing).
-        kept = await self.writer.vectors(
+        kept = await self.index.vectors(
             [old.doc_id for _, _, write, old in planned if old is not None and write is RowWrite.REPLACE]
         )
         lost: set[int] = set()
@@ -459,7 +314,7 @@ class Projector:
 
     async def _write(self, ops: list[BulkOp], stats: SyncStats) -> BulkResult:
         started = time.perf_counter()
-        result = await self.writer.bulk(ops)
+        result = await self.index.bulk(ops)
         stats.timed("write", started)
         return result
 
@@ -476,7 +331,7 @@ class Projector:
                 distinct.setdefault(row.content_hash, row)
         if distinct:
             started = time.perf_counter()
-            stored = await self.writer.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
+            stored = await self.index.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
             stats.timed("reuse", started)
             known.update(stored)
         fresh = [row for digest, row in distinct.items() if digest not in known]
@@ -490,7 +345,7 @@ class Projector:
         return {row.id: known[row.content_hash] for row in rows}
 
     def _rows_for(
-        self, state: _State, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]
+        self, state: VersionSnapshot, granted: GrantedPrincipals | None, old_rows: Mapping[str, ExistingRow]
     ) -> list[IndexRow]:
         granted = granted or GrantedPrincipals((), ())
         access = AccessProjection(
@@ -519,16 +374,12 @@ class Projector:
         await self._until_settled("access", self._project_access_once, version_ids, stats)
         return stats
 
-    def _load_grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
-        with self.engine.connect() as conn:
-            return version_projections(conn, version_ids, self.settings.security)
-
     async def _project_access_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
         started = time.perf_counter()
         # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
         # only be newer than what that seq_no holds, so a conditional write never regresses the row.
         existing = await self._read_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
-        grants = await asyncio.to_thread(self._load_grants, version_ids)
+        grants = await asyncio.to_thread(self.source.grants, version_ids)
         stats.timed("read", started)
         ops: list[BulkOp | None] = []
         for version_id in version_ids:
@@ -541,15 +392,8 @@ class Projector:
         return {int(group) for group in result.conflicts}
 
 
-def _access_basis_of(
-    granted: GrantedPrincipals | None, source_object_id: int | None
-) -> tuple[GrantedPrincipals, int | None]:
-    return (granted or GrantedPrincipals((), ()), source_object_id)
-
-
-def _access_basis(state: _State | None, granted: GrantedPrincipals | None) -> tuple[GrantedPrincipals, int | None]:
-    """What a version's rows were built from beside their content: its projection and first observation."""
-    return _access_basis_of(granted, state.source_object_id if state else None)
+def _access_basis(state: VersionSnapshot | None, granted: GrantedPrincipals | None) -> AccessBasis:
+    return AccessBasis.of(granted, state.source_object_id if state else None)
 
 
 def _access_update(row: ExistingRow, granted: GrantedPrincipals, version_id: int) -> BulkOp | None:

@@ -161,8 +161,8 @@ def rebuilt_rows(settings: Settings, engine: Engine, search: OpenSearch, documen
             writer = IndexWriter(client, settings, index=index)
             await writer.create_physical(index)
             keys, *_ = await asyncio.to_thread(read_topics, settings, progress=lambda _line: None)
-            projector = Projector(settings, engine, writer, create_embedder(settings))
-            content, access = await asyncio.to_thread(projector._resolve, keys)
+            projector = Projector.on_postgres(settings, engine, writer, create_embedder(settings))
+            content, access = await projector.resolve(keys)
             replayed = (content | access) & ours
             assert replayed == ours, f"versions missing from the CDC topics: {sorted(ours - replayed)[:10]}"
             await projector.project_versions(sorted(replayed))

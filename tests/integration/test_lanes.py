@@ -206,7 +206,7 @@ class Lanes:
             writer = IndexWriter(client, self.settings, index=self.index)
             if create:
                 await writer.create_physical(self.index)
-            return await Projector(self.settings, self.engine, writer, self.embedder).apply(keys, lane)
+            return await Projector.on_postgres(self.settings, self.engine, writer, self.embedder).apply(keys, lane)
         finally:
             await client.close()
 

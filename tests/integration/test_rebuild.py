@@ -104,7 +104,7 @@ def test_duplicated_and_shuffled_events_converge_to_the_rebuilt_index(
         client = make_client(settings)
         writer = IndexWriter(client, settings, index=index)
         await writer.create_physical(index)
-        projector = Projector(settings, engine, writer, create_embedder(settings))
+        projector = Projector.on_postgres(settings, engine, writer, create_embedder(settings))
         try:
             for start in range(0, len(deliveries), 7):
                 keys = DirtyKeys()

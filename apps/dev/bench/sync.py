@@ -93,7 +93,7 @@ async def _measure(
     engine = make_engine(settings)
     index = f"bench-sync-{uuid.uuid4().hex[:8]}"
     writer = IndexWriter(client, settings, index=index)
-    projector = Projector(settings, engine, writer, embedder)
+    projector = Projector.on_postgres(settings, engine, writer, embedder)
     try:
         await writer.create_physical(index)
         _progress(f"bench sync: content sync (split, embed, bulk) with {embedder.signature}")
@@ -193,7 +193,7 @@ async def _compare_content_sync(
     try:
         await writer.create_physical(index)
         _progress(f"bench sync: content sync with {embedder.signature}, for comparison")
-        seconds, stats = await _content_sync(Projector(other, engine, writer, embedder), version_ids)
+        seconds, stats = await _content_sync(Projector.on_postgres(other, engine, writer, embedder), version_ids)
         return _content_figures(embedder.signature, seconds, stats, len(version_ids))
     finally:
         await client.indices.delete(index=index, ignore=(404,))

@@ -1,0 +1,335 @@
+"""The projector's sequencing (streams.sync.Projector) without services: PostgreSQL and the index are
+small in-memory stand-ins for its two interfaces, `VersionSource` and `RowIndex`. What they prove here
+is the order and the decisions — which rows are written how, what is embedded once, what is projected
+again after a lost race; the same paths run against the real stack in tests/integration (test_lanes,
+test_rebuild, the fault and property suites)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from typing import Any
+
+import pytest
+
+from ki.acl import GrantedPrincipals
+from ki.settings import load_settings
+from projections.dirty import DirtyKeys
+from projections.rows import DocumentState, VersionState
+from streams.source import AccessBasis, VersionSnapshot
+from streams.sync import MAX_CONFLICT_ROUNDS, Projector
+from streams.writer import BulkOp, BulkResult, ExistingRow
+
+SETTINGS = load_settings(environ={})
+ALICE = GrantedPrincipals(("user:alice",), ())
+BOB = GrantedPrincipals(("user:bob",), ())
+PARAGRAPHS = [
+    f"§ {n} Der Mieter zahlt die Miete für den Monat {n} bis zum dritten Werktag im Voraus auf das Konto "
+    f"des Vermieters. Nebenkosten der Abrechnungsperiode {n} werden gesondert abgerechnet. " * 3
+    for n in range(1, 9)
+]
+TEXT = "\n\n".join(PARAGRAPHS)
+
+
+def snapshot(version_id: int = 11, document_id: int = 1, text: str = TEXT, **document: Any) -> VersionSnapshot:
+    return VersionSnapshot(
+        document=DocumentState(id=document_id, project_id=1, title=f"Mietvertrag {document_id}", **document),
+        version=VersionState(
+            id=version_id,
+            document_id=document_id,
+            version_no=1,
+            status="draft",
+            language="de",
+            doc_date=date(2026, 1, 5),
+            text=text,
+        ),
+        doc_type_ancestors=(),
+        doc_type_label=None,
+        matter_title=None,
+        matter_reference=None,
+        source_object_id=7,
+    )
+
+
+@dataclass
+class Source:
+    """PostgreSQL as of now; `after_read` runs once after the projector read the versions (a commit
+    that lands while the batch is being embedded)."""
+
+    states: dict[int, VersionSnapshot] = field(default_factory=dict)
+    granted: dict[int, GrantedPrincipals] = field(default_factory=dict)
+    access_dirty: set[int] = field(default_factory=set)
+    after_read: Any = None
+
+    def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        asked = keys.content_versions | keys.access_versions
+        dirty_access = self.access_dirty if keys.names_access else set()
+        return {v for v in self.states if v in asked}, {v for v in dirty_access if v in self.states}
+
+    def versions(self, version_ids: Sequence[int]) -> tuple[dict[int, VersionSnapshot], dict[int, GrantedPrincipals]]:
+        found = {v: self.states[v] for v in version_ids if v in self.states}
+        grants = {v: self.granted.get(v, GrantedPrincipals((), ())) for v in found}
+        if self.after_read is not None:
+            change, self.after_read = self.after_read, None
+            change(self)
+        return found, grants
+
+    def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
+        return {v: self.granted.get(v, GrantedPrincipals((), ())) for v in version_ids if v in self.states}
+
+    def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]:
+        # A version gone from PostgreSQL has no grants and no observation (as version_projections answers).
+        return {
+            v: AccessBasis.of(self.granted.get(v), self.states[v].source_object_id)
+            if v in self.states
+            else AccessBasis.of(None, None)
+            for v in version_ids
+        }
+
+
+@dataclass
+class Stored:
+    source: dict[str, Any]
+    embedding: list[float] | None
+    seq_no: int
+
+
+@dataclass
+class Index:
+    """Rows with sequence numbers and OpenSearch's conditional-write rules: a `create` of an existing id
+    and a write conditioned on an old seq_no both conflict. `races[v]` makes version v's next n writes
+    lose as if another writer got there first."""
+
+    rows: dict[str, Stored] = field(default_factory=dict)
+    races: dict[int, int] = field(default_factory=dict)
+    seq: int = 0
+    refreshes: int = 0
+    bulks: list[list[BulkOp]] = field(default_factory=list)
+
+    async def existing_rows(
+        self, version_ids: Iterable[int], *, with_source: Sequence[str] = (), with_doc_values: Sequence[str] = ()
+    ) -> dict[int, dict[str, ExistingRow]]:
+        found: dict[int, dict[str, ExistingRow]] = {int(v): {} for v in version_ids}
+        for doc_id, row in self.rows.items():
+            version_id = int(row.source["document_version_id"])
+            if version_id in found:
+                found[version_id][doc_id] = ExistingRow(
+                    doc_id=doc_id,
+                    seq_no=row.seq_no,
+                    primary_term=1,
+                    content_hash=row.source["meta"]["content_hash"],
+                    access_version=int(row.source.get("access_version") or 0),
+                    source=copy.deepcopy(row.source),
+                )
+        return found
+
+    async def vectors(self, doc_ids: Sequence[str]) -> dict[str, list[float]]:
+        return {d: self.rows[d].embedding for d in doc_ids if d in self.rows and self.rows[d].embedding}  # type: ignore[misc]
+
+    async def reusable_vectors(
+        self, document_ids: Iterable[str], content_hashes: Iterable[str]
+    ) -> dict[str, list[float]]:
+        documents, wanted = set(document_ids), set(content_hashes)
+        return {
+            row.source["meta"]["content_hash"]: row.embedding
+            for row in self.rows.values()
+            if str(row.source["document_id"]) in documents
+            and row.source["meta"]["content_hash"] in wanted
+            and row.embedding is not None
+        }
+
+    async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
+        wanted = {str(v) for v in values}
+        return {int(r.source["document_version_id"]) for r in self.rows.values() if str(r.source[field_name]) in wanted}
+
+    async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
+        self.bulks.append(list(ops))
+        result = BulkResult()
+        for op in ops:
+            version_id = int(op.group)
+            if self.races.get(version_id):
+                self.races[version_id] -= 1
+                result.conflicts.add(op.group)
+                continue
+            current = self.rows.get(op.doc_id)
+            stale = op.if_seq_no is not None and (current is None or current.seq_no != op.if_seq_no)
+            if stale or (op.kind == "create" and current is not None) or (op.kind != "create" and current is None):
+                result.conflicts.add(op.group)
+                continue
+            self.seq += 1
+            body = copy.deepcopy(op.body or {})
+            if op.kind == "delete":
+                del self.rows[op.doc_id]
+            elif op.kind == "update":
+                assert current is not None
+                self.rows[op.doc_id] = Stored({**current.source, **body}, current.embedding, self.seq)
+            else:
+                embedding = body.pop("embedding")
+                self.rows[op.doc_id] = Stored(body, embedding, self.seq)
+            result.written += 1
+        return result
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+
+    def of(self, version_id: int) -> dict[str, Stored]:
+        return {d: r for d, r in self.rows.items() if int(r.source["document_version_id"]) == version_id}
+
+
+class Embedder:
+    """Words as tokens; each call recorded, so a test sees what was embedded and how often."""
+
+    max_tokens = 512
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return [[float(len(t)), 1.0] for t in texts]
+
+    @property
+    def embedded(self) -> int:
+        return sum(len(call) for call in self.calls)
+
+
+def world(*snapshots: VersionSnapshot, **source: Any) -> tuple[Projector, Source, Index, Embedder]:
+    db = Source(states={s.version.id: s for s in snapshots}, **source)
+    index, embedder = Index(), Embedder()
+    return Projector(SETTINGS, db, index, embedder), db, index, embedder  # type: ignore[arg-type]
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def content(*version_ids: int) -> DirtyKeys:
+    return DirtyKeys(content_versions=set(version_ids))
+
+
+def granted_to(*principals: str) -> DirtyKeys:
+    """A grant, membership or alias change naming these principals (the source knows which versions)."""
+    return DirtyKeys(access_principals=set(principals))
+
+
+def test_a_new_version_gets_its_rows_with_vectors_each_distinct_input_embedded_once() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    stats = run(projector.apply(content(11)))
+    rows = index.of(11)
+    assert len(rows) > 2 and all(row.embedding for row in rows.values())
+    assert all(row.source["allowed_principals"] == ["user:alice"] for row in rows.values())
+    distinct_inputs = {row.source["meta"]["content_hash"] for row in rows.values()}
+    assert embedder.embedded == len(distinct_inputs) == stats.rows_embedded
+    assert stats.rows_written == len(rows) and stats.versions_projected == 1
+    # Nothing changed: projecting again writes nothing and embeds nothing.
+    again = run(projector.apply(content(11)))
+    assert (again.rows_written, embedder.embedded) == (0, len(distinct_inputs))
+
+
+def test_the_access_lane_leaves_a_version_without_rows_to_the_content_lane() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    stats = run(projector.apply(content(11), lane="access"))
+    assert index.rows == {} and embedder.calls == [] and stats.rows_written == 0
+
+
+def test_the_access_lane_rewrites_only_the_principals_of_a_version_whose_text_changed() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    before = {d: (r.source["text"], r.embedding) for d, r in index.of(11).items()}
+    embedded = embedder.embedded
+    db.states[11] = snapshot(text="Ein ganz anderer Text über Kündigungsfristen. " * 3)
+    db.granted[11] = BOB
+    stats = run(projector.apply(content(11), lane="access"))
+    after = index.of(11)
+    assert stats.access_versions == 1 and embedder.embedded == embedded
+    assert {d: (r.source["text"], r.embedding) for d, r in after.items()} == before  # text and vectors kept
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in after.values())
+    principal_fields = {"allowed_principals", "denied_principals", "access_version"}
+    assert all(op.kind == "update" and set(op.body or ()) <= principal_fields for op in index.bulks[-1])
+    # The content lane then brings the text and its vectors.
+    run(projector.apply(content(11), lane="content"))
+    assert all(
+        "Kündigungsfristen" in r.source["text"] for r in index.of(11).values() if r.source["chunk_kind"] == "chunk"
+    )
+
+
+def test_an_access_change_updates_the_projection_and_bumps_access_version_without_embedding() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    embedded, versions = embedder.embedded, {r.source["access_version"] for r in index.of(11).values()}
+    db.granted[11], db.access_dirty = BOB, {11}
+    stats = run(projector.apply(granted_to("user:bob"), lane="access"))
+    rows = index.of(11).values()
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in rows)
+    assert {r.source["access_version"] for r in rows} == {max(versions) + 1}
+    assert embedder.embedded == embedded and stats.access_rows_updated == len(rows)
+    # The same grants again: every row already holds them, nothing is written.
+    assert run(projector.apply(granted_to("user:bob"), lane="access")).access_rows_updated == 0
+
+
+def test_a_lost_write_race_refreshes_and_projects_again_without_embedding_again() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    index.races[11] = 1
+    stats = run(projector.apply(content(11)))
+    assert stats.conflict_rounds == 1 and index.refreshes >= 1
+    assert index.of(11) and all(r.embedding for r in index.of(11).values())
+    assert embedder.embedded == len({r.source["meta"]["content_hash"] for r in index.of(11).values()})
+
+
+def test_a_version_that_keeps_losing_fails_the_batch_after_the_bounded_rounds() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    index.races[11] = 10_000
+    with pytest.raises(RuntimeError, match="kept conflicting"):
+        run(projector.apply(content(11)))
+    assert index.refreshes == MAX_CONFLICT_ROUNDS
+
+
+def test_a_grant_committed_while_the_content_was_embedded_is_projected_before_the_batch_ends() -> None:
+    def revoke(db: Source) -> None:
+        db.granted[11] = BOB
+
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE}, after_read=revoke)
+    stats = run(projector.apply(content(11), lane="content"))
+    assert stats.conflict_rounds == 1
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
+
+
+def test_a_new_version_reuses_its_predecessors_vectors_for_repeated_paragraphs() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    first = embedder.embedded
+    amended = snapshot(version_id=12, text=TEXT + "\n\n§ 9 Die Kaution beträgt drei Monatsmieten.")
+    db.states[12] = replace(amended, version=replace(amended.version, version_no=2))
+    stats = run(projector.apply(content(12)))
+    assert stats.rows_reused > 0 and stats.rows_embedded < stats.rows_reused + stats.rows_embedded
+    assert embedder.embedded - first == stats.rows_embedded
+
+
+def test_a_deleted_document_loses_its_rows_found_through_the_index() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    db.states.clear()  # the document and its versions are gone from PostgreSQL
+    stats = run(projector.apply(DirtyKeys(content_documents={1})))
+    assert index.rows == {} and stats.rows_deleted > 0
+
+
+def test_a_soft_deleted_document_loses_its_rows() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    db.states[11] = snapshot(deleted_at=datetime(2026, 2, 1))
+    run(projector.apply(content(11)))
+    assert index.of(11) == {}
+
+
+def test_resolve_sends_a_version_dirtied_both_ways_down_the_content_path_alone() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), access_dirty={11, 12})
+    keys = DirtyKeys(content_versions={11, 99}, access_principals={"group:litigation"})
+    to_content, to_access = run(projector.resolve(keys))
+    # 99 is gone from PostgreSQL but was named by its event: the content path deletes its rows.
+    assert (to_content, to_access) == ({11, 99}, {12})
