@@ -35,6 +35,25 @@ RETIRED: dict[tuple[str, str], str] = {
     ("retrieval", "weight_decisions"): "decision records are searched apart from the legs and never fused",
 }
 
+#: Old name -> new name of a renamed setting (each name says one thing: "identity" is the caller, the
+#: documents a query names are looked up by name; "evidence" is the answer's text budget, the reports
+#: that decide the default mode are the mode gate's). The old name, in a config file or a `KI_*`
+#: variable, still works, with a one-line warning.
+RENAMED: dict[tuple[str, str], tuple[str, str]] = {
+    ("retrieval", "identity_enabled"): ("retrieval", "name_lookup_enabled"),
+    ("retrieval", "identity_max_candidates"): ("retrieval", "name_lookup_max_candidates"),
+    ("retrieval", "identity_max_documents_per_name"): ("retrieval", "name_lookup_max_documents_per_name"),
+    ("retrieval", "identity_max_title_tokens"): ("retrieval", "name_lookup_max_title_tokens"),
+    ("retrieval", "identity_min_title_tokens"): ("retrieval", "name_lookup_min_title_tokens"),
+    ("retrieval", "identity_max_identifier_tokens"): ("retrieval", "name_lookup_max_identifier_tokens"),
+    ("api", "identity_cache_keys"): ("api", "name_cache_keys"),
+    ("api", "identity_cache_max_documents"): ("api", "name_cache_max_documents"),
+    ("retrieval", "expand_max_chunks_per_document"): ("retrieval", "neighbours_max_chunks_per_document"),
+    ("retrieval", "evidence_dir"): ("retrieval", "mode_gate_reports_dir"),
+    ("retrieval", "evidence_significance_level"): ("retrieval", "mode_gate_significance_level"),
+    ("retrieval", "decay_floor"): ("retrieval", "decay_min_weight"),
+}
+
 
 #: A secret setting: never in a repr (so never in a log line that prints settings), redacted by
 #: `Settings.redact`, and readable from a file (`<name>_file`) so it stays out of config.json.
@@ -127,20 +146,20 @@ class RetrievalSettings(_Section):
     # statutes) whose best lexical match for the query is always on the first page -- at its end when the
     # ranking did not put it there; nothing ranked is dropped. None: off.
     authoritative_doc_type: str | None = Field(None, min_length=1)
-    # Identity preflight (search.names.keys): identifiers and exact titles named in the query are resolved
-    # against the caller's scope before ranking; one named document is the top hit, several are reported
-    # as `ambiguous`. A name carried by more than `identity_max_candidates` visible documents (or by more
-    # than `identity_max_documents_per_name` documents at all) is common and names nothing.
-    # Temporal decay: fused score x (floor + (1 - floor) / (1 + age in years)) from doc_date (as of the
+    # Name look-up, the identity preflight (search.names.keys): identifiers and exact titles named in the
+    # query are resolved against the caller's scope before ranking; one named document is the top hit,
+    # several are reported as `ambiguous`. A name carried by more than `name_lookup_max_candidates` visible
+    # documents (or by more than `name_lookup_max_documents_per_name` documents at all) is common and names nothing.
+    # Temporal decay: fused score x (w + (1 - w) / (1 + age in years)), w = decay_min_weight, from doc_date (as of
     # request's `as_of`, else today); off by default -- the dev sets carry no dates to measure it on.
     decay_enabled: bool = False
-    decay_floor: float = Field(0.8, ge=0.0, le=1.0)
+    decay_min_weight: float = Field(0.8, ge=0.0, le=1.0)
     # Synonyms (search.ranking.synonyms): groups of phrases meaning the same; a query containing one gets the others
     # added for the lexical and semantic legs. None: the shipped German list (docs/search-api.md).
     synonyms_enabled: bool = False
     synonyms: list[list[str]] | None = None
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
-    expand_max_chunks_per_document: int = Field(3, ge=1, le=100)
+    neighbours_max_chunks_per_document: int = Field(3, ge=1, le=100)
     # Relevance floor of the semantic leg (search.ranking.floor): a kNN hit whose cosine similarity to the query is
     # below the floor stored for the index's embedding signature is no evidence and leaves before fusion.
     # Cosine ranges differ by model, so the floor is per signature (tuned on train splits by
@@ -150,25 +169,25 @@ class RetrievalSettings(_Section):
     # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
     # A request's `evidence_budget_chars` overrides it.
     evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)
-    identity_enabled: bool = True
-    identity_max_candidates: int = Field(5, ge=1, le=50)
-    identity_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
-    # longest names looked up, in tokens of the identity key; a title shorter than identity_min_title_tokens
+    name_lookup_enabled: bool = True
+    name_lookup_max_candidates: int = Field(5, ge=1, le=50)
+    name_lookup_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
+    # longest names looked up, in tokens of the name key; a title shorter than name_lookup_min_title_tokens
     # names its document only as the whole query (a one-word title inside a query is a topic, not a name)
-    identity_max_title_tokens: int = Field(24, ge=1, le=200)
-    identity_min_title_tokens: int = Field(2, ge=1, le=200)
-    identity_max_identifier_tokens: int = Field(8, ge=1, le=64)
+    name_lookup_max_title_tokens: int = Field(24, ge=1, le=200)
+    name_lookup_min_title_tokens: int = Field(2, ge=1, le=200)
+    name_lookup_max_identifier_tokens: int = Field(8, ge=1, le=64)
     # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)
     # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
     # settings shows hybrid >= lexical (search.ranking.mode_gate). Relative paths start at the repository root.
-    evidence_dir: str = Field("benchmarks", min_length=1)
+    mode_gate_reports_dir: str = Field("benchmarks", min_length=1)
     # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test
     # of the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without
     # that test count every difference.
-    evidence_significance_level: float = Field(0.05, gt=0, le=1)
+    mode_gate_significance_level: float = Field(0.05, gt=0, le=1)
     # The default mode when a request names none: "auto" lets the evidence decide (the deployment's own
-    # `ki eval --self` report first, else the reports in evidence_dir); an operator can pin one instead.
+    # `ki eval --self` report first, else the reports in mode_gate_reports_dir); an operator can pin one instead.
     default_mode: Literal["auto", "hybrid", "lexical", "semantic"] = "auto"
     # How often each API process re-reads the newest `ki eval --self` report from PostgreSQL (seconds):
     # a new report reaches every process on every machine within this time, without a restart.
@@ -420,10 +439,10 @@ class ApiSettings(_Section):
     scope_cache_size: int = Field(4096, ge=0)
     scope_cache_max_ids: int = Field(5_000_000, ge=0)
     scope_cache_max_feed_lag_s: float = Field(5.0, gt=0)
-    # Identity look-up cache (search.names.cache): name keys (0 = off) and documents held across them,
+    # Name look-up cache (search.names.cache): name keys (0 = off) and documents held across them,
     # fed by the scope cache's invalidation feed and used only while it is current (needs the scope cache).
-    identity_cache_keys: int = Field(100_000, ge=0)
-    identity_cache_max_documents: int = Field(200_000, ge=0)
+    name_cache_keys: int = Field(100_000, ge=0)
+    name_cache_max_documents: int = Field(200_000, ge=0)
     # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not at
     # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
@@ -566,6 +585,13 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
         if (section, field) in RETIRED:
             log.warning("%s is ignored: %s.%s was retired (%s)", name, section, field, RETIRED[section, field])
             continue
+        if (section, field) in RENAMED:
+            new_section, new_field = RENAMED[section, field]
+            new_name = f"{ENV_PREFIX}{new_section.upper()}__{new_field.upper()}"
+            if new_name in environ:
+                raise SettingsError(f"{name}: set {new_name} only ({name} is its old name)")
+            log.warning("%s is deprecated: use %s (same meaning)", name, new_name)
+            section, field = new_section, new_field
         section_model = Settings.model_fields.get(section)
         if section_model is None:
             raise SettingsError(f"{name}: unknown settings section {section!r}")
@@ -586,12 +612,26 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
-def _drop_retired(data: dict[str, Any], where: str) -> None:
+def _migrate(data: dict[str, Any], where: str) -> None:
+    """Drop retired settings and move renamed ones to their new names, in place, warning once for each."""
     for (section, field), why in RETIRED.items():
         fields = data.get(section)
         if isinstance(fields, dict) and field in fields:
             del fields[field]
             log.warning("%s: %s.%s is ignored: the setting was retired (%s)", where, section, field, why)
+    for (section, field), (new_section, new_field) in RENAMED.items():
+        fields = data.get(section)
+        if not isinstance(fields, dict) or field not in fields:
+            continue
+        target = data.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # the section's own check names the problem
+        if new_field in target:
+            raise SettingsError(
+                f"config error: {where}: set {new_section}.{new_field} only ({section}.{field} is its old name)"
+            )
+        target[new_field] = fields.pop(field)
+        log.warning("%s: %s.%s is deprecated: use %s.%s (same meaning)", where, section, field, new_section, new_field)
 
 
 def deviations(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -650,7 +690,7 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
     if not isinstance(data, dict):
         raise SettingsError(f"config error: {config_path}: top level must be an object")
     environ.pop("KI_CONFIG", None)
-    _drop_retired(data, str(config_path))
+    _migrate(data, str(config_path))
     for section, fields in _env_overrides(environ).items():
         current = data.setdefault(section, {})
         if not isinstance(current, dict):
@@ -668,6 +708,8 @@ def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> 
 
     `overrides` maps section -> field -> value; an unknown section or field is an error too."""
     data = settings.model_dump(mode="json")
+    overrides = {section: dict(fields) for section, fields in overrides.items()}
+    _migrate(overrides, "override")
     for section, fields in overrides.items():
         current = data.get(section)
         if not isinstance(current, dict):

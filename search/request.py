@@ -166,7 +166,7 @@ class SearchRequest(_Paged):
     expand: bool = Field(
         False,
         description="add each hit's neighbouring body chunks (ordinal ± 1, same version) as `context`; per document "
-        "at most retrieval.expand_max_chunks_per_document chunks in all",
+        "at most retrieval.neighbours_max_chunks_per_document chunks in all",
     )
     as_of: dt.date | None = Field(
         None,

@@ -278,7 +278,7 @@ class SearchService:
         # Decided from the evaluation reports at start-up, then again whenever the deployment's own newest
         # self-eval report changes (`start()` re-reads it every retrieval.self_eval_refresh_s;
         # search.ranking.mode_gate).
-        self.reports = load_reports(settings.retrieval.evidence_dir)
+        self.reports = load_reports(settings.retrieval.mode_gate_reports_dir)
         self.own_evidence: SelfEvidence | None = None
         self.gate = decide(self.reports, settings, embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
@@ -306,8 +306,8 @@ class SearchService:
         if use_cache:
             api = settings.api
             self.scope_cache = ScopeCache(api.scope_cache_size, api.scope_cache_max_ids)
-            if api.identity_cache_keys > 0:
-                self.name_cache = NameCache(api.identity_cache_keys, api.identity_cache_max_documents)
+            if api.name_cache_keys > 0:
+                self.name_cache = NameCache(api.name_cache_keys, api.name_cache_max_documents)
             subscribers: list[ChangeSubscriber] = [self.scope_cache]
             if self.name_cache is not None:
                 subscribers.append(self.name_cache)
@@ -585,13 +585,13 @@ class SearchService:
         """The identity preflight (search.names.keys): the documents the query names, among those the
         caller's scope holds, each with the version its hit would show, verified in SQL like every hit."""
         r = self.settings.retrieval
-        if not r.identity_enabled:
+        if not r.name_lookup_enabled:
             return OFF, {}
         title_keys, identifier_keys = name_grams(
             request.query,
-            max_title_tokens=r.identity_max_title_tokens,
-            min_title_tokens=r.identity_min_title_tokens,
-            max_identifier_tokens=r.identity_max_identifier_tokens,
+            max_title_tokens=r.name_lookup_max_title_tokens,
+            min_title_tokens=r.name_lookup_min_title_tokens,
+            max_identifier_tokens=r.name_lookup_max_identifier_tokens,
         )
         if not title_keys and not identifier_keys:
             return NONE, {}
@@ -603,9 +603,9 @@ class SearchService:
             self.metrics.identity_cache.labels("bypass" if cache is None else "miss" if missing else "hit").inc()
 
         def decide(entries: Mapping[NameKey, Sequence[NamedDocument]]) -> Identity:
-            named, saturated = carried(entries, r.identity_max_documents_per_name)
+            named, saturated = carried(entries, r.name_lookup_max_documents_per_name)
             named = [n for n in named if scope.holds_document(n.document_id, n.project_id)]
-            return resolve(named, r.identity_max_candidates, saturated)
+            return resolve(named, r.name_lookup_max_candidates, saturated)
 
         known = None if missing else decide(cached)
         if known is not None and not known.subjects:
@@ -618,7 +618,7 @@ class SearchService:
                 conn,
                 [k for why, k in missing if why == "title"],
                 [k for why, k in missing if why == "identifier"],
-                r.identity_max_documents_per_name,
+                r.name_lookup_max_documents_per_name,
             )
             identity = known if known is not None else decide({**cached, **found})
             if not identity.subjects:
@@ -756,9 +756,8 @@ class SearchService:
 
     async def expand(self, hits: list[dict[str, Any]]) -> None:
         """Chunk expansion (search.ranking.neighbours): every hit's neighbours, fetched in one `mget`, as `context`."""
-        planned = plan_neighbours(
-            [(h["chunk_id"], h["document_id"]) for h in hits], self.settings.retrieval.expand_max_chunks_per_document
-        )
+        per_document = self.settings.retrieval.neighbours_max_chunks_per_document
+        planned = plan_neighbours([(h["chunk_id"], h["document_id"]) for h in hits], per_document)
         for hit in hits:
             hit["context"] = []
         if not planned:
@@ -892,7 +891,7 @@ class SearchService:
         fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
         fused = apply_boost(fused, r.version_status_boost)
         if r.decay_enabled:
-            fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_floor)
+            fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_min_weight)
         return legs, fused, floor, below_floor
 
     def _record(

@@ -10,7 +10,7 @@ reports, each bound by hashes to what it measured —
 * `ranking_hash`: fusion weights, `rrf_k`, status boosts, chunking and collapse settings (what turns
   the legs into a ranking) —
 
-and the service loads the reports from `retrieval.evidence_dir` at start-up. Semantic is on by default
+and the service loads the reports from `retrieval.mode_gate_reports_dir` at start-up. Semantic is on by default
 only when at least one report matches the service's own embedding signature, analyzer and ranking
 hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
 is keyword-only and every response says why. A request's explicit `mode` is always honoured.
@@ -88,7 +88,7 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
     if retrieval.fusion_method != "rrf":
         fields["fusion_method"] = retrieval.fusion_method
     if retrieval.decay_enabled:
-        fields["decay_floor"] = retrieval.decay_floor
+        fields["decay_floor"] = retrieval.decay_min_weight  # its old name: the hash of reports stays
     if retrieval.semantic_floor_enabled:
         floors = retrieval.semantic_floor
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
@@ -278,7 +278,7 @@ def decide(
 ) -> GateDecision:
     """The operator's pin (`retrieval.default_mode`) if any; else the deployment's own self-eval report
     when it matches these settings; else hybrid iff a matching `ki eval` report exists and none of the
-    matching ones has hybrid < lexical significantly (`retrieval.evidence_significance_level`; a report
+    matching ones has hybrid < lexical significantly (`retrieval.mode_gate_significance_level`; a report
     without a paired test: any difference)."""
     r = settings.retrieval
     if r.weight_semantic <= 0:
@@ -299,7 +299,7 @@ def decide(
             "shows hybrid helps",
         )
     names = tuple(rep.dataset for rep in matching)
-    level = r.evidence_significance_level
+    level = r.mode_gate_significance_level
     below = [rep for rep in matching if rep.hybrid < rep.lexical]
     worse = [rep for rep in below if rep.p_value is None or rep.p_value < level]
     if worse:

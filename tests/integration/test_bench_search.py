@@ -30,7 +30,7 @@ CONCURRENCY = (1, 2)
 SCOPE_SIZES = (10, 120)
 # Small enough that the 120-document scope is split into two `terms` clauses, which OpenSearch must accept.
 MAX_TERMS = 100
-COMPARE = "KI_RETRIEVAL__IDENTITY_ENABLED=false,KI_API__STATS_ENABLED=false"
+COMPARE = "KI_RETRIEVAL__NAME_LOOKUP_ENABLED=false,KI_API__STATS_ENABLED=false"
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_every_level_has_both_sides_with_ordered_percentiles(run: dict[str, Any]
 
 def test_the_compared_api_ran_in_the_same_rounds(run: dict[str, Any]) -> None:
     result = run["file"]
-    assert result["compare_env"] == {"KI_RETRIEVAL__IDENTITY_ENABLED": "false", "KI_API__STATS_ENABLED": "false"}
+    assert result["compare_env"] == {"KI_RETRIEVAL__NAME_LOOKUP_ENABLED": "false", "KI_API__STATS_ENABLED": "false"}
     for level in result["levels"]:
         compare = level["compare"]
         assert compare["api"]["errors"] == 0 and _positive(compare["api"]["p50_ms"]) and _positive(compare["ratio_p50"])

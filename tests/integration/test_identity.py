@@ -55,7 +55,7 @@ def server(isolation: dict[str, str]) -> Iterator[Server]:
 
 
 # anna sees every document of project P; ben only `gutachten_a`; nobody of ours sees project Q.
-# "§ 573 BGB" is carried by six documents of P (a citation, more than identity_max_candidates = 5).
+# "§ 573 BGB" is carried by six documents of P (a citation, more than name_lookup_max_candidates = 5).
 #   key            title                                                  identifiers
 #   miete          Mietvertrag Hauptstraße 5, Berlin – Müller GmbH       V-2023-00417, § 573 BGB
 #   urteil         Urteil Landgericht Berlin, Az. 5 O 1234/22 – …        5 O 1234/22, § 573 BGB   (2 versions)
@@ -187,7 +187,7 @@ def test_the_reason_says_which_name_matched(server: Server, data: Data, settings
     assert body["hits"][0]["match_reason"] == "title"
     assert body["identity"]["outcome"] == "unique"
     assert body["identity"]["subjects"][0]["matched"] == "berufungsbegründung"
-    # A one-word title inside a longer query is a topic, not a name (identity_min_title_tokens = 2).
+    # A one-word title inside a longer query is a topic, not a name (name_lookup_min_title_tokens = 2).
     assert ask(server, data, settings, "anna", "Berufungsbegründung Frist")["identity"]["outcome"] == "none"
 
 
@@ -290,7 +290,7 @@ def test_the_reranker_reorders_the_ranked_head_and_the_identity_hit_stays_first(
 
 
 def test_identity_can_be_switched_off(isolation: dict[str, str], data: Data, settings: Settings) -> None:
-    srv = Server("identity-off-api", **isolation, KI_RETRIEVAL__IDENTITY_ENABLED="false")
+    srv = Server("identity-off-api", **isolation, KI_RETRIEVAL__NAME_LOOKUP_ENABLED="false")
     srv.start()
     try:
         body = ask(srv, data, settings, "anna", "Gutachten zur Mietpreisbremse")
@@ -333,8 +333,8 @@ def test_expand_adds_the_neighbouring_chunks_of_the_same_version(
 def test_expand_cap_decay_and_synonyms(
     isolation: dict[str, str], data: Data, settings: Settings, server: Server
 ) -> None:
-    srv = Server("shaping-api", **isolation, KI_RETRIEVAL__EXPAND_MAX_CHUNKS_PER_DOCUMENT="2",
-                 KI_RETRIEVAL__DECAY_ENABLED="true", KI_RETRIEVAL__DECAY_FLOOR="0.5",
+    srv = Server("shaping-api", **isolation, KI_RETRIEVAL__NEIGHBOURS_MAX_CHUNKS_PER_DOCUMENT="2",
+                 KI_RETRIEVAL__DECAY_ENABLED="true", KI_RETRIEVAL__DECAY_MIN_WEIGHT="0.5",
                  KI_RETRIEVAL__SYNONYMS_ENABLED="true")  # fmt: skip
     srv.start()
     try:

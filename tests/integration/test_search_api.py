@@ -797,7 +797,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
         return answer["mode"], set().union(*(h["explain"]["ranks"] for h in answer["hits"]))
 
     # No report for these settings: keyword-only by default, and the response says why.
-    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__EVIDENCE_DIR=str(reports))
+    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__MODE_GATE_REPORTS_DIR=str(reports))
     srv.start()
     try:
         mode, ran = legs(srv, {})
@@ -821,7 +821,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
         "results": {"lexical": {"ndcg@10": 0.5}, "hybrid": {"ndcg@10": 0.6}},
     }
     (reports / "tiny-de.json").write_text(json.dumps(record))
-    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__EVIDENCE_DIR=str(reports))
+    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__MODE_GATE_REPORTS_DIR=str(reports))
     srv.start()
     try:
         mode, ran = legs(srv, {})

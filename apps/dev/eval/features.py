@@ -33,7 +33,7 @@ class Feature:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("identity", "identity_enabled", touches_lexical=True),
+    Feature("identity", "name_lookup_enabled", touches_lexical=True),
     Feature("synonyms", "synonyms_enabled", touches_lexical=True),
     Feature("semantic_floor", "semantic_floor_enabled", touches_lexical=False),
     Feature("graph_rag", "graph_rag_enabled", touches_lexical=True),

@@ -4,7 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from ki.settings import DEFAULT_CONFIG_PATH, Settings, SettingsError, deviations, load_settings, reference
+from ki.settings import (
+    DEFAULT_CONFIG_PATH,
+    RENAMED,
+    Settings,
+    SettingsError,
+    deviations,
+    load_settings,
+    reference,
+    with_overrides,
+)
 
 SPEC_RETRIEVAL_DEFAULTS = {
     "index_name": "knowledge-index-chunks-v1",
@@ -57,6 +66,39 @@ def test_a_retired_setting_is_ignored_with_one_warning_line(tmp_path: Path, capl
     assert settings.retrieval.fusion_rrf_k == 40 and not hasattr(settings.retrieval, "weight_decisions")
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2 and all("weight_decisions" in w and "\n" not in w for w in warned)
+
+
+def test_a_renamed_setting_still_works_under_its_old_name_with_one_warning_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _write(tmp_path, {"retrieval": {"identity_max_candidates": 7}, "api": {"identity_cache_keys": 10}})
+    with caplog.at_level(logging.WARNING, logger="ki.settings"):
+        settings = load_settings(path, environ={"KI_RETRIEVAL__EVIDENCE_SIGNIFICANCE_LEVEL": "0.01"})
+    assert settings.retrieval.name_lookup_max_candidates == 7 and settings.api.name_cache_keys == 10
+    assert settings.retrieval.mode_gate_significance_level == 0.01
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3 and all("deprecated" in w and "\n" not in w for w in warned)
+    assert any("KI_RETRIEVAL__MODE_GATE_SIGNIFICANCE_LEVEL" in w for w in warned)
+    # A newer variable overrides an older file's old name: the file is migrated first.
+    newer = load_settings(path, environ={"KI_RETRIEVAL__NAME_LOOKUP_MAX_CANDIDATES": "3"})
+    assert newer.retrieval.name_lookup_max_candidates == 3
+    assert with_overrides(settings, {"retrieval": {"decay_floor": 0.5}}).retrieval.decay_min_weight == 0.5
+
+
+def test_a_setting_given_under_both_names_in_one_place_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"retrieval": {"evidence_dir": "a", "mode_gate_reports_dir": "b"}})
+    with pytest.raises(SettingsError, match=r"set retrieval.mode_gate_reports_dir only"):
+        load_settings(path, environ={})
+    both = {"KI_API__IDENTITY_CACHE_KEYS": "1", "KI_API__NAME_CACHE_KEYS": "2"}
+    with pytest.raises(SettingsError, match=r"^KI_API__IDENTITY_CACHE_KEYS: set KI_API__NAME_CACHE_KEYS only"):
+        load_settings(environ=both)
+
+
+def test_every_renamed_setting_points_at_a_setting_and_no_longer_exists_itself() -> None:
+    model = Settings().model_dump()
+    for (section, old), (new_section, new) in RENAMED.items():
+        assert new in model[new_section], f"{section}.{old} -> {new_section}.{new}: no such setting"
+        assert old not in model[section], f"{section}.{old} is still a setting"
 
 
 def test_the_reference_lists_every_setting_with_its_default_and_hides_secrets() -> None:

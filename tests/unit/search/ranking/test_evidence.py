@@ -53,10 +53,10 @@ def test_hashes_change_with_what_they_bind():
     assert ranking_hash(base.retrieval) == ranking_hash(settings(rerank_timeout_s=5).retrieval)
     assert analyzer_hash(base.retrieval) == analyzer_hash(settings(index_name="other").retrieval)
     # Temporal decay binds reports only when it is on (off, it changes no ranking).
-    assert ranking_hash(base.retrieval) == ranking_hash(settings(decay_floor=0.5).retrieval)
+    assert ranking_hash(base.retrieval) == ranking_hash(settings(decay_min_weight=0.5).retrieval)
     decayed = ranking_hash(settings(decay_enabled=True).retrieval)
     assert decayed != ranking_hash(base.retrieval)
-    assert decayed != ranking_hash(settings(decay_enabled=True, decay_floor=0.5).retrieval)
+    assert decayed != ranking_hash(settings(decay_enabled=True, decay_min_weight=0.5).retrieval)
 
 
 def test_hybrid_by_default_when_a_matching_report_shows_it_helps():
@@ -94,7 +94,7 @@ def test_a_loss_that_is_not_significant_keeps_hybrid_and_says_so():
     assert decision.default_mode == "hybrid" and "xquad-de 0.930 < 0.940 not significantly (p 0.400" in decision.reason
     real = {**noisy, "hybrid_vs_lexical": {"p_value": 0.01}}
     assert decide(reports(s, real), s, SIGNATURE).default_mode == "lexical"
-    strict = settings(evidence_significance_level=1.0)  # every difference counts, as before the paired test
+    strict = settings(mode_gate_significance_level=1.0)  # every difference counts, as before the paired test
     counted = {**report_json(strict, lexical=0.94, hybrid=0.93), "hybrid_vs_lexical": {"p_value": 0.4}}
     assert decide(reports(strict, counted), strict, SIGNATURE).default_mode == "lexical"
 
@@ -183,8 +183,9 @@ def test_the_shipped_settings_and_reports_make_hybrid_the_default():
     """The committed `ki eval` reports (benchmarks/) must match the shipped ranking settings: otherwise the
     service silently answers keyword-only (a changed ranking default needs its reports re-measured)."""
     shipped = load_settings(environ={})
-    assert shipped.embedding.model == "multilingual-e5-small" and shipped.retrieval.evidence_dir == "benchmarks"
-    decision = decide(load_reports(shipped.retrieval.evidence_dir), shipped, SIGNATURE)
+    assert shipped.embedding.model == "multilingual-e5-small"
+    assert shipped.retrieval.mode_gate_reports_dir == "benchmarks"
+    decision = decide(load_reports(shipped.retrieval.mode_gate_reports_dir), shipped, SIGNATURE)
     assert decision.default_mode == "hybrid", decision.reason
     assert {"gesetze-headings-dev", "xquad-de"} <= {name.split(" (")[0] for name in decision.reports}
 
