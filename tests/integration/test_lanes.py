@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 from confluent_kafka import TopicPartition
-from opensearchpy import OpenSearch
+from opensearchpy import NotFoundError, OpenSearch
 from sqlalchemy import Engine, text
 
 from ki.clients import make_client, make_kafka_consumer
@@ -53,9 +53,13 @@ def make_documents(engine: Engine, count: int, body: str) -> tuple[str, int, lis
 
 
 def rows_of(search: OpenSearch, index: str, document_id: int) -> list[dict]:
-    search.indices.refresh(index=index)
+    """The document's rows; none while the index does not exist yet (a first worker creates it on start)."""
     body = {"query": {"term": {"document_id": str(document_id)}}, "size": 1000, "_source": {"excludes": ["embedding"]}}
-    return [hit["_source"] for hit in search.search(index=index, body=body)["hits"]["hits"]]
+    try:
+        search.indices.refresh(index=index)
+        return [hit["_source"] for hit in search.search(index=index, body=body)["hits"]["hits"]]
+    except NotFoundError:
+        return []
 
 
 def dlq_end(settings: Settings) -> int:
