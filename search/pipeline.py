@@ -210,7 +210,7 @@ class NamedDocumentFirst(Step):
     filters admit it and the caller may see the version chosen for it."""
 
     name = "identity"
-    fallback = "identity_filtered_out"
+    fallback = FILTERED_OUT = "identity_filtered_out"  # also recorded when the filters or the ACL drop it
 
     def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
         return ctx.identity.unique is not None
@@ -221,7 +221,7 @@ class NamedDocumentFirst(Step):
         hit = await services.identity_hit(ctx.request, ctx.scope, subject, ctx.fused)
         if hit is None or not matches(hit, ctx.identity_verified):
             ctx.identity = replace(ctx.identity, extra={"hit": "filtered_out"})
-            ctx.fallbacks.append(self.fallback or self.name)
+            ctx.fallbacks.append(self.FILTERED_OUT)
             return
         ctx.admit(ctx.identity_verified)
         r = services.settings.retrieval

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import hashlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +22,6 @@ from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, resolve_caller
-from ki.bounded_cache import BoundedCache
 from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
@@ -67,6 +65,7 @@ from search.ranking.legs import (
 )
 from search.ranking.mode_gate import GateDecision, Mode, SelfEvidence, decide, load_reports, load_self_evidence
 from search.ranking.neighbours import plan_neighbours
+from search.ranking.query_vectors import EmbeddingCache
 from search.ranking.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 from search.rate_limit import RateLimiter
@@ -92,20 +91,6 @@ class SemanticUnavailable(RequestInvalid):
 
     def __init__(self, message: str) -> None:
         super().__init__("mode", message)
-
-
-class EmbeddingCache(BoundedCache[str, list[float]]):
-    """Query vectors by sha256(embedder signature + caller + text), LRU-bounded, each entry living `ttl_s`.
-    Per caller (the token's principal set): a hit is ~20 ms faster than a miss, so a shared entry would
-    tell one caller that another asked the same text."""
-
-    def __init__(self, size: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(size, ttl_s=ttl_s, clock=clock)
-
-    @staticmethod
-    def key(signature: str, query: str, caller: Sequence[str] = ()) -> str:
-        who = "\x01".join(sorted({canonical_principal(p) or "" for p in caller}))
-        return hashlib.sha256(f"{signature}\x00{who}\x00{query}".encode()).hexdigest()
 
 
 @dataclass

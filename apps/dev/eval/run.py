@@ -663,7 +663,8 @@ async def evaluate_dataset(
     from ki.clients import make_client
     from ki.embedding import create_embedder
     from search.ranking.mode_gate import binding_for, binding_hash
-    from search.service import EmbeddingCache, SearchService
+    from search.ranking.query_vectors import EmbeddingCache
+    from search.service import SearchService
     from search.web.auth import authenticate, mint_token
 
     began = time.monotonic()

@@ -198,7 +198,8 @@ async def self_evaluate(
     from ki.clients import make_async_engine, make_client
     from ki.embedding import create_embedder
     from search.ranking.mode_gate import binding_for, binding_hash
-    from search.service import EmbeddingCache, SearchService
+    from search.ranking.query_vectors import EmbeddingCache
+    from search.service import SearchService
 
     began = time.monotonic()
     r = settings.retrieval

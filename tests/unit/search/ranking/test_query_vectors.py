@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from search.service import EmbeddingCache
+from search.ranking.query_vectors import EmbeddingCache
 
 
 def test_ttl_and_lru_bound() -> None:
