@@ -283,13 +283,13 @@ def _config(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from ki.exposure import exposure_problem
-    from ki.settings import deviations, reference
+    from ki.settings import changed_names, deviations, reference
 
     if args.what == "print":
         print("\n".join(reference(settings)))
         return 0
     changed = deviations(settings)
-    names = [f"{section}.{field}" for section, fields in changed.items() for field in fields]
+    names = changed_names(changed)
     problems = [p for p in (exposure_problem(settings, "api"), exposure_problem(settings, "mcp")) if p]
     for problem in problems:
         print(f"ki: {problem}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from ki.analysis import ANALYSIS_KINDS, check_analysis
 from ki.errors import SettingsError
@@ -30,8 +31,11 @@ REDACT_MIN_CHARS = 6
 
 log = logging.getLogger(__name__)
 
+#: A setting's place: section, group(s), field -- `("api", "jwt", "secret")` is `api.jwt.secret`, `KI_API__JWT__SECRET`.
+SettingPath = tuple[str, ...]
+
 #: Settings that no longer exist -> why; in a config file or a `KI_*` variable they are dropped with a warning.
-RETIRED: dict[tuple[str, str], str] = {
+RETIRED: dict[SettingPath, str] = {
     ("retrieval", "weight_decisions"): "decision records are searched apart from the legs and never fused",
 }
 
@@ -39,7 +43,7 @@ RETIRED: dict[tuple[str, str], str] = {
 #: documents a query names are looked up by name; "evidence" is the answer's text budget, the reports
 #: that decide the default mode are the mode gate's). The old name, in a config file or a `KI_*`
 #: variable, still works, with a one-line warning.
-RENAMED: dict[tuple[str, str], tuple[str, str]] = {
+RENAMED: dict[SettingPath, SettingPath] = {
     ("retrieval", "identity_enabled"): ("retrieval", "name_lookup_enabled"),
     ("retrieval", "identity_max_candidates"): ("retrieval", "name_lookup_max_candidates"),
     ("retrieval", "identity_max_documents_per_name"): ("retrieval", "name_lookup_max_documents_per_name"),
@@ -89,6 +93,11 @@ class _Section(BaseModel):
                 raise ValueError(f"{name}_file: cannot read {path}: {reason}") from None
             data[name] = text.removesuffix("\n").removesuffix("\r")
         return data
+
+
+class _Group(_Section):
+    """A group of related settings inside a section (`api.jwt`, `retrieval.names`): its own object in
+    config.json, `KI_<SECTION>__<GROUP>__<FIELD>` in the environment; an override names single fields of it."""
 
 
 class TextAnalysis(_Section):
@@ -554,10 +563,8 @@ class Settings(_Section):
 
     def secrets(self) -> list[str]:
         """Every secret value set (passwords, the JWT secret), longest first."""
-        found = []
-        for name in type(self).model_fields:
-            section = getattr(self, name)
-            found += [getattr(section, field) for field in _secret_names(type(section))]
+        dump = self.model_dump()
+        found = [_value(dump, path) for path, secret in _leaves(Settings) if secret]
         return sorted({v for v in found if v}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
@@ -576,28 +583,73 @@ def _is_plain_str(annotation: Any) -> bool:
     return get_origin(annotation) is Literal and all(isinstance(a, str) for a in get_args(annotation))
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
-    overrides: dict[str, dict[str, Any]] = {}
+def _group_model(annotation: Any) -> type[_Group] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, _Group) else None
+
+
+def _field_at(path: SettingPath) -> FieldInfo | None:
+    """The field a path names (`("api", "jwt", "secret")`), walking sections and groups; None: no such setting."""
+    model: type[BaseModel] = Settings
+    info: FieldInfo | None = None
+    for depth, name in enumerate(path):
+        info = model.model_fields.get(name)
+        if info is None:
+            return None
+        inner = info.annotation if depth == 0 else _group_model(info.annotation)  # a section, then groups
+        if depth < len(path) - 1:
+            if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+                return None
+            model = inner
+    return info
+
+
+def dotted(path: SettingPath) -> str:
+    return ".".join(path)
+
+
+def _env_name(path: SettingPath) -> str:
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
+
+
+def _lookup(data: dict[str, Any], path: SettingPath) -> tuple[dict[str, Any] | None, str]:
+    """The dict that holds the path's last name (None where the path does not run through dicts), and that name."""
+    node: Any = data
+    for name in path[:-1]:
+        node = node.get(name) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), path[-1]
+
+
+def _place(data: dict[str, Any], path: SettingPath, value: Any) -> None:
+    node = data
+    for depth, name in enumerate(path[:-1]):
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise SettingsError(f"config error: {dotted(path[: depth + 1])}: must be an object")
+        node = child
+    node[path[-1]] = value
+
+
+def _env_overrides(environ: dict[str, str]) -> list[tuple[SettingPath, Any]]:
+    """`KI_<SECTION>__<FIELD>` / `KI_<SECTION>__<GROUP>__<FIELD>` variables as (path, value)."""
+    overrides: list[tuple[SettingPath, Any]] = []
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
-        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        if (section, field) in RETIRED:
-            log.warning("%s is ignored: %s.%s was retired (%s)", name, section, field, RETIRED[section, field])
+        path = tuple(name[len(ENV_PREFIX) :].lower().split("__"))
+        if path in RETIRED:
+            log.warning("%s is ignored: %s was retired (%s)", name, dotted(path), RETIRED[path])
             continue
-        if (section, field) in RENAMED:
-            new_section, new_field = RENAMED[section, field]
-            new_name = f"{ENV_PREFIX}{new_section.upper()}__{new_field.upper()}"
+        if path in RENAMED:
+            new_name = _env_name(RENAMED[path])
             if new_name in environ:
                 raise SettingsError(f"{name}: set {new_name} only ({name} is its old name)")
             log.warning("%s is deprecated: use %s (same meaning)", name, new_name)
-            section, field = new_section, new_field
-        section_model = Settings.model_fields.get(section)
-        if section_model is None:
-            raise SettingsError(f"{name}: unknown settings section {section!r}")
-        field_info = section_model.annotation.model_fields.get(field)  # type: ignore[union-attr]
+            path = RENAMED[path]
+        field_info = _field_at(path)
         if field_info is None:
-            raise SettingsError(f"{name}: unknown setting {section}.{field}")
+            if Settings.model_fields.get(path[0]) is None:
+                raise SettingsError(f"{name}: unknown settings section {path[0]!r}")
+            raise SettingsError(f"{name}: unknown setting {dotted(path)}")
         value: Any = raw
         if not _is_plain_str(field_info.annotation):
             try:
@@ -607,61 +659,87 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
                 if get_origin(annotation) in (dict, list) or (
                     isinstance(annotation, type) and issubclass(annotation, BaseModel)
                 ):
-                    raise SettingsError(f"{name}: {section}.{field} must be JSON ({exc.msg})") from None
-        overrides.setdefault(section, {})[field] = value
+                    raise SettingsError(f"{name}: {dotted(path)} must be JSON ({exc.msg})") from None
+        overrides.append((path, value))
     return overrides
 
 
 def _migrate(data: dict[str, Any], where: str) -> None:
     """Drop retired settings and move renamed ones to their new names, in place, warning once for each."""
-    for (section, field), why in RETIRED.items():
-        fields = data.get(section)
-        if isinstance(fields, dict) and field in fields:
-            del fields[field]
-            log.warning("%s: %s.%s is ignored: the setting was retired (%s)", where, section, field, why)
-    for (section, field), (new_section, new_field) in RENAMED.items():
-        fields = data.get(section)
-        if not isinstance(fields, dict) or field not in fields:
+    for path, why in RETIRED.items():
+        holder, name = _lookup(data, path)
+        if holder is not None and name in holder:
+            del holder[name]
+            log.warning("%s: %s is ignored: the setting was retired (%s)", where, dotted(path), why)
+    for old, new in RENAMED.items():
+        holder, name = _lookup(data, old)
+        if holder is None or name not in holder:
             continue
-        target = data.setdefault(new_section, {})
-        if not isinstance(target, dict):
-            continue  # the section's own check names the problem
-        if new_field in target:
-            raise SettingsError(
-                f"config error: {where}: set {new_section}.{new_field} only ({section}.{field} is its old name)"
-            )
-        target[new_field] = fields.pop(field)
-        log.warning("%s: %s.%s is deprecated: use %s.%s (same meaning)", where, section, field, new_section, new_field)
+        target, new_name = _lookup(data, new)
+        if target is not None and new_name in target:
+            raise SettingsError(f"config error: {where}: set {dotted(new)} only ({dotted(old)} is its old name)")
+        _place(data, new, holder.pop(name))
+        log.warning("%s: %s is deprecated: use %s (same meaning)", where, dotted(old), dotted(new))
 
 
-def deviations(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The settings that differ from their class defaults, by section (what a minimal config.json holds)."""
-    defaults = Settings().model_dump(mode="json")
-    current = settings.model_dump(mode="json")
-    out: dict[str, dict[str, Any]] = {}
-    for section, fields in current.items():
-        changed = {k: v for k, v in fields.items() if defaults[section].get(k) != v}
-        if changed:
-            out[section] = changed
+def _leaves(model: type[BaseModel], prefix: SettingPath = ()) -> list[tuple[SettingPath, bool]]:
+    """Every setting's path below `model` (groups walked, not listed), and whether it is a secret."""
+    out: list[tuple[SettingPath, bool]] = []
+    secret = set(_secret_names(model))
+    for name, info in model.model_fields.items():
+        group = _group_model(info.annotation) if prefix else None
+        section = info.annotation if not prefix else None
+        if group is not None:
+            out += _leaves(group, (*prefix, name))
+        elif isinstance(section, type) and issubclass(section, BaseModel):
+            out += _leaves(section, (name,))
+        else:
+            out.append(((*prefix, name), name in secret))
     return out
 
 
+def _value(dump: dict[str, Any], path: SettingPath) -> Any:
+    for name in path:
+        dump = dump[name]
+    return dump
+
+
+def deviations(settings: Settings) -> dict[str, Any]:
+    """The settings that differ from their class defaults, nested like config.json (what a minimal one holds)."""
+    defaults = Settings().model_dump(mode="json")
+    current = settings.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for path, _ in _leaves(Settings):
+        if _value(current, path) != _value(defaults, path):
+            _place(out, path, _value(current, path))
+    return out
+
+
+def changed_names(changed: dict[str, Any], prefix: SettingPath = ()) -> list[str]:
+    """The dotted names of the settings in a `deviations` answer."""
+    names: list[str] = []
+    for name, value in changed.items():
+        path = (*prefix, name)
+        field_info = _field_at(path)
+        group = field_info is not None and (len(path) == 1 or _group_model(field_info.annotation) is not None)
+        walk = isinstance(value, dict) and group
+        names += changed_names(value, path) if walk else [dotted(path)]
+    return names
+
+
 def reference(settings: Settings) -> list[str]:
-    """Every setting as `section.field = value`, with its default where the value differs; secrets shown
-    as `***` (set or not is all it tells)."""
+    """Every setting as `section[.group].field = value`, with its default where the value differs; secrets
+    shown as `***` (set or not is all it tells)."""
     defaults = Settings().model_dump(mode="json")
     current = settings.model_dump(mode="json")
     lines: list[str] = []
-    for section, fields in current.items():
-        model = Settings.model_fields[section].annotation
-        secret = set(_secret_names(model)) if isinstance(model, type) and issubclass(model, BaseModel) else set()
-        for field, value in fields.items():
-            shown = "***" if field in secret and value else json.dumps(value, ensure_ascii=False)
-            line = f"{section}.{field} = {shown}"
-            default = defaults[section].get(field)
-            if default != value and field not in secret:
-                line += f"  (default {json.dumps(default, ensure_ascii=False)})"
-            lines.append(line)
+    for path, secret in _leaves(Settings):
+        value, default = _value(current, path), _value(defaults, path)
+        shown = "***" if secret and value else json.dumps(value, ensure_ascii=False)
+        line = f"{dotted(path)} = {shown}"
+        if default != value and not secret:
+            line += f"  (default {json.dumps(default, ensure_ascii=False)})"
+        lines.append(line)
     return lines
 
 
@@ -691,33 +769,41 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
         raise SettingsError(f"config error: {config_path}: top level must be an object")
     environ.pop("KI_CONFIG", None)
     _migrate(data, str(config_path))
-    for section, fields in _env_overrides(environ).items():
-        current = data.setdefault(section, {})
-        if not isinstance(current, dict):
-            raise SettingsError(f"config error: {section}: must be an object")
-        current.update(fields)
+    for setting, value in _env_overrides(environ):
+        _place(data, setting, value)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise SettingsError(_one_line(exc)) from None
 
 
-def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> Settings:
+def _override_paths(overrides: dict[str, Any], prefix: SettingPath = ()) -> list[tuple[SettingPath, Any]]:
+    out: list[tuple[SettingPath, Any]] = []
+    for name, value in overrides.items():
+        path = (*prefix, name)
+        field_info = _field_at(path)
+        if field_info is None:
+            if not prefix:
+                raise SettingsError(f"config error: unknown settings section {name!r}")
+            raise SettingsError(f"config error: unknown setting {dotted(path)}")
+        walk = not prefix or _group_model(field_info.annotation) is not None
+        if walk and not isinstance(value, dict):
+            raise SettingsError(f"config error: {dotted(path)}: must be an object")
+        out += _override_paths(value, path) if walk else [(path, value)]
+    return out
+
+
+def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     """`settings` with single fields replaced, validated like a config file (`model_copy(update=...)`
     would skip validation, so a typo'd or out-of-range override would slip through).
 
-    `overrides` maps section -> field -> value; an unknown section or field is an error too."""
+    `overrides` is nested like config.json (section -> [group ->] field -> value) and names only the
+    fields it replaces; an unknown section, group or field is an error too."""
     data = settings.model_dump(mode="json")
-    overrides = {section: dict(fields) for section, fields in overrides.items()}
+    overrides = json.loads(json.dumps(overrides))  # a copy to migrate in place
     _migrate(overrides, "override")
-    for section, fields in overrides.items():
-        current = data.get(section)
-        if not isinstance(current, dict):
-            raise SettingsError(f"config error: unknown settings section {section!r}")
-        unknown = sorted(set(fields) - set(current))
-        if unknown:
-            raise SettingsError(f"config error: unknown setting {section}.{unknown[0]}")
-        current.update(fields)
+    for setting, value in _override_paths(overrides):
+        _place(data, setting, value)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
