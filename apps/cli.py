@@ -445,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     token = sub.add_parser("token", help="mint a signed bearer token for local use")
-    token.add_argument("--sub", required=True, help="subject: the caller is user:<sub> (api.claims_carry_kinds: "
+    token.add_argument("--sub", required=True, help="subject: the caller is user:<sub> (api.jwt.claims_carry_kinds: "
                        "a kind:name subject is that principal)")  # fmt: skip
     token.add_argument("--groups", default="", help="comma-separated groups (each group:<g>)")
     token.add_argument("--roles", default="", help="comma-separated roles (each role:<r>; operator: timings and "

@@ -3,7 +3,7 @@ reach beyond this machine.
 
 Two of them would hand the service to anyone who can connect:
 
-* the published `api.jwt_secret` (in `config.json` and `ApiSettings`): with HMAC tokens on, anyone who
+* the published `api.jwt.secret` (in `config.json` and `ApiSettings`): with HMAC tokens on, anyone who
   has read this repository signs a token of any subject, an administrator's too;
 * `api.demo_mode`: the console's demo-user picker mints tokens without any sign-in.
 
@@ -20,10 +20,10 @@ import ipaddress
 from typing import Literal
 
 from ki.errors import SettingsError
-from ki.settings import ApiSettings, Settings
+from ki.settings import JwtSettings, Settings
 
 #: The secret that ships (the field's default, the same in config.json): public, so no secret at all.
-PUBLISHED_JWT_SECRET: str = ApiSettings.model_fields["jwt_secret"].default
+PUBLISHED_JWT_SECRET: str = JwtSettings.model_fields["secret"].default
 
 Server = Literal["api", "mcp"]
 
@@ -53,10 +53,10 @@ def exposure_problem(settings: Settings, server: Server = "api") -> str | None:
     if server == "api" and api.demo_mode:
         return (f"refusing to start: api.demo_mode (always on under `ki demo`) hands out tokens without sign-in "
                 f"and {where}; switch api.demo_mode off or bind api.host to 127.0.0.1")  # fmt: skip
-    if api.hmac_enabled and api.jwt_secret == PUBLISHED_JWT_SECRET:
-        return (f"refusing to start: api.jwt_secret is the published default (anyone can sign tokens with it) and "
-                f"{where}; set api.jwt_secret_file (or KI_API__JWT_SECRET) to a secret of your own, set "
-                f"api.hmac_enabled false, or bind {server}.host to 127.0.0.1")  # fmt: skip
+    if api.jwt.enabled and api.jwt.secret == PUBLISHED_JWT_SECRET:
+        return (f"refusing to start: api.jwt.secret is the published default (anyone can sign tokens with it) and "
+                f"{where}; set api.jwt.secret_file (or KI_API__JWT__SECRET) to a secret of your own, set "
+                f"api.jwt.enabled false, or bind {server}.host to 127.0.0.1")  # fmt: skip
     return None
 
 

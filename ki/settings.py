@@ -39,6 +39,12 @@ RETIRED: dict[SettingPath, str] = {
     ("retrieval", "weight_decisions"): "decision records are searched apart from the legs and never fused",
 }
 
+
+def _grouped(section: str, group: str, names: dict[str, str]) -> dict[SettingPath, SettingPath]:
+    """Renames of settings that moved into a group of their section: old field name -> name in the group."""
+    return {(section, old): (section, group, new) for old, new in names.items()}
+
+
 #: Old name -> new name of a renamed setting (each name says one thing: "identity" is the caller, the
 #: documents a query names are looked up by name; "evidence" is the answer's text budget, the reports
 #: that decide the default mode are the mode gate's). The old name, in a config file or a `KI_*`
@@ -56,6 +62,22 @@ RENAMED: dict[SettingPath, SettingPath] = {
     ("retrieval", "evidence_dir"): ("retrieval", "mode_gate_reports_dir"),
     ("retrieval", "evidence_significance_level"): ("retrieval", "mode_gate_significance_level"),
     ("retrieval", "decay_floor"): ("retrieval", "decay_min_weight"),
+    **_grouped(
+        "api",
+        "jwt",
+        {
+            "hmac_enabled": "enabled",
+            "jwt_secret": "secret",
+            "jwt_secret_file": "secret_file",
+            "jwt_algorithm": "algorithm",
+            "jwt_issuer": "issuer",
+            "jwt_audience": "audience",
+            "subject_claim": "subject_claim",
+            "groups_claim": "groups_claim",
+            "roles_claim": "roles_claim",
+            "claims_carry_kinds": "claims_carry_kinds",
+        },
+    ),  # fmt: skip
 }
 
 
@@ -404,17 +426,16 @@ class SecuritySettings(_Section):
     aliases: dict[Principal, Principal] = Field(default_factory=dict)
 
 
-class ApiSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
-    jwt_secret: Secret = Field("change-me-local-only-secret-0123456789", min_length=16)
-    jwt_secret_file: str = ""
-    jwt_algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
-    # HMAC tokens signed with jwt_secret (`ki token`, the demo, tests); switch off where every caller comes
-    # from an identity provider (oidc.*).
-    hmac_enabled: bool = True
-    jwt_issuer: str = "ki-sidecar"
-    jwt_audience: str = "ki-search"
+class JwtSettings(_Group):
+    """The API's own HMAC-signed tokens (`ki token`, the demo, tests); identity providers' tokens are `oidc.*`."""
+
+    # Accept them at all; switch off where every caller comes from an identity provider (oidc.*).
+    enabled: bool = True
+    secret: Secret = Field("change-me-local-only-secret-0123456789", min_length=16)
+    secret_file: str = ""
+    algorithm: Literal["HS256", "HS384", "HS512"] = "HS256"
+    issuer: str = "ki-sidecar"
+    audience: str = "ki-search"
     subject_claim: str = "sub"
     groups_claim: str = "groups"
     roles_claim: str = "roles"
@@ -422,6 +443,12 @@ class ApiSettings(_Section):
     # group that already reads `kind:name` is taken as that principal: only for a signer that writes
     # principals on purpose (else a subject "role:admin" is an administrator).
     claims_carry_kinds: bool = False
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    jwt: JwtSettings = JwtSettings()
     # `GET /metrics` answers a bearer token of an operator (security.operator_principals) or this static
     # token (empty: none), e.g. Prometheus' `credentials_file`; anyone else gets 401/403.
     metrics_token: Secret = ""

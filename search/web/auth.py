@@ -8,8 +8,8 @@ an administrator (only `claims_carry_kinds`, for a signer that writes principals
 `kind:name` value as that principal). A value that then is not a principal (`ki.principals`: well-formed,
 NFC, no letter that case folding would turn into another name, as "anna.ſchmidt" or the Kelvin sign) is
 rejected (401) rather than matching nobody or somebody else. The token must be signed with
-`api.jwt_algorithm` (HMAC; `alg: none` and any other algorithm are rejected), carry a numeric `exp`, match
-`api.jwt_issuer` and `api.jwt_audience`, and name no `crit` extension (we understand none; RFC 7515
+`api.jwt.algorithm` (HMAC; `alg: none` and any other algorithm are rejected), carry a numeric `exp`, match
+`api.jwt.issuer` and `api.jwt.audience`, and name no `crit` extension (we understand none; RFC 7515
 4.1.11); `nbf` and `iat`, when present, are numbers too. Tokens over `api.max_token_bytes` are rejected
 before decoding; claim values must be text PostgreSQL can take (no NUL, valid Unicode, at most 512
 characters).
@@ -83,12 +83,12 @@ def _principals(
 
 
 def principals_from_claims(claims: dict[str, Any], api: ApiSettings) -> list[str]:
-    subject = claims.get(api.subject_claim)
+    subject = claims.get(api.jwt.subject_claim)
     if not isinstance(subject, str) or not subject.strip():
-        raise AuthError(f"claim {api.subject_claim!r} is missing or empty")
-    names = (api.subject_claim, api.groups_claim, api.roles_claim)
-    groups, roles = _values(claims, api.groups_claim), _values(claims, api.roles_claim)
-    return _principals(names, subject, groups, roles, api.claims_carry_kinds)
+        raise AuthError(f"claim {api.jwt.subject_claim!r} is missing or empty")
+    names = (api.jwt.subject_claim, api.jwt.groups_claim, api.jwt.roles_claim)
+    groups, roles = _values(claims, api.jwt.groups_claim), _values(claims, api.jwt.roles_claim)
+    return _principals(names, subject, groups, roles, api.jwt.claims_carry_kinds)
 
 
 def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
@@ -97,11 +97,11 @@ def decode_token(token: str, api: ApiSettings) -> dict[str, Any]:
         return check_times(
             jwt.decode(
                 token,
-                api.jwt_secret,
-                algorithms=[api.jwt_algorithm],
-                issuer=api.jwt_issuer,
-                audience=api.jwt_audience,
-                options={"require": ["exp", "iss", "aud", api.subject_claim]},
+                api.jwt.secret,
+                algorithms=[api.jwt.algorithm],
+                issuer=api.jwt.issuer,
+                audience=api.jwt.audience,
+                options={"require": ["exp", "iss", "aud", api.jwt.subject_claim]},
             )
         )
     except OidcTokenInvalid as exc:
@@ -147,7 +147,7 @@ def principals_from_oidc(claims: dict[str, Any], oidc: OidcSettings) -> list[str
 
 
 class Authenticator:
-    """Who calls: HMAC tokens (`api.jwt_*`, while `api.hmac_enabled`) and, with `oidc.issuer` set, an
+    """Who calls: HMAC tokens (`api.jwt_*`, while `api.jwt.enabled`) and, with `oidc.issuer` set, an
     identity provider's RS256/ES256 tokens (search.web.oidc). The token's own `alg` picks the path, and each
     path accepts only its own algorithms: an RS256 token re-signed as HS256 with the provider's public key
     meets the HMAC secret and fails, `alg: none` fails everywhere."""
@@ -164,8 +164,8 @@ class Authenticator:
             raise AuthError("invalid token: not a JWT") from None
         alg = header.get("alg")
         if alg in HMAC_ALGORITHMS:
-            if not self.api.hmac_enabled:
-                raise AuthError("HMAC-signed tokens are not accepted here (api.hmac_enabled is off)")
+            if not self.api.jwt.enabled:
+                raise AuthError("HMAC-signed tokens are not accepted here (api.jwt.enabled is off)")
             return principals_from_claims(decode_token(token, self.api), self.api)
         if self.jwks is None:
             raise AuthError(f"invalid token: algorithm {alg!r} not accepted (no identity provider configured)")
@@ -188,14 +188,14 @@ def mint_token(
     """A token for local use and tests, signed with the configured secret."""
     issued = int(now if now is not None else time.time())
     claims: dict[str, Any] = {
-        api.subject_claim: subject,
-        "iss": api.jwt_issuer,
-        "aud": api.jwt_audience,
+        api.jwt.subject_claim: subject,
+        "iss": api.jwt.issuer,
+        "aud": api.jwt.audience,
         "iat": issued,
         "exp": issued + ttl_s,
     }
     if groups:
-        claims[api.groups_claim] = groups
+        claims[api.jwt.groups_claim] = groups
     if roles:
-        claims[api.roles_claim] = roles
-    return jwt.encode(claims, api.jwt_secret, algorithm=api.jwt_algorithm)
+        claims[api.jwt.roles_claim] = roles
+    return jwt.encode(claims, api.jwt.secret, algorithm=api.jwt.algorithm)

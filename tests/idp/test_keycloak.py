@@ -256,7 +256,7 @@ def test_with_hmac_off_only_the_provider_signs_and_an_unreachable_provider_fails
     stack: tuple[Server, dict[str, str]], data: Data, provider: Provider, settings: Settings
 ) -> None:
     _, env = stack
-    strict = Server("idp-strict-api", **env, **oidc_env(provider), KI_API__HMAC_ENABLED="false")
+    strict = Server("idp-strict-api", **env, **oidc_env(provider), KI_API__JWT__ENABLED="false")
     nowhere = f"http://127.0.0.1:{free_port()}/realms/ki"
     unreachable = Server("idp-unreachable-api", **env, **oidc_env(provider, KI_OIDC__ISSUER=nowhere))
     strict.start()

@@ -189,7 +189,7 @@ def soak(settings: Settings, engine: Engine) -> Iterator[Soak]:
             for mode in MODES
         }
         search = make_sync_client(settings, timeout_s=60)
-        api = settings.api.model_copy(update={"claims_carry_kinds": True})
+        api = settings.api.model_copy(update={"jwt": settings.api.jwt.model_copy(update={"claims_carry_kinds": True})})
         state = Soak(engine, search, env["KI_RETRIEVAL__INDEX_NAME"], servers, security, api)
         state.freshness_bound_s = (
             settings.api.scope_cache_max_feed_lag_s + 2 * settings.connect.heartbeat_interval_ms / 1000

@@ -287,8 +287,8 @@ def test_a_token_cannot_forge_an_administrator_or_another_users_name(
         status, body = server.call("/v1/search", {"query": data.word}, mint_token(settings.api, look_alike))
         assert (status, body["error"]) == (401, "unauthorized"), look_alike
     now = int(time.time())
-    claims = {"sub": data.user("bob"), "iss": settings.api.jwt_issuer, "aud": settings.api.jwt_audience}
-    secret = settings.api.jwt_secret
+    claims = {"sub": data.user("bob"), "iss": settings.api.jwt.issuer, "aud": settings.api.jwt.audience}
+    secret = settings.api.jwt.secret
     crit = pyjwt.encode({**claims, "exp": now + 60}, secret, algorithm="HS256", headers={"crit": ["x-policy"]})
     string_exp = pyjwt.encode({**claims, "exp": str(now + 60)}, secret, algorithm="HS256")
     for refused in (crit, string_exp):

@@ -111,7 +111,7 @@ def _b64(data: dict[str, Any]) -> str:
 
 
 def _claims(api: Any, **over: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"sub": "alice", "iss": api.jwt_issuer, "aud": api.jwt_audience}
+    base: dict[str, Any] = {"sub": "alice", "iss": api.jwt.issuer, "aud": api.jwt.audience}
     base["exp"] = int(time.time()) + 300
     base.update(over)
     return {k: v for k, v in base.items() if v is not None}
@@ -128,7 +128,7 @@ def assert_clean_error(status: int, content_type: str, payload: bytes, expected:
 
 def test_broken_tokens_are_401_with_json(server: Server, settings: Settings) -> None:
     api = settings.api
-    secret, alg = api.jwt_secret, api.jwt_algorithm
+    secret, alg = api.jwt.secret, api.jwt.algorithm
     tokens = {
         "expired": jwt.encode(_claims(api, exp=int(time.time()) - 60), secret, algorithm=alg),
         "wrong signature": jwt.encode(_claims(api), "not-the-secret-not-the-secret!!", algorithm=alg),

@@ -35,7 +35,7 @@ def test_a_secret_is_read_from_its_file_and_a_bad_file_is_one_line(tmp_path: Pat
     assert settings(KI_DATABASE__PASSWORD_FILE=str(secret)).database.password == "from-a-file-0815"
     key = tmp_path / "jwt"
     key.write_text("a-jwt-secret-of-32-characters-xx")
-    assert settings(KI_API__JWT_SECRET_FILE=str(key)).api.jwt_secret == "a-jwt-secret-of-32-characters-xx"
+    assert settings(KI_API__JWT__SECRET_FILE=str(key)).api.jwt.secret == "a-jwt-secret-of-32-characters-xx"
     with pytest.raises(SettingsError) as err:
         settings(KI_OPENSEARCH__PASSWORD_FILE=str(tmp_path / "missing"))
     assert str(err.value) == f"config error: opensearch.password_file: cannot read {tmp_path / 'missing'}: " \
@@ -46,7 +46,7 @@ def test_secrets_never_appear_in_a_repr_and_are_redacted() -> None:
     s = settings(KI_DATABASE__PASSWORD="pg-secret-4711", KI_OPENSEARCH__USERNAME="ki",
                  KI_OPENSEARCH__PASSWORD="os-secret-4712", **SASL)  # fmt: skip
     shown = repr(s) + str(s.database) + str(s.kafka) + str(s.opensearch)
-    for secret in ("pg-secret-4711", "os-secret-4712", "kafka-pass-123", s.api.jwt_secret):
+    for secret in ("pg-secret-4711", "os-secret-4712", "kafka-pass-123", s.api.jwt.secret):
         assert secret not in shown
     line = "connection to postgresql://ki:pg-secret-4711@db failed; sasl kafka-pass-123"
     assert s.redact(line) == "connection to postgresql://ki:***@db failed; sasl ***"

@@ -26,7 +26,7 @@ def settings(server: str = "api", host: str = "0.0.0.0", **api: object) -> Setti
 
 
 def test_the_published_secret_is_the_one_the_shipped_configuration_has() -> None:
-    shipped = load_settings(environ={}).api.jwt_secret
+    shipped = load_settings(environ={}).api.jwt.secret
     assert shipped == PUBLISHED_JWT_SECRET == "change-me-local-only-secret-0123456789"
 
 
@@ -42,35 +42,35 @@ def test_loopback_hosts(host: str) -> None:
 def test_other_hosts_refuse_the_published_secret(host: str) -> None:
     assert not is_loopback(host)
     problem = exposure_problem(settings(host=host))
-    assert problem is not None and "api.jwt_secret" in problem and "api.host" in problem and "\n" not in problem
+    assert problem is not None and "api.jwt.secret" in problem and "api.host" in problem and "\n" not in problem
     assert PUBLISHED_JWT_SECRET not in problem
     mcp = exposure_problem(settings("mcp", host=host), "mcp")
-    assert mcp is not None and "api.jwt_secret" in mcp and "mcp.host" in mcp
+    assert mcp is not None and "api.jwt.secret" in mcp and "mcp.host" in mcp
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
 def test_a_secret_of_our_own_or_no_hmac_tokens_may_listen_anywhere(host: str) -> None:
-    assert settings(jwt_secret=OWN_SECRET).api.jwt_secret == OWN_SECRET
-    assert exposure_problem(settings(host=host, jwt_secret=OWN_SECRET)) is None
-    assert exposure_problem(settings(host=host, hmac_enabled=False)) is None
-    assert exposure_problem(settings("mcp", host=host, jwt_secret=OWN_SECRET), "mcp") is None
-    assert exposure_problem(settings("mcp", host=host, hmac_enabled=False), "mcp") is None
+    assert settings(jwt__secret=OWN_SECRET).api.jwt.secret == OWN_SECRET
+    assert exposure_problem(settings(host=host, jwt__secret=OWN_SECRET)) is None
+    assert exposure_problem(settings(host=host, jwt__enabled=False)) is None
+    assert exposure_problem(settings("mcp", host=host, jwt__secret=OWN_SECRET), "mcp") is None
+    assert exposure_problem(settings("mcp", host=host, jwt__enabled=False), "mcp") is None
 
 
 def test_the_published_secret_read_from_a_file_is_still_the_published_secret(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_text(PUBLISHED_JWT_SECRET + "\n")
-    assert exposure_problem(settings(jwt_secret_file=str(path))) is not None
+    assert exposure_problem(settings(jwt__secret_file=str(path))) is not None
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
 def test_demo_mode_is_refused_off_loopback_whatever_the_secret(host: str) -> None:
-    for api in ({}, {"jwt_secret": OWN_SECRET}, {"hmac_enabled": False}):
+    for api in ({}, {"jwt__secret": OWN_SECRET}, {"jwt__enabled": False}):
         problem = exposure_problem(settings(host=host, demo_mode=True, **api))
         assert problem is not None and "api.demo_mode" in problem and "api.host" in problem, api
-    assert exposure_problem(settings(host=host, demo_mode=False, hmac_enabled=False)) is None
+    assert exposure_problem(settings(host=host, demo_mode=False, jwt__enabled=False)) is None
     # The MCP server has no console and no demo picker: only the secret counts there.
-    assert exposure_problem(settings("mcp", host=host, demo_mode=True, jwt_secret=OWN_SECRET), "mcp") is None
+    assert exposure_problem(settings("mcp", host=host, demo_mode=True, jwt__secret=OWN_SECRET), "mcp") is None
 
 
 def test_the_api_host_does_not_decide_for_the_mcp_server_or_back() -> None:
@@ -94,7 +94,7 @@ def test_ki_serve_on_all_interfaces_with_the_published_secret_refuses_to_start(w
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ki: refusing to start:"), result.stderr
-    assert "api.jwt_secret" in lines[0] and "api.host" in lines[0]
+    assert "api.jwt.secret" in lines[0] and "api.host" in lines[0]
 
 
 def test_ki_mcp_on_all_interfaces_with_the_published_secret_refuses_to_start() -> None:

@@ -1,14 +1,17 @@
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from ki.settings import (
     DEFAULT_CONFIG_PATH,
     RENAMED,
     Settings,
     SettingsError,
+    _Group,
     deviations,
     load_settings,
     reference,
@@ -94,21 +97,34 @@ def test_a_setting_given_under_both_names_in_one_place_is_an_error(tmp_path: Pat
         load_settings(environ=both)
 
 
+def _exists(dump: dict, path: tuple[str, ...]) -> bool:
+    for name in path:
+        if not isinstance(dump, dict) or name not in dump:
+            return False
+        dump = dump[name]
+    return True
+
+
 def test_every_renamed_setting_points_at_a_setting_and_no_longer_exists_itself() -> None:
     model = Settings().model_dump()
-    for (section, old), (new_section, new) in RENAMED.items():
-        assert new in model[new_section], f"{section}.{old} -> {new_section}.{new}: no such setting"
-        assert old not in model[section], f"{section}.{old} is still a setting"
+    for old, new in RENAMED.items():
+        assert _exists(model, new), f"{old} -> {new}: no such setting"
+        assert not _exists(model, old), f"{old} is still a setting"
+        assert new not in RENAMED, f"{old} -> {new} -> {RENAMED.get(new)}: point at the newest name"
+
+
+def _count_settings(model: BaseModel, top: bool = True) -> int:
+    values = [getattr(model, name) for name in type(model).model_fields]
+    return sum(_count_settings(v, False) if top or isinstance(v, _Group) else 1 for v in values)
 
 
 def test_the_reference_lists_every_setting_with_its_default_and_hides_secrets() -> None:
-    settings = load_settings(environ={"KI_API__JWT_SECRET": "a-secret-of-our-own-0123456789"})
+    settings = load_settings(environ={"KI_API__JWT__SECRET": "a-secret-of-our-own-0123456789"})
     lines = reference(settings)
-    model = Settings().model_dump(mode="json")
-    assert len(lines) == sum(len(fields) for fields in model.values())
+    assert len(lines) == _count_settings(Settings())
     assert 'retrieval.fusion_method = "minmax"  (default "rrf")' in lines
     assert "retrieval.fusion_rrf_k = 60" in lines
-    assert "api.jwt_secret = ***" in lines and not any("a-secret-of-our-own" in line for line in lines)
+    assert "api.jwt.secret = ***" in lines and not any("a-secret-of-our-own" in line for line in lines)
 
 
 def test_config_json_keeps_the_spec_retrieval_defaults() -> None:
@@ -130,13 +146,13 @@ def test_env_overrides_scalar_and_map() -> None:
             "KI_RETRIEVAL__FUSION_RRF_K": "10",
             "KI_RETRIEVAL__VERSION_STATUS_BOOST": '{"final": 2.0}',
             "KI_SECURITY__SOURCE_ACL_MODE": "intersect",
-            "KI_API__JWT_SECRET": "1234567890123456789",
+            "KI_API__JWT__SECRET": "1234567890123456789",
         }
     )
     assert settings.retrieval.fusion_rrf_k == 10
     assert settings.retrieval.version_status_boost == {"final": 2.0}
     assert settings.security.source_acl_mode == "intersect"
-    assert settings.api.jwt_secret == "1234567890123456789"
+    assert settings.api.jwt.secret == "1234567890123456789"
 
 
 @pytest.mark.parametrize(
@@ -203,7 +219,38 @@ def test_ki_config_check_lists_deviations_and_fails_on_an_unsafe_exposure(
     monkeypatch.setenv("KI_API__HOST", "0.0.0.0")
     assert main(["config", "check"]) == 2
     captured = capsys.readouterr()
-    assert "api.host" in captured.out and "api.jwt_secret" in captured.err and len(captured.err.splitlines()) == 1
+    assert "api.host" in captured.out and "api.jwt.secret" in captured.err and len(captured.err.splitlines()) == 1
     monkeypatch.setenv("KI_API__PORT", "not-a-port")
     assert main(["config", "check"]) == 2
     assert "api.port" in capsys.readouterr().err
+
+
+def test_a_group_is_an_object_in_the_file_a_double_underscore_path_in_the_environment_and_overridden_by_field(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _write(tmp_path, {"api": {"jwt": {"issuer": "firm-idp", "audience": "firm-api"}}})
+    settings = load_settings(path, environ={"KI_API__JWT__SECRET": "a-secret-of-our-own-0123456789"})
+    assert (settings.api.jwt.issuer, settings.api.jwt.audience) == ("firm-idp", "firm-api")
+    assert settings.api.jwt.secret == "a-secret-of-our-own-0123456789"
+    # An override names single fields: the group's other fields stay.
+    off = with_overrides(settings, {"api": {"jwt": {"enabled": False}}})
+    assert not off.api.jwt.enabled and off.api.jwt.issuer == "firm-idp"
+    assert deviations(off)["api"] == {"jwt": {"enabled": False, "issuer": "firm-idp", "audience": "firm-api",
+                                              "secret": "a-secret-of-our-own-0123456789"}}  # fmt: skip
+    # The flat names from before the group still work, with one warning line each.
+    flat = _write(tmp_path, {"api": {"jwt_issuer": "old-idp", "hmac_enabled": False}})
+    with caplog.at_level(logging.WARNING, logger="ki.settings"):
+        old = load_settings(flat, environ={"KI_API__JWT_AUDIENCE": "old-api"})
+    assert (old.api.jwt.issuer, old.api.jwt.audience, old.api.jwt.enabled) == ("old-idp", "old-api", False)
+    assert len(caplog.records) == 3 and any("KI_API__JWT__AUDIENCE" in r.getMessage() for r in caplog.records)
+    for bad, named in [
+        ({"KI_API__JWT__NOPE": "1"}, "unknown setting api.jwt.nope"),
+        ({"KI_API__JWT__ENABLED__MORE": "1"}, "unknown setting api.jwt.enabled.more"),
+        ({"KI_API__JWT__ALGORITHM": "RS256"}, "api.jwt.algorithm"),
+    ]:
+        with pytest.raises(SettingsError, match=re.escape(named)):
+            load_settings(environ=bad)
+    with pytest.raises(SettingsError, match=r"unknown setting api\.jwt\.nope"):
+        with_overrides(settings, {"api": {"jwt": {"nope": 1}}})
+    with pytest.raises(SettingsError, match=r"api\.jwt: must be an object"):
+        with_overrides(settings, {"api": {"jwt": "off"}})

@@ -174,7 +174,7 @@ def test_alg_none_and_a_public_key_used_as_hmac_secret_are_rejected() -> None:
     signature = base64.urlsafe_b64encode(hmac.new(public_pem, header + b"." + body, hashlib.sha256).digest())
     swapped = (header + b"." + body + b"." + signature.rstrip(b"=")).decode()
     assert "invalid token" in rejected(auth, swapped)  # met the HMAC secret, which is not the public key
-    off = authenticator(provider, api=API.model_copy(update={"hmac_enabled": False}))
+    off = authenticator(provider, api=API.model_copy(update={"jwt": API.jwt.model_copy(update={"enabled": False})}))
     assert "not accepted here" in rejected(off, swapped)
     assert "not accepted here" in rejected(off, mint_token(API, "alice"))  # HMAC off: even a good one
     assert run(auth, mint_token(API, "alice")) == ["user:alice"]  # HMAC on: local tokens still work

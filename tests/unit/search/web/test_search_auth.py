@@ -7,7 +7,7 @@ import time
 import jwt
 import pytest
 
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, JwtSettings
 from search.web.auth import AuthError, authenticate, mint_token
 
 API = ApiSettings()
@@ -30,13 +30,13 @@ def test_a_subject_is_always_a_user_and_a_group_always_a_group(subject: str) -> 
 
 
 def test_a_signer_that_writes_principals_says_so_in_the_settings() -> None:
-    api = ApiSettings(claims_carry_kinds=True)
+    api = ApiSettings(jwt=JwtSettings(claims_carry_kinds=True))
     token = mint_token(api, "svc:indexer", groups=["ad:finance", "legal"])
     assert authenticate(bearer(token), api) == ["svc:indexer", "ad:finance", "group:legal"]
 
 
 def test_custom_claim_names() -> None:
-    api = ApiSettings(subject_claim="email", groups_claim="grp", roles_claim="rl")
+    api = ApiSettings(jwt=JwtSettings(subject_claim="email", groups_claim="grp", roles_claim="rl"))
     token = mint_token(api, "a@b.de", groups=["g"], roles=["r"])
     assert authenticate(bearer(token), api) == ["user:a@b.de", "group:g", "role:r"]
 
@@ -49,7 +49,7 @@ def test_missing_or_malformed_header(header: str | None) -> None:
 
 def claims(**over: object) -> dict[str, object]:
     now = int(time.time())
-    base: dict[str, object] = {"sub": "alice", "iss": API.jwt_issuer, "aud": API.jwt_audience, "exp": now + 60}
+    base: dict[str, object] = {"sub": "alice", "iss": API.jwt.issuer, "aud": API.jwt.audience, "exp": now + 60}
     base.update(over)
     return {k: v for k, v in base.items() if v is not None}
 
@@ -57,15 +57,15 @@ def claims(**over: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     "token",
     [
-        jwt.encode(claims(exp=int(time.time()) - 5), API.jwt_secret, algorithm="HS256"),  # expired
-        jwt.encode(claims(iss="someone-else"), API.jwt_secret, algorithm="HS256"),
-        jwt.encode(claims(aud="other-api"), API.jwt_secret, algorithm="HS256"),
-        jwt.encode(claims(exp=None), API.jwt_secret, algorithm="HS256"),  # no expiry
-        jwt.encode(claims(sub=None), API.jwt_secret, algorithm="HS256"),
+        jwt.encode(claims(exp=int(time.time()) - 5), API.jwt.secret, algorithm="HS256"),  # expired
+        jwt.encode(claims(iss="someone-else"), API.jwt.secret, algorithm="HS256"),
+        jwt.encode(claims(aud="other-api"), API.jwt.secret, algorithm="HS256"),
+        jwt.encode(claims(exp=None), API.jwt.secret, algorithm="HS256"),  # no expiry
+        jwt.encode(claims(sub=None), API.jwt.secret, algorithm="HS256"),
         jwt.encode(claims(), "another-secret-another-secret-xx", algorithm="HS256"),
-        jwt.encode(claims(), API.jwt_secret, algorithm="HS512"),  # not the configured algorithm
+        jwt.encode(claims(), API.jwt.secret, algorithm="HS512"),  # not the configured algorithm
         jwt.encode(claims(), None, algorithm="none"),  # unsigned
-        jwt.encode(claims(groups=[1, 2]), API.jwt_secret, algorithm="HS256"),  # malformed principals
+        jwt.encode(claims(groups=[1, 2]), API.jwt.secret, algorithm="HS256"),  # malformed principals
     ],
 )
 def test_invalid_tokens_are_rejected(token: str) -> None:
@@ -94,12 +94,12 @@ def test_a_claim_that_folding_would_merge_with_another_name_is_rejected(
 @pytest.mark.parametrize(
     "token",
     [
-        jwt.encode(claims(), API.jwt_secret, algorithm="HS256", headers={"crit": ["b64"], "b64": True}),
-        jwt.encode(claims(), API.jwt_secret, algorithm="HS256", headers={"crit": ["x-unknown"]}),
-        jwt.encode(claims(exp=str(int(time.time()) + 60)), API.jwt_secret, algorithm="HS256"),
-        jwt.encode(claims(exp=True), API.jwt_secret, algorithm="HS256"),
-        jwt.encode(claims(nbf=str(int(time.time()) - 60)), API.jwt_secret, algorithm="HS256"),
-        jwt.encode(claims(iat="yesterday"), API.jwt_secret, algorithm="HS256"),
+        jwt.encode(claims(), API.jwt.secret, algorithm="HS256", headers={"crit": ["b64"], "b64": True}),
+        jwt.encode(claims(), API.jwt.secret, algorithm="HS256", headers={"crit": ["x-unknown"]}),
+        jwt.encode(claims(exp=str(int(time.time()) + 60)), API.jwt.secret, algorithm="HS256"),
+        jwt.encode(claims(exp=True), API.jwt.secret, algorithm="HS256"),
+        jwt.encode(claims(nbf=str(int(time.time()) - 60)), API.jwt.secret, algorithm="HS256"),
+        jwt.encode(claims(iat="yesterday"), API.jwt.secret, algorithm="HS256"),
     ],
     ids=["crit-b64", "crit-unknown", "exp-string", "exp-bool", "nbf-string", "iat-string"],
 )

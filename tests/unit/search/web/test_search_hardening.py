@@ -72,10 +72,10 @@ def test_gate_wait_times_out_with_503() -> None:
 
 
 def signed(**claims: object) -> str:
-    base: dict[str, object] = {"sub": "alice", "iss": API.jwt_issuer, "aud": API.jwt_audience}
+    base: dict[str, object] = {"sub": "alice", "iss": API.jwt.issuer, "aud": API.jwt.audience}
     base["exp"] = int(time.time()) + 60
     base.update(claims)
-    return jwt.encode(base, API.jwt_secret, algorithm=API.jwt_algorithm)
+    return jwt.encode(base, API.jwt.secret, algorithm=API.jwt.algorithm)
 
 
 @pytest.mark.parametrize(
