@@ -40,6 +40,12 @@ RETIRED: dict[SettingPath, str] = {
 }
 
 
+_LIMITS_FIELDS = ("max_body_bytes", "max_query_chars", "max_limit", "max_filter_values", "max_token_bytes",
+                 "max_traverse_depth", "max_traverse_fanout", "max_related", "max_scope_filter_bytes",
+                 "max_concurrent_requests", "max_queued_requests", "queue_timeout_s")  # fmt: skip
+_STATS_FIELDS = ("enabled", "store_query_text", "retention_days", "max_rows", "buffer_rows", "batch_rows", "flush_s")
+
+
 def _grouped(section: str, group: str, names: dict[str, str]) -> dict[SettingPath, SettingPath]:
     """Renames of settings that moved into a group of their section: old field name -> name in the group."""
     return {(section, old): (section, group, new) for old, new in names.items()}
@@ -56,12 +62,35 @@ RENAMED: dict[SettingPath, SettingPath] = {
     ("retrieval", "identity_max_title_tokens"): ("retrieval", "name_lookup_max_title_tokens"),
     ("retrieval", "identity_min_title_tokens"): ("retrieval", "name_lookup_min_title_tokens"),
     ("retrieval", "identity_max_identifier_tokens"): ("retrieval", "name_lookup_max_identifier_tokens"),
-    ("api", "identity_cache_keys"): ("api", "name_cache_keys"),
-    ("api", "identity_cache_max_documents"): ("api", "name_cache_max_documents"),
+    ("api", "identity_cache_keys"): ("api", "caches", "name_keys"),
+    ("api", "identity_cache_max_documents"): ("api", "caches", "name_max_documents"),
+    ("api", "name_cache_keys"): ("api", "caches", "name_keys"),
+    ("api", "name_cache_max_documents"): ("api", "caches", "name_max_documents"),
     ("retrieval", "expand_max_chunks_per_document"): ("retrieval", "neighbours_max_chunks_per_document"),
     ("retrieval", "evidence_dir"): ("retrieval", "mode_gate_reports_dir"),
     ("retrieval", "evidence_significance_level"): ("retrieval", "mode_gate_significance_level"),
     ("retrieval", "decay_floor"): ("retrieval", "decay_min_weight"),
+    **_grouped("api", "limits", {name: name for name in _LIMITS_FIELDS}),
+    **_grouped("api", "limits", {"rate_limit_per_s": "rate_per_s", "rate_limit_burst": "rate_burst"}),
+    **_grouped(
+        "api",
+        "caches",
+        {
+            "embedding_cache_size": "embedding_size",
+            "embedding_cache_ttl_s": "embedding_ttl_s",
+            "scope_cache_size": "scope_size",
+            "scope_cache_max_ids": "scope_max_ids",
+            "scope_cache_max_feed_lag_s": "scope_max_feed_lag_s",
+        },
+    ),  # fmt: skip
+    **_grouped("api", "stats", {f"stats_{name}": name for name in _STATS_FIELDS}),
+    **_grouped("api", "audit", {"audit_enabled": "enabled", "audit_retention_days": "retention_days"}),
+    **_grouped("api", "ops", {"metrics_token": "metrics_token", "metrics_token_file": "metrics_token_file"}),
+    **_grouped(
+        "api",
+        "ops",
+        {"ops_window_s": "window_s", "ops_scrape_timeout_s": "scrape_timeout_s", "ops_lane_urls": "lane_urls"},
+    ),  # fmt: skip
     **_grouped(
         "api",
         "jwt",
@@ -445,74 +474,104 @@ class JwtSettings(_Group):
     claims_carry_kinds: bool = False
 
 
-class ApiSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
-    jwt: JwtSettings = JwtSettings()
-    # `GET /metrics` answers a bearer token of an operator (security.operator_principals) or this static
-    # token (empty: none), e.g. Prometheus' `credentials_file`; anyone else gets 401/403.
-    metrics_token: Secret = ""
-    metrics_token_file: str = ""
+class LimitsSettings(_Group):
+    """What one request may ask for, and how much load the API takes before it refuses."""
+
     max_body_bytes: int = Field(65_536, ge=1024)
     max_query_chars: int = Field(2_000, ge=1)
     max_limit: int = Field(100, ge=1, le=500)
     max_filter_values: int = Field(100, ge=1)
-    max_concurrent_requests: int = Field(64, ge=1)
-    # Per caller (principal set, per process): a token bucket of `rate_limit_burst` requests refilled at
-    # `rate_limit_per_s` (0: no limit); an empty bucket is 429 with Retry-After (search.rate_limit).
-    rate_limit_per_s: float = Field(20.0, ge=0)
-    rate_limit_burst: int = Field(100, ge=1)
-    # Overload: at most this many requests wait for a slot (more: 429), none longer than queue_timeout_s (503).
-    max_queued_requests: int = Field(64, ge=0)
-    queue_timeout_s: float = Field(10.0, gt=0)
     # A bearer token longer than this is rejected (401) before any decoding (aiohttp itself refuses header
     # fields over 8190 bytes, hence the ceiling).
     max_token_bytes: int = Field(4096, ge=256, le=8000)
-    embedding_cache_ttl_s: int = Field(600, ge=0)
-    embedding_cache_size: int = Field(1024, ge=0)
-    # Scope cache (search.access.scope_cache): entries (callers + scopes; 0 = off) and ids held across all scopes
-    # (8 bytes each), used only while its CDC invalidation feed is at most this far behind PostgreSQL.
-    scope_cache_size: int = Field(4096, ge=0)
-    scope_cache_max_ids: int = Field(5_000_000, ge=0)
-    scope_cache_max_feed_lag_s: float = Field(5.0, gt=0)
-    # Name look-up cache (search.names.cache): name keys (0 = off) and documents held across them,
-    # fed by the scope cache's invalidation feed and used only while it is current (needs the scope cache).
-    name_cache_keys: int = Field(100_000, ge=0)
-    name_cache_max_documents: int = Field(200_000, ge=0)
-    # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not at
-    # all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
-    max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
-    # Retrieval statistics (search.telemetry.stats): one row per ranked query in ki_search_stats, written in batches
-    # (buffer bounded; a full buffer drops the oldest), kept stats_retention_days and at most stats_max_rows;
-    # the query text only when stats_store_query_text (queries can name clients and matters).
-    stats_enabled: bool = True
-    stats_store_query_text: bool = False
-    stats_retention_days: int = Field(30, ge=1, le=3650)
-    stats_max_rows: int = Field(1_000_000, ge=1)
-    stats_buffer_rows: int = Field(10_000, ge=1)
-    stats_batch_rows: int = Field(200, ge=1)
-    stats_flush_s: float = Field(1.0, gt=0, le=3600)
-    # The access audit (search.telemetry.audit): one row per /v1 request and MCP tool call in ki_access_audit (who,
-    # which endpoint, status, the documents the answer named), written in batches like the statistics,
-    # kept audit_retention_days, read by administrators (`GET /v1/audit`).
-    audit_enabled: bool = True
-    audit_retention_days: int = Field(365, ge=1, le=3650)
-    # Relations (search.documents.read, search.documents.graph): how deep `POST /v1/traverse` may go, how many edges it
-    # follows out of one document at most, and how many related documents one answer lists at most.
+    # Relations (search.documents.read, search.documents.graph): how deep `POST /v1/traverse` may go, how many
+    # edges it follows out of one document at most, and how many related documents one answer lists at most.
     max_traverse_depth: int = Field(3, ge=1, le=10)
     max_traverse_fanout: int = Field(50, ge=1, le=1000)
     max_related: int = Field(200, ge=1, le=10_000)
+    # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not
+    # at all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
+    max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
+    # Overload: at most max_concurrent_requests run, at most max_queued_requests wait for a slot (more:
+    # 429), none longer than queue_timeout_s (503).
+    max_concurrent_requests: int = Field(64, ge=1)
+    max_queued_requests: int = Field(64, ge=0)
+    queue_timeout_s: float = Field(10.0, gt=0)
+    # Per caller (principal set, per process): a token bucket of `rate_burst` requests refilled at
+    # `rate_per_s` (0: no limit); an empty bucket is 429 with Retry-After (search.rate_limit).
+    rate_per_s: float = Field(20.0, ge=0)
+    rate_burst: int = Field(100, ge=1)
+
+
+class CachesSettings(_Group):
+    """The API's in-process caches; each one's size 0 switches it off."""
+
+    # Query vectors (search.ranking.query_vectors): entries and their time to live.
+    embedding_size: int = Field(1024, ge=0)
+    embedding_ttl_s: int = Field(600, ge=0)
+    # Scope cache (search.access.scope_cache): entries (callers + scopes) and ids held across all scopes
+    # (8 bytes each), used only while its CDC invalidation feed is at most this far behind PostgreSQL.
+    scope_size: int = Field(4096, ge=0)
+    scope_max_ids: int = Field(5_000_000, ge=0)
+    scope_max_feed_lag_s: float = Field(5.0, gt=0)
+    # Name look-up cache (search.names.cache): name keys and documents held across them, fed by the scope
+    # cache's invalidation feed and used only while it is current (needs the scope cache).
+    name_keys: int = Field(100_000, ge=0)
+    name_max_documents: int = Field(200_000, ge=0)
+
+
+class StatsSettings(_Group):
+    """Retrieval statistics (search.telemetry.stats): one row per ranked query in ki_search_stats, written in
+    batches (buffer bounded; a full buffer drops the oldest), kept retention_days and at most max_rows; the
+    query text only when store_query_text (queries can name clients and matters). The access audit is
+    written in batches of the same sizes."""
+
+    enabled: bool = True
+    store_query_text: bool = False
+    retention_days: int = Field(30, ge=1, le=3650)
+    max_rows: int = Field(1_000_000, ge=1)
+    buffer_rows: int = Field(10_000, ge=1)
+    batch_rows: int = Field(200, ge=1)
+    flush_s: float = Field(1.0, gt=0, le=3600)
+
+
+class AuditSettings(_Group):
+    """The access audit (search.telemetry.audit): one row per /v1 request and MCP tool call in ki_access_audit
+    (who, which endpoint, status, the documents the answer named), kept retention_days, read by administrators
+    (`GET /v1/audit`)."""
+
+    enabled: bool = True
+    retention_days: int = Field(365, ge=1, le=3650)
+
+
+class OpsSettings(_Group):
+    """What operators read: `GET /metrics` and the operations dashboard (search.telemetry.ops)."""
+
+    # `GET /metrics` answers a bearer token of an operator (security.operator_principals) or this static
+    # token (empty: none), e.g. Prometheus' `credentials_file`; anyone else gets 401/403.
+    metrics_token: Secret = ""
+    metrics_token_file: str = ""
+    # The dashboard's window: commit -> visible quantiles and request rates over the last this many seconds.
+    window_s: float = Field(300.0, ge=10, le=86_400)
+    # How long the dashboard waits for a lane's /metrics before showing it as down.
+    scrape_timeout_s: float = Field(2.0, gt=0, le=60)
+    # Each sync lane's /metrics for the dashboard ({"content": url, "access": url}); empty: the lanes on this
+    # machine at streams.web_port and streams.access_web_port.
+    lane_urls: dict[str, str] = Field(default_factory=dict)
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
     # The console (`/console`, search.web.console): in demo mode only, a picker of the demo users that mints
     # local tokens -- anyone who reaches the API can then act as anyone, so never on a shared machine.
     demo_mode: bool = False
-    # The operations dashboard's window: commit -> visible quantiles and request rates over the last
-    # this many seconds (search.telemetry.ops).
-    ops_window_s: float = Field(300.0, ge=10, le=86_400)
-    # How long the dashboard waits for a lane's /metrics before showing it as down.
-    ops_scrape_timeout_s: float = Field(2.0, gt=0, le=60)
-    # Each sync lane's /metrics for the dashboard ({"content": url, "access": url}); empty: the lanes on this
-    # machine at streams.web_port and streams.access_web_port.
-    ops_lane_urls: dict[str, str] = Field(default_factory=dict)
+    jwt: JwtSettings = JwtSettings()
+    limits: LimitsSettings = LimitsSettings()
+    caches: CachesSettings = CachesSettings()
+    stats: StatsSettings = StatsSettings()
+    audit: AuditSettings = AuditSettings()
+    ops: OpsSettings = OpsSettings()
 
 
 OidcAlgorithm = Literal["RS256", "ES256"]

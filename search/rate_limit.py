@@ -1,8 +1,8 @@
 """A rate limit per caller: a token bucket per principal set (the token's principals, canonical, sorted).
 
 Against bisection: whatever a single answer hides, a caller who may ask without limit can
-probe one hypothesis per request. Each caller's bucket holds `api.rate_limit_burst` requests and refills at
-`api.rate_limit_per_s`; a request that finds it empty is refused with 429 and `Retry-After` (whole
+probe one hypothesis per request. Each caller's bucket holds `api.limits.rate_burst` requests and refills at
+`api.limits.rate_per_s`; a request that finds it empty is refused with 429 and `Retry-After` (whole
 seconds until one request's worth has refilled), before any work is done. 0 per second: no limit.
 
 Per process: `ki serve --workers N` gives each worker its own buckets (a caller whose requests the kernel
@@ -23,7 +23,7 @@ from ki.principals import canonical_principal
 
 
 class RateLimited(TransientError):
-    """A caller asked faster than `api.rate_limit_per_s` (HTTP 429, `Retry-After: retry_after_s`)."""
+    """A caller asked faster than `api.limits.rate_per_s` (HTTP 429, `Retry-After: retry_after_s`)."""
 
     def __init__(self, retry_after_s: int) -> None:
         self.retry_after_s = retry_after_s

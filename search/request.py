@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ki.errors import RequestInvalid
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, LimitsSettings
 from projections.text import normalise_text
 
 MAX_RANKED_WINDOW = 500
@@ -40,10 +40,11 @@ class WindowTooDeep(RequestInvalid):
         super().__init__("offset", message)
 
 
-def _api(info: ValidationInfo) -> ApiSettings:
+def _limits(info: ValidationInfo) -> LimitsSettings:
+    """The request limits of the API validating (its settings in the context), else the defaults."""
     context = info.context or {}
     api = context.get("api")
-    return api if isinstance(api, ApiSettings) else ApiSettings()
+    return api.limits if isinstance(api, ApiSettings) else LimitsSettings()
 
 
 def _as_list(value: Any) -> Any:
@@ -67,7 +68,7 @@ def _bounded_list(value: list[Any] | None, info: ValidationInfo) -> list[Any] | 
         return None
     if not value:
         raise ValueError("must not be an empty list (omit the filter instead)")
-    limit = _api(info).max_filter_values
+    limit = _limits(info).max_filter_values
     if len(value) > limit:
         raise ValueError(f"at most {limit} values allowed, got {len(value)}")
     for v in value:
@@ -128,7 +129,7 @@ class _Window(BaseModel):
     @field_validator("limit")
     @classmethod
     def _limit(cls, value: int, info: ValidationInfo) -> int:
-        limit = _api(info).max_limit
+        limit = _limits(info).max_limit
         if value > limit:
             raise ValueError(f"must be at most {limit}")
         return value
@@ -146,7 +147,7 @@ class _Paged(_Window):
 def _check_query(value: str, info: ValidationInfo, blank_hint: str) -> str:
     if not value.strip():
         raise ValueError(f"must not be blank{blank_hint}")
-    limit = _api(info).max_query_chars
+    limit = _limits(info).max_query_chars
     if len(value) > limit:
         raise ValueError(f"at most {limit} characters allowed, got {len(value)}")
     # The same normalisation as every indexed text (NFC, soft hyphens, space variants...).
@@ -226,10 +227,6 @@ class DecisionSearchRequest(_Window):
 RelationKind = Literal["supersedes", "annex_of", "responds_to", "references", "thread"]  # ki.db.models
 
 
-def _api_limit(info: ValidationInfo, name: str) -> int:
-    return int(getattr(_api(info), name))
-
-
 class _Relations(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -252,12 +249,12 @@ class _Relations(BaseModel):
 class RelatedRequest(_Relations):
     """`GET /v1/documents/{id}/related?kinds=references,annex_of&direction=both&limit=50`."""
 
-    limit: int = Field(50, ge=1, description="at most this many edges (api.max_related)")
+    limit: int = Field(50, ge=1, description="at most this many edges (api.limits.max_related)")
 
     @field_validator("limit")
     @classmethod
     def _limit(cls, value: int, info: ValidationInfo) -> int:
-        limit = _api_limit(info, "max_related")
+        limit = _limits(info).max_related
         if value > limit:
             raise ValueError(f"must be at most {limit}")
         return value
@@ -268,9 +265,11 @@ class TraverseRequest(_Relations):
 
     start: list[Id] = Field(..., description="document ids to start from")
     direction: Literal["outgoing", "incoming", "both"] = "outgoing"
-    depth: int = Field(1, ge=1, description="edges deep (at most api.max_traverse_depth)")
+    depth: int = Field(1, ge=1, description="edges deep (at most api.limits.max_traverse_depth)")
     max_fanout: int | None = Field(
-        None, ge=1, description="edges followed out of one document (default and maximum api.max_traverse_fanout)"
+        None,
+        ge=1,
+        description="edges followed out of one document (default and maximum api.limits.max_traverse_fanout)",
     )
 
     @field_validator("start", mode="before")
@@ -286,17 +285,17 @@ class TraverseRequest(_Relations):
     @field_validator("depth")
     @classmethod
     def _depth(cls, value: int, info: ValidationInfo) -> int:
-        limit = _api_limit(info, "max_traverse_depth")
+        limit = _limits(info).max_traverse_depth
         if value > limit:
-            raise ValueError(f"must be at most {limit} (api.max_traverse_depth)")
+            raise ValueError(f"must be at most {limit} (api.limits.max_traverse_depth)")
         return value
 
     @field_validator("max_fanout")
     @classmethod
     def _fanout(cls, value: int | None, info: ValidationInfo) -> int | None:
-        limit = _api_limit(info, "max_traverse_fanout")
+        limit = _limits(info).max_traverse_fanout
         if value is not None and value > limit:
-            raise ValueError(f"must be at most {limit} (api.max_traverse_fanout)")
+            raise ValueError(f"must be at most {limit} (api.limits.max_traverse_fanout)")
         return value
 
 

@@ -256,8 +256,8 @@ class SearchService:
         self.settings, self.engine, self.client, self.embedder = settings, engine, client, embedder
         # The re-verify's connections (`ki.clients.make_async_engine(generic_plans=True)` in the API).
         self.verify_engine = verify_engine or engine
-        self.cache = EmbeddingCache(settings.api.embedding_cache_size, settings.api.embedding_cache_ttl_s)
-        self.limiter = RateLimiter(settings.api.rate_limit_per_s, settings.api.rate_limit_burst)
+        self.cache = EmbeddingCache(settings.api.caches.embedding_size, settings.api.caches.embedding_ttl_s)
+        self.limiter = RateLimiter(settings.api.limits.rate_per_s, settings.api.limits.rate_burst)
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
         # Decided from the evaluation reports at start-up, then again whenever the deployment's own newest
@@ -268,10 +268,10 @@ class SearchService:
         self.gate = decide(self.reports, settings, embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
         # Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests).
-        self.filter_budget: int | None = settings.api.max_scope_filter_bytes
+        self.filter_budget: int | None = settings.api.limits.max_scope_filter_bytes
         # The scope cache and its feed (search.access.scope_cache, search.access.invalidation); `start()`
         # starts the feed.
-        use_cache = settings.api.scope_cache_size > 0 if scope_cache is None else scope_cache
+        use_cache = settings.api.caches.scope_size > 0 if scope_cache is None else scope_cache
         self.scope_cache: ScopeCache | None = None
         self.name_cache: NameCache | None = None
         self.feed: InvalidationFeed | None = None
@@ -282,17 +282,17 @@ class SearchService:
             self.synonym_groups = r.synonyms if r.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
         # Retrieval statistics (search.telemetry.stats): buffered here, written by `start()`'s background task.
         self.stats: StatsRecorder | None = None
-        if settings.api.stats_enabled:
+        if settings.api.stats.enabled:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
         # The access audit (search.telemetry.audit): a row per request, recorded by the HTTP API and the MCP server.
         self.audit: AuditLog | None = None
-        if settings.api.audit_enabled:
+        if settings.api.audit.enabled:
             self.audit = AuditLog(engine, settings.api, on_dropped=lambda n: self.metrics.audit_dropped.inc(n))
         if use_cache:
             api = settings.api
-            self.scope_cache = ScopeCache(api.scope_cache_size, api.scope_cache_max_ids)
-            if api.name_cache_keys > 0:
-                self.name_cache = NameCache(api.name_cache_keys, api.name_cache_max_documents)
+            self.scope_cache = ScopeCache(api.caches.scope_size, api.caches.scope_max_ids)
+            if api.caches.name_keys > 0:
+                self.name_cache = NameCache(api.caches.name_keys, api.caches.name_max_documents)
             subscribers: list[ChangeSubscriber] = [self.scope_cache]
             if self.name_cache is not None:
                 subscribers.append(self.name_cache)
@@ -348,7 +348,7 @@ class SearchService:
     def scope_cache_state(self) -> dict[str, Any]:
         """For `/readyz`: whether the scope cache is in use, and why not."""
         if self.scope_cache is None or self.feed is None:
-            return {"enabled": False, "usable": False, "reason": "api.scope_cache_size is 0"}
+            return {"enabled": False, "usable": False, "reason": "api.caches.scope_size is 0"}
         health = self.feed.health()
         lag = None if health.lag_s is None else round(health.lag_s, 3)
         return {"enabled": True, "usable": health.usable, "reason": health.reason, "feed_lag_s": lag}
@@ -899,7 +899,7 @@ class SearchService:
             reason=reason,
             fallbacks=fallbacks,
             took_ms=took_ms,
-            query=request.query if self.settings.api.stats_store_query_text else None,
+            query=request.query if self.settings.api.stats.store_query_text else None,
         )
         self.metrics.observe_query(stats)
         if self.stats is not None:
@@ -1014,7 +1014,7 @@ class SearchService:
         def run(conn: Connection) -> dict[str, Any]:
             return documents.run_traversal(
                 conn, principals, security, request.start, kinds=request.kinds, direction=request.direction,
-                depth=request.depth, fanout=request.max_fanout or api.max_traverse_fanout,
+                depth=request.depth, fanout=request.max_fanout or api.limits.max_traverse_fanout,
             )  # fmt: skip
 
         async with self.verify_engine.connect() as conn:

@@ -14,7 +14,7 @@ current, i.e. all of these hold:
 
 * the feed thread is polling (its last poll is recent);
 * every partition it follows is caught up: at its end at the last poll, or its last event was committed
-  in PostgreSQL no longer than `api.scope_cache_max_feed_lag_s` ago (an upper bound of its lag);
+  in PostgreSQL no longer than `api.caches.scope_max_feed_lag_s` ago (an upper bound of its lag);
 * Debezium is alive: its heartbeat (a row it writes every `connect.heartbeat_interval_ms`) was committed
   within two heartbeat intervals plus that lag -- otherwise PostgreSQL may hold changes no topic carries yet.
 
@@ -90,7 +90,7 @@ class InvalidationFeed:
         self.settings, self.subscribers, self.clock = settings, tuple(subscribers), clock
         self.scope_topics = [topic_name(prefix, t) for t in SCOPE_TABLES]
         self.heartbeat_topic = topic_name(prefix, HEARTBEAT_TABLE)
-        self.max_lag_s = settings.api.scope_cache_max_feed_lag_s
+        self.max_lag_s = settings.api.caches.scope_max_feed_lag_s
         self.heartbeat_bound_s = 2 * settings.connect.heartbeat_interval_ms / 1000 + self.max_lag_s
         self.on_event = on_event or (lambda table: None)
         self._stop = threading.Event()

@@ -5,7 +5,7 @@ A scope holds the visible projects and documents, the *hidden versions* that a p
 principal projection would otherwise let through (every hidden version of a visible document, and the
 versions an allow grant of the caller reaches that the caller still may not see), and the caller's
 principals that grants name. The filter every leg carries is chosen per request, first that fits within
-`api.max_scope_filter_bytes`:
+`api.limits.max_scope_filter_bytes`:
 
 * **exact** -- `terms` on the scope's document and project ids, minus the hidden versions: the filter
   *is* the scope, as fresh as PostgreSQL;

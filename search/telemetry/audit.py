@@ -3,7 +3,7 @@
 `mcp:<tool>`), the status, and the ids of the documents the answer named. What compliance asks after an
 incident: who saw which document when, and who kept asking about things they may not see.
 
-Rows are written in batches off the request path (`search.telemetry.batches`), kept `api.audit_retention_days`, and
+Rows are written in batches off the request path (`search.telemetry.batches`), kept `api.audit.retention_days`, and
 read back by administrators only (`GET /v1/audit`). A row is lost only when PostgreSQL refuses the write
 or the buffer overflows; both are logged and counted (`ki_audit_rows_dropped_total`).
 """
@@ -70,7 +70,7 @@ class AuditLog(BatchWriter[AccessRecord]):
                 for r in rows
             ]
             await conn.execute(_INSERT, params)
-            await conn.execute(_EXPIRE, {"days": api.audit_retention_days})
+            await conn.execute(_EXPIRE, {"days": api.audit.retention_days})
 
         super().__init__(engine, "access audit", write, **batch_limits(api), on_dropped=on_dropped)
 

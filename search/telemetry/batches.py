@@ -23,8 +23,8 @@ Row = TypeVar("Row")
 
 
 def batch_limits(api: ApiSettings) -> dict[str, Any]:
-    """The buffer and batch settings every writer of the API's own rows shares (`api.stats_*`)."""
-    return {"buffer_rows": api.stats_buffer_rows, "batch_rows": api.stats_batch_rows, "flush_s": api.stats_flush_s}
+    """The buffer and batch settings every writer of the API's own rows shares (`api.stats.*`)."""
+    return {"buffer_rows": api.stats.buffer_rows, "batch_rows": api.stats.batch_rows, "flush_s": api.stats.flush_s}
 
 
 class BatchWriter(Generic[Row]):

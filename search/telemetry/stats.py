@@ -5,10 +5,10 @@ aggregated by `GET /v1/stats` (administrators only).
 Per query: the legs' hit sources among the page (lexical only, semantic only, both; the identifier leg
 counts as lexical), the legs' top scores, the identity outcome, the empty-answer reason, fallbacks taken
 (the scope cache bypassed, a superset scope filter that ran out of rounds, a named document outside the
-filters), and the query text only with `api.stats_store_query_text`. Recording never slows or fails a
+filters), and the query text only with `api.stats.store_query_text`. Recording never slows or fails a
 search: rows are buffered (bounded) and written in batches by a background task; a failed write is
-logged, counted and dropped. Retention: rows older than `api.stats_retention_days` and beyond
-`api.stats_max_rows` are deleted as rows are written.
+logged, counted and dropped. Retention: rows older than `api.stats.retention_days` and beyond
+`api.stats.max_rows` are deleted as rows are written.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class StatsRecorder(BatchWriter[QueryStats]):
     def __init__(self, engine: AsyncEngine, api: ApiSettings, on_dropped: Any = None) -> None:
         async def write(conn: AsyncConnection, rows: list[QueryStats]) -> None:
             await conn.execute(_INSERT, [{**asdict(r), "fallbacks": list(r.fallbacks)} for r in rows])
-            await conn.execute(_EXPIRE, {"days": api.stats_retention_days, "max_rows": api.stats_max_rows})
+            await conn.execute(_EXPIRE, {"days": api.stats.retention_days, "max_rows": api.stats.max_rows})
 
         super().__init__(engine, "search statistics", write, **batch_limits(api), on_dropped=on_dropped)
 

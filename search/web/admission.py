@@ -1,5 +1,5 @@
-"""Admission control: at most `api.max_concurrent_requests` searches run at once, at most
-`api.max_queued_requests` wait for a slot, and none waits longer than `api.queue_timeout_s`.
+"""Admission control: at most `api.limits.max_concurrent_requests` searches run at once, at most
+`api.limits.max_queued_requests` wait for a slot, and none waits longer than `api.limits.queue_timeout_s`.
 
 Overload is answered at once instead of queueing without bound (which would grow memory and latency
 until the process falls over): a full queue is `Overloaded(429)`, a wait that timed out `Overloaded(503)`.

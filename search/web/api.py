@@ -297,7 +297,7 @@ async def ops_handler(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     if not await service.is_admin(principals):
         raise Forbidden("the operations overview is for administrators (security.admin_principals)")
-    index_error = await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops_scrape_timeout_s)
+    index_error = await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
     return web.json_response(await request.app[OPS_KEY].read(service.metrics.exposition, index_error))
 
 
@@ -320,15 +320,15 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """`GET /metrics` for operators only: index sizes and every tenant's access-change counts are not a
-    caller's business. Prometheus sends the static `api.metrics_token` (its `credentials_file`), people
+    caller's business. Prometheus sends the static `api.ops.metrics_token` (its `credentials_file`), people
     an operator's or administrator's token."""
     service = request.app[SERVICE_KEY]
-    static = request.app[SETTINGS_KEY].api.metrics_token
+    static = request.app[SETTINGS_KEY].api.ops.metrics_token
     sent = request.headers.get("Authorization", "")
     by_static_token = bool(static) and hmac.compare_digest(sent.encode(), f"Bearer {static}".encode())
     if not by_static_token and not service.is_operator(await _principals(request)):
-        raise Forbidden("metrics are for operators (security.operator_principals) and api.metrics_token")
-    await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops_scrape_timeout_s)
+        raise Forbidden("metrics are for operators (security.operator_principals) and api.ops.metrics_token")
+    await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
     body = service.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
@@ -373,9 +373,9 @@ async def instrument(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 def lane_metrics_urls(settings: Settings) -> dict[str, str]:
-    """Each sync lane's /metrics: `api.ops_lane_urls`, else the local lanes' ports."""
-    if settings.api.ops_lane_urls:
-        return dict(settings.api.ops_lane_urls)
+    """Each sync lane's /metrics: `api.ops.lane_urls`, else the local lanes' ports."""
+    if settings.api.ops.lane_urls:
+        return dict(settings.api.ops.lane_urls)
     return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in ("content", "access")}
 
 
@@ -383,15 +383,18 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
     app = web.Application(
         middlewares=[instrument, security_headers, audit, errors, admission],
-        client_max_size=settings.api.max_body_bytes,
+        client_max_size=settings.api.limits.max_body_bytes,
     )
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
     app[AUTH_KEY] = Authenticator(settings.api, settings.oidc)
-    app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops_window_s, settings.api.ops_scrape_timeout_s)
-    api = settings.api
+    app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops.window_s, settings.api.ops.scrape_timeout_s)
+    limits = settings.api.limits
     app[GATE_KEY] = AdmissionGate(
-        api.max_concurrent_requests, api.max_queued_requests, api.queue_timeout_s, on_change=service.metrics.admission
+        limits.max_concurrent_requests,
+        limits.max_queued_requests,
+        limits.queue_timeout_s,
+        on_change=service.metrics.admission,
     )
     app.router.add_post("/v1/search", search_handler)
     app.router.add_post("/v1/search/filter", filter_handler)

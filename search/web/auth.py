@@ -1,5 +1,5 @@
 """Bearer-token authentication: a signed JWT names the caller; principals never come from the body.
-Two kinds of signer: the HMAC secret of `api.jwt_*` (below) and an OpenID Connect provider (search.web.oidc);
+Two kinds of signer: the HMAC secret of `api.jwt.*` (below) and an OpenID Connect provider (search.web.oidc);
 `Authenticator` tells them apart by the token's algorithm.
 
 Principals: the subject claim becomes `user:<sub>`, each group claim value `group:<g>`, each role claim
@@ -10,7 +10,7 @@ NFC, no letter that case folding would turn into another name, as "anna.ſchmidt
 rejected (401) rather than matching nobody or somebody else. The token must be signed with
 `api.jwt.algorithm` (HMAC; `alg: none` and any other algorithm are rejected), carry a numeric `exp`, match
 `api.jwt.issuer` and `api.jwt.audience`, and name no `crit` extension (we understand none; RFC 7515
-4.1.11); `nbf` and `iat`, when present, are numbers too. Tokens over `api.max_token_bytes` are rejected
+4.1.11); `nbf` and `iat`, when present, are numbers too. Tokens over `api.limits.max_token_bytes` are rejected
 before decoding; claim values must be text PostgreSQL can take (no NUL, valid Unicode, at most 512
 characters).
 """
@@ -127,8 +127,8 @@ def bearer_token(authorization: str | None, api: ApiSettings) -> str:
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("authorization header must be 'Bearer <token>'")
-    if len(token.strip()) > api.max_token_bytes:
-        raise AuthError(f"token longer than {api.max_token_bytes} bytes")
+    if len(token.strip()) > api.limits.max_token_bytes:
+        raise AuthError(f"token longer than {api.limits.max_token_bytes} bytes")
     return token.strip()
 
 
@@ -147,7 +147,7 @@ def principals_from_oidc(claims: dict[str, Any], oidc: OidcSettings) -> list[str
 
 
 class Authenticator:
-    """Who calls: HMAC tokens (`api.jwt_*`, while `api.jwt.enabled`) and, with `oidc.issuer` set, an
+    """Who calls: HMAC tokens (`api.jwt.*`, while `api.jwt.enabled`) and, with `oidc.issuer` set, an
     identity provider's RS256/ES256 tokens (search.web.oidc). The token's own `alg` picks the path, and each
     path accepts only its own algorithms: an RS256 token re-signed as HS256 with the provider's public key
     meets the HMAC secret and fails, `alg: none` fails everywhere."""

@@ -97,7 +97,7 @@ class Server(Child):
         self.port = free_port()
         # No per-caller rate limit unless a test asks for one: tests that fire requests as fast as they can
         # must not race it (test_search_hardening's tight server tests it).
-        env = {"KI_API__RATE_LIMIT_PER_S": "0", **env}
+        env = {"KI_API__LIMITS__RATE_PER_S": "0", **env}
         super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env})
         self.base = f"http://127.0.0.1:{self.port}"
 

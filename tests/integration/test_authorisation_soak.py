@@ -98,7 +98,7 @@ NAMES_OF = [tuple(principal(n, w) for n in NAMES) for w in range(WORLDS)]  # eac
 SECURITY_ENV = {
     "KI_SECURITY__ADMIN_PRINCIPALS": json.dumps(["role:admin", f" {CHIEF.upper()} "]),
     # The soak's tokens carry its principals (kind:name) in `sub` and `groups`.
-    "KI_API__CLAIMS_CARRY_KINDS": "true",
+    "KI_API__JWT__CLAIMS_CARRY_KINDS": "true",
     "KI_SECURITY__ALIASES": json.dumps(
         {principal("strasse", 0): principal("g1", 0), ALIAS_ONLY: principal("İrem", 1), DEPUTY: CHIEF}
     ),
@@ -192,7 +192,7 @@ def soak(settings: Settings, engine: Engine) -> Iterator[Soak]:
         api = settings.api.model_copy(update={"jwt": settings.api.jwt.model_copy(update={"claims_carry_kinds": True})})
         state = Soak(engine, search, env["KI_RETRIEVAL__INDEX_NAME"], servers, security, api)
         state.freshness_bound_s = (
-            settings.api.scope_cache_max_feed_lag_s + 2 * settings.connect.heartbeat_interval_ms / 1000
+            settings.api.caches.scope_max_feed_lag_s + 2 * settings.connect.heartbeat_interval_ms / 1000
         )
         try:
             worker.start()

@@ -30,7 +30,7 @@ CONCURRENCY = (1, 2)
 SCOPE_SIZES = (10, 120)
 # Small enough that the 120-document scope is split into two `terms` clauses, which OpenSearch must accept.
 MAX_TERMS = 100
-COMPARE = "KI_RETRIEVAL__NAME_LOOKUP_ENABLED=false,KI_API__STATS_ENABLED=false"
+COMPARE = "KI_RETRIEVAL__NAME_LOOKUP_ENABLED=false,KI_API__STATS__ENABLED=false"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "KI_RETRIEVAL__INDEX_NAME": alias,
         "KI_OPENSEARCH__MAX_TERMS_COUNT": str(MAX_TERMS),
         # Small enough that the larger scope goes out as its projects and is checked hit by hit.
-        "KI_API__MAX_SCOPE_FILTER_BYTES": "256",
+        "KI_API__LIMITS__MAX_SCOPE_FILTER_BYTES": "256",
     }
     try:
         done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1100, env=env)
@@ -102,7 +102,7 @@ def test_every_level_has_both_sides_with_ordered_percentiles(run: dict[str, Any]
 
 def test_the_compared_api_ran_in_the_same_rounds(run: dict[str, Any]) -> None:
     result = run["file"]
-    assert result["compare_env"] == {"KI_RETRIEVAL__NAME_LOOKUP_ENABLED": "false", "KI_API__STATS_ENABLED": "false"}
+    assert result["compare_env"] == {"KI_RETRIEVAL__NAME_LOOKUP_ENABLED": "false", "KI_API__STATS__ENABLED": "false"}
     for level in result["levels"]:
         compare = level["compare"]
         assert compare["api"]["errors"] == 0 and _positive(compare["api"]["p50_ms"]) and _positive(compare["ratio_p50"])

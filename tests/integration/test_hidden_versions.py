@@ -6,7 +6,7 @@ version 2 (final, the document's latest final pointer, in English, dated 2024-06
 object with a known ACL the caller has no grant on: hidden, although the project grant reaches it, so its
 principal projection names the caller. Another document of P, H, is hidden the same way. 30 more visible
 documents make the caller's document list longer than a tight scope filter budget, so the second API
-(`max_scope_filter_bytes` 256) filters the legs by the principal projection instead of by ids.
+(`api.limits.max_scope_filter_bytes` 256) filters the legs by the principal projection instead of by ids.
 
 Each test fails on the code before the per-version leg filter: v2's chunk took lexical rank 0 from the
 caller's hits, v2's language and date made the empty answer's reason `no_credible_evidence`, v2 (in force
@@ -63,7 +63,7 @@ class Scene:
 def scene(engine: Engine, settings: Settings) -> Iterator[tuple[Scene, Server, Server]]:
     # The worker projects only what is written after it starts (its consumer group begins at the end).
     with synced_api(settings, "ki-hidden-versions", "hidden-versions-api") as (server, _worker, isolation):
-        tight = Server("hidden-versions-tight", **isolation, KI_API__MAX_SCOPE_FILTER_BYTES=str(TIGHT_BUDGET))
+        tight = Server("hidden-versions-tight", **isolation, KI_API__LIMITS__MAX_SCOPE_FILTER_BYTES=str(TIGHT_BUDGET))
         tight.start()
         mcp = McpHttp(**isolation)
         mcp.start()

@@ -399,7 +399,7 @@ def test_statistics_count_every_ranked_query_for_administrators_only(
 def test_statistics_keep_query_text_only_when_enabled_and_stay_bounded(
     isolation: dict[str, str], data: Data, settings: Settings, engine: Engine
 ) -> None:
-    srv = Server("stats-api", **isolation, KI_API__STATS_STORE_QUERY_TEXT="true", KI_API__STATS_MAX_ROWS="5")
+    srv = Server("stats-api", **isolation, KI_API__STATS__STORE_QUERY_TEXT="true", KI_API__STATS__MAX_ROWS="5")
     srv.start()
     try:
         for n in range(8):

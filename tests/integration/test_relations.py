@@ -41,7 +41,7 @@ class Data:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server("relations-api", KI_API__MAX_TRAVERSE_DEPTH="3", KI_API__MAX_TRAVERSE_FANOUT="4")
+    srv = Server("relations-api", KI_API__LIMITS__MAX_TRAVERSE_DEPTH="3", KI_API__LIMITS__MAX_TRAVERSE_FANOUT="4")
     srv.start()
     yield srv
     srv.stop()

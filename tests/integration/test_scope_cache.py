@@ -374,7 +374,7 @@ def test_a_new_grant_becomes_visible_within_the_freshness_bound(
     with engine.begin() as conn:
         World(conn, scene.tag).grant("document", scene.late_doc, user)
     granted = time.monotonic()
-    bound = iso_settings.api.scope_cache_max_feed_lag_s + 2 * iso_settings.connect.heartbeat_interval_ms / 1000
+    bound = iso_settings.api.caches.scope_max_feed_lag_s + 2 * iso_settings.connect.heartbeat_interval_ms / 1000
     wait_for(
         lambda: search(server, iso_settings, user, scene.word) == {scene.late_doc},
         timeout=bound,
@@ -395,7 +395,7 @@ def test_with_debezium_paused_the_cache_is_bypassed_and_grants_apply_at_once(
     try:
         state = wait_for(
             lambda: (s := server.call("/readyz")[1]["scope_cache"]) and not s["usable"] and s,
-            timeout=iso_settings.api.scope_cache_max_feed_lag_s
+            timeout=iso_settings.api.caches.scope_max_feed_lag_s
             + 4 * iso_settings.connect.heartbeat_interval_ms / 1000
             + 10,
             what="the scope cache to stop trusting the paused feed",

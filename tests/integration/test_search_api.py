@@ -76,7 +76,7 @@ def worker(isolation: dict[str, str]) -> Iterator[SyncWorker]:
 
 @pytest.fixture(scope="module")
 def server(isolation: dict[str, str]) -> Iterator[Server]:
-    s = Server(**isolation, KI_API__METRICS_TOKEN=METRICS_TOKEN)
+    s = Server(**isolation, KI_API__OPS__METRICS_TOKEN=METRICS_TOKEN)
     s.start()
     yield s
     s.stop()
@@ -262,7 +262,7 @@ def test_auth_and_validation_errors(server: Server, data: Data, settings: Settin
     assert server.call("/v1/search", raw=b"{not json", token=bob)[0] == 400
     status, body = server.call("/v1/search", {"query": data.word, "offset": 495, "limit": 10}, bob)
     assert status == 422 and body["error"] == "window_too_deep"
-    status, body = server.call("/v1/search", {"query": "x" * (settings.api.max_body_bytes + 10)}, bob)
+    status, body = server.call("/v1/search", {"query": "x" * (settings.api.limits.max_body_bytes + 10)}, bob)
     assert status == 413
     status, doc = server.call("/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.") and "/v1/search" in doc["paths"]
@@ -369,7 +369,7 @@ def test_opensearch_unreachable_is_503() -> None:
         dead.stop()
 
 
-METRICS_TOKEN = uuid.uuid4().hex  # what Prometheus would send (api.metrics_token)
+METRICS_TOKEN = uuid.uuid4().hex  # what Prometheus would send (api.ops.metrics_token)
 
 
 def test_metrics_are_for_operators_only(server: Server, data: Data, settings: Settings) -> None:
@@ -426,8 +426,8 @@ def test_a_caller_over_the_rate_limit_waits_and_others_do_not(
     isolation: dict[str, str], data: Data, settings: Settings
 ) -> None:
     """Against bisection: a token bucket per principal set, 429 with Retry-After."""
-    limited = Server("search-api-rate-limited", **isolation, KI_API__RATE_LIMIT_PER_S="0.2",
-                     KI_API__RATE_LIMIT_BURST="2")  # fmt: skip
+    limited = Server("search-api-rate-limited", **isolation, KI_API__LIMITS__RATE_PER_S="0.2",
+                     KI_API__LIMITS__RATE_BURST="2")  # fmt: skip
     limited.start()
     try:
         bob, carol = token(settings, data, "bob"), token(settings, data, "carol")
@@ -725,10 +725,10 @@ def test_hostile_queries_are_plain_text(server: Server, data: Data, settings: Se
             assert status == 200, (query, body)
             status, body = server.call("/v1/search/filter", {"filters": {"language": [query[:64]]}, "limit": 5}, bob)
             assert status == 200 and body["hits"] == [], query
-    at_limit = f"{data.word} " + "x" * (settings.api.max_query_chars - len(data.word) - 1)
+    at_limit = f"{data.word} " + "x" * (settings.api.limits.max_query_chars - len(data.word) - 1)
     status, body = server.call("/v1/search", {"query": at_limit}, bob)
-    assert status == 200 and len(at_limit) == settings.api.max_query_chars, body
-    status, body = server.call("/v1/search", {"query": "x" * (settings.api.max_query_chars + 1)}, bob)
+    assert status == 200 and len(at_limit) == settings.api.limits.max_query_chars, body
+    status, body = server.call("/v1/search", {"query": "x" * (settings.api.limits.max_query_chars + 1)}, bob)
     assert status == 400 and body["field"] == "query"
     with engine.connect() as conn:  # and the tables are all still there
         assert conn.execute(text("SELECT count(*) FROM grants WHERE document_id = :d"), {"d": data.docs["a"]}).scalar()
@@ -748,9 +748,9 @@ def test_overload_is_refused_at_once_instead_of_queueing(
         **isolation,
         KI_RETRIEVAL__RERANK_ENABLED="true",
         KI_RETRIEVAL__RERANK_URL=gateway.url,
-        KI_API__MAX_CONCURRENT_REQUESTS="1",
-        KI_API__MAX_QUEUED_REQUESTS="1",
-        KI_API__QUEUE_TIMEOUT_S="300",
+        KI_API__LIMITS__MAX_CONCURRENT_REQUESTS="1",
+        KI_API__LIMITS__MAX_QUEUED_REQUESTS="1",
+        KI_API__LIMITS__QUEUE_TIMEOUT_S="300",
     )
     srv.start()
 

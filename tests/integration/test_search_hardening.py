@@ -70,11 +70,11 @@ def tight(isolation: dict[str, str]) -> Iterator[Server]:
     s = Server(
         "search-api-tight",
         **isolation,
-        KI_API__MAX_BODY_BYTES="2048",
-        KI_API__MAX_QUERY_CHARS="50",
-        KI_API__MAX_LIMIT="5",
-        KI_API__MAX_FILTER_VALUES="2",
-        KI_API__MAX_TOKEN_BYTES="512",
+        KI_API__LIMITS__MAX_BODY_BYTES="2048",
+        KI_API__LIMITS__MAX_QUERY_CHARS="50",
+        KI_API__LIMITS__MAX_LIMIT="5",
+        KI_API__LIMITS__MAX_FILTER_VALUES="2",
+        KI_API__LIMITS__MAX_TOKEN_BYTES="512",
     )
     s.start()
     yield s
@@ -142,11 +142,11 @@ def test_broken_tokens_are_401_with_json(server: Server, settings: Settings) -> 
         "wrong aud": jwt.encode(_claims(api, aud="another-api"), secret, algorithm=alg),
         "sub with NUL": jwt.encode(_claims(api, sub="a\x00b"), secret, algorithm=alg),
         "groups not strings": jwt.encode(_claims(api, groups=[{"$ne": 1}]), secret, algorithm=alg),
-        # over api.max_token_bytes, under aiohttp's own 8,190-byte header limit
+        # over api.limits.max_token_bytes, under aiohttp's own 8,190-byte header limit
         "oversized": mint_token(api, "alice", groups=[f"g{i:04d}" for i in range(600)]),
         "garbage": "eyJ.eyJ.sig",
     }
-    assert api.max_token_bytes < len(tokens["oversized"]) < 8000
+    assert api.limits.max_token_bytes < len(tokens["oversized"]) < 8000
     for name, token in tokens.items():
         for path, body in [("/v1/search", {"query": "Kaution"}), ("/v1/decisions/search", {"query": "x"})]:
             status, content_type, payload = server.request(path, body, token)
@@ -174,7 +174,7 @@ def test_limits_come_from_settings(server: Server, tight: Server, settings: Sett
         status, _, payload = server.request("/v1/search", body, token)  # default limits admit the same request
         assert status == 200, (body, payload[:300])
     long_token = mint_token(settings.api, "alice", groups=[f"g{i:03d}" for i in range(60)])
-    assert 512 < len(long_token) <= settings.api.max_token_bytes
+    assert 512 < len(long_token) <= settings.api.limits.max_token_bytes
     assert_clean_error(*tight.request("/v1/search", {"query": "x"}, long_token), 401)
     assert server.request("/v1/search", {"query": "x"}, long_token)[0] == 200
 
@@ -209,8 +209,8 @@ def test_a_query_of_more_terms_than_the_index_matches_is_400_naming_query(
     """Over OpenSearch's clause limit (1,024 by default) the legs are refused: a 400 naming `query`, never a
     500. The caller sees documents, so the legs are sent (into the empty index)."""
     assert server.request("/v1/search", {"query": distinct_cjk(900)}, reader.token)[0] == 200  # the control
-    assert settings.api.max_query_chars < 5000
-    for n in (1100, settings.api.max_query_chars, 5000):  # 5,000: over api.max_query_chars, refused before
+    assert settings.api.limits.max_query_chars < 5000
+    for n in (1100, settings.api.limits.max_query_chars, 5000):  # 5,000: over the limit, refused before
         for mode in (None, "hybrid", "lexical"):
             body = {"query": distinct_cjk(n), **({"mode": mode} if mode else {})}
             error = assert_clean_error(*server.request("/v1/search", body, reader.token), 400)

@@ -73,7 +73,7 @@ def _texts(seed: int) -> Any:
 
 @pytest.fixture(scope="module")
 def oracles(engine: Engine, settings: Settings) -> Iterator[tuple[list[Oracle], Server, Settings]]:
-    env = {"KI_API__CLAIMS_CARRY_KINDS": "true", "KI_RETRIEVAL__NAME_LOOKUP_ENABLED": "false"}
+    env = {"KI_API__JWT__CLAIMS_CARRY_KINDS": "true", "KI_RETRIEVAL__NAME_LOOKUP_ENABLED": "false"}
     with synced_api(settings, "ki-oracle", "oracle-api", **env) as (server, _worker, isolation):
         drawn = [
             draw(

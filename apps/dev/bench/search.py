@@ -534,7 +534,7 @@ class ServeChild:
         env = {"PYTHONUNBUFFERED": "1", "KI_API__PORT": str(self.port)}
         if checkout == REPO_ROOT:  # (an older checkout may not know the setting: its settings refuse it)
             # The benchmark measures the search: a few callers at full speed would meet the per-caller limit.
-            env["KI_API__RATE_LIMIT_PER_S"] = "0"
+            env["KI_API__LIMITS__RATE_PER_S"] = "0"
         env.update(extra_env or {})
         self.child = Child(argv, log_path, cwd=checkout, env=env)
 

@@ -19,7 +19,7 @@ process reads it (PostgreSQL `ki_self_eval`; search.ranking.mode_gate decides th
    (its nDCG@10 significantly below USEFUL_SHARE of lexical's, by the same two halves): a robust fusion
    absorbs such noise, but it costs a query embedding and can only mislead.
 5. Writes the report to `ki_self_eval` and to `<out>/self-eval-<id>.json` (deployment data: outside
-   `benchmarks/`; query texts hashed unless `api.stats_store_query_text`).
+   `benchmarks/`; query texts hashed unless `api.stats.store_query_text`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
 from apps.dev.eval.run import MemoClient, Mode, ModeRun, run_queries
 from apps.dev.eval.significance import paired_comparison
 from ki.errors import PermanentError
-from ki.settings import Settings
+from ki.settings import Settings, with_overrides
 
 Progress = Callable[[str], None]
 MODES: tuple[Mode, ...] = ("lexical", "semantic", "hybrid")
@@ -203,9 +203,7 @@ async def self_evaluate(
 
     began = time.monotonic()
     r = settings.retrieval
-    run_settings = settings.model_copy(
-        update={"api": settings.api.model_copy(update={"stats_enabled": False, "audit_enabled": False})}
-    )
+    run_settings = with_overrides(settings, {"api": {"stats": {"enabled": False}, "audit": {"enabled": False}}})
     embedder = await asyncio.to_thread(create_embedder, settings)
     client = make_client(settings)
     engine = make_async_engine(settings)
@@ -238,7 +236,7 @@ async def self_evaluate(
             json.dumps(sorted((d.document_id, d.version_id) for d in documents)).encode()
         ).hexdigest()
         binding = binding_for(settings, embedder.signature, fingerprint)
-        keep_text = settings.api.stats_store_query_text
+        keep_text = settings.api.stats.store_query_text
         report: dict[str, Any] = {
             "kind": "self-eval",
             "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -5,7 +5,7 @@ Revises: 0005
 Create Date: 2026-12-01
 
 Not in the publication: the sidecar's own data, not the structured layer's. Bounded by the API
-(`api.stats_retention_days`, `api.stats_max_rows`); the query text only with `api.stats_store_query_text`.
+(`api.stats.retention_days`, `api.stats.max_rows`); the query text only with `api.stats.store_query_text`.
 """
 
 from __future__ import annotations

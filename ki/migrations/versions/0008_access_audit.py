@@ -6,7 +6,7 @@ Revises: 0007
 Create Date: 2026-12-03
 
 Written by the API (HTTP and MCP), readable by administrators only (`GET /v1/audit`); kept for
-`api.audit_retention_days`. What a firm's compliance team asks for: which user saw which document when.
+`api.audit.retention_days`. What a firm's compliance team asks for: which user saw which document when.
 """
 
 from __future__ import annotations

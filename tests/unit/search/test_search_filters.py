@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from ki.errors import RequestInvalid
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, LimitsSettings
 from search.request import (
     WindowTooDeep,
     metadata_clauses,
@@ -15,7 +15,7 @@ from search.request import (
     parse_search_request,
 )
 
-API = ApiSettings(max_query_chars=50, max_limit=20, max_filter_values=3)
+API = ApiSettings(limits=LimitsSettings(max_query_chars=50, max_limit=20, max_filter_values=3))
 
 
 def field_of(data: object) -> str:

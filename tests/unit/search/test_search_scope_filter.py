@@ -19,7 +19,7 @@ from search.ranking.fusion import Candidate, collapse
 from search.ranking.legs import LEGS, LegHit, build_leg_bodies
 from search.service import SearchService, VerifiedVersion, _resized, admitted, prefix_end
 
-BUDGET = load_settings(environ={}).api.max_scope_filter_bytes
+BUDGET = load_settings(environ={}).api.limits.max_scope_filter_bytes
 REQUEST_LIMIT = 64 * 1024
 
 

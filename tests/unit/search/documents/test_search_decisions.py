@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ki.errors import RequestInvalid
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, LimitsSettings
 from search.documents.decisions import Anchors
 from search.request import WindowTooDeep, parse_decision_request
 
-API = ApiSettings(max_query_chars=50, max_limit=20, max_filter_values=3)
+API = ApiSettings(limits=LimitsSettings(max_query_chars=50, max_limit=20, max_filter_values=3))
 
 ANCHORS = Anchors(document_projects={10: {1}}, object_projects={100: {1}, 200: {2}})
 

@@ -8,11 +8,11 @@ import time
 import jwt
 import pytest
 
-from ki.settings import ApiSettings
+from ki.settings import ApiSettings, LimitsSettings
 from search.web.admission import AdmissionGate, Overloaded
 from search.web.auth import AuthError, authenticate, mint_token
 
-API = ApiSettings(max_token_bytes=512)
+API = ApiSettings(limits=LimitsSettings(max_token_bytes=512))
 
 
 def test_gate_admits_queues_and_refuses() -> None:
