@@ -395,8 +395,8 @@ def _self_eval(args: argparse.Namespace, settings: Settings) -> int:
             raise
         raise CliError(f"self-eval: {error}") from None
     print(f"self-eval #{report['id']}: default mode {report['decision']} ({report['summary']}); {report['file']}")
-    refresh = settings.retrieval.self_eval_refresh_s
-    print(f"every API process picks it up within retrieval.self_eval_refresh_s ({refresh:g} s)")
+    refresh = settings.retrieval.mode_gate.self_eval_refresh_s
+    print(f"every API process picks it up within retrieval.mode_gate.self_eval_refresh_s ({refresh:g} s)")
     return 0
 
 

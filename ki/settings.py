@@ -43,6 +43,8 @@ RETIRED: dict[SettingPath, str] = {
 _LIMITS_FIELDS = ("max_body_bytes", "max_query_chars", "max_limit", "max_filter_values", "max_token_bytes",
                  "max_traverse_depth", "max_traverse_fanout", "max_related", "max_scope_filter_bytes",
                  "max_concurrent_requests", "max_queued_requests", "queue_timeout_s")  # fmt: skip
+_NAME_LOOKUP_FIELDS = ("max_candidates", "max_documents_per_name", "max_title_tokens", "min_title_tokens",
+                       "max_identifier_tokens")  # fmt: skip
 _STATS_FIELDS = ("enabled", "store_query_text", "retention_days", "max_rows", "buffer_rows", "batch_rows", "flush_s")
 
 
@@ -57,18 +59,34 @@ def _grouped(section: str, group: str, names: dict[str, str]) -> dict[SettingPat
 #: variable, still works, with a one-line warning.
 RENAMED: dict[SettingPath, SettingPath] = {
     ("retrieval", "identity_enabled"): ("retrieval", "name_lookup_enabled"),
-    ("retrieval", "identity_max_candidates"): ("retrieval", "name_lookup_max_candidates"),
-    ("retrieval", "identity_max_documents_per_name"): ("retrieval", "name_lookup_max_documents_per_name"),
-    ("retrieval", "identity_max_title_tokens"): ("retrieval", "name_lookup_max_title_tokens"),
-    ("retrieval", "identity_min_title_tokens"): ("retrieval", "name_lookup_min_title_tokens"),
-    ("retrieval", "identity_max_identifier_tokens"): ("retrieval", "name_lookup_max_identifier_tokens"),
+    **_grouped(
+        "retrieval",
+        "name_lookup",
+        {f"{prefix}_{name}": name for prefix in ("identity", "name_lookup") for name in _NAME_LOOKUP_FIELDS},
+    ),  # fmt: skip
+    **_grouped(
+        "retrieval",
+        "rerank",
+        {"rerank_url": "url", "rerank_timeout_s": "timeout_s", "rerank_api_key_env": "api_key_env"},
+    ),  # fmt: skip
+    **_grouped("retrieval", "graph_rag", {f"graph_rag_{name}": name for name in ("seeds", "max_added", "hop_penalty")}),
+    **_grouped(
+        "retrieval",
+        "mode_gate",
+        {
+            "evidence_dir": "reports_dir",
+            "mode_gate_reports_dir": "reports_dir",
+            "evidence_significance_level": "significance_level",
+            "mode_gate_significance_level": "significance_level",
+            "self_eval_refresh_s": "self_eval_refresh_s",
+            "self_eval_margin": "self_eval_margin",
+        },
+    ),  # fmt: skip
     ("api", "identity_cache_keys"): ("api", "caches", "name_keys"),
     ("api", "identity_cache_max_documents"): ("api", "caches", "name_max_documents"),
     ("api", "name_cache_keys"): ("api", "caches", "name_keys"),
     ("api", "name_cache_max_documents"): ("api", "caches", "name_max_documents"),
     ("retrieval", "expand_max_chunks_per_document"): ("retrieval", "neighbours_max_chunks_per_document"),
-    ("retrieval", "evidence_dir"): ("retrieval", "mode_gate_reports_dir"),
-    ("retrieval", "evidence_significance_level"): ("retrieval", "mode_gate_significance_level"),
     ("retrieval", "decay_floor"): ("retrieval", "decay_min_weight"),
     **_grouped("api", "limits", {name: name for name in _LIMITS_FIELDS}),
     **_grouped("api", "limits", {"rate_limit_per_s": "rate_per_s", "rate_limit_burst": "rate_burst"}),
@@ -147,7 +165,7 @@ class _Section(BaseModel):
 
 
 class _Group(_Section):
-    """A group of related settings inside a section (`api.jwt`, `retrieval.names`): its own object in
+    """A group of related settings inside a section (`api.jwt`, `retrieval.name_lookup`): its own object in
     config.json, `KI_<SECTION>__<GROUP>__<FIELD>` in the environment; an override names single fields of it."""
 
 
@@ -163,8 +181,61 @@ class TextAnalysis(_Section):
         return {kind: getattr(self, kind) for kind in ANALYSIS_KINDS}
 
 
+class RerankSettings(_Group):
+    """The rerank gateway (search.ranking.rerank): an OpenAI-compatible chat-completions endpoint."""
+
+    url: str = ""
+    timeout_s: float = Field(20.0, gt=0)
+    # Environment variable holding the gateway's bearer key (unset/empty: no Authorization header).
+    api_key_env: str = "KI_RERANK_API_KEY"
+
+
+class GraphRagSettings(_Group):
+    """Graph augmentation (search.ranking.augment): the top `seeds` documents' forward `references` relations
+    pull at most `max_added` cited documents into the pool, scored seed score x `hop_penalty`."""
+
+    seeds: int = Field(5, ge=1, le=100)
+    max_added: int = Field(10, ge=1, le=200)
+    hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
+
+
+class NameLookupSettings(_Group):
+    """Name look-up, the identity preflight (search.names.keys): identifiers and exact titles named in the
+    query are resolved against the caller's scope before ranking; one named document is the top hit,
+    several are reported as `ambiguous`. A name carried by more than `max_candidates` visible documents (or
+    by more than `max_documents_per_name` documents at all) is common and names nothing."""
+
+    max_candidates: int = Field(5, ge=1, le=50)
+    max_documents_per_name: int = Field(1000, ge=1, le=100_000)
+    # Longest names looked up, in tokens of the name key; a title shorter than min_title_tokens names its
+    # document only as the whole query (a one-word title inside a query is a topic, not a name).
+    max_title_tokens: int = Field(24, ge=1, le=200)
+    min_title_tokens: int = Field(2, ge=1, le=200)
+    max_identifier_tokens: int = Field(8, ge=1, le=64)
+
+
+class ModeGateSettings(_Group):
+    """Which mode a request without one gets (search.ranking.mode_gate): the semantic leg is on by default
+    only where a `ki eval` report matching these settings shows hybrid >= lexical."""
+
+    # The reports read at start-up; a relative path starts at the repository root.
+    reports_dir: str = Field("benchmarks", min_length=1)
+    # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test of
+    # the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without that
+    # test count every difference.
+    significance_level: float = Field(0.05, gt=0, le=1)
+    # How often each API process re-reads the newest `ki eval --self` report from PostgreSQL (seconds): a new
+    # report reaches every process on every machine within this time, without a restart.
+    self_eval_refresh_s: float = Field(30.0, gt=0, le=3600)
+    # `ki eval --self` turns hybrid off only when hybrid loses by more than this (nDCG@10), significantly:
+    # its pseudo-queries are the documents' own words, where lexical is near its ceiling and a small loss of
+    # hybrid says nothing about users' questions (apps.dev.eval.self_check).
+    self_eval_margin: float = Field(0.02, ge=0, le=1)
+
+
 class RetrievalSettings(_Section):
-    """The spec's `retrieval.*` keys, with the spec's defaults."""
+    """The spec's `retrieval.*` keys, with the spec's defaults, flat where the spec puts them; each feature
+    we added has its switch (`<feature>_enabled`) flat beside them and its tuning in a group of its name."""
 
     index_name: str = Field("knowledge-index-chunks-v1", min_length=1)
     embedding_dimensions: int = Field(1536, ge=2, le=16000)
@@ -191,25 +262,14 @@ class RetrievalSettings(_Section):
     max_chunks_per_document: int = Field(3, ge=1, le=100)
     rerank_enabled: bool = False
     rerank_model: str = "rerank"
-    rerank_url: str = ""
-    rerank_timeout_s: float = Field(20.0, gt=0)
-    # Environment variable holding the rerank gateway's bearer key (unset/empty: no Authorization header).
-    rerank_api_key_env: str = "KI_RERANK_API_KEY"
-    # Graph augmentation (search.ranking.augment): the top `graph_rag_seeds` documents' forward `references`
-    # relations pull at most `graph_rag_max_added` cited documents into the pool, scored seed score x
-    # `graph_rag_hop_penalty`. Off by default (measured on gesetze-headings-dev: BENCHMARKS.md).
+    rerank: RerankSettings = RerankSettings()
+    # Off by default (measured on gesetze-headings-dev: BENCHMARKS.md).
     graph_rag_enabled: bool = False
-    graph_rag_seeds: int = Field(5, ge=1, le=100)
-    graph_rag_max_added: int = Field(10, ge=1, le=200)
-    graph_rag_hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
+    graph_rag: GraphRagSettings = GraphRagSettings()
     # Authoritative class (search.ranking.augment): the ontology key of a document type (its whole subtree, e.g.
     # statutes) whose best lexical match for the query is always on the first page -- at its end when the
     # ranking did not put it there; nothing ranked is dropped. None: off.
     authoritative_doc_type: str | None = Field(None, min_length=1)
-    # Name look-up, the identity preflight (search.names.keys): identifiers and exact titles named in the
-    # query are resolved against the caller's scope before ranking; one named document is the top hit,
-    # several are reported as `ambiguous`. A name carried by more than `name_lookup_max_candidates` visible
-    # documents (or by more than `name_lookup_max_documents_per_name` documents at all) is common and names nothing.
     # Temporal decay: fused score x (w + (1 - w) / (1 + age in years)), w = decay_min_weight, from doc_date (as of
     # request's `as_of`, else today); off by default -- the dev sets carry no dates to measure it on.
     decay_enabled: bool = False
@@ -230,32 +290,13 @@ class RetrievalSettings(_Section):
     # A request's `evidence_budget_chars` overrides it.
     evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)
     name_lookup_enabled: bool = True
-    name_lookup_max_candidates: int = Field(5, ge=1, le=50)
-    name_lookup_max_documents_per_name: int = Field(1000, ge=1, le=100_000)
-    # longest names looked up, in tokens of the name key; a title shorter than name_lookup_min_title_tokens
-    # names its document only as the whole query (a one-word title inside a query is a topic, not a name)
-    name_lookup_max_title_tokens: int = Field(24, ge=1, le=200)
-    name_lookup_min_title_tokens: int = Field(2, ge=1, le=200)
-    name_lookup_max_identifier_tokens: int = Field(8, ge=1, le=64)
+    name_lookup: NameLookupSettings = NameLookupSettings()
     # The analyzer of the `text` field: a built-in name or one defined in `text_analysis.analyzer`.
     text_analyzer: str = Field("german", min_length=1)
-    # `ki eval` reports read at start-up: the semantic leg is on by default only where one matching these
-    # settings shows hybrid >= lexical (search.ranking.mode_gate). Relative paths start at the repository root.
-    mode_gate_reports_dir: str = Field("benchmarks", min_length=1)
-    # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test
-    # of the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without
-    # that test count every difference.
-    mode_gate_significance_level: float = Field(0.05, gt=0, le=1)
     # The default mode when a request names none: "auto" lets the evidence decide (the deployment's own
-    # `ki eval --self` report first, else the reports in mode_gate_reports_dir); an operator can pin one instead.
+    # `ki eval --self` report first, else the reports in mode_gate.reports_dir); an operator can pin one instead.
     default_mode: Literal["auto", "hybrid", "lexical", "semantic"] = "auto"
-    # How often each API process re-reads the newest `ki eval --self` report from PostgreSQL (seconds):
-    # a new report reaches every process on every machine within this time, without a restart.
-    self_eval_refresh_s: float = Field(30.0, gt=0, le=3600)
-    # `ki eval --self` turns hybrid off only when hybrid loses by more than this (nDCG@10), significantly:
-    # its pseudo-queries are the documents' own words, where lexical is near its ceiling and a small loss
-    # of hybrid says nothing about users' questions (apps.dev.eval.self_check).
-    self_eval_margin: float = Field(0.02, ge=0, le=1)
+    mode_gate: ModeGateSettings = ModeGateSettings()
     text_analysis: TextAnalysis = TextAnalysis()
 
     @model_validator(mode="after")
@@ -274,8 +315,8 @@ class RetrievalSettings(_Section):
         for group in self.synonyms or []:
             if len(group) < 2 or any(not phrase.strip() for phrase in group):
                 raise ValueError(f"synonyms: each group needs two or more non-blank phrases, got {group!r}")
-        if self.rerank_enabled and not self.rerank_url:
-            raise ValueError("rerank_enabled is true but rerank_url is empty (the gateway's base URL, e.g. .../v1)")
+        if self.rerank_enabled and not self.rerank.url:
+            raise ValueError("rerank.url: rerank_enabled is true but it is empty (the gateway's base URL, e.g. .../v1)")
         check_analysis(self.text_analyzer, self.text_analysis.as_map())
         return self
 

@@ -261,9 +261,9 @@ class SearchService:
         self.metrics = metrics or SearchMetrics()
         self.index = settings.retrieval.index_name
         # Decided from the evaluation reports at start-up, then again whenever the deployment's own newest
-        # self-eval report changes (`start()` re-reads it every retrieval.self_eval_refresh_s;
+        # self-eval report changes (`start()` re-reads it every retrieval.mode_gate.self_eval_refresh_s;
         # search.ranking.mode_gate).
-        self.reports = load_reports(settings.retrieval.mode_gate_reports_dir)
+        self.reports = load_reports(settings.retrieval.mode_gate.reports_dir)
         self.own_evidence: SelfEvidence | None = None
         self.gate = decide(self.reports, settings, embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
@@ -324,7 +324,7 @@ class SearchService:
                 await self.refresh_gate()
             except Exception as exc:  # noqa: BLE001 - keep the last decision; PostgreSQL may be back next time
                 log.warning("evidence: could not read the self-eval report: %s", exc)
-            await asyncio.sleep(self.settings.retrieval.self_eval_refresh_s)
+            await asyncio.sleep(self.settings.retrieval.mode_gate.self_eval_refresh_s)
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -574,9 +574,9 @@ class SearchService:
             return OFF, {}
         title_keys, identifier_keys = name_grams(
             request.query,
-            max_title_tokens=r.name_lookup_max_title_tokens,
-            min_title_tokens=r.name_lookup_min_title_tokens,
-            max_identifier_tokens=r.name_lookup_max_identifier_tokens,
+            max_title_tokens=r.name_lookup.max_title_tokens,
+            min_title_tokens=r.name_lookup.min_title_tokens,
+            max_identifier_tokens=r.name_lookup.max_identifier_tokens,
         )
         if not title_keys and not identifier_keys:
             return NONE, {}
@@ -588,9 +588,9 @@ class SearchService:
             self.metrics.identity_cache.labels("bypass" if cache is None else "miss" if missing else "hit").inc()
 
         def decide(entries: Mapping[NameKey, Sequence[NamedDocument]]) -> Identity:
-            named, saturated = carried(entries, r.name_lookup_max_documents_per_name)
+            named, saturated = carried(entries, r.name_lookup.max_documents_per_name)
             named = [n for n in named if scope.holds_document(n.document_id, n.project_id)]
-            return resolve(named, r.name_lookup_max_candidates, saturated)
+            return resolve(named, r.name_lookup.max_candidates, saturated)
 
         known = None if missing else decide(cached)
         if known is not None and not known.subjects:
@@ -603,7 +603,7 @@ class SearchService:
                 conn,
                 [k for why, k in missing if why == "title"],
                 [k for why, k in missing if why == "identifier"],
-                r.name_lookup_max_documents_per_name,
+                r.name_lookup.max_documents_per_name,
             )
             identity = known if known is not None else decide({**cached, **found})
             if not identity.subjects:
@@ -631,11 +631,11 @@ class SearchService:
         """Graph augmentation (search.ranking.augment): the top seeds' cited documents join the pool, scoped,
         re-verified, scored below their seed; nothing ranked is dropped."""
         r = self.settings.retrieval
-        seeds = kept[: r.graph_rag_seeds]
+        seeds = kept[: r.graph_rag.seeds]
         async with self.verify_engine.connect() as conn:
             edges = await conn.run_sync(lambda c: augment.cited_documents(c, seeds))
         present = {c.document_id for c in kept}
-        cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag_max_added)
+        cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag.max_added)
                  if scope.holds_document(c.document_id, c.project_id)]  # fmt: skip
         info: dict[str, Any] = {"status": "ok", "seeds": len(seeds), "cited": len(cited), "added": 0}
         if not cited:
@@ -645,7 +645,7 @@ class SearchService:
             return kept, verified, info
         body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
         response = await self._opensearch(self.client.search(index=self.index, body=body))
-        added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag_hop_penalty)
+        added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag.hop_penalty)
         found = await self._reverify(principals, [c.version_id for c in added], request.as_of)
         added = [c for c in added if matches(c, found)]
         info["added"] = len(added)

@@ -10,13 +10,13 @@ reports, each bound by hashes to what it measured —
 * `ranking_hash`: fusion weights, `rrf_k`, status boosts, chunking and collapse settings (what turns
   the legs into a ranking) —
 
-and the service loads the reports from `retrieval.mode_gate_reports_dir` at start-up. Semantic is on by default
+and the service loads the reports from `retrieval.mode_gate.reports_dir` at start-up. Semantic is on by default
 only when at least one report matches the service's own embedding signature, analyzer and ranking
 hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
 is keyword-only and every response says why. A request's explicit `mode` is always honoured.
 
 The deployment's own evidence comes first: the newest `ki eval --self` report (apps.dev.eval.self_check, kept
-in PostgreSQL and re-read by every API process every `retrieval.self_eval_refresh_s`) decides when it
+in PostgreSQL and re-read by every API process every `retrieval.mode_gate.self_eval_refresh_s`) decides when it
 matches these settings. An operator can pin the default instead (`retrieval.default_mode`).
 
 Pure apart from `load_reports` (reads files) and `load_self_evidence` (reads one row).
@@ -94,7 +94,7 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
     if retrieval.graph_rag_enabled:
         r = retrieval
-        fields["graph_rag"] = [r.graph_rag_seeds, r.graph_rag_max_added, r.graph_rag_hop_penalty]
+        fields["graph_rag"] = [r.graph_rag.seeds, r.graph_rag.max_added, r.graph_rag.hop_penalty]
     if retrieval.synonyms_enabled:  # None: the shipped list, as it is in this version
         fields["synonyms"] = retrieval.synonyms if retrieval.synonyms is not None else DEFAULT_SYNONYMS
     return _digest(fields, 12)
@@ -278,7 +278,7 @@ def decide(
 ) -> GateDecision:
     """The operator's pin (`retrieval.default_mode`) if any; else the deployment's own self-eval report
     when it matches these settings; else hybrid iff a matching `ki eval` report exists and none of the
-    matching ones has hybrid < lexical significantly (`retrieval.mode_gate_significance_level`; a report
+    matching ones has hybrid < lexical significantly (`retrieval.mode_gate.significance_level`; a report
     without a paired test: any difference)."""
     r = settings.retrieval
     if r.weight_semantic <= 0:
@@ -299,7 +299,7 @@ def decide(
             "shows hybrid helps",
         )
     names = tuple(rep.dataset for rep in matching)
-    level = r.mode_gate_significance_level
+    level = r.mode_gate.significance_level
     below = [rep for rep in matching if rep.hybrid < rep.lexical]
     worse = [rep for rep in below if rep.p_value is None or rep.p_value < level]
     if worse:

@@ -1,7 +1,7 @@
 """Optional rerank of the leading collapsed hits through an OpenAI-compatible chat-completions gateway.
 
 With `retrieval.rerank_enabled`, the top `RERANK_TOP_N` (20) collapsed hits go to `retrieval.rerank_model`
-in one `POST {retrieval.rerank_url}/chat/completions` call. The model answers a JSON object
+in one `POST {retrieval.rerank.url}/chat/completions` call. The model answers a JSON object
 `{"scores": {"<id>": <0..10>, ...}}` (a list of `{"id": ..., "score": ...}` is accepted too). Those scores
 replace the fused scores and order that prefix; reranking reorders, it never drops: a hit the model did not
 score (or scored outside 0..10) follows the scored ones in fused order, and everything past the prefix
@@ -109,12 +109,12 @@ class Reranker:
     """The gateway client; one aiohttp session, opened on first use and closed by `close`."""
 
     def __init__(self, settings: RetrievalSettings) -> None:
-        if not settings.rerank_url:
-            raise SettingsError("retrieval.rerank_enabled is true but retrieval.rerank_url is empty")
-        self.url = settings.rerank_url.rstrip("/") + "/chat/completions"
+        if not settings.rerank.url:
+            raise SettingsError("retrieval.rerank_enabled is true but retrieval.rerank.url is empty")
+        self.url = settings.rerank.url.rstrip("/") + "/chat/completions"
         self.model = settings.rerank_model
-        self.timeout = aiohttp.ClientTimeout(total=settings.rerank_timeout_s)
-        self.api_key = os.environ.get(settings.rerank_api_key_env, "") if settings.rerank_api_key_env else ""
+        self.timeout = aiohttp.ClientTimeout(total=settings.rerank.timeout_s)
+        self.api_key = os.environ.get(settings.rerank.api_key_env, "") if settings.rerank.api_key_env else ""
         self._session: aiohttp.ClientSession | None = None
 
     async def scores(self, query: str, items: Sequence[Passage]) -> dict[str, float]:

@@ -40,7 +40,7 @@ def servers(isolation: dict[str, str]) -> Iterator[tuple[Server, Server]]:
     worker.start()
     plain = Server("graph-off-api", **isolation)
     graph = Server("graph-on-api", **isolation, KI_RETRIEVAL__GRAPH_RAG_ENABLED="true",
-                   KI_RETRIEVAL__GRAPH_RAG_SEEDS="2")  # fmt: skip
+                   KI_RETRIEVAL__GRAPH_RAG__SEEDS="2")  # fmt: skip
     plain.start()
     graph.start()
     yield plain, graph

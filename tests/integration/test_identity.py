@@ -55,7 +55,7 @@ def server(isolation: dict[str, str]) -> Iterator[Server]:
 
 
 # anna sees every document of project P; ben only `gutachten_a`; nobody of ours sees project Q.
-# "§ 573 BGB" is carried by six documents of P (a citation, more than name_lookup_max_candidates = 5).
+# "§ 573 BGB" is carried by six documents of P (a citation, more than retrieval.name_lookup.max_candidates = 5).
 #   key            title                                                  identifiers
 #   miete          Mietvertrag Hauptstraße 5, Berlin – Müller GmbH       V-2023-00417, § 573 BGB
 #   urteil         Urteil Landgericht Berlin, Az. 5 O 1234/22 – …        5 O 1234/22, § 573 BGB   (2 versions)
@@ -187,7 +187,7 @@ def test_the_reason_says_which_name_matched(server: Server, data: Data, settings
     assert body["hits"][0]["match_reason"] == "title"
     assert body["identity"]["outcome"] == "unique"
     assert body["identity"]["subjects"][0]["matched"] == "berufungsbegründung"
-    # A one-word title inside a longer query is a topic, not a name (name_lookup_min_title_tokens = 2).
+    # A one-word title inside a longer query is a topic, not a name (retrieval.name_lookup.min_title_tokens = 2).
     assert ask(server, data, settings, "anna", "Berufungsbegründung Frist")["identity"]["outcome"] == "none"
 
 
@@ -274,7 +274,7 @@ def test_the_reranker_reorders_the_ranked_head_and_the_identity_hit_stays_first(
     gateway = RerankGateway()  # "reverse": scores the passages so that their order turns round
     gateway.start()
     srv = Server("identity-rerank-api", **isolation, KI_RETRIEVAL__RERANK_ENABLED="true",
-                 KI_RETRIEVAL__RERANK_URL=gateway.url)  # fmt: skip
+                 KI_RETRIEVAL__RERANK__URL=gateway.url)  # fmt: skip
     srv.start()
     try:
         body = ask(srv, data, settings, "anna", query)

@@ -194,8 +194,8 @@ def test_every_demo_name_finds_its_document_and_nothing_outside_the_scope(
     stack: Stack, corpus: Corpus, settings: Settings
 ) -> None:
     r = settings.retrieval
-    limits = Limits(r.name_lookup_max_candidates, r.name_lookup_max_documents_per_name, r.name_lookup_max_title_tokens,
-                    r.name_lookup_min_title_tokens, r.name_lookup_max_identifier_tokens)  # fmt: skip
+    limits = Limits(r.name_lookup.max_candidates, r.name_lookup.max_documents_per_name, r.name_lookup.max_title_tokens,
+                    r.name_lookup.min_title_tokens, r.name_lookup.max_identifier_tokens)  # fmt: skip
     exact = queries_for(corpus)
     broad = max(corpus.views, key=lambda c: len(corpus.views[c]))
     plan = [(caller, q) for caller in corpus.views for q in exact] + [(broad, q) for q in variant_queries(corpus)]

@@ -504,7 +504,7 @@ def test_rerank_reorders_never_drops_and_fails_loudly(
         "search-api-rerank",
         **isolation,
         KI_RETRIEVAL__RERANK_ENABLED="true",
-        KI_RETRIEVAL__RERANK_URL=gateway.url,
+        KI_RETRIEVAL__RERANK__URL=gateway.url,
         KI_RETRIEVAL__RERANK_MODEL="test-reranker",
         KI_RERANK_API_KEY="k-123",
     )
@@ -747,7 +747,7 @@ def test_overload_is_refused_at_once_instead_of_queueing(
         "search-api-overload",
         **isolation,
         KI_RETRIEVAL__RERANK_ENABLED="true",
-        KI_RETRIEVAL__RERANK_URL=gateway.url,
+        KI_RETRIEVAL__RERANK__URL=gateway.url,
         KI_API__LIMITS__MAX_CONCURRENT_REQUESTS="1",
         KI_API__LIMITS__MAX_QUEUED_REQUESTS="1",
         KI_API__LIMITS__QUEUE_TIMEOUT_S="300",
@@ -797,7 +797,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
         return answer["mode"], set().union(*(h["explain"]["ranks"] for h in answer["hits"]))
 
     # No report for these settings: keyword-only by default, and the response says why.
-    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__MODE_GATE_REPORTS_DIR=str(reports))
+    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports))
     srv.start()
     try:
         mode, ran = legs(srv, {})
@@ -821,7 +821,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
         "results": {"lexical": {"ndcg@10": 0.5}, "hybrid": {"ndcg@10": 0.6}},
     }
     (reports / "tiny-de.json").write_text(json.dumps(record))
-    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__MODE_GATE_REPORTS_DIR=str(reports))
+    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports))
     srv.start()
     try:
         mode, ran = legs(srv, {})

@@ -112,7 +112,7 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
     constant_embeddings: dict[str, str], tmp_path: Path
 ) -> None:
     record = _world("gesetze-mini-constant", tmp_path, constant_embeddings)
-    deployment = _as_deployment(record, {**constant_embeddings, "KI_RETRIEVAL__SELF_EVAL_REFRESH_S": "1"})
+    deployment = _as_deployment(record, {**constant_embeddings, "KI_RETRIEVAL__MODE_GATE__SELF_EVAL_REFRESH_S": "1"})
     server = Server("self-eval-api", **deployment)
     server.start()
     try:

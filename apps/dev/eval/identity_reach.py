@@ -37,12 +37,12 @@ def identity_reach(root: Path, settings: Settings) -> dict[str, Any]:
     for qid in sorted(qrels):
         titles, _ = name_grams(
             queries.get(qid, ""),
-            max_title_tokens=r.name_lookup_max_title_tokens,
-            min_title_tokens=r.name_lookup_min_title_tokens,
-            max_identifier_tokens=r.name_lookup_max_identifier_tokens,
+            max_title_tokens=r.name_lookup.max_title_tokens,
+            min_title_tokens=r.name_lookup.min_title_tokens,
+            max_identifier_tokens=r.name_lookup.max_identifier_tokens,
         )
         named = [NamedDocument(doc, 1, "", "title", gram) for gram in titles for doc in by_key.get(gram, [])]
-        identity = resolve(named, r.name_lookup_max_candidates)
+        identity = resolve(named, r.name_lookup.max_candidates)
         outcomes[identity.outcome] += 1
         if identity.unique is not None:
             relevant = {ids[d] for d in qrels[qid] if d in ids and qrels[qid][d] > 0}
@@ -58,9 +58,9 @@ def identity_reach(root: Path, settings: Settings) -> dict[str, Any]:
         "unique_and_relevant": unique_relevant,
         "unique_examples": examples,
         "settings": {
-            "name_lookup_max_candidates": r.name_lookup_max_candidates,
-            "name_lookup_max_title_tokens": r.name_lookup_max_title_tokens,
-            "name_lookup_min_title_tokens": r.name_lookup_min_title_tokens,
+            "name_lookup_max_candidates": r.name_lookup.max_candidates,
+            "name_lookup_max_title_tokens": r.name_lookup.max_title_tokens,
+            "name_lookup_min_title_tokens": r.name_lookup.min_title_tokens,
         },
     }
 

@@ -909,7 +909,7 @@ async def evaluate_dataset(
     }
     if self_record is not None:
         record["self_eval"] = self_eval_against_labels(self_record, record["hybrid_vs_lexical"], results,
-                                                       es.retrieval.mode_gate_significance_level)  # fmt: skip
+                                                       es.retrieval.mode_gate.significance_level)  # fmt: skip
         progress(f"eval: self-eval decides {self_record['decision']}, the labelled test split "
                  f"{record['self_eval']['labelled_decision']} ({self_record['file']})")  # fmt: skip
     report.write_json(json_path, record)

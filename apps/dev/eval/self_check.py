@@ -9,9 +9,9 @@ process reads it (PostgreSQL `ki_self_eval`; search.ranking.mode_gate decides th
    each document falling into the tuning or the confirming half.
 3. Runs every query in lexical, semantic and hybrid mode as an administrator, with the retrieval
    statistics and the access audit off (these are not users' queries).
-4. Decides: lexical when hybrid ranks below lexical (nDCG@10) by more than `retrieval.self_eval_margin` on
+4. Decides: lexical when hybrid ranks below lexical (nDCG@10) by more than `retrieval.mode_gate.self_eval_margin` on
    the tuning half *and* significantly so on the confirming half (paired permutation test at
-   `retrieval.mode_gate_significance_level`); hybrid otherwise. The tuning half says which way to look, the
+   `retrieval.mode_gate.significance_level`); hybrid otherwise. The tuning half says which way to look, the
    confirming half tests only that, so looking at three modes on many queries does not manufacture a
    difference. The margin answers the pseudo-queries' bias: they are the documents' own words, lexical
    sits near its ceiling on them, and a loss of a point or two there says nothing about users' questions;
@@ -230,8 +230,8 @@ async def self_evaluate(
                 documents=None, limit=LIMIT, concurrency=concurrency, label=f"self-eval {mode}",
                 mode=mode, progress=progress,
             )  # fmt: skip
-        level = r.mode_gate_significance_level
-        outcome = summarise(runs, queries, level, r.self_eval_margin)
+        level = r.mode_gate.significance_level
+        outcome = summarise(runs, queries, level, r.mode_gate.self_eval_margin)
         fingerprint = hashlib.sha256(
             json.dumps(sorted((d.document_id, d.version_id) for d in documents)).encode()
         ).hexdigest()
@@ -245,7 +245,7 @@ async def self_evaluate(
             "decision": outcome["decision"],
             "summary": outcome["summary"],
             "significance_level": level,
-            "margin": r.self_eval_margin,
+            "margin": r.mode_gate.self_eval_margin,
             "corpus": {"documents": corpus_documents, "sampled": len(documents), "salt": salt},
             "pseudo_queries": {
                 "made_from": "a heading inside the text and a sentence of each sampled document's latest final "

@@ -5,7 +5,8 @@ Revises: 0008
 Create Date: 2026-12-03
 
 Kept in PostgreSQL, not in a file, because every API process on every machine reads it: each re-reads the
-newest row every `retrieval.self_eval_refresh_s` and lets it decide the default mode (search.ranking.mode_gate).
+newest row every `retrieval.mode_gate.self_eval_refresh_s` and lets it decide the default mode
+(search.ranking.mode_gate).
 `report` is the whole JSON report; query texts in it are hashed unless `api.stats.store_query_text`.
 """
 

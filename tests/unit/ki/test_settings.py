@@ -77,20 +77,20 @@ def test_a_renamed_setting_still_works_under_its_old_name_with_one_warning_line(
     path = _write(tmp_path, {"retrieval": {"identity_max_candidates": 7}, "api": {"identity_cache_keys": 10}})
     with caplog.at_level(logging.WARNING, logger="ki.settings"):
         settings = load_settings(path, environ={"KI_RETRIEVAL__EVIDENCE_SIGNIFICANCE_LEVEL": "0.01"})
-    assert settings.retrieval.name_lookup_max_candidates == 7 and settings.api.caches.name_keys == 10
-    assert settings.retrieval.mode_gate_significance_level == 0.01
+    assert settings.retrieval.name_lookup.max_candidates == 7 and settings.api.caches.name_keys == 10
+    assert settings.retrieval.mode_gate.significance_level == 0.01
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 3 and all("deprecated" in w and "\n" not in w for w in warned)
-    assert any("KI_RETRIEVAL__MODE_GATE_SIGNIFICANCE_LEVEL" in w for w in warned)
+    assert any("KI_RETRIEVAL__MODE_GATE__SIGNIFICANCE_LEVEL" in w for w in warned)
     # A newer variable overrides an older file's old name: the file is migrated first.
-    newer = load_settings(path, environ={"KI_RETRIEVAL__NAME_LOOKUP_MAX_CANDIDATES": "3"})
-    assert newer.retrieval.name_lookup_max_candidates == 3
+    newer = load_settings(path, environ={"KI_RETRIEVAL__NAME_LOOKUP__MAX_CANDIDATES": "3"})
+    assert newer.retrieval.name_lookup.max_candidates == 3
     assert with_overrides(settings, {"retrieval": {"decay_floor": 0.5}}).retrieval.decay_min_weight == 0.5
 
 
 def test_a_setting_given_under_both_names_in_one_place_is_an_error(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"retrieval": {"evidence_dir": "a", "mode_gate_reports_dir": "b"}})
-    with pytest.raises(SettingsError, match=r"set retrieval.mode_gate_reports_dir only"):
+    path = _write(tmp_path, {"retrieval": {"evidence_dir": "a", "mode_gate": {"reports_dir": "b"}}})
+    with pytest.raises(SettingsError, match=r"set retrieval.mode_gate.reports_dir only"):
         load_settings(path, environ={})
     both = {"KI_API__IDENTITY_CACHE_KEYS": "1", "KI_API__CACHES__NAME_KEYS": "2"}
     with pytest.raises(SettingsError, match=r"^KI_API__IDENTITY_CACHE_KEYS: set KI_API__CACHES__NAME_KEYS only"):

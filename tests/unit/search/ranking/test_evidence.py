@@ -50,7 +50,7 @@ def test_hashes_change_with_what_they_bind():
     assert ranking_hash(base.retrieval) != ranking_hash(settings(fusion_rrf_k=20).retrieval)
     assert ranking_hash(base.retrieval) != ranking_hash(settings(chunk_chars=900).retrieval)
     # Settings that do not change a ranking do not invalidate reports.
-    assert ranking_hash(base.retrieval) == ranking_hash(settings(rerank_timeout_s=5).retrieval)
+    assert ranking_hash(base.retrieval) == ranking_hash(settings(rerank__timeout_s=5).retrieval)
     assert analyzer_hash(base.retrieval) == analyzer_hash(settings(index_name="other").retrieval)
     # Temporal decay binds reports only when it is on (off, it changes no ranking).
     assert ranking_hash(base.retrieval) == ranking_hash(settings(decay_min_weight=0.5).retrieval)
@@ -94,7 +94,7 @@ def test_a_loss_that_is_not_significant_keeps_hybrid_and_says_so():
     assert decision.default_mode == "hybrid" and "xquad-de 0.930 < 0.940 not significantly (p 0.400" in decision.reason
     real = {**noisy, "hybrid_vs_lexical": {"p_value": 0.01}}
     assert decide(reports(s, real), s, SIGNATURE).default_mode == "lexical"
-    strict = settings(mode_gate_significance_level=1.0)  # every difference counts, as before the paired test
+    strict = settings(mode_gate__significance_level=1.0)  # every difference counts, as before the paired test
     counted = {**report_json(strict, lexical=0.94, hybrid=0.93), "hybrid_vs_lexical": {"p_value": 0.4}}
     assert decide(reports(strict, counted), strict, SIGNATURE).default_mode == "lexical"
 
@@ -144,7 +144,7 @@ def test_new_ranking_steps_bind_reports_only_when_on():
     assert ranking_hash(settings(**off, synonyms_enabled=True).retrieval, SIGNATURE) != base
     assert ranking_hash(settings(**off, synonyms=[["a b", "c"]]).retrieval, SIGNATURE) == base
     assert ranking_hash(settings(**off, graph_rag_enabled=True).retrieval, SIGNATURE) != base
-    assert ranking_hash(settings(**off, graph_rag_hop_penalty=0.3).retrieval, SIGNATURE) == base
+    assert ranking_hash(settings(**off, graph_rag__hop_penalty=0.3).retrieval, SIGNATURE) == base
 
 
 def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
@@ -184,8 +184,8 @@ def test_the_shipped_settings_and_reports_make_hybrid_the_default():
     service silently answers keyword-only (a changed ranking default needs its reports re-measured)."""
     shipped = load_settings(environ={})
     assert shipped.embedding.model == "multilingual-e5-small"
-    assert shipped.retrieval.mode_gate_reports_dir == "benchmarks"
-    decision = decide(load_reports(shipped.retrieval.mode_gate_reports_dir), shipped, SIGNATURE)
+    assert shipped.retrieval.mode_gate.reports_dir == "benchmarks"
+    decision = decide(load_reports(shipped.retrieval.mode_gate.reports_dir), shipped, SIGNATURE)
     assert decision.default_mode == "hybrid", decision.reason
     assert {"gesetze-headings-dev", "xquad-de"} <= {name.split(" (")[0] for name in decision.reports}
 

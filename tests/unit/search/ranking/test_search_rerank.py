@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ki.settings import RetrievalSettings, SettingsError, load_settings
+from ki.settings import RerankSettings, RetrievalSettings, SettingsError, load_settings
 from search.ranking.fusion import Candidate
 from search.ranking.rerank import (
     RERANK_TOP_N,
@@ -84,8 +84,8 @@ def test_request_carries_model_query_and_numbered_passages() -> None:
 
 
 def test_enabled_without_url_refuses_to_start() -> None:
-    with pytest.raises(SettingsError, match="retrieval: rerank_enabled is true but rerank_url is empty"):
+    with pytest.raises(SettingsError, match=r"retrieval\.rerank\.url: rerank_enabled is true but it is empty"):
         load_settings(environ={"KI_RETRIEVAL__RERANK_ENABLED": "true"})
-    settings = RetrievalSettings.model_construct(rerank_enabled=True, rerank_url="")  # bypassing validation
-    with pytest.raises(SettingsError, match="rerank_url"):
+    settings = RetrievalSettings.model_construct(rerank_enabled=True, rerank=RerankSettings())  # bypassing validation
+    with pytest.raises(SettingsError, match=r"rerank\.url"):
         Reranker(settings)
