@@ -62,6 +62,9 @@ def mapping_properties(settings: Settings) -> dict[str, Any]:
         "identifiers_text": {"type": "text", "analyzer": "standard"},
         # long, not integer: the access version may come from a bigint counter in SQL.
         "access_version": {"type": "long"},
+        # sha256 of the exact string embedded: rows with equal keys carry equal vectors (one embedding
+        # signature per index), so a vector is looked up by it instead of embedded again.
+        "embedding_key": {"type": "keyword"},
         # Payload only (kind, ordinal, locus, content_hash, ...): kept in _source, never indexed.
         "meta": {"type": "object", "enabled": False},
         "indexed_at": {"type": "date"},
@@ -69,8 +72,9 @@ def mapping_properties(settings: Settings) -> dict[str, Any]:
     return properties
 
 
-def index_body(settings: Settings) -> dict[str, Any]:
-    """Body for creating a physical chunk index.
+def index_body(settings: Settings, embedding_signature: str | None = None) -> dict[str, Any]:
+    """Body for creating a physical chunk index (bound to `embedding_signature`, recorded in `_meta`,
+    which tells a rebuild whose vectors it may take over).
 
     The embedding stays in `_source` on purpose: partial updates (access-only, keep-vector
     rewrites) re-index from `_source`, and a vector excluded there would be lost. Searches exclude
@@ -87,10 +91,16 @@ def index_body(settings: Settings) -> dict[str, Any]:
     analysis = text_analysis(settings)
     if analysis:
         index["analysis"] = analysis
-    return {
-        "settings": {"index": index},
-        "mappings": {"dynamic": False, "properties": mapping_properties(settings)},
-    }
+    mappings: dict[str, Any] = {"dynamic": False, "properties": mapping_properties(settings)}
+    if embedding_signature is not None:
+        mappings["_meta"] = {"embedding_signature": embedding_signature}
+    return {"settings": {"index": index}, "mappings": mappings}
+
+
+def embedding_signature_of(live_mapping: Mapping[str, Any]) -> str | None:
+    """The embedding signature a physical index records in its mapping's `_meta` (None: not recorded)."""
+    signature = (live_mapping.get("_meta") or {}).get("embedding_signature")
+    return signature if isinstance(signature, str) and signature else None
 
 
 def text_analysis(settings: Settings) -> dict[str, Any]:

@@ -86,7 +86,9 @@ class IndexRow:
 
     `source` is the `_source` body minus `embedding`; `embed_input` is the string to embed;
     `content_hash` is sha256(embed_input), also stored in `source["meta"]["content_hash"]` so a
-    later sync can tell whether the stored vector is still valid.
+    later sync can tell whether the stored vector is still valid, and as the indexed `embedding_key`
+    so that any row whose vector is wanted again -- in another document, another version, or the next
+    physical index of a rebuild -- is found by it (one index holds one embedding signature).
     """
 
     id: str
@@ -243,7 +245,8 @@ def build_rows(
             meta["locus"] = locus
         if clause_type is not None:
             meta["clause_type"] = clause_type
-        source = {"text": text, **shared, "chunk_kind": kind, "clause_type": clause_type, "meta": meta}
+        source = {"text": text, **shared, "chunk_kind": kind, "clause_type": clause_type, "embedding_key": digest,
+                  "meta": meta}  # fmt: skip
         return IndexRow(
             id=row_id(version.id, kind, ordinal), source=source, embed_input=embed_input, content_hash=digest
         )

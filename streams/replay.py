@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Engine, text
 
 from ki.clients import kafka_error, make_client, make_engine, make_kafka_consumer
@@ -23,7 +24,7 @@ from ki.embedding import create_embedder
 from ki.settings import Settings
 from projections.cdc import PoisonEvent, decode
 from projections.dirty import DirtyKeys, dirty_keys
-from projections.mapping import physical_index_name
+from projections.mapping import embedding_signature_of, physical_index_name
 from streams.sync import Projector, SyncStats
 from streams.topics import cdc_topics
 from streams.writer import IndexWriter
@@ -131,6 +132,7 @@ async def _project_in_batches(
         total.versions_projected += stats.versions_projected
         total.rows_written += stats.rows_written
         total.rows_embedded += stats.rows_embedded
+        total.rows_reused += stats.rows_reused
         on_progress("versions", min(i + batch, len(ordered)), len(ordered))
     return total
 
@@ -145,14 +147,22 @@ async def rebuild(
     try:
         generation = time.strftime("%Y%m%d%H%M%S")
         physical = physical_index_name(settings, embedder.signature, generation=generation)
-        writer = IndexWriter(client, settings, index=physical)
-        await writer.create_physical(physical)
+        # The live index's vectors are ours to reuse when it was built with the same embedder (an
+        # analyzer or mapping change): then only rows whose embedded string changed are embedded.
+        sources = await _same_embedding_indices(client, settings.retrieval.index_name, embedder.signature)
+        writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
+        await writer.create_physical(physical, embedder.signature)
+        if sources:
+            progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
         progress(f"rebuild: replaying the CDC topics into {physical}")
         keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         content, access = await projector.resolve(keys)
         stats = await _project_in_batches(projector, content | access, on_progress)
-        progress(f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written")
+        progress(
+            f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
+            f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
+        )
         await writer.refresh()
         expected = await asyncio.to_thread(_live_version_ids, engine)
         indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
@@ -178,6 +188,14 @@ async def rebuild(
     finally:
         await client.close()
         engine.dispose()
+
+
+async def _same_embedding_indices(client: AsyncOpenSearch, alias: str, signature: str) -> list[str]:
+    """The physical indices behind `alias` that record this embedding signature."""
+    if not await client.indices.exists_alias(index=alias, name=alias):
+        return []
+    mappings = await client.indices.get_mapping(index=alias)
+    return sorted(name for name, body in mappings.items() if embedding_signature_of(body["mappings"]) == signature)
 
 
 async def backfill(

@@ -93,9 +93,7 @@ class RowIndex(Protocol):
 
     async def vectors(self, doc_ids: Sequence[str]) -> dict[str, list[float]]: ...
 
-    async def reusable_vectors(
-        self, document_ids: Iterable[str], content_hashes: Iterable[str]
-    ) -> dict[str, list[float]]: ...
+    async def reusable_vectors(self, embedding_keys: Iterable[str]) -> dict[str, list[float]]: ...
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]: ...
 
@@ -219,7 +217,14 @@ class Projector:
             result = await self._write([op for op in access_ops if op is not None], stats)
             stats.access_rows_updated += result.written
             lost |= {int(group) for group in result.conflicts}
-        needs = [(v, sum(write.needs_vector for _, write in plan.writes)) for v, plan in plans.items()]
+        # Vectors the index already holds (any row with the same embedded string) are taken first, so
+        # only rows that really need the embedder count against a micro-batch.
+        await self._reuse_stored([row for plan in plans.values() for row, write in plan.writes if write.needs_vector],
+                                 stats, known)  # fmt: skip
+        needs = [
+            (v, sum(write.needs_vector and row.content_hash not in known for row, write in plan.writes))
+            for v, plan in plans.items()
+        ]
         groups = micro_batches(needs, self.settings.streams.embed_micro_batch_rows)
 
         def embedding(group: list[int]) -> asyncio.Task[dict[str, list[float]]]:
@@ -318,23 +323,26 @@ class Projector:
         stats.timed("write", started)
         return result
 
+    async def _reuse_stored(self, rows: Sequence[IndexRow], stats: SyncStats, known: dict[str, list[float]]) -> None:
+        """Add to `known` the vectors the index holds for these rows' embedded strings."""
+        wanted = {row.content_hash for row in rows} - known.keys()
+        if wanted:
+            started = time.perf_counter()
+            known.update(await self.index.reusable_vectors(wanted))
+            stats.timed("reuse", started)
+
     async def _vectors_for(
         self, rows: Sequence[IndexRow], stats: SyncStats, known: dict[str, list[float]]
     ) -> dict[str, list[float]]:
-        """A vector for each row: each distinct embedded string once, none whose vector is `known` (from an
-        earlier round) or held by the index. Fresh vectors are added to `known`."""
+        """A vector for each row: each distinct embedded string once, none whose vector is `known` (held
+        by the index, or embedded in an earlier round). Fresh vectors are added to `known`."""
         if not rows:
             return {}
         distinct: dict[str, IndexRow] = {}
         for row in rows:
             if row.content_hash not in known:
                 distinct.setdefault(row.content_hash, row)
-        if distinct:
-            started = time.perf_counter()
-            stored = await self.index.reusable_vectors({str(row.source["document_id"]) for row in rows}, distinct)
-            stats.timed("reuse", started)
-            known.update(stored)
-        fresh = [row for digest, row in distinct.items() if digest not in known]
+        fresh = list(distinct.values())
         if fresh:
             started = time.perf_counter()
             embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in fresh])

@@ -33,6 +33,7 @@ from projections.mapping import (
     analyzer_mismatch,
     conflicting_fields,
     dimension_mismatch,
+    embedding_signature_of,
     index_body,
     missing_fields,
     physical_index_name,
@@ -46,6 +47,19 @@ OPENSEARCH_BACKOFF = Backoff(base_s=0.2, max_s=10.0)
 # Rows fetched per search when reading what is indexed (the index.max_result_window default).
 EXISTING_PAGE = 10_000
 OpKind = Literal["index", "create", "update", "delete"]
+# Keys looked up per search for vector reuse (one hit per key; far below index.max_terms_count).
+REUSE_PAGE = 1_000
+
+
+def reuse_query(embedding_keys: Sequence[str]) -> dict[str, Any]:
+    """One row per key among these (any row: equal keys carry equal vectors), with its vector."""
+    return {
+        "query": {"terms": {"embedding_key": list(embedding_keys)}},
+        "collapse": {"field": "embedding_key"},
+        "_source": {"includes": ["embedding_key", "embedding"]},
+        "size": len(embedding_keys),
+        "track_total_hits": False,
+    }
 
 
 @dataclass(frozen=True)
@@ -101,12 +115,22 @@ def _encoded_size(lines: list[dict[str, Any]]) -> int:
 
 
 class IndexWriter:
-    def __init__(self, client: AsyncOpenSearch, settings: Settings, *, index: str | None = None) -> None:
+    def __init__(
+        self,
+        client: AsyncOpenSearch,
+        settings: Settings,
+        *,
+        index: str | None = None,
+        vector_sources: Sequence[str] = (),
+    ) -> None:
         self.client = client
         self.settings = settings
         self.alias = settings.retrieval.index_name
         # Writes go to an explicit physical index during a rebuild, otherwise to the alias.
         self.index = index or self.alias
+        # Where stored vectors are looked up: the index written, and during a rebuild the live index it
+        # replaces when that one holds the same embedding signature (its vectors are exactly ours).
+        self.vector_indices = ",".join(dict.fromkeys([self.index, *vector_sources]))
         self.bulk_seconds: list[float] = []
         # Versions this writer wrote that the index's periodic refresh may not have published yet. Reads
         # go through search, which only sees refreshed data: reading such a version would hand out an old
@@ -128,7 +152,7 @@ class IndexWriter:
             targets = sorted((await self.client.indices.get_alias(index=self.alias, name=self.alias)).keys())
         else:
             if not await self.client.indices.exists(index=expected):
-                await self.create_physical(expected)
+                await self.create_physical(expected, embedding_signature)
             await self.client.indices.update_aliases(
                 body={"actions": [{"add": {"index": expected, "alias": self.alias}}]}
             )
@@ -157,11 +181,27 @@ class IndexWriter:
             if extra:
                 log.info("adding %d missing mapped field(s) to %s: %s", len(extra), target, sorted(extra))
                 await self.client.indices.put_mapping(index=target, body={"properties": extra})
+            if "embedding_key" in extra:
+                await self._key_older_rows(target)
+            if embedding_signature_of(live) is None:  # an index from before it was recorded; checked above
+                meta = {"embedding_signature": embedding_signature}
+                await self.client.indices.put_mapping(index=target, body={"_meta": meta})
         return targets[0]
 
-    async def create_physical(self, physical: str) -> None:
+    async def _key_older_rows(self, target: str) -> None:
+        """Rows written before `embedding_key` existed get it from `meta.content_hash`, in the background
+        (OpenSearch runs the update as a task; a row the sync rewrites meanwhile is skipped, it has the key)."""
+        body = {
+            "query": {"bool": {"must_not": {"exists": {"field": "embedding_key"}}}},
+            "script": {"lang": "painless", "source": "ctx._source.embedding_key = ctx._source.meta.content_hash"},
+        }
+        params = {"conflicts": "proceed", "wait_for_completion": "false"}
+        task = await self.client.update_by_query(index=target, body=body, params=params)
+        log.info("keying the stored vectors of %s for reuse (task %s)", target, task.get("task"))
+
+    async def create_physical(self, physical: str, embedding_signature: str | None = None) -> None:
         try:
-            await self.client.indices.create(index=physical, body=index_body(self.settings))
+            await self.client.indices.create(index=physical, body=index_body(self.settings, embedding_signature))
         except OpenSearchException as exc:
             error = opensearch_error(exc)
             if not isinstance(error, AlreadyExists):  # another writer created it first: fine
@@ -278,45 +318,25 @@ class IndexWriter:
             if doc.get("found") and "embedding" in (doc.get("_source") or {})
         }
 
-    async def reusable_vectors(
-        self, document_ids: Iterable[str], content_hashes: Iterable[str]
-    ) -> dict[str, list[float]]:
-        """Stored vectors of these documents' rows whose embedded string has one of `content_hashes`.
-
-        One index holds one embedding signature, so a row with the same content hash carries exactly the
-        vector the embedder would return: a new version that repeats its predecessor's paragraphs, or a
-        paragraph that moved to another chunk ordinal, is not embedded again. Best effort: a row that
-        is not searchable yet, or changed after the search, is simply embedded."""
-        wanted = set(content_hashes)
-        documents = sorted({str(d) for d in document_ids})
-        if not wanted or not documents:
-            return {}
-        body = {
-            "query": {"terms": {"document_id": documents}},
-            "_source": {"includes": ["meta.content_hash"]},
-            "size": EXISTING_PAGE,
-        }
-        response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
-        holder: dict[str, str] = {}  # content hash -> one row id that had it
-        for hit in response["hits"]["hits"]:
-            digest = ((hit.get("_source") or {}).get("meta") or {}).get("content_hash")
-            if digest in wanted:
-                holder.setdefault(digest, hit["_id"])
-        if not holder:
-            return {}
-        response = await self._with_retries(
-            lambda: self.client.mget(
-                index=self.index,
-                body={"ids": sorted(set(holder.values()))},
-                params={"_source_includes": "embedding,meta.content_hash"},
-            )
-        )
+    async def reusable_vectors(self, embedding_keys: Iterable[str]) -> dict[str, list[float]]:
+        """Stored vectors by the key of their embedded string (`embedding_key`), from any row of the
+        vector indices: a new version repeating its predecessor's paragraphs, a clause another document
+        holds word for word (header included), every row of a rebuild whose input did not change. One
+        index holds one embedding signature, so an equal key means exactly the vector the embedder would
+        return. Best effort: a row that is not searchable yet is simply embedded."""
+        wanted = sorted(set(embedding_keys))
         found: dict[str, list[float]] = {}
-        for doc in response["docs"]:
-            source = doc.get("_source") or {}
-            digest = (source.get("meta") or {}).get("content_hash")
-            if doc.get("found") and digest in wanted and "embedding" in source:
-                found[digest] = source["embedding"]  # checked again: the row may have changed since the search
+        for start in range(0, len(wanted), REUSE_PAGE):
+            body = reuse_query(wanted[start : start + REUSE_PAGE])
+            response = await self._with_retries(
+                lambda body=body: self.client.search(
+                    index=self.vector_indices, body=body, params={"ignore_unavailable": "true"}
+                )
+            )
+            for hit in response["hits"]["hits"]:
+                source = hit.get("_source") or {}
+                if isinstance(source.get("embedding"), list):
+                    found[source["embedding_key"]] = source["embedding"]
         return found
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:

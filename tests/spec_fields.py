@@ -6,3 +6,5 @@ SPEC_KEYWORD_FIELDS = frozenset(
     | {"document_id", "document_version_id", "identifiers", "language", "matter_id", "project_id", "version_status"}
 )
 SPEC_FIELDS = SPEC_KEYWORD_FIELDS | {"access_version", "doc_date", "identifiers_text", "meta", "text"}
+# Beyond the spec: the key of the embedded string, by which a stored vector is found again.
+ADDED_FIELDS = frozenset({"embedding_key"})

@@ -83,6 +83,27 @@ def test_missing_mapped_fields_are_added_to_the_live_index(isolated: Settings) -
     assert "identifiers_text" in search.indices.get_mapping(index=physical)[physical]["mappings"]["properties"]
 
 
+def test_an_index_from_before_vector_reuse_records_its_embedder_and_keys_its_rows(isolated: Settings) -> None:
+    search = make_sync_client(isolated)
+    physical = physical_index_name(isolated, SIGNATURE)
+    body = index_body(isolated)  # no embedding signature in _meta, no embedding_key field: as indices were
+    del body["mappings"]["properties"]["embedding_key"]
+    search.indices.create(index=physical, body=body)
+    vector = [0.5] * isolated.retrieval.embedding_dimensions
+    row = {"document_id": "1", "text": "alt", "meta": {"content_hash": "ab" * 32}, "embedding": vector}
+    search.index(index=physical, id="1:chunk:0", body=row, refresh=True)
+    ensure(isolated)
+    mappings = search.indices.get_mapping(index=physical)[physical]["mappings"]
+    assert mappings["_meta"] == {"embedding_signature": SIGNATURE}
+
+    def keyed() -> dict[str, Any] | None:
+        search.indices.refresh(index=physical)
+        hits = search.search(index=physical, body={"query": {"term": {"embedding_key": "ab" * 32}}})["hits"]["hits"]
+        return hits[0]["_source"] if hits else None
+
+    assert wait_for(keyed, timeout=30, what="the older row keyed by its content hash")["embedding"] == vector
+
+
 def test_a_field_mapped_with_another_type_is_refused(isolated: Settings) -> None:
     search = make_sync_client(isolated)
     physical = physical_index_name(isolated, SIGNATURE)

@@ -7,6 +7,7 @@ from projections.mapping import (
     analyzer_mismatch,
     conflicting_fields,
     dimension_mismatch,
+    embedding_signature_of,
     index_body,
     index_signature,
     mapping_properties,
@@ -35,6 +36,14 @@ def test_index_settings_come_from_opensearch_settings():
         "knn": True,
         "max_terms_count": 65_536,
     }
+
+
+def test_an_index_records_the_embedder_whose_vectors_it_holds_and_keys_them():
+    settings = make_settings()
+    bound = index_body(settings, "multilingual-e5-small-384")["mappings"]
+    assert embedding_signature_of(bound) == "multilingual-e5-small-384"
+    assert embedding_signature_of(index_body(settings)["mappings"]) is None  # unknown: never reused
+    assert bound["properties"]["embedding_key"] == {"type": "keyword"}  # terms and collapse need it indexed
 
 
 def test_mapping_is_strict_and_types_every_field():

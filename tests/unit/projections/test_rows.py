@@ -12,7 +12,7 @@ from projections.rows import (
     build_rows,
     content_hash,
 )
-from tests.spec_fields import SPEC_FIELDS
+from tests.spec_fields import ADDED_FIELDS, SPEC_FIELDS
 
 PARAGRAPHS = [f"Absatz {i}: Der Mieter zahlt die Miete pünktlich zum Monatsersten. " * 4 for i in range(8)]
 TEXT = "\n".join(PARAGRAPHS)
@@ -64,7 +64,7 @@ def by_kind(rows, kind):
 
 def test_rows_carry_every_spec_field_except_the_vector():
     for row in rows_for():
-        assert set(row.source) == SPEC_FIELDS
+        assert set(row.source) == SPEC_FIELDS | ADDED_FIELDS
         assert "embedding" not in row.source
 
 

@@ -34,9 +34,11 @@ PARAGRAPHS = [
 TEXT = "\n\n".join(PARAGRAPHS)
 
 
-def snapshot(version_id: int = 11, document_id: int = 1, text: str = TEXT, **document: Any) -> VersionSnapshot:
+def snapshot(
+    version_id: int = 11, document_id: int = 1, text: str = TEXT, title: str | None = None, **document: Any
+) -> VersionSnapshot:
     return VersionSnapshot(
-        document=DocumentState(id=document_id, project_id=1, title=f"Mietvertrag {document_id}", **document),
+        document=DocumentState(id=document_id, project_id=1, title=title or f"Mietvertrag {document_id}", **document),
         version=VersionState(
             id=version_id,
             document_id=document_id,
@@ -129,16 +131,12 @@ class Index:
     async def vectors(self, doc_ids: Sequence[str]) -> dict[str, list[float]]:
         return {d: self.rows[d].embedding for d in doc_ids if d in self.rows and self.rows[d].embedding}  # type: ignore[misc]
 
-    async def reusable_vectors(
-        self, document_ids: Iterable[str], content_hashes: Iterable[str]
-    ) -> dict[str, list[float]]:
-        documents, wanted = set(document_ids), set(content_hashes)
+    async def reusable_vectors(self, embedding_keys: Iterable[str]) -> dict[str, list[float]]:
+        wanted = set(embedding_keys)
         return {
-            row.source["meta"]["content_hash"]: row.embedding
+            row.source["embedding_key"]: row.embedding
             for row in self.rows.values()
-            if str(row.source["document_id"]) in documents
-            and row.source["meta"]["content_hash"] in wanted
-            and row.embedding is not None
+            if row.source["embedding_key"] in wanted and row.embedding is not None
         }
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
@@ -309,6 +307,35 @@ def test_a_new_version_reuses_its_predecessors_vectors_for_repeated_paragraphs()
     stats = run(projector.apply(content(12)))
     assert stats.rows_reused > 0 and stats.rows_embedded < stats.rows_reused + stats.rows_embedded
     assert embedder.embedded - first == stats.rows_embedded
+
+
+def test_another_document_with_the_same_embedded_strings_reuses_their_vectors_and_embeds_nothing() -> None:
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    first = embedder.embedded
+    # Same title (the context header is part of what is embedded) and text: every input is known.
+    db.states[21] = snapshot(version_id=21, document_id=2, title="Mietvertrag 1")
+    db.states[31] = snapshot(version_id=31, document_id=3, text=TEXT + "\n\n§ 9 Neu.")
+    embedded_when_written: dict[str, int] = {}
+    write = index.bulk
+
+    async def recording(ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
+        for op in ops:
+            embedded_when_written.setdefault(op.group, embedder.embedded)
+        return await write(ops, refresh=refresh)
+
+    index.bulk = recording  # type: ignore[method-assign]
+    stats = run(projector.apply(content(21, 31)))
+    copied = index.of(21)
+    assert copied and all(r.embedding == index.rows[d.replace("21:", "11:", 1)].embedding for d, r in copied.items())
+    assert (
+        embedder.embedded - first
+        == stats.rows_embedded
+        == len({r.source["embedding_key"] for r in index.of(31).values()})
+    )
+    assert stats.rows_reused == len(copied)
+    # Rows whose vectors are known are written before anything is embedded (they wait for no micro-batch).
+    assert embedded_when_written == {"21": first, "31": embedder.embedded}
 
 
 def test_a_deleted_document_loses_its_rows_found_through_the_index() -> None:
