@@ -65,6 +65,8 @@ def mapping_properties(settings: Settings) -> dict[str, Any]:
         # sha256 of the exact string embedded: rows with equal keys carry equal vectors (one embedding
         # signature per index), so a vector is looked up by it instead of embedded again.
         "embedding_key": {"type": "keyword"},
+        # On a row written before its vector (text first): since when it waits (`ki sync status`, /metrics).
+        "vector_pending": {"type": "date", "format": "epoch_millis"},
         # Payload only (kind, ordinal, locus, content_hash, ...): kept in _source, never indexed.
         "meta": {"type": "object", "enabled": False},
         "indexed_at": {"type": "date"},

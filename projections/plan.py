@@ -14,9 +14,11 @@ itself:
    which stored rows to delete and, per new row, one `RowWrite`: create, re-embed, partial update,
    replace (keeping the stored vector) or nothing. A version gone from PostgreSQL, or of a deleted
    document, has no rows: every stored row is deleted.
-   On the access lane, which never embeds, `plan_version` decides the lane fallback: a version whose
-   rebuilt rows need a vector only gets its stored rows' principal projection rewritten there (the
-   projection cannot wait for the embedder); the content lane writes the rest.
+   **Text first**: the access lane never embeds, so it writes the rows that need a vector without one,
+   marked `vector_pending` (`text_write`): a new or changed version is found by its words, identifiers
+   and name, filtered and access-checked, as soon as that lane has read it. The content lane then
+   overwrites each such row with the same row and its vector (`RowWrite.ADD_VECTOR`); the semantic leg
+   simply does not match a row without a vector meanwhile.
 4. **Access-only path**, per version: read only the principal fields of its rows and the granted
    principals; `access_only_update` gives each row's partial update, or None when the row already
    holds that projection. Nothing is split or embedded.
@@ -116,6 +118,11 @@ def access_only_update(stored: StoredRow, granted: Granted) -> dict[str, Any] | 
 # --- content path -------------------------------------------------------------------------------
 
 
+#: On a row written without its vector (text first): since when it waits, in epoch milliseconds; the
+#: content lane's write with the vector has no such field.
+VECTOR_PENDING = "vector_pending"
+
+
 class RowWrite(StrEnum):
     """What the content path writes for one rebuilt row."""
 
@@ -123,6 +130,10 @@ class RowWrite(StrEnum):
     CREATE = "create"
     #: The embedded string changed (text, header, profile): get a vector, overwrite the whole row.
     REEMBED = "reembed"
+    #: The stored row is this row's text without a vector: get the vector, overwrite the whole row.
+    ADD_VECTOR = "add_vector"
+    #: A lane that does not embed: write the whole row without a vector, marked `vector_pending`.
+    TEXT = "text"
     #: Only fields beside the vector changed and none was removed: partial update, vector untouched.
     UPDATE = "update"
     #: Fields beside the vector changed and one was removed (e.g. `meta.source_object_id` once the
@@ -135,11 +146,15 @@ class RowWrite(StrEnum):
     @property
     def needs_vector(self) -> bool:
         """Whether the write needs a vector for the row's (new) embedded string."""
-        return self in (RowWrite.CREATE, RowWrite.REEMBED)
+        return self in (RowWrite.CREATE, RowWrite.REEMBED, RowWrite.ADD_VECTOR)
 
 
 def without_vector(source: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in source.items() if name != "embedding"}
+    return {name: value for name, value in source.items() if name not in ("embedding", VECTOR_PENDING)}
+
+
+def vector_pending(source: Mapping[str, Any]) -> bool:
+    return bool(source.get(VECTOR_PENDING))
 
 
 def drops_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -158,10 +173,23 @@ def row_write(new: IndexRow, stored: StoredRow | None) -> RowWrite:
         return RowWrite.CREATE
     if stored.content_hash != new.content_hash:
         return RowWrite.REEMBED
+    if vector_pending(stored.source):
+        return RowWrite.ADD_VECTOR
     old = without_vector(stored.source)
     if old == new.source:
         return RowWrite.KEEP
     return RowWrite.REPLACE if drops_fields(old, new.source) else RowWrite.UPDATE
+
+
+def text_write(new: IndexRow, stored: StoredRow | None) -> RowWrite:
+    """The write of a lane that does not embed: a row that needs a vector is written as text (TEXT),
+    unless the stored row already is exactly that text; every other write is `row_write`'s."""
+    write = row_write(new, stored)
+    if not write.needs_vector:
+        return write
+    if write is RowWrite.ADD_VECTOR and stored is not None and without_vector(stored.source) == new.source:
+        return RowWrite.KEEP  # the same text row, still waiting for its vector
+    return RowWrite.TEXT
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +229,11 @@ def micro_batches(vector_needs: Sequence[tuple[int, int]], max_rows: int) -> lis
     return groups
 
 
-def plan_content_writes(new_rows: Sequence[IndexRow], stored: Mapping[str, StoredRow]) -> ContentPlan:
-    """Compare a version's rebuilt rows with its stored rows (by row id).
+def plan_content_writes(
+    new_rows: Sequence[IndexRow], stored: Mapping[str, StoredRow], *, embeds: bool = True
+) -> ContentPlan:
+    """Compare a version's rebuilt rows with its stored rows (by row id), for a lane that embeds (content
+    lane, rebuild) or not (access lane: text first).
 
     Editing one paragraph changes the embedded string of the chunks around it only, so only those are
     re-embedded; a grant change alone re-embeds nothing (the vectors do not embed principals).
@@ -210,23 +241,7 @@ def plan_content_writes(new_rows: Sequence[IndexRow], stored: Mapping[str, Store
     ids = [row.id for row in new_rows]
     if len(set(ids)) != len(ids):
         raise ValueError("new_rows contains duplicate row ids")
-    writes = tuple((row, write) for row in new_rows if (write := row_write(row, stored.get(row.id))) != RowWrite.KEEP)
+    decide = row_write if embeds else text_write
+    writes = tuple((row, write) for row in new_rows if (write := decide(row, stored.get(row.id))) != RowWrite.KEEP)
     deletes = tuple(sorted(set(stored) - set(ids)))
     return ContentPlan(writes=writes, deletes=deletes)
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPlan:
-    """One version's sync on one lane: its content writes, or (`access_fallback`) only the principal
-    projection of its stored rows, because this lane cannot embed what the content writes need."""
-
-    content: ContentPlan
-    access_fallback: bool = False
-
-
-def plan_version(new_rows: Sequence[IndexRow], stored: Mapping[str, StoredRow], *, embeds: bool) -> VersionPlan:
-    """The content path's plan for a version, decided for a lane that embeds (content lane, rebuild) or
-    not (access lane)."""
-    content = plan_content_writes(new_rows, stored)
-    needs_vector = any(write.needs_vector for _, write in content.writes)
-    return VersionPlan(content, access_fallback=needs_vector and not embeds)

@@ -27,6 +27,7 @@ from ki.embedding import Embedder
 from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
+from projections.plan import VECTOR_PENDING
 from search.access.invalidation import ChangeSubscriber, InvalidationFeed
 from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
@@ -839,6 +840,9 @@ class SearchService:
         reason = await self.empty_reason(request, scope) if not kept else None
         timings = timer.finish()
         mode_info = self.mode_json(request.mode, mode)
+        pending = sum(1 for c in page if c.source.get(VECTOR_PENDING))  # the caller's own hits only
+        if pending:
+            mode_info["vectors_pending"] = pending
         fallbacks = ctx.fallbacks
         if request.mode is None and mode != "hybrid":
             fallbacks.append(f"default_mode_{mode}")

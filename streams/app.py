@@ -35,7 +35,7 @@ from prometheus_client import generate_latest
 
 from ki.clients import kafka_ssl_context, make_client, make_engine
 from ki.embedding import create_embedder
-from ki.errors import IndexSchemaError
+from ki.errors import IndexSchemaError, KiError
 from ki.settings import Settings
 from projections.dirty import DirtyKeys
 from streams import metrics
@@ -118,6 +118,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 embedder = await asyncio.to_thread(create_embedder, settings)
                 writer = IndexWriter(make_client(settings), settings)
                 await writer.ensure_index(embedder.signature)
+                state["writer"] = writer
                 state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)
         projector_: Projector = state["projector"]
         return projector_
@@ -177,6 +178,11 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         reading = asyncio.ensure_future(asyncio.to_thread(metrics.update_lag, settings))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reading), timeout=LAG_READ_WAIT_S)
+        if lane == "content" and "writer" in state:  # rows the access lane wrote text first
+            with contextlib.suppress(TimeoutError, KiError):  # a scrape answers what it has
+                waiting, oldest_s = await asyncio.wait_for(state["writer"].pending_vectors(), LAG_READ_WAIT_S)
+                metrics.VECTORS_PENDING.set(waiting)
+                metrics.OLDEST_PENDING.set(oldest_s)
         return self.bytes(generate_latest(), content_type="text/plain")
 
     return app

@@ -25,6 +25,9 @@ ROWS_EMBEDDED = Counter("ki_sync_rows_embedded_total", "index rows whose text wa
 ROWS_REUSED = Counter(
     "ki_sync_rows_vector_reused_total", "index rows given the stored vector of an identical embedded string"
 )
+ROWS_TEXT_FIRST = Counter(
+    "ki_sync_rows_text_first_total", "index rows sent without their vector (searchable by words at once)"
+)
 ACCESS_ROWS = Counter("ki_sync_access_rows_updated_total", "rows whose principal projection was rewritten")
 BULK_SECONDS = Histogram("ki_sync_stage_seconds", "time per sync stage and batch", ["stage"])
 FRESHNESS = Histogram(
@@ -37,6 +40,10 @@ CONSUMER_LAG = Gauge(
     "ki_sync_consumer_lag", "records behind the log end, per lane's consumer group", ["lane", "topic", "partition"]
 )
 DLQ_RECORDS = Gauge("ki_sync_dlq_records", "records in the dead-letter topic (every lane's, since it was created)")
+VECTORS_PENDING = Gauge("ki_sync_rows_vector_pending", "index rows written text first that wait for their vector")
+OLDEST_PENDING = Gauge(
+    "ki_sync_oldest_vector_pending_seconds", "how long the oldest row waiting for its vector has waited (0: none)"
+)
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 
 
@@ -46,6 +53,7 @@ def record_sync(stats: Any) -> None:
     ROWS_WRITTEN.inc(stats.rows_written)
     ROWS_EMBEDDED.inc(stats.rows_embedded)
     ROWS_REUSED.inc(stats.rows_reused)
+    ROWS_TEXT_FIRST.inc(stats.rows_text_first)
     ACCESS_ROWS.inc(stats.access_rows_updated)
     for stage, seconds in stats.seconds.items():
         BULK_SECONDS.labels(stage=stage).observe(seconds)

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, text
 from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import Settings
 from streams.topics import LANES, Lane, consumer_group, lane_topics
+from streams.writer import pending_vectors_of, pending_vectors_query
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,9 @@ def print_status(settings: Settings) -> int:
     if client.indices.exists_alias(index=alias, name=alias):
         physical = ", ".join(client.indices.get_alias(index=alias, name=alias))
         count = client.count(index=alias)["count"]
-        print(f"index {alias} -> {physical}: {count} rows")
+        waiting, oldest_s = pending_vectors_of(client.search(index=alias, body=pending_vectors_query()))
+        pending = f", {waiting} waiting for their vector (oldest {oldest_s:.0f} s)" if waiting else ""
+        print(f"index {alias} -> {physical}: {count} rows{pending}")
     else:
         print(f"index {alias}: missing (start the worker or run `ki backfill`)")
     return 0 if retained is not None else 1

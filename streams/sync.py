@@ -31,13 +31,14 @@ from projections.chunking import TokenBudget
 from projections.dirty import DirtyKeys
 from projections.plan import (
     PRINCIPAL_FIELDS,
+    VECTOR_PENDING,
     ContentPlan,
     RowWrite,
     access_only_update,
     access_only_versions,
     micro_batches,
     next_access_version,
-    plan_version,
+    plan_content_writes,
 )
 from projections.rows import AccessProjection, IndexRow, build_rows
 from streams.source import AccessBasis, PostgresSource, VersionSnapshot
@@ -60,6 +61,7 @@ class SyncStats:
     rows_deleted: int = 0
     rows_embedded: int = 0
     rows_reused: int = 0  # rows given a stored vector of the same embedded string instead of embedding
+    rows_text_first: int = 0  # rows sent without their vector (text first), by a lane that does not embed
     access_rows_updated: int = 0
     conflict_rounds: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -129,8 +131,8 @@ class Projector:
 
     async def apply(self, keys: DirtyKeys, lane: Lane | None = None) -> SyncStats:
         """Project what `keys` dirtied. `lane` (`streams.topics.Lane`) limits the work to one lane:
-        "access" writes everything that needs no embedding and leaves the rest to the content lane;
-        "content" embeds and writes content; None (rebuild, tests) does both."""
+        "access" writes everything without embedding (rows that need a vector as text first) and leaves
+        the vectors to the content lane; "content" embeds and writes content; None (rebuild, tests) does both."""
         stats = SyncStats()
         if not keys:
             return stats
@@ -150,8 +152,8 @@ class Projector:
     async def project_versions(
         self, version_ids: Iterable[int], stats: SyncStats | None = None, *, embed: bool = True
     ) -> SyncStats:
-        """Rebuild these versions' rows. Without `embed` (the access lane) a version whose rows need a
-        new vector only gets its principal projection rewritten; the content lane does the rest."""
+        """Rebuild these versions' rows. Without `embed` (the access lane) rows that need a vector are
+        written without one, marked pending (text first); the content lane adds the vectors."""
         stats = stats or SyncStats()
         # Vectors survive a lost write race: the retry re-reads and re-plans, but never re-embeds a string.
         known: dict[str, list[float]] = {}
@@ -187,36 +189,21 @@ class Projector:
         self, version_ids: list[int], stats: SyncStats, known: dict[str, list[float]], *, embed: bool
     ) -> set[int]:
         started = time.perf_counter()
-        # step 1: the index (the content path needs no refresh: a `create` of a row that exists conflicts)
-        existing = await self._read_rows(version_ids, refresh_if_missing=not embed, with_source=("*",))
-        if not embed:
-            # A version with no rows yet can only gain rows, and new rows need vectors: content lane work.
-            version_ids = [version_id for version_id in version_ids if existing.get(version_id)]
-            if not version_ids:
-                return set()
+        # step 1: the index (no refresh needed: a `create` of a row that exists conflicts, and the version is
+        # projected again from fresh reads)
+        existing = await self._read_rows(version_ids, refresh_if_missing=False, with_source=("*",))
         states, grants = await asyncio.to_thread(self.source.versions, version_ids)  # step 2: PostgreSQL
         stats.timed("read", started)
 
         plans: dict[int, ContentPlan] = {}
-        access_ops: list[BulkOp | None] = []
         for version_id in version_ids:
             stored = existing.get(version_id, {})
             state = states.get(version_id)
             new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
-            plan = plan_version(new_rows, stored, embeds=embed)
-            if plan.access_fallback:
-                granted = grants.get(version_id, GrantedPrincipals((), ()))
-                access_ops.extend(_access_update(row, granted, version_id) for row in stored.values())
-                stats.access_versions += 1
-                continue
-            plans[version_id] = plan.content
+            plans[version_id] = plan_content_writes(new_rows, stored, embeds=embed)
             stats.versions_projected += 1
 
         lost: set[int] = set()
-        if any(access_ops):
-            result = await self._write([op for op in access_ops if op is not None], stats)
-            stats.access_rows_updated += result.written
-            lost |= {int(group) for group in result.conflicts}
         # Vectors the index already holds (any row with the same embedded string) are taken first, so
         # only rows that really need the embedder count against a micro-batch.
         await self._reuse_stored([row for plan in plans.values() for row, write in plan.writes if write.needs_vector],
@@ -302,12 +289,20 @@ class Projector:
         lost: set[int] = set()
         for version_id, row, write, old in planned:
             group = str(version_id)
-            if old is None:  # RowWrite.CREATE
+            if write is RowWrite.TEXT:  # text first: searchable by words now, the vector comes later
+                waiting = old.source.get(VECTOR_PENDING) if old is not None else None
+                body = {**row.source, VECTOR_PENDING: waiting or int(time.time() * 1000)}
+                stats.rows_text_first += 1
+                if old is None:
+                    ops.append(BulkOp("create", row.id, body, group=group))
+                else:
+                    ops.append(BulkOp("index", row.id, body, old.seq_no, old.primary_term, group=group))
+            elif old is None:  # RowWrite.CREATE
                 ops.append(BulkOp("create", row.id, {**row.source, "embedding": vectors[row.id]}, group=group))
             elif write is RowWrite.UPDATE:
                 ops.append(BulkOp("update", row.id, row.source, old.seq_no, old.primary_term, group=group))
-            else:  # REEMBED with its fresh vector, REPLACE with the stored one
-                vector = vectors[row.id] if write is RowWrite.REEMBED else kept.get(old.doc_id)
+            else:  # REEMBED and ADD_VECTOR with their vector, REPLACE with the stored one
+                vector = vectors[row.id] if write.needs_vector else kept.get(old.doc_id)
                 if vector is None:
                     lost.add(version_id)  # the row was deleted since step 1: project the version again
                     continue

@@ -39,6 +39,7 @@ from projections.mapping import (
     physical_index_name,
     text_analysis,
 )
+from projections.plan import VECTOR_PENDING
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,38 @@ REUSE_PAGE = 1_000
 
 
 def reuse_query(embedding_keys: Sequence[str]) -> dict[str, Any]:
-    """One row per key among these (any row: equal keys carry equal vectors), with its vector."""
+    """One row per key among these (any row with a vector: equal keys carry equal vectors), with its vector."""
     return {
-        "query": {"terms": {"embedding_key": list(embedding_keys)}},
+        "query": {
+            "bool": {
+                "filter": {"terms": {"embedding_key": list(embedding_keys)}},
+                "must_not": {"exists": {"field": VECTOR_PENDING}},  # a text row has no vector yet
+            }
+        },
         "collapse": {"field": "embedding_key"},
         "_source": {"includes": ["embedding_key", "embedding"]},
         "size": len(embedding_keys),
         "track_total_hits": False,
     }
+
+
+def pending_vectors_query() -> dict[str, Any]:
+    """How many rows wait for their vector, and since when the oldest does."""
+    return {
+        "size": 0,
+        "track_total_hits": True,
+        "query": {"exists": {"field": VECTOR_PENDING}},
+        "aggs": {"oldest": {"min": {"field": VECTOR_PENDING}}},
+    }
+
+
+def pending_vectors_of(response: dict[str, Any], now: float | None = None) -> tuple[int, float]:
+    """(rows waiting, seconds the oldest has waited) from the answer to `pending_vectors_query`."""
+    waiting = int(response["hits"]["total"]["value"])
+    oldest_ms = (response.get("aggregations") or {}).get("oldest", {}).get("value")
+    if not waiting or oldest_ms is None:
+        return waiting, 0.0
+    return waiting, max(0.0, (now if now is not None else time.time()) - oldest_ms / 1000)
 
 
 @dataclass(frozen=True)
@@ -338,6 +363,12 @@ class IndexWriter:
                 if isinstance(source.get("embedding"), list):
                     found[source["embedding_key"]] = source["embedding"]
         return found
+
+    async def pending_vectors(self) -> tuple[int, float]:
+        """Rows written text first that still wait for their vector, and the oldest one's wait in seconds."""
+        body = pending_vectors_query()
+        response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
+        return pending_vectors_of(response)
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""

@@ -42,6 +42,7 @@ SOURCE_INCLUDES = [
     "text",
     "identifiers",
     "meta.locus",
+    "vector_pending",
 ]
 
 

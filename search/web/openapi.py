@@ -276,6 +276,11 @@ _MODE = {
         "used": {"type": "string", "enum": ["hybrid", "lexical", "semantic"]},
         "requested": {"type": "string", "enum": ["hybrid", "lexical", "semantic"], "nullable": True},
         "reason": {"type": "string"},
+        "vectors_pending": {
+            "type": "integer",
+            "description": "present when some of the answer's hits wait for their vector (written text first): "
+            "found by words, names and filters, not yet by the semantic leg",
+        },
     },
 }
 

@@ -79,17 +79,20 @@ class McpHttp(Child):
 
 
 class SyncWorker(Child):
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], lane: str | None = None) -> None:
         # Ports of its own: another module's worker may still hold settings.streams.web_port.
         self.port, self.access_port = free_port(), free_port()
         ports = {"KI_STREAMS__WEB_PORT": str(self.port), "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_port)}
-        super().__init__("search-sync-worker", ["sync", "run"], {**env, **ports})
+        self.lane = lane  # None: both lanes
+        args = ["sync", "run", *(["--lane", lane] if lane else [])]
+        super().__init__("search-sync-worker" + (f"-{lane}" if lane else ""), args, {**env, **ports})
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         self.process.start()
-        urls = [f"http://127.0.0.1:{port}/metrics" for port in (self.port, self.access_port)]
+        lanes = {"content": self.port, "access": self.access_port}
+        urls = [f"http://127.0.0.1:{port}/metrics" for lane, port in lanes.items() if self.lane in (None, lane)]
         why = self.process.wait_ready(lambda: all(exposition.answers(url) for url in urls), timeout)
-        assert why is None, f"{self.name} (both lanes): {why}; see {self.log_path}"
+        assert why is None, f"{self.name} ({self.lane or 'both'} lanes): {why}; see {self.log_path}"
 
 
 class Server(Child):
@@ -194,12 +197,13 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
 
 @contextlib.contextmanager
 def synced_api(
-    settings: Settings, prefix: str, name: str, **server_env: str
+    settings: Settings, prefix: str, name: str, lane: str | None = None, **server_env: str
 ) -> Iterator[tuple[Server, SyncWorker, dict[str, str]]]:
-    """An isolated index and consumer group (`isolated`), a sync worker on it and an API over it that reads the
-    worker's lanes for its dashboard; stopped and removed afterwards. Yields (server, worker, isolation env)."""
+    """An isolated index and consumer group (`isolated`), a sync worker on it (both lanes, or `lane` only) and
+    an API over it that reads the worker's lanes for its dashboard; stopped and removed afterwards. Yields
+    (server, worker, isolation env)."""
     with isolated(settings, prefix=prefix) as env:
-        worker = SyncWorker(env)
+        worker = SyncWorker(env, lane)
         worker.start()
         lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
         server = Server(name, **env, **lanes, **server_env)

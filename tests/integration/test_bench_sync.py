@@ -76,6 +76,10 @@ def test_bench_sync_reports_content_access_and_baseline_figures(
     assert compared["embedder"] == "all-minilm-l6-v2-384" != result["content_sync"]["embedder"]
     assert compared["chunks"] >= 3 and compared["chunks_per_s"] > 0
     assert result["access_only"]["texts_embedded"] == 0  # the access path never embeds
+    # The rebuild's path with unchanged inputs takes every vector over: nothing embedded, all rows written.
+    again = result["reprojection_with_reuse"]
+    assert again["rows_embedded"] == 0 and again["rows_reused"] == again["rows"] == result["corpus"]["chunks"]
+    assert again["raw_bulk_rows"] == again["rows"] and again["vs_raw_bulk"] > 0
     assert result["access_only"]["rows_per_round"] == result["raw_bulk_partial_update"]["rows_per_round"]
     assert len(result["access_only_vs_raw_bulk"]["per_round"]) == 2
     assert (REPO_ROOT / "build" / "bench" / "sync.json").is_file()

@@ -70,7 +70,7 @@ def dlq_end(settings: Settings) -> int:
         consumer.close()
 
 
-def test_the_access_lane_alone_applies_access_changes_and_soft_deletes_and_leaves_new_text_to_the_content_lane(
+def test_the_access_lane_alone_applies_access_changes_soft_deletes_and_new_text_leaving_vectors_to_the_content_lane(
     engine: Engine, search: OpenSearch, settings: Settings
 ) -> None:
     alias = settings.retrieval.index_name
@@ -103,9 +103,16 @@ def test_the_access_lane_alone_applies_access_changes_and_soft_deletes_and_leave
         wait_for(lambda: allowed(a, f"user:anna-{tag}"), timeout=60, what="A's new grant, from the access lane alone")
         wait_for(lambda: allowed(b, f"user:bert-{tag}"), timeout=60, what="B's new grant, though B's text is pending")
         wait_for(lambda: not rows_of(search, alias, c), timeout=60, what="C's rows gone after its soft delete")
-        # The access lane embeds nothing: B's rows still carry the old text until the content lane runs.
-        assert {row["meta"]["content_hash"] for row in rows_of(search, alias, b)} == before_b
+
+        # Text first: B's new text is searchable at once, its changed rows wait for their vectors.
+        def new_text() -> list[dict] | None:
+            chunks = [row for row in rows_of(search, alias, b) if row["chunk_kind"] == "chunk"]
+            return chunks if chunks and all("neu" in row["text"] for row in chunks) else None
+
+        chunks = wait_for(new_text, timeout=60, what="B's new text, from the access lane alone")
+        assert all(row.get("vector_pending") for row in chunks if row["meta"]["content_hash"] not in before_b)
         assert access.counter("ki_sync_rows_embedded_total") == 0
+        assert access.counter("ki_sync_rows_text_first_total") >= len(chunks)
     finally:
         access.stop()
 
@@ -113,9 +120,9 @@ def test_the_access_lane_alone_applies_access_changes_and_soft_deletes_and_leave
     both.start()
     try:
         wait_for(
-            lambda: any("neu" in row["text"] for row in rows_of(search, alias, b)),
+            lambda: not any(row.get("vector_pending") for row in rows_of(search, alias, b)),
             timeout=180,
-            what="B's new text from the content lane",
+            what="B's vectors from the content lane",
         )
         wait_until_synced(settings, engine)
         assert_index_equals_rebuild(settings, engine, search, {a, b, c})

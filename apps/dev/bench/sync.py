@@ -4,7 +4,10 @@ Writes a tagged corpus to PostgreSQL, then measures on the real services:
 * content sync through the Projector (split + embed + bulk), versions/s and chunks/s, and the
   embedder's own rate separately;
 * access-only reindex after a grant change touching every row, chunks/s;
-* the raw `_bulk` partial-update rate for the same rows and fields (the baseline), and the ratio.
+* the raw `_bulk` partial-update rate for the same rows and fields (the baseline), and the ratio;
+* the rebuild's path with unchanged inputs: the same versions projected into a fresh index that takes the
+  first index's vectors by their embedding key (nothing may be embedded), against a raw `_bulk` of the
+  same rows with their vectors into another fresh index, measured in the same run.
 The corpus is written into a project of the run's own and removed at the end (`apps.dev.bench.cleanup`), with
 the rows a running sync worker indexed from it; the private index is deleted. Prints progress and one JSON
 object with the figures.
@@ -100,6 +103,7 @@ async def _measure(
         content_s, stats = await _content_sync(projector, version_ids)
         await writer.refresh()
         chunks = stats.rows_written
+        reprojected = await _reprojection(settings, engine, client, embedder, index, version_ids)
         compared = None
         if compare_model:
             compared = await _compare_content_sync(
@@ -131,6 +135,7 @@ async def _measure(
             "corpus": {"versions": len(version_ids), "chunks": chunks, "paragraphs_per_version": paragraphs},
             "content_sync": _content_figures(embedder.signature, content_s, stats, len(version_ids)),
             "content_sync_compared": compared,
+            "reprojection_with_reuse": reprojected,
             "access_only": {
                 "rounds": rounds,
                 "rows_per_round": measured[0]["ours"][1],
@@ -156,14 +161,14 @@ async def _measure(
         engine.dispose()
 
 
-async def _content_sync(projector: Projector, version_ids: list[int]) -> tuple[float, Any]:
-    """Every version through split + embed + bulk, 16 at a time: (seconds, merged stats)."""
+async def _content_sync(projector: Projector, version_ids: list[int], batch: int = 16) -> tuple[float, Any]:
+    """Every version through split + embed + bulk, `batch` at a time: (seconds, merged stats)."""
     started = time.perf_counter()
     stats = None
-    for i in range(0, len(version_ids), 16):
-        stats_part = await projector.project_versions(version_ids[i : i + 16])
+    for i in range(0, len(version_ids), batch):
+        stats_part = await projector.project_versions(version_ids[i : i + batch])
         stats = stats_part if stats is None else _merge(stats, stats_part)
-        _progress(f"  {min(i + 16, len(version_ids))}/{len(version_ids)} versions")
+        _progress(f"  {min(i + batch, len(version_ids))}/{len(version_ids)} versions")
     assert stats is not None
     return time.perf_counter() - started, stats
 
@@ -179,6 +184,50 @@ def _content_figures(signature: str, seconds: float, stats: Any, versions: int) 
         "embed_seconds": round(embed_s, 2),
         "embedder_chunks_per_s": round(stats.rows_embedded / max(embed_s, 1e-9), 2),
     }
+
+
+async def _reprojection(
+    settings: Settings, engine: Any, client: Any, embedder: Any, source_index: str, version_ids: list[int]
+) -> dict[str, Any]:
+    """What `ki rebuild` does when the embedder and the inputs did not change: project every version into a
+    fresh index (64 versions per batch, as the rebuild) taking the vectors of `source_index`; the baseline
+    is one raw `_bulk` of the resulting rows, vectors included, into another fresh index."""
+    ours_index, raw_index = (f"bench-sync-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    writer = IndexWriter(client, settings, index=ours_index, vector_sources=[source_index])
+    raw_writer = IndexWriter(client, settings, index=raw_index)
+    try:
+        for name in (ours_index, raw_index):
+            await writer.create_physical(name, embedder.signature)
+        _progress("bench sync: re-projection into a fresh index with the first index's vectors (the rebuild's path)")
+        seconds, stats = await _content_sync(Projector.on_postgres(settings, engine, writer, embedder), version_ids, 64)
+        await writer.refresh()
+        rows = await writer.existing_rows(version_ids, with_source=("*",))
+        ids = [row.doc_id for by_id in rows.values() for row in by_id.values()]
+        vectors = await writer.vectors(ids)
+        ops = [
+            BulkOp("index", row.doc_id, {**row.source, "embedding": vectors[row.doc_id]})
+            for by_id in rows.values()
+            for row in by_id.values()
+        ]
+        started = time.perf_counter()
+        await raw_writer.bulk(ops)
+        raw_seconds = time.perf_counter() - started
+        ours_rate, raw_rate = stats.rows_written / seconds, len(ops) / raw_seconds
+        return {
+            "rows": stats.rows_written,
+            "rows_embedded": stats.rows_embedded,
+            "rows_reused": stats.rows_reused,
+            "seconds": round(seconds, 3),
+            "rows_per_s": round(ours_rate, 1),
+            "raw_bulk_rows": len(ops),
+            "raw_bulk_seconds": round(raw_seconds, 3),
+            "raw_bulk_rows_per_s": round(raw_rate, 1),
+            "vs_raw_bulk": round(ours_rate / raw_rate, 3),
+            "seconds_by_stage": {stage: round(s, 3) for stage, s in sorted(stats.seconds.items())},
+        }
+    finally:
+        for name in (ours_index, raw_index):
+            await client.indices.delete(index=name, ignore=(404,))
 
 
 async def _compare_content_sync(

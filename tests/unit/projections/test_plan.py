@@ -8,6 +8,7 @@ import pytest
 from ki.acl import GrantedPrincipals
 from ki.settings import RetrievalSettings
 from projections.plan import (
+    VECTOR_PENDING,
     RowWrite,
     access_only_update,
     access_only_versions,
@@ -16,8 +17,8 @@ from projections.plan import (
     micro_batches,
     next_access_version,
     plan_content_writes,
-    plan_version,
     row_write,
+    without_vector,
 )
 from projections.rows import AccessProjection
 from streams.writer import ExistingRow
@@ -203,24 +204,40 @@ def test_a_version_bigger_than_a_micro_batch_is_a_group_of_its_own_never_split()
 # --- one plan per version and lane ----------------------------------------------------------------
 
 
-def test_the_access_lane_falls_back_to_the_projection_when_rows_need_vectors() -> None:
+def text_rows(rows):
+    """The index's rows as the access lane wrote them: text first, no vector yet."""
+    return {
+        doc_id: replace(row, source={**without_vector(row.source), VECTOR_PENDING: 1_764_000_000_000})
+        for doc_id, row in stored(rows).items()
+    }
+
+
+def test_the_access_lane_writes_rows_that_need_a_vector_as_text_the_content_lane_with_vectors() -> None:
     index = stored(rows_for(access=access()))
     retitled = rows_for(document=replace(DOC, title="Gewerbemietvertrag Hauptstraße 1"), access=access())
-    on_access = plan_version(retitled, index, embeds=False)
-    on_content = plan_version(retitled, index, embeds=True)
-    assert on_access.access_fallback and not on_content.access_fallback
-    assert writes(on_content.content) == {row.id: RowWrite.REEMBED for row in retitled}
+    assert writes(plan_content_writes(retitled, index, embeds=False)) == {row.id: RowWrite.TEXT for row in retitled}
+    assert writes(plan_content_writes(retitled, index, embeds=True)) == {row.id: RowWrite.REEMBED for row in retitled}
+    new = rows_for(access=access())
+    assert set(writes(plan_content_writes(new, {}, embeds=False)).values()) == {RowWrite.TEXT}
+    assert set(writes(plan_content_writes(new, {}, embeds=True)).values()) == {RowWrite.CREATE}
+
+
+def test_a_text_row_gets_its_vector_from_the_content_lane_and_is_kept_by_the_access_lane() -> None:
+    rows = rows_for(access=access())
+    pending = text_rows(rows)
+    assert set(writes(plan_content_writes(rows, pending, embeds=True)).values()) == {RowWrite.ADD_VECTOR}
+    assert writes(plan_content_writes(rows, pending, embeds=False)) == {}  # the same text: nothing to write
+    assert all(write.needs_vector for write in (RowWrite.ADD_VECTOR, RowWrite.CREATE, RowWrite.REEMBED))
+    assert not RowWrite.TEXT.needs_vector
+    # A grant change meanwhile: the text row is rewritten as text (still pending), never given a vector here.
+    regranted = rows_for(access=access(REGRANTED, access_version=2))
+    assert set(writes(plan_content_writes(regranted, pending, embeds=False)).values()) == {RowWrite.TEXT}
+    assert set(writes(plan_content_writes(regranted, pending, embeds=True)).values()) == {RowWrite.ADD_VECTOR}
 
 
 def test_a_grant_change_is_written_by_whichever_lane_sees_it_first() -> None:
     index = stored(rows_for(access=access(access_version=3)))
     regranted = rows_for(access=access(REGRANTED, access_version=4))
     for embeds in (False, True):  # no vector needed: the access lane writes the partial updates itself
-        plan = plan_version(regranted, index, embeds=embeds)
-        assert not plan.access_fallback
-        assert set(writes(plan.content).values()) == {RowWrite.UPDATE}
-
-
-def test_a_new_version_on_the_access_lane_is_left_to_the_content_lane() -> None:
-    plan = plan_version(rows_for(access=access()), {}, embeds=False)
-    assert plan.access_fallback  # every row needs a vector; with nothing stored there is nothing to rewrite
+        plan = plan_content_writes(regranted, index, embeds=embeds)
+        assert set(writes(plan).values()) == {RowWrite.UPDATE}

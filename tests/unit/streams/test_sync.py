@@ -165,7 +165,7 @@ class Index:
                 assert current is not None
                 self.rows[op.doc_id] = Stored({**current.source, **body}, current.embedding, self.seq)
             else:
-                embedding = body.pop("embedding")
+                embedding = body.pop("embedding", None)  # a text row (text first) has none yet
                 self.rows[op.doc_id] = Stored(body, embedding, self.seq)
             result.written += 1
         return result
@@ -230,31 +230,78 @@ def test_a_new_version_gets_its_rows_with_vectors_each_distinct_input_embedded_o
     assert (again.rows_written, embedder.embedded) == (0, len(distinct_inputs))
 
 
-def test_the_access_lane_leaves_a_version_without_rows_to_the_content_lane() -> None:
+def test_the_access_lane_writes_a_new_version_as_text_first_and_the_content_lane_adds_the_vectors() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     stats = run(projector.apply(content(11), lane="access"))
-    assert index.rows == {} and embedder.calls == [] and stats.rows_written == 0
+    text_rows = index.of(11)
+    assert text_rows and embedder.calls == [] and stats.rows_text_first == len(text_rows) == stats.rows_written
+    assert all(r.embedding is None and r.source["vector_pending"] > 0 for r in text_rows.values())
+    assert all(r.source["allowed_principals"] == ["user:alice"] for r in text_rows.values())
+    # Seen again by the access lane: the same text rows, nothing written.
+    assert run(projector.apply(content(11), lane="access")).rows_written == 0
+    stats = run(projector.apply(content(11), lane="content"))
+    rows = index.of(11)
+    assert rows.keys() == text_rows.keys() and all(r.embedding for r in rows.values())
+    assert all("vector_pending" not in r.source for r in rows.values())  # exactly the rows a rebuild writes
+    assert embedder.embedded == stats.rows_embedded == len({r.source["embedding_key"] for r in rows.values()})
+    # ... and rows equal to those a lane that embeds writes directly.
+    direct, *_ = world(snapshot(), granted={11: ALICE})
+    run(direct.apply(content(11)))
+    assert {d: (r.source, r.embedding) for d, r in direct.index.rows.items()} == {  # type: ignore[attr-defined]
+        d: (r.source, r.embedding) for d, r in rows.items()
+    }
 
 
-def test_the_access_lane_rewrites_only_the_principals_of_a_version_whose_text_changed() -> None:
+def test_the_access_lane_writes_a_changed_text_at_once_and_never_touches_a_vector() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     run(projector.apply(content(11)))
-    before = {d: (r.source["text"], r.embedding) for d, r in index.of(11).items()}
     embedded = embedder.embedded
     db.states[11] = snapshot(text="Ein ganz anderer Text über Kündigungsfristen. " * 3)
     db.granted[11] = BOB
     stats = run(projector.apply(content(11), lane="access"))
     after = index.of(11)
-    assert stats.access_versions == 1 and embedder.embedded == embedded
-    assert {d: (r.source["text"], r.embedding) for d, r in after.items()} == before  # text and vectors kept
+    assert embedder.embedded == embedded and stats.rows_text_first > 0
+    chunks = [r for r in after.values() if r.source["chunk_kind"] == "chunk"]
+    assert chunks and all("Kündigungsfristen" in r.source["text"] and r.embedding is None for r in chunks)
     assert all(r.source["allowed_principals"] == ["user:bob"] for r in after.values())
-    principal_fields = {"allowed_principals", "denied_principals", "access_version"}
-    assert all(op.kind == "update" and set(op.body or ()) <= principal_fields for op in index.bulks[-1])
-    # The content lane then brings the text and its vectors.
+    assert all(op.kind != "update" or "embedding" not in (op.body or {}) for op in index.bulks[-1])
+    # The content lane then brings the vectors, for the text the access lane wrote.
     run(projector.apply(content(11), lane="content"))
-    assert all(
-        "Kündigungsfristen" in r.source["text"] for r in index.of(11).values() if r.source["chunk_kind"] == "chunk"
-    )
+    assert all(r.embedding and "vector_pending" not in r.source for r in index.of(11).values())
+
+
+def rows_written_by(lane: str | None) -> dict[str, Stored]:
+    """The rows one lane alone writes for the standard version (None: a lane that embeds everything)."""
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11), lane=lane))
+    return index.rows
+
+
+def test_text_rows_written_while_the_content_lane_embedded_get_their_vectors_in_the_next_round() -> None:
+    text_rows = rows_written_by("access")
+
+    def access_lane_writes(db: Source) -> None:  # between the content lane's reads and its writes
+        index.rows.update(copy.deepcopy(text_rows))
+
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE}, after_read=access_lane_writes)
+    stats = run(projector.apply(content(11), lane="content"))
+    assert stats.conflict_rounds == 1 and index.of(11).keys() == text_rows.keys()
+    assert all(r.embedding and "vector_pending" not in r.source for r in index.of(11).values())
+    assert embedder.embedded == len({r.source["embedding_key"] for r in index.of(11).values()})  # once each
+
+
+def test_a_text_row_never_overwrites_a_row_that_got_its_vector_first() -> None:
+    vectored = rows_written_by(None)
+
+    def content_lane_writes(db: Source) -> None:  # between the access lane's reads and its writes
+        index.rows.update(copy.deepcopy(vectored))
+
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE}, after_read=content_lane_writes)
+    stats = run(projector.apply(content(11), lane="access"))
+    assert stats.conflict_rounds == 1 and stats.rows_text_first > 0  # its creates lost, the re-plan kept them
+    assert {d: (r.source, r.embedding) for d, r in index.rows.items()} == {
+        d: (r.source, r.embedding) for d, r in vectored.items()
+    }
 
 
 def test_an_access_change_updates_the_projection_and_bumps_access_version_without_embedding() -> None:
