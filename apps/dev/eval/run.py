@@ -50,6 +50,7 @@ from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservat
 from ki.errors import PermanentError, Unavailable
 from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
 from projections.mapping import text_analysis
+from projections.plan import VECTOR_PENDING
 
 Progress = Callable[[str], None]
 Mode = Literal["lexical", "semantic", "hybrid"]
@@ -356,10 +357,12 @@ def load_references(engine: Engine, docs: Sequence[beir.CorpusDoc], loaded: Load
 
 
 async def indexed_rows(client: AsyncOpenSearch, alias: str) -> int:
-    """Every row behind the eval alias (the eval's database holds nothing else, so all of them count)."""
+    """Every row behind the eval alias that has its vector (the eval's database holds nothing else, so all of
+    them count; a row written text first is not measurable by the semantic leg yet)."""
     if not await client.indices.exists_alias(name=alias):
         return 0
-    return int((await client.count(index=alias))["count"])
+    body = {"query": {"bool": {"must_not": {"exists": {"field": VECTOR_PENDING}}}}}
+    return int((await client.count(index=alias, body=body))["count"])
 
 
 def _lag_note(settings: Settings) -> str:
