@@ -35,7 +35,8 @@ def test_a_new_document_is_found_by_words_and_file_number_before_its_vectors_exi
         word, number = f"textzuerst{w.tag}", f"7 O {int(w.tag, 16) % 100_000}/26"
         project = w.project("Text zuerst")
         doc = w.document(project, f"Klageerwiderung {w.tag}", identifiers=[number])
-        w.version(doc, f"{word} Die Klage ist unbegründet. Der Beklagte bestreitet den Anspruch.", status="final")
+        body = f"{word} Die Klage ist unbegründet. Der Beklagte bestreitet den Anspruch."
+        w.observe(w.version(doc, body, status="final"), w.source_object(w.source()))
         w.grant("project", project, f"user:anna-{w.tag}")
     anna = mint_token(settings.api, f"anna-{w.tag}")
     bert = mint_token(settings.api, f"bert-{w.tag}")

@@ -28,6 +28,7 @@ Prints progress and a table to stderr, one JSON object to stdout and to `<out>/f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -35,6 +36,8 @@ import statistics
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +49,7 @@ from sqlalchemy import Engine, text
 
 from apps.dev.bench.cleanup import Footprint, Removal, bench_label, remove_bench_rows
 from apps.dev.bench.corpus import write_corpus
+from apps.dev.bench.search import ServeChild
 from apps.dev.bench.stats import percentile
 from apps.dev.plotting import pyplot, save_figure
 from apps.dev.worker_process import SyncWorker
@@ -55,7 +59,9 @@ from ki.embedding import Embedder, create_embedder
 from ki.settings import REPO_ROOT, Settings
 from projections.cdc import topic_name
 from projections.chunking import TokenBudget
+from projections.plan import VECTOR_PENDING
 from projections.rows import AccessProjection, DocumentState, VersionState, build_rows
+from search.web.auth import mint_token
 from streams.topics import LANES, lane_web_port
 from streams.writer import interval_seconds
 
@@ -385,6 +391,106 @@ class _Run:
         return result
 
 
+NEW_DOCUMENT_INTERVAL_S = 2.0  # one new document per this many seconds during the backlog
+
+
+class _NewDocuments(threading.Thread):
+    """New-document probes through the API: every `interval` seconds a new document (one paragraph with a
+    word of its own and a file number) is committed, granted to the probe caller; each is then looked for
+    with `POST /v1/search` as that caller, by its word and by its file number, until found. Records commit
+    -> found per query kind (the hard goal of text-first rows: found while a content backlog is embedded)."""
+
+    def __init__(self, engine: Engine, project: int, label: str, base_url: str, token: str, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.project, self.label, self.base, self.token = engine, project, label, base_url, token
+        self.tag = label.rsplit(" ", 1)[1]
+        self.interval = interval
+        self.stop_event = threading.Event()
+        self.found: dict[str, list[float]] = {"keyword": [], "identifier": []}
+        self.committed = 0
+        self.vectors_pending_seen = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def _commit(self, n: int) -> tuple[float, dict[str, str]]:
+        word, number = f"neudok{self.tag}x{n}", f"NP {n}/{self.tag}"
+        with self.engine.begin() as conn:
+            doc = conn.execute(
+                text("INSERT INTO documents (project_id, title, identifiers) VALUES (:p, :t, :i) RETURNING id"),
+                {"p": self.project, "t": f"Neuer Schriftsatz {n} {self.tag}", "i": [number]},
+            ).scalar_one()
+            version = conn.execute(
+                text(
+                    "INSERT INTO document_versions (document_id, version_no, status, text)"
+                    " VALUES (:d, 1, 'final', :b) RETURNING id"
+                ),
+                {"d": doc, "b": f"{word}: Der Schriftsatz wird fristgerecht eingereicht und begründet."},
+            ).scalar_one()
+            # Observed at an object of the run's source, as every corpus document (no observation: no access).
+            obj = conn.execute(
+                text(
+                    "INSERT INTO source_objects (source_id, external_ref)"
+                    " SELECT id, :r FROM sources WHERE name = :label RETURNING id"
+                ),
+                {"r": f"{self.label}-new-{n}", "label": self.label},
+            ).scalar_one()
+            conn.execute(
+                text("INSERT INTO source_observations (document_version_id, source_object_id) VALUES (:v, :o)"),
+                {"v": version, "o": obj},
+            )
+        return time.monotonic(), {"keyword": word, "identifier": number}
+
+    def _search(self, query: str) -> bool:
+        request = urllib.request.Request(
+            f"{self.base}/v1/search", data=json.dumps({"query": query, "limit": 3}).encode(), method="POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:  # e.g. overloaded for a moment: look again
+                return False
+            raise
+        if body["hits"] and body.get("mode", {}).get("vectors_pending"):
+            self.vectors_pending_seen += 1
+        return bool(body["hits"])
+
+    def _run(self) -> None:
+        outstanding: list[tuple[float, str, str]] = []  # (committed, kind, query)
+        next_commit = time.monotonic()
+        while not self.stop_event.is_set() or outstanding:
+            now = time.monotonic()
+            if not self.stop_event.is_set() and now >= next_commit:
+                self.committed += 1
+                committed, queries = self._commit(self.committed)
+                outstanding += [(committed, kind, query) for kind, query in queries.items()]
+                next_commit += self.interval
+            left = []
+            for committed, kind, query in outstanding:
+                if self._search(query):
+                    self.found[kind].append(time.monotonic() - committed)
+                elif time.monotonic() - committed < GRACE_S * 6:
+                    left.append((committed, kind, query))
+            outstanding = left
+            time.sleep(0.05)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "documents": self.committed,
+            "interval_s": self.interval,
+            "commit_to_found_s": {kind: _pcts(lags) for kind, lags in self.found.items()},
+            "never_found": {kind: self.committed - len(lags) for kind, lags in self.found.items()},
+            "answers_saying_vectors_pending": self.vectors_pending_seen,
+        }
+
+
 def _present(search: OpenSearch, alias: str, names: list[str]) -> set[str]:
     """Which of these principals are searchable now (through the normal refresh, never a forced one)."""
     response = search.search(
@@ -496,13 +602,17 @@ def _write_backlog(engine: Engine, project: int, plan: _Backlog) -> list[int]:
 
 
 class _Drain:
-    """Polls how many backlog rows are searchable (every 0.5 s, from the phase's loop)."""
+    """Polls how many backlog rows are searchable by their words (text first) and how many have their
+    vector (every 0.5 s, from the phase's loop)."""
 
     def __init__(self, search: OpenSearch, alias: str, version_ids: list[int], rows: int) -> None:
         self.search, self.alias, self.rows = search, alias, rows
-        self.query = {"terms": {"document_version_id": [str(v) for v in version_ids]}}
+        versions = {"terms": {"document_version_id": [str(v) for v in version_ids]}}
+        self.text_query = versions
+        self.query = {"bool": {"filter": versions, "must_not": {"exists": {"field": VECTOR_PENDING}}}}
         self.committed = time.monotonic()
         self.samples: list[tuple[float, int]] = []
+        self.all_text_s: float | None = None  # commit -> every row searchable by its words
         self.last_poll = 0.0
         self.last_report = self.committed
 
@@ -510,11 +620,13 @@ class _Drain:
         now = time.monotonic()
         if now - self.last_poll >= 0.5:
             self.last_poll = now
+            if self.all_text_s is None and _count(self.search, self.alias, self.text_query) >= self.rows:
+                self.all_text_s = round(now - self.committed, 2)
             have = _count(self.search, self.alias, self.query)
             if not self.samples or have != self.samples[-1][1]:
                 self.samples.append((round(now - self.committed, 2), have))
             if now - self.last_report >= 10:
-                _progress(f"  backlog: {have}/{self.rows} chunks searchable ({now - self.committed:.0f}s)")
+                _progress(f"  backlog: {have}/{self.rows} chunks with vectors ({now - self.committed:.0f}s)")
                 self.last_report = now
         return bool(self.samples) and self.samples[-1][1] >= self.rows
 
@@ -527,6 +639,7 @@ class _Drain:
         return {
             "chunks": self.rows,
             "drained": drained,
+            "commit_to_all_text_searchable_s": self.all_text_s,
             "commit_to_all_visible_s": end_t if drained else None,
             "chunks_per_s": round(rate, 2),
             "chunks_per_s_after_first_visible": round(steady, 2) if steady is not None else None,
@@ -570,6 +683,7 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
     result: dict[str, Any] = {"benchmark": "freshness", "command": options.command, "label": label}
     run: _Run | None = None
     removal: Removal | None = None
+    api: ServeChild | None = None
     try:
         _progress(f"freshness: writing {options.docs} documents (+1 probe) as `{label}` (removed at the end)")
         corpus = write_corpus(
@@ -595,6 +709,18 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             standalone = _standalone_rate(embedder, backlog.embed_inputs, settings.embedding.batch_size)
             _progress(f"  {standalone['chunks_per_s']} chunks/s")
             del embedder  # its threads and memory are the worker's during the backlog
+            # New documents are looked for through the API, as a caller granted the run's project.
+            with engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO grants (scope, project_id, principal, effect) VALUES ('project', :p, :w, 'allow')"
+                    ),
+                    {"p": corpus.project, "w": f"user:newdoc-{tag}"},
+                )
+            operator = mint_token(settings.api, f"freshness-{tag}", roles=["operator"])
+            api = ServeChild(options.config, REPO_ROOT / "build" / "bench-freshness-api.log", operator)
+            _progress("freshness: starting `ki serve` for the new-document probes")
+            asyncio.run(api.start())
 
         run = _Run(settings, engine, search, tag, probe_doc)
         run.capture.start()
@@ -613,12 +739,23 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             drain = _Drain(search, alias, backlog_versions, rows)
             result["postgres"]["version_ids"] += backlog_versions
             limit = max(300.0, 3 * rows / max(standalone["chunks_per_s"], 0.1) + 60)
-            phases["with_backlog"] = run.phase(
-                "backlog", options.rate, doc_ids, seconds=options.seconds, probe_interval=options.probe_interval,
-                until=drain.done, max_seconds=limit,
-            )  # fmt: skip
+            assert api is not None
+            caller = mint_token(settings.api, f"newdoc-{tag}")
+            probes = _NewDocuments(engine, corpus.project, label, api.base, caller, NEW_DOCUMENT_INTERVAL_S)
+            probes.start()
+            try:
+                phases["with_backlog"] = run.phase(
+                    "backlog", options.rate, doc_ids, seconds=options.seconds, probe_interval=options.probe_interval,
+                    until=drain.done, max_seconds=limit,
+                )  # fmt: skip
+            finally:
+                probes.stop_event.set()
+                probes.join(120)
+            if probes.error is not None:
+                raise RuntimeError(f"the new-document probes failed: {probes.error}")
             result["content_backlog"] = {"target_chunks": options.content_backlog, **drain.figures(standalone)}
             result["content_backlog"]["embedder_standalone"] = standalone
+            result["content_backlog"]["new_documents_through_the_api"] = probes.figures()
 
         steps = []
         for rate in options.access_rates:
@@ -661,6 +798,8 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             # While the worker still runs: it deletes the index rows through CDC.
             removal = remove_bench_rows(settings, Footprint.of_label(label), what="freshness")
         finally:
+            if api is not None:
+                api.stop()
             worker.stop()
             search.close()
             engine.dispose()
