@@ -108,6 +108,10 @@ def test_bench_freshness_with_a_tiny_backlog_and_rate_steps_leaves_no_trace(
     assert backlog["drained"] and backlog["chunks"] >= 8
     assert backlog["chunks_per_s"] > 0 and backlog["embedder_standalone_chunks_per_s"] > 0
     assert backlog["ratio_to_standalone"] > 0
+    # New documents committed during the backlog were found through the API by word and by file number.
+    new = backlog["new_documents_through_the_api"]
+    assert new["documents"] >= 1 and new["never_found"] == {"keyword": 0, "identifier": 0}
+    assert new["commit_to_found_s"]["keyword"]["n"] == new["documents"]
     steps = result["access_rates"]["steps"]
     assert [s["rate"] for s in steps] == [5] and steps[0]["probes"]["seen"] == steps[0]["probes"]["sent"]
     written = json.loads((tmp_path / "freshness-backlog8-rates.json").read_text())

@@ -392,6 +392,7 @@ class _Run:
 
 
 NEW_DOCUMENT_INTERVAL_S = 2.0  # one new document per this many seconds during the backlog
+NEW_DOCUMENT_GIVE_UP_S = 60.0  # a new document not found by then counts as never found
 
 
 class _NewDocuments(threading.Thread):
@@ -408,6 +409,7 @@ class _NewDocuments(threading.Thread):
         self.stop_event = threading.Event()
         self.found: dict[str, list[float]] = {"keyword": [], "identifier": []}
         self.committed = 0
+        self.version_ids: list[int] = []
         self.vectors_pending_seen = 0
         self.error: BaseException | None = None
 
@@ -431,6 +433,7 @@ class _NewDocuments(threading.Thread):
                 ),
                 {"d": doc, "b": f"{word}: Der Schriftsatz wird fristgerecht eingereicht und begründet."},
             ).scalar_one()
+            self.version_ids.append(int(version))
             # Observed at an object of the run's source, as every corpus document (no observation: no access).
             obj = conn.execute(
                 text(
@@ -476,7 +479,7 @@ class _NewDocuments(threading.Thread):
             for committed, kind, query in outstanding:
                 if self._search(query):
                     self.found[kind].append(time.monotonic() - committed)
-                elif time.monotonic() - committed < GRACE_S * 6:
+                elif time.monotonic() - committed < NEW_DOCUMENT_GIVE_UP_S:
                     left.append((committed, kind, query))
             outstanding = left
             time.sleep(0.05)
@@ -751,6 +754,7 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             finally:
                 probes.stop_event.set()
                 probes.join(120)
+                result["postgres"]["version_ids"] += probes.version_ids  # also when the phase failed
             if probes.error is not None:
                 raise RuntimeError(f"the new-document probes failed: {probes.error}")
             result["content_backlog"] = {"target_chunks": options.content_backlog, **drain.figures(standalone)}
