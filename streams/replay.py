@@ -152,6 +152,8 @@ async def rebuild(
         sources = await _same_embedding_indices(client, settings.retrieval.index_name, embedder.signature)
         writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
         await writer.create_physical(physical, embedder.signature)
+        for source in sources:  # rows from before `embedding_key` get it first (none left: one search)
+            await writer.key_older_rows(source)
         if sources:
             progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
         progress(f"rebuild: replaying the CDC topics into {physical}")

@@ -156,6 +156,7 @@ class IndexWriter:
         # Where stored vectors are looked up: the index written, and during a rebuild the live index it
         # replaces when that one holds the same embedding signature (its vectors are exactly ours).
         self.vector_indices = ",".join(dict.fromkeys([self.index, *vector_sources]))
+        self.keying: asyncio.Future[int] | None = None  # the keying of an older index's rows, while it runs
         self.bulk_seconds: list[float] = []
         # Versions this writer wrote that the index's periodic refresh may not have published yet. Reads
         # go through search, which only sees refreshed data: reading such a version would hand out an old
@@ -206,23 +207,39 @@ class IndexWriter:
             if extra:
                 log.info("adding %d missing mapped field(s) to %s: %s", len(extra), target, sorted(extra))
                 await self.client.indices.put_mapping(index=target, body={"properties": extra})
-            if "embedding_key" in extra:
-                await self._key_older_rows(target)
+            if "embedding_key" in extra:  # an index from before vector reuse: key its rows meanwhile
+                self.keying = asyncio.ensure_future(self.key_older_rows(target))
             if embedding_signature_of(live) is None:  # an index from before it was recorded; checked above
                 meta = {"embedding_signature": embedding_signature}
                 await self.client.indices.put_mapping(index=target, body={"_meta": meta})
         return targets[0]
 
-    async def _key_older_rows(self, target: str) -> None:
-        """Rows written before `embedding_key` existed get it from `meta.content_hash`, in the background
-        (OpenSearch runs the update as a task; a row the sync rewrites meanwhile is skipped, it has the key)."""
+    async def key_older_rows(self, target: str) -> int:
+        """Give rows written before `embedding_key` existed their key (`meta.content_hash`), page by page,
+        each a conditional partial update: a row the sync rewrote meanwhile conflicts and already has it.
+        Answers the rows keyed."""
+        keyed = 0
         body = {
             "query": {"bool": {"must_not": {"exists": {"field": "embedding_key"}}}},
-            "script": {"lang": "painless", "source": "ctx._source.embedding_key = ctx._source.meta.content_hash"},
+            "_source": {"includes": ["meta.content_hash"]},
+            "seq_no_primary_term": True,
+            "size": EXISTING_PAGE,
         }
-        params = {"conflicts": "proceed", "wait_for_completion": "false"}
-        task = await self.client.update_by_query(index=target, body=body, params=params)
-        log.info("keying the stored vectors of %s for reuse (task %s)", target, task.get("task"))
+        while True:
+            await self.client.indices.refresh(index=target)
+            response = await self._with_retries(lambda: self.client.search(index=target, body=body))
+            ops = [
+                BulkOp("update", hit["_id"], {"embedding_key": digest}, hit["_seq_no"], hit["_primary_term"])
+                for hit in response["hits"]["hits"]
+                if (digest := ((hit.get("_source") or {}).get("meta") or {}).get("content_hash"))
+            ]
+            if not ops:
+                return keyed
+            result = await IndexWriter(self.client, self.settings, index=target).bulk(ops)
+            keyed += result.written
+            log.info("keyed %d older row(s) of %s for vector reuse", keyed, target)
+            if not result.written:
+                return keyed  # only conflicts left: those rows were rewritten, with their key
 
     async def create_physical(self, physical: str, embedding_signature: str | None = None) -> None:
         try:

@@ -92,16 +92,23 @@ def test_an_index_from_before_vector_reuse_records_its_embedder_and_keys_its_row
     vector = [0.5] * isolated.retrieval.embedding_dimensions
     row = {"document_id": "1", "text": "alt", "meta": {"content_hash": "ab" * 32}, "embedding": vector}
     search.index(index=physical, id="1:chunk:0", body=row, refresh=True)
-    ensure(isolated)
+
+    async def start_up() -> int:  # as a worker starts: the index checked, its older rows keyed meanwhile
+        client = make_client(isolated)
+        try:
+            writer = IndexWriter(client, isolated)
+            await writer.ensure_index(SIGNATURE)
+            assert writer.keying is not None
+            return await writer.keying
+        finally:
+            await client.close()
+
+    assert asyncio.run(start_up()) == 1
     mappings = search.indices.get_mapping(index=physical)[physical]["mappings"]
     assert mappings["_meta"] == {"embedding_signature": SIGNATURE}
-
-    def keyed() -> dict[str, Any] | None:
-        search.indices.refresh(index=physical)
-        hits = search.search(index=physical, body={"query": {"term": {"embedding_key": "ab" * 32}}})["hits"]["hits"]
-        return hits[0]["_source"] if hits else None
-
-    assert wait_for(keyed, timeout=30, what="the older row keyed by its content hash")["embedding"] == vector
+    search.indices.refresh(index=physical)
+    hits = search.search(index=physical, body={"query": {"term": {"embedding_key": "ab" * 32}}})["hits"]["hits"]
+    assert [hit["_source"]["embedding"] for hit in hits] == [vector]
 
 
 def test_a_field_mapped_with_another_type_is_refused(isolated: Settings) -> None:
