@@ -155,11 +155,13 @@ class Projector:
         """Rebuild these versions' rows. Without `embed` (the access lane) rows that need a vector are
         written without one, marked pending (text first); the content lane adds the vectors."""
         stats = stats or SyncStats()
-        # Vectors survive a lost write race: the retry re-reads and re-plans, but never re-embeds a string.
+        # Vectors survive a lost write race: the retry re-reads and re-plans, but never re-embeds a string;
+        # each row counts once as embedded or reused, however many rounds it takes.
         known: dict[str, list[float]] = {}
+        counted: set[str] = set()
 
         async def once(ids: list[int], round_stats: SyncStats) -> set[int]:
-            return await self._project_versions_once(ids, round_stats, known, embed=embed)
+            return await self._project_versions_once(ids, round_stats, known, counted, embed=embed)
 
         await self._until_settled("content" if embed else "access", once, version_ids, stats)
         return stats
@@ -186,7 +188,13 @@ class Projector:
         raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
 
     async def _project_versions_once(
-        self, version_ids: list[int], stats: SyncStats, known: dict[str, list[float]], *, embed: bool
+        self,
+        version_ids: list[int],
+        stats: SyncStats,
+        known: dict[str, list[float]],
+        counted: set[str],
+        *,
+        embed: bool,
     ) -> set[int]:
         started = time.perf_counter()
         # step 1: the index (no refresh needed: a `create` of a row that exists conflicts, and the version is
@@ -216,7 +224,7 @@ class Projector:
 
         def embedding(group: list[int]) -> asyncio.Task[dict[str, list[float]]]:
             rows = [row for v in group for row, write in plans[v].writes if write.needs_vector]
-            return asyncio.create_task(self._vectors_for(rows, stats, known))
+            return asyncio.create_task(self._vectors_for(rows, stats, known, counted))
 
         # A pipeline: the next micro-batch is embedded while this one is written and checked, so the
         # embedder does not wait for OpenSearch and PostgreSQL between micro-batches.
@@ -327,10 +335,11 @@ class Projector:
             stats.timed("reuse", started)
 
     async def _vectors_for(
-        self, rows: Sequence[IndexRow], stats: SyncStats, known: dict[str, list[float]]
+        self, rows: Sequence[IndexRow], stats: SyncStats, known: dict[str, list[float]], counted: set[str]
     ) -> dict[str, list[float]]:
         """A vector for each row: each distinct embedded string once, none whose vector is `known` (held
-        by the index, or embedded in an earlier round). Fresh vectors are added to `known`."""
+        by the index, or embedded in an earlier round). Fresh vectors are added to `known`; rows not yet
+        `counted` count as embedded (the first row of a fresh string) or reused (every other)."""
         if not rows:
             return {}
         distinct: dict[str, IndexRow] = {}
@@ -343,8 +352,14 @@ class Projector:
             embedded = await asyncio.to_thread(self.embedder.embed, [row.embed_input for row in fresh])
             known.update((row.content_hash, vector) for row, vector in zip(fresh, embedded, strict=True))
             stats.timed("embed", started)
-        stats.rows_embedded += len(fresh)
-        stats.rows_reused += len(rows) - len(fresh)
+        first = {row.id for row in fresh}
+        for row in rows:
+            if row.id not in counted:
+                counted.add(row.id)
+                if row.id in first:
+                    stats.rows_embedded += 1
+                else:
+                    stats.rows_reused += 1
         return {row.id: known[row.content_hash] for row in rows}
 
     def _rows_for(

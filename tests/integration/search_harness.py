@@ -294,7 +294,8 @@ class RerankGateway:
 
 
 def wait_until_indexed(server: Server, settings: Settings, projects: list[int], documents: set[int], what: str) -> None:
-    """Poll metadata-only search as an administrator until every one of `documents` is in the index."""
+    """Poll metadata-only search as an administrator until every one of `documents` is in the index, then
+    until none of their rows waits for its vector (rows are written text first; tests rank with all legs)."""
     from search.web.auth import mint_token
 
     admin = mint_token(settings.api, "root", roles=["admin"])
@@ -304,6 +305,24 @@ def wait_until_indexed(server: Server, settings: Settings, projects: list[int], 
         return status == 200 and {h["document_id"] for h in body["hits"]} >= documents
 
     wait_for(indexed, timeout=120, what=what)
+    index = load_settings(environ={**os.environ, **server.process.env}).retrieval.index_name
+    wait_until_vectored(settings, index, {"terms": {"document_id": [str(d) for d in documents]}}, what)
+
+
+def wait_until_vectored(settings: Settings, index: str, query: dict[str, Any], what: str) -> None:
+    """Until no row that `query` matches waits for its vector: rows are written text first, and a test that
+    ranks with every leg, or compares scores, needs the semantic leg to see them all."""
+    search = make_sync_client(settings, timeout_s=30)
+    waiting = {"bool": {"filter": [query, {"exists": {"field": "vector_pending"}}]}}
+
+    def vectored() -> bool:
+        search.indices.refresh(index=index)
+        return search.count(index=index, body={"query": waiting})["count"] == 0
+
+    try:
+        wait_for(vectored, timeout=240, what=f"{what}: every row with its vector")
+    finally:
+        search.close()
 
 
 def remove_world(engine: Any, projects: list[int], sources: list[int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,10 +14,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
+from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated, wait_until_vectored
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -125,6 +126,8 @@ def data(engine: Engine, server: Server, settings: Settings) -> Iterator[Data]:
 
     try:
         wait_for(all_indexed, timeout=120, what="the identity world in the index")
+        index = load_settings(environ={**os.environ, **server.process.env}).retrieval.index_name
+        wait_until_vectored(settings, index, {"terms": {"project_id": [str(p) for p in d.projects]}}, "the world")
         yield d
     finally:
         with engine.begin() as conn:

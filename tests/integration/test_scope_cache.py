@@ -39,7 +39,7 @@ from search.request import parse_filter_request, parse_search_request
 from search.service import SearchService
 from search.web.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import Server, SyncWorker, isolated
+from tests.integration.search_harness import Server, SyncWorker, isolated, wait_until_vectored
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -127,6 +127,7 @@ def scene(engine: Engine, isolation: dict[str, str], iso_settings: Settings) -> 
             return int(found["aggregations"]["v"]["value"])
 
         wait_for(lambda: versions_indexed() >= versions, timeout=300, interval=2.0, what="the scope world indexed")
+        wait_until_vectored(iso_settings, iso_settings.retrieval.index_name, in_scene["query"], "the scope world")
         # From here on only access changes: the search path decides access in SQL, so the index may lag
         # them. A still index (no writer, one segment) keeps BM25 statistics and tie order the same for
         # the two services compared below.

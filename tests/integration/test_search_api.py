@@ -24,7 +24,7 @@ from ki.clients import make_sync_client
 from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
-from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated
+from tests.integration.search_harness import RerankGateway, Server, SyncWorker, isolated, wait_until_vectored
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -176,6 +176,9 @@ def data(engine: Engine, worker: SyncWorker, server: Server, settings: Settings)
 
     try:
         wait_for(all_indexed, timeout=120, what="the new documents in the index")
+        index = load_settings(environ={**os.environ, **server.process.env}).retrieval.index_name
+        documents = {"terms": {"document_id": [str(doc) for doc in docs.values()]}}
+        wait_until_vectored(settings, index, documents, "the new documents")
         yield d
     finally:
         with engine.begin() as conn:

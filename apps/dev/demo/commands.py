@@ -66,7 +66,8 @@ def _indexed_versions(search: OpenSearch, alias: str) -> int:
 def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0) -> None:
     """Versions indexed against the versions to index (a bar on a terminal, plain lines otherwise) until
     every lane has applied every CDC event: lag 0 on every partition of each lane a worker has joined.
-    The content lane writes each micro-batch as it is embedded, so the count moves while it works."""
+    Rows are written text first, so the count reaches the total when every version is keyword-searchable
+    (said once); the vectors follow as the content lane embeds."""
     with engine.connect() as conn:
         total = conn.execute(
             text(
@@ -78,16 +79,22 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0) 
     probe = LagProbe(settings)
     started = time.monotonic()
     try:
+        keyword_searchable = False
         with ProgressReport("ki demo: indexing", "versions", total, stream=sys.stdout) as report:
             while True:
                 lanes = probe.read_all()
-                report.update(_indexed_versions(search, settings.retrieval.index_name), note=lag_summary(lanes))
+                indexed = _indexed_versions(search, settings.retrieval.index_name)
+                report.update(indexed, note=lag_summary(lanes))
+                if indexed >= total and not keyword_searchable:
+                    keyword_searchable = True
+                    elapsed = time.monotonic() - started
+                    report.message(f"ki demo: every version keyword-searchable ({elapsed:.0f}s); vectors follow")
                 if synced(lanes):
                     break
                 time.sleep(poll_s)
     finally:
         probe.close()
-    print(f"ki demo: synced ({time.monotonic() - started:.0f}s)", flush=True)
+    print(f"ki demo: synced, every vector in place ({time.monotonic() - started:.0f}s)", flush=True)
 
 
 def example_requests() -> list[tuple[str, dict[str, Any]]]:

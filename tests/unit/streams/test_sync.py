@@ -288,6 +288,7 @@ def test_text_rows_written_while_the_content_lane_embedded_get_their_vectors_in_
     assert stats.conflict_rounds == 1 and index.of(11).keys() == text_rows.keys()
     assert all(r.embedding and "vector_pending" not in r.source for r in index.of(11).values())
     assert embedder.embedded == len({r.source["embedding_key"] for r in index.of(11).values()})  # once each
+    assert stats.rows_embedded + stats.rows_reused == len(index.of(11))  # each row counted once, over both rounds
 
 
 def test_a_text_row_never_overwrites_a_row_that_got_its_vector_first() -> None:
