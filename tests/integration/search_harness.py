@@ -311,7 +311,9 @@ def wait_until_indexed(server: Server, settings: Settings, projects: list[int], 
 
 def wait_until_vectored(settings: Settings, index: str, query: dict[str, Any], what: str) -> None:
     """Until no row that `query` matches waits for its vector: rows are written text first, and a test that
-    ranks with every leg, or compares scores, needs the semantic leg to see them all."""
+    ranks with every leg, or compares scores, needs the semantic leg to see them all. Then the index is
+    merged to one segment: each text row overwritten with its vector left a deleted document behind, which
+    Lucene's BM25 statistics count until a merge, and tests that expect an exact order need exact scores."""
     search = make_sync_client(settings, timeout_s=30)
     waiting = {"bool": {"filter": [query, {"exists": {"field": "vector_pending"}}]}}
 
@@ -321,6 +323,8 @@ def wait_until_vectored(settings: Settings, index: str, query: dict[str, Any], w
 
     try:
         wait_for(vectored, timeout=240, what=f"{what}: every row with its vector")
+        search.indices.forcemerge(index=index, max_num_segments=1)
+        search.indices.refresh(index=index)
     finally:
         search.close()
 

@@ -121,7 +121,8 @@ def start(settings: Settings, service: str) -> None:
 
 
 def dump(search: OpenSearch, index: str, document_ids: Iterable[int]) -> dict[str, dict]:
-    """Every row of these documents: id -> all fields (vectors rounded, so float noise can't differ)."""
+    """Every row of these documents: id -> all fields (vectors rounded, so float noise can't differ; a row
+    written text first has none yet)."""
     search.indices.refresh(index=index)
     response = search.search(
         index=index,
@@ -130,7 +131,8 @@ def dump(search: OpenSearch, index: str, document_ids: Iterable[int]) -> dict[st
     out = {}
     for hit in response["hits"]["hits"]:
         source = hit["_source"]
-        source["embedding"] = [round(x, 5) for x in source["embedding"]]
+        if "embedding" in source:
+            source["embedding"] = [round(x, 5) for x in source["embedding"]]
         out[hit["_id"]] = source
     return out
 

@@ -792,6 +792,9 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
     erin = token(settings, data, "erin")
     reports = tmp_path_factory.mktemp("evidence")
     signature = create_embedder(iso_settings).signature
+    # Earlier tests changed texts, written text first: the semantic leg must see every row again.
+    documents = {"terms": {"document_id": [str(doc) for doc in data.docs.values()]}}
+    wait_until_vectored(settings, iso_settings.retrieval.index_name, documents, "the changed texts")
 
     def legs(srv: Server, body: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
         status, answer = srv.call("/v1/search", {"query": data.word, "explain": True, **body}, erin)
