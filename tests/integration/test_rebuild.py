@@ -156,12 +156,13 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_duplicates_nothing(
         worker.kill()  # SIGKILL: no shutdown hooks, no offset commit for the batch in flight
         worker.start()
 
-        def all_indexed() -> dict | None:
+        def all_indexed() -> dict | None:  # every document's rows, each with its vector (text rows come first)
             found = dump_rows(search, settings, set(docs))
             per_doc = {d: [r for r in found.values() if r["document_id"] == str(d)] for d in docs}
-            return found if all(per_doc.values()) else None
+            pending = any(r.get("vector_pending") for r in found.values())
+            return found if all(per_doc.values()) and not pending else None
 
-        wait_for(all_indexed, timeout=180, what="every document after the restart")
+        wait_for(all_indexed, timeout=180, what="every document after the restart, with its vectors")
     finally:
         worker.stop()
     wait_until_replayable(settings, set(docs.values()))
