@@ -48,7 +48,7 @@ OPENSEARCH_BACKOFF = Backoff(base_s=0.2, max_s=10.0)
 # Rows fetched per search when reading what is indexed (the index.max_result_window default).
 EXISTING_PAGE = 10_000
 OpKind = Literal["index", "create", "update", "delete"]
-# Keys looked up per search for vector reuse (one hit per key; far below index.max_terms_count).
+# Keys looked up per search for vector reuse (one hit per key), at most the index's max_terms_count.
 REUSE_PAGE = 1_000
 
 
@@ -368,8 +368,9 @@ class IndexWriter:
         return. Best effort: a row that is not searchable yet is simply embedded."""
         wanted = sorted(set(embedding_keys))
         found: dict[str, list[float]] = {}
-        for start in range(0, len(wanted), REUSE_PAGE):
-            body = reuse_query(wanted[start : start + REUSE_PAGE])
+        page = min(REUSE_PAGE, self.settings.opensearch.max_terms_count)
+        for start in range(0, len(wanted), page):
+            body = reuse_query(wanted[start : start + page])
             response = await self._with_retries(
                 lambda body=body: self.client.search(
                     index=self.vector_indices, body=body, params={"ignore_unavailable": "true"}
