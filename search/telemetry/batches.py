@@ -47,6 +47,9 @@ class BatchWriter(Generic[Row]):
         self.on_dropped = on_dropped or (lambda n: None)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # One flush at a time: a reader that flushes before it reads must wait for rows a background flush
+        # has already taken from the buffer but not yet committed.
+        self._flushing = asyncio.Lock()
 
     def record(self, row: Row) -> None:
         if len(self.buffer) == self.buffer.maxlen:
@@ -67,7 +70,11 @@ class BatchWriter(Generic[Row]):
             await self.flush()
 
     async def flush(self) -> int:
-        """Write what is buffered now; returns the rows written."""
+        """Write what is buffered now, after any flush in flight has committed; returns the rows written."""
+        async with self._flushing:
+            return await self._write_buffered()
+
+    async def _write_buffered(self) -> int:
         rows = [self.buffer.popleft() for _ in range(len(self.buffer))]
         if not rows:
             return 0
