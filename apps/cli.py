@@ -267,6 +267,19 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             command="ki " + " ".join(sys.argv[1:]),
         )
         return bench_freshness(settings, options, Path(args.out) if args.out else None)
+    if args.what == "embedder":
+        from pathlib import Path
+
+        from apps.dev.bench.embedder import main as bench_embedder
+
+        if settings.embedding.provider != "local":
+            raise CliError("ki bench embedder measures the local embedder (embedding.provider = local)")
+        for flag, value in (("--texts", args.texts), ("--rounds", args.rounds)):
+            if value < 1:
+                raise CliError(f"{flag} must be at least 1")
+        out = Path(args.out) if args.out else Path("benchmarks/embedder.json")
+        return bench_embedder(settings, texts=args.texts, rounds=args.rounds, out=out,
+                              command="ki " + " ".join(sys.argv[1:]))  # fmt: skip
     from apps.dev.bench.sync import main as bench_sync
 
     return bench_sync(
@@ -552,6 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
     authz.add_argument("--pairs", type=int, default=200, help="hidden/missing pairs per endpoint")
     authz.add_argument("--seed", type=int, default=7, help="the pairs' seed")
     authz.add_argument("--out", help="output file (default benchmarks/authz-timing.json)")
+
+    embedder_bench = kind("embedder", "the local embedder's texts/s at ~256 and ~480 tokens, before and after")
+    embedder_bench.add_argument("--texts", type=int, default=16, help="texts per length")
+    embedder_bench.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
+    embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json)")
 
     kind("clean", "remove what benchmark runs killed outright left in PostgreSQL and the index")
 

@@ -439,7 +439,7 @@ class EmbeddingSettings(_Section):
     api_key_env: str = "KI_EMBEDDING_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
-    # local provider: onnxruntime intra-op threads (0 = one per CPU core)
+    # local provider: model runs at once, one thread each (0 = one per CPU core)
     threads: int = Field(0, ge=0, le=256)
     # local provider: where models converted on first use are cached (multilingual-e5-small)
     model_cache_dir: str = "~/.cache/ki-sidecar/models"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -237,9 +237,9 @@ class BaseEmbedder:
             texts = [prefix + text for text in texts]
         self._stats.record_call(len(texts))
         out = np.empty((len(texts), self._dimensions), dtype=np.float64)
-        for positions in self._plan_batches(texts):
-            batch = [texts[i] for i in positions]
-            raw = self._embed_batch(batch)
+        plan = self._plan_batches(texts)
+        batches = [[texts[i] for i in positions] for positions in plan]
+        for positions, batch, raw in zip(plan, batches, self._run_batches(batches), strict=True):
             self._stats.record_batch()
             if len(raw) != len(batch):
                 raise EmbeddingError(f"{self._signature}: provider returned {len(raw)} vectors for {len(batch)} texts")
@@ -250,6 +250,10 @@ class BaseEmbedder:
         """Index lists of at most ``batch_size`` texts each, in input order."""
         n = len(texts)
         return [list(range(i, min(i + self.batch_size, n))) for i in range(0, n, self.batch_size)]
+
+    def _run_batches(self, batches: list[list[str]]) -> Iterable[np.ndarray | Sequence[Sequence[float]]]:
+        """The raw vectors of each batch, in order; one after the other unless a subclass runs them at once."""
+        return map(self._embed_batch, batches)
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray | Sequence[Sequence[float]]:
         raise NotImplementedError

@@ -304,6 +304,15 @@ def test_e5_batching_matches_one_by_one(e5: LocalEmbedder) -> None:
     assert np.abs(batched - single).max() < 1e-4
 
 
+def test_e5_runs_at_once_give_the_vectors_of_one_run_at_a_time(e5: LocalEmbedder, e5_cache_dir: Path) -> None:
+    """`threads` single-threaded runs at once (shipped) against one run at a time on every thread."""
+    assert e5._runs is not None  # the fixture's two threads: runs go to a pool of two
+    one_at_a_time = LocalEmbedder("multilingual-e5-small", threads=2, cache_dir=e5_cache_dir, runs_in_parallel=False)
+    assert one_at_a_time._runs is None
+    texts = GERMAN + ["§ 1 " * 100, "x"]
+    assert np.abs(np.array(e5.embed(texts)) - np.array(one_at_a_time.embed(texts))).max() < 1e-5
+
+
 def test_e5_weights_file_and_tokenizer_agree() -> None:
     """The pieces inside the 4-bit file are the tokenizer.json vocabulary, id for id."""
     from ki.embedding.e5_onnx import read_e5_q4
@@ -348,7 +357,7 @@ class FakeConvert:
         self.calls = 0
         self.delay_s = delay_s
 
-    def __call__(self, source: Path, destination: Path, *, log: Any = None) -> None:
+    def __call__(self, source: Path, destination: Path, *, fused: bool = True, log: Any = None) -> None:
         import time
 
         self.calls += 1
@@ -433,6 +442,54 @@ def test_e5_cache_two_builders_at_once_build_once(
         paths = list(pool.map(lambda _: e5_onnx.ensure_model(source, sha, tmp_path, progress=io.StringIO()), range(4)))
     assert len(set(paths)) == 1
     assert fake.calls == 1
+
+
+def _tiny_e5_weights(hidden: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128, vocab: int = 40) -> Any:
+    """Random weights of the E5 layout, small enough to build and run both graphs in a second."""
+    from ki.embedding import e5_onnx
+
+    rng = np.random.default_rng(3)
+
+    def q4(rows: int, cols: int) -> np.ndarray:
+        blocks = np.zeros(rows * cols // 32, dtype=e5_onnx._Q4_BLOCK)
+        blocks["d"] = rng.uniform(0.01, 0.05, len(blocks)).astype(np.float16)
+        blocks["qs"] = rng.integers(0, 256, (len(blocks), 16), dtype=np.uint8)
+        return blocks
+
+    def f32(*shape: int, around: float = 0.0) -> np.ndarray:
+        return (around + 0.1 * rng.standard_normal(shape)).astype(np.float32).ravel()
+
+    tensors = {"emb.word": q4(vocab, hidden), "emb.pos": f32(16, hidden), "emb.type": f32(2, hidden),
+               "emb.ln.w": f32(hidden, around=1.0), "emb.ln.b": f32(hidden)}  # fmt: skip
+    for i in range(layers):
+        for part, (n_out, n_in) in {"q": (hidden, hidden), "k": (hidden, hidden), "v": (hidden, hidden),
+                                    "ao": (hidden, hidden), "fi": (ffn, hidden), "fo": (hidden, ffn)}.items():  # fmt: skip
+            tensors[f"l{i}.{part}.w"], tensors[f"l{i}.{part}.b"] = q4(n_out, n_in), f32(n_out)
+        for norm in ("aln", "oln"):
+            tensors[f"l{i}.{norm}.w"], tensors[f"l{i}.{norm}.b"] = f32(hidden, around=1.0), f32(hidden)
+    return e5_onnx.E5Weights(hidden, layers, heads, ffn, 16, 1e-12, [], tensors)
+
+
+def test_e5_fused_graph_computes_what_the_plain_graph_computes() -> None:
+    """The contrib-op graph (converter 2) against the plain-op graph (converter 1), padding included."""
+    import onnxruntime as ort
+
+    from ki.embedding.e5_onnx import build_onnx
+
+    weights = _tiny_e5_weights()
+    ids = np.array([[0, 5, 9, 17, 33, 2, 1, 1], [0, 7, 2, 1, 1, 1, 1, 1]], dtype=np.int64)
+    mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]], dtype=np.int64)
+    outputs = []
+    for fused in (True, False):
+        model = build_onnx(weights, fused=fused)
+        ops = {n.op_type for n in model.graph.node}
+        assert ("MultiHeadAttention" in ops) is fused and ("Softmax" in ops) is not fused
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        (hidden,) = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+        outputs.append(hidden[mask.astype(bool)])  # the real tokens; padding rows are pooled away
+    fused_out, plain_out = outputs
+    assert np.abs(fused_out - plain_out).max() < 1e-4
+    assert np.abs(fused_out).max() > 0.1  # a real signal, not two graphs that both output zeros
 
 
 def test_e5_reader_rejects_other_files(tmp_path: Path) -> None:

@@ -1,0 +1,108 @@
+"""`ki bench embedder`: the local embedder's texts/s at ~256 and ~480 tokens, as shipped against as it was
+before, measured in the same run, and the cosine between their vectors (below 0.9999 a change would be a
+new embedding signature, and a rebuild). Three layouts, to say where a gain comes from:
+
+* before: e5's graph of plain ONNX ops (converter 1), one model run at a time on every core;
+* the fused graph (attention and GELU as onnxruntime contrib ops), one run at a time on every core;
+* shipped: the fused graph, one single-threaded run per core at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ki.embedding.local import LocalEmbedder
+from ki.settings import Settings
+
+# Distinct German contract prose; numbered so that no two texts are equal.
+_SENTENCES = (
+    "Der Mieter ist verpflichtet, die Mietsache in Nr. {n} pfleglich zu behandeln und Schäden unverzüglich anzuzeigen.",
+    "Die Kündigung bedarf der Schriftform; maßgeblich ist der Zugang beim Empfänger gemäß § 130 BGB.",
+    "Eine Minderung der Miete nach § 536 BGB setzt einen erheblichen Mangel der Mietsache voraus.",
+    "Die Parteien vereinbaren für Streitigkeiten aus Abschnitt {n} die Zuständigkeit des Landgerichts München I.",
+    "Die Kaution ist in drei gleichen monatlichen Teilzahlungen zu leisten und getrennt anzulegen.",
+)
+
+
+def texts_of_length(embedder: LocalEmbedder, tokens: int, count: int) -> list[str]:
+    """`count` distinct texts of about `tokens` tokens each (as the embedder counts them, prefix included)."""
+    out = []
+    for n in range(count):
+        text, i = f"Abschnitt {n}.", 0
+        while embedder.count_tokens(text) < tokens:
+            text += " " + _SENTENCES[(n + i) % len(_SENTENCES)].format(n=n * 100 + i)
+            i += 1
+        out.append(text)
+    return out
+
+
+def _rates(
+    embedders: dict[str, LocalEmbedder], texts: list[str], rounds: int
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Median texts/s of one `embed` call over all `texts` per embedder, the embedders taking turns within
+    each round (so none meets a quieter machine); and each embedder's vectors."""
+    for embedder in embedders.values():
+        embedder.embed(texts[:2])  # warm: first runs allocate
+    samples: dict[str, list[float]] = {name: [] for name in embedders}
+    vectors: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, embedder in embedders.items():
+            started = time.perf_counter()
+            vectors[name] = embedder.embed(texts)
+            samples[name].append(len(texts) / (time.perf_counter() - started))
+    return {name: statistics.median(s) for name, s in samples.items()}, vectors
+
+
+def main(settings: Settings, *, texts: int, rounds: int, out: Path, command: str) -> int:
+    emb = settings.embedding
+    cores = os.cpu_count() or 1
+    print(
+        f"bench embedder: loading {emb.model} (the previous graph is built once into {emb.model_cache_dir})", flush=True
+    )
+
+    def embedder(**layout: bool) -> LocalEmbedder:
+        return LocalEmbedder(emb.model, batch_size=emb.batch_size, max_tokens=emb.max_tokens, threads=emb.threads,
+                             cache_dir=emb.model_cache_dir, **layout)  # fmt: skip
+
+    before = embedder(previous_graph=True, runs_in_parallel=False)
+    fused_one_run = embedder(runs_in_parallel=False)
+    shipped = embedder()
+    result: dict[str, Any] = {
+        "command": command,
+        "model": shipped.signature,
+        "cores": cores,
+        "threads": shipped.threads,
+        "texts_per_length": texts,
+        "rounds": rounds,
+        "one_text_per_run": shipped.batch_size == 1,
+        "lengths": {},
+    }
+    for tokens in (256, 480):
+        sample = texts_of_length(shipped, tokens, texts)
+        measured = [shipped.count_tokens(t) for t in sample]
+        print(f"bench embedder: {texts} texts of ~{tokens} tokens", flush=True)
+        layouts = {"before": before, "fused_one_run_at_a_time": fused_one_run, "shipped": shipped}
+        rates, vectors = _rates(layouts, sample, rounds)
+        for name, rate in rates.items():
+            print(f"  {name}: {rate:.2f} texts/s = {rate / rates['before']:.2f}x", flush=True)
+        cosines = (np.array(vectors["before"]) * np.array(vectors["shipped"])).sum(axis=1)
+        print(f"  cosine of the shipped vectors to those before: min {cosines.min():.7f}", flush=True)
+        result["lengths"][str(tokens)] = {
+            "tokens_median": int(statistics.median(measured)),
+            "texts_per_s": {name: round(rate, 2) for name, rate in rates.items()},
+            "vs_before": {name: round(rate / rates["before"], 3) for name, rate in rates.items()},
+            "cosine_to_before_min": round(float(cosines.min()), 7),
+            "cosine_to_before_mean": round(float(cosines.mean()), 7),
+        }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"bench embedder: wrote {out}", file=sys.stderr, flush=True)
+    return 0
