@@ -461,9 +461,10 @@ def _tiny_e5_weights(hidden: int = 64, layers: int = 2, heads: int = 4, ffn: int
 
     tensors = {"emb.word": q4(vocab, hidden), "emb.pos": f32(16, hidden), "emb.type": f32(2, hidden),
                "emb.ln.w": f32(hidden, around=1.0), "emb.ln.b": f32(hidden)}  # fmt: skip
+    shapes = {"q": (hidden, hidden), "k": (hidden, hidden), "v": (hidden, hidden), "ao": (hidden, hidden),
+              "fi": (ffn, hidden), "fo": (hidden, ffn)}  # fmt: skip
     for i in range(layers):
-        for part, (n_out, n_in) in {"q": (hidden, hidden), "k": (hidden, hidden), "v": (hidden, hidden),
-                                    "ao": (hidden, hidden), "fi": (ffn, hidden), "fo": (hidden, ffn)}.items():  # fmt: skip
+        for part, (n_out, n_in) in shapes.items():
             tensors[f"l{i}.{part}.w"], tensors[f"l{i}.{part}.b"] = q4(n_out, n_in), f32(n_out)
         for norm in ("aln", "oln"):
             tensors[f"l{i}.{norm}.w"], tensors[f"l{i}.{norm}.b"] = f32(hidden, around=1.0), f32(hidden)
