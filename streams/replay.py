@@ -12,6 +12,7 @@ import asyncio
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -121,19 +122,34 @@ def _live_version_ids(engine: Engine) -> set[int]:
         return {row.id for row in rows}
 
 
-async def _project_in_batches(
-    projector: Projector, version_ids: set[int], on_progress: OnProgress, batch: int = 64
+async def project_in_batches(
+    projector: Projector, version_ids: set[int], on_progress: OnProgress, batch: int = 64, in_flight: int = 2
 ) -> SyncStats:
+    """Project these versions `batch` at a time, `in_flight` batches at once: while one batch is written,
+    the next is read from PostgreSQL and looks up its stored vectors (batches are disjoint versions, so
+    they never race for a row). Progress is reported in version order."""
     total = SyncStats()
     ordered = sorted(version_ids)
     on_progress("versions", 0, len(ordered))
-    for i in range(0, len(ordered), batch):
-        stats = await projector.project_versions(ordered[i : i + batch])
-        total.versions_projected += stats.versions_projected
-        total.rows_written += stats.rows_written
-        total.rows_embedded += stats.rows_embedded
-        total.rows_reused += stats.rows_reused
-        on_progress("versions", min(i + batch, len(ordered)), len(ordered))
+    running: deque[tuple[int, asyncio.Task[SyncStats]]] = deque()  # (the batch's last position, its task)
+
+    async def settle_oldest() -> None:
+        end, task = running.popleft()
+        total.add(await task)
+        on_progress("versions", end, len(ordered))
+
+    try:
+        for i in range(0, len(ordered), batch):
+            ids = ordered[i : i + batch]
+            running.append((i + len(ids), asyncio.create_task(projector.project_versions(ids))))
+            if len(running) >= in_flight:
+                await settle_oldest()
+        while running:
+            await settle_oldest()
+    finally:
+        for _, task in running:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     return total
 
 
@@ -160,7 +176,7 @@ async def rebuild(
         keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         content, access = await projector.resolve(keys)
-        stats = await _project_in_batches(projector, content | access, on_progress)
+        stats = await project_in_batches(projector, content | access, on_progress)
         progress(
             f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
             f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
@@ -215,7 +231,7 @@ async def backfill(
         else:
             with engine.connect() as conn:
                 ids = {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
-        return await _project_in_batches(Projector.on_postgres(settings, engine, writer, embedder), ids, on_progress)
+        return await project_in_batches(Projector.on_postgres(settings, engine, writer, embedder), ids, on_progress)
     finally:
         await client.close()
         engine.dispose()
@@ -258,7 +274,7 @@ async def reconcile(
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         # Re-projecting every indexed version is cheap when nothing changed: unchanged rows are not
         # re-embedded and identical rows are not written at all.
-        stats = await _project_in_batches(projector, expected | indexed, on_progress)
+        stats = await project_in_batches(projector, expected | indexed, on_progress)
         report.rows_repaired = stats.rows_written
         progress(f"reconcile: {stats.rows_written} row(s) repaired, {stats.rows_embedded} embedded")
         return report

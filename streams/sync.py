@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 from ki.acl import GrantedPrincipals
@@ -68,6 +68,14 @@ class SyncStats:
 
     def timed(self, name: str, started: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def add(self, other: SyncStats) -> None:
+        """Count `other`'s work in these stats too (counters and seconds by stage)."""
+        for f in fields(self):
+            if f.name != "seconds":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for stage, seconds in other.seconds.items():
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 class VersionSource(Protocol):

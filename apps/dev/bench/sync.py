@@ -32,7 +32,8 @@ from apps.dev.plotting import pyplot, save_figure
 from ki.clients import make_client, make_engine
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings, with_overrides
-from streams.sync import Projector
+from streams.replay import project_in_batches
+from streams.sync import Projector, SyncStats
 from streams.writer import BulkOp, IndexWriter
 
 PARAGRAPH = (
@@ -161,15 +162,18 @@ async def _measure(
         engine.dispose()
 
 
-async def _content_sync(projector: Projector, version_ids: list[int], batch: int = 16) -> tuple[float, Any]:
-    """Every version through split + embed + bulk, `batch` at a time: (seconds, merged stats)."""
+async def _content_sync(
+    projector: Projector, version_ids: list[int], batch: int = 16, in_flight: int = 1
+) -> tuple[float, SyncStats]:
+    """Every version through split + embed + bulk, `batch` at a time (as `ki rebuild` does with 64 and 2
+    in flight): (seconds, stats)."""
+
+    def progress(unit: str, done: int, total: int) -> None:
+        if done:
+            _progress(f"  {done}/{total} {unit}")
+
     started = time.perf_counter()
-    stats = None
-    for i in range(0, len(version_ids), batch):
-        stats_part = await projector.project_versions(version_ids[i : i + batch])
-        stats = stats_part if stats is None else _merge(stats, stats_part)
-        _progress(f"  {min(i + batch, len(version_ids))}/{len(version_ids)} versions")
-    assert stats is not None
+    stats = await project_in_batches(projector, set(version_ids), progress, batch, in_flight)
     return time.perf_counter() - started, stats
 
 
@@ -190,7 +194,7 @@ async def _reprojection(
     settings: Settings, engine: Any, client: Any, embedder: Any, source_index: str, version_ids: list[int]
 ) -> dict[str, Any]:
     """What `ki rebuild` does when the embedder and the inputs did not change: project every version into a
-    fresh index (64 versions per batch, as the rebuild) taking the vectors of `source_index`; the baseline
+    fresh index (64 versions per batch, 2 in flight, as the rebuild) taking the vectors of `source_index`; the baseline
     is one raw `_bulk` of the resulting rows, vectors included, into another fresh index."""
     ours_index, raw_index = (f"bench-sync-{uuid.uuid4().hex[:8]}" for _ in range(2))
     writer = IndexWriter(client, settings, index=ours_index, vector_sources=[source_index])
@@ -199,7 +203,9 @@ async def _reprojection(
         for name in (ours_index, raw_index):
             await writer.create_physical(name, embedder.signature)
         _progress("bench sync: re-projection into a fresh index with the first index's vectors (the rebuild's path)")
-        seconds, stats = await _content_sync(Projector.on_postgres(settings, engine, writer, embedder), version_ids, 64)
+        seconds, stats = await _content_sync(
+            Projector.on_postgres(settings, engine, writer, embedder), version_ids, 64, 2
+        )
         await writer.refresh()
         rows = await writer.existing_rows(version_ids, with_source=("*",))
         ids = [row.doc_id for by_id in rows.values() for row in by_id.values()]
@@ -281,16 +287,6 @@ async def _raw_round(writer: IndexWriter, version_ids: list[int], round_no: int)
     started = time.perf_counter()
     await writer.bulk(ops)
     return time.perf_counter() - started, len(ops)
-
-
-def _merge(a: Any, b: Any) -> Any:
-    a.versions_projected += b.versions_projected
-    a.rows_written += b.rows_written
-    a.rows_embedded += b.rows_embedded
-    a.rows_reused += b.rows_reused
-    for stage, seconds in b.seconds.items():
-        a.seconds[stage] = a.seconds.get(stage, 0.0) + seconds
-    return a
 
 
 def _plot(result: dict[str, Any], path: Path) -> Path | None:
