@@ -160,6 +160,8 @@ def overview(
     slot = next((v for v in (first(s, "ki_sync_replication_slot_retained_bytes") for s in answering) if v is not None),
                 None)  # fmt: skip
     dlq = next((v for v in (first(s, "ki_sync_dlq_records") for s in answering) if v is not None), None)
+    # Rows written text first that wait for their vector: the content lane (which adds them) reports it.
+    waiting = next((s for s in answering if first(s, "ki_sync_rows_vector_pending") is not None), None)
     return {
         "at": round(reading.at, 3),
         "window_s": window_s,
@@ -174,6 +176,12 @@ def overview(
         "lanes": lane_out,
         "slot_retained_bytes": None if slot is None else int(slot),
         "dlq_records": None if dlq is None else int(dlq),
+        "vectors_pending": None
+        if waiting is None
+        else {
+            "rows": int(first(waiting, "ki_sync_rows_vector_pending") or 0),
+            "oldest_s": _rounded(first(waiting, "ki_sync_oldest_vector_pending_seconds"), 3),
+        },
         "index": {**index_state(api), "error": index_error},
     }
 

@@ -494,7 +494,7 @@ def openapi_document() -> dict[str, Any]:
             ),
             "/v1/ops/overview": _get(
                 "The operations dashboard's figures (administrators only): lag per lane and topic, commit -> "
-                "indexed p50/p99, slot WAL retained, DLQ records, index size and alias target, request rate and "
+                "indexed p50/p99, slot WAL retained, DLQ records, rows waiting for a vector, index size and alias target, request rate and "
                 "latency over api.ops.window_s; from the same sources as the API's and the lanes' /metrics",
                 {
                     "api": {"type": "object"},
@@ -502,6 +502,12 @@ def openapi_document() -> dict[str, Any]:
                     "index": {"type": "object"},
                     "dlq_records": {"type": "integer", "nullable": True},
                     "slot_retained_bytes": {"type": "integer", "nullable": True},
+                    "vectors_pending": {
+                        "type": "object", "nullable": True,
+                        "description": "rows written text first that wait for their vector, and the oldest "
+                                       "one's wait (from the content lane; null when no content lane answers)",
+                        "properties": {"rows": {"type": "integer"}, "oldest_s": {"type": "number"}},
+                    },
                 },  # fmt: skip
                 forbidden=True,
             ),

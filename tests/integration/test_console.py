@@ -270,6 +270,8 @@ def test_the_dashboard_shows_what_metrics_reports(
                 sorted(s.labels["index"] for s in api if s.name == "ki_index_alias_target" and s.value == 1)
             ),
             "dlq-records": str(int(next(s.value for s in lane if s.name == "ki_sync_dlq_records"))),
+            # the content lane's rows waiting for a vector (0 once the corpus is embedded)
+            "vectors-pending": str(int(next(s.value for s in lane if s.name == "ki_sync_rows_vector_pending"))),
         }
         shown = {key: figure(key) for key in truth}
         return None if shown != truth else {k: (shown[k], truth[k]) for k in truth}

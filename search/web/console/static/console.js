@@ -320,6 +320,11 @@ function renderOps(o) {
   figures.push(figure("index-rows", "index rows (chunks)", idx.rows, count(idx.rows)));
   figures.push(figure("dlq-records", "dead-letter records", o.dlq_records, count(o.dlq_records)));
   figures.push(figure("slot-retained", "replication slot WAL retained", o.slot_retained_bytes, bytes(o.slot_retained_bytes)));
+  const pending = o.vectors_pending;
+  figures.push(figure("vectors-pending", "rows waiting for their vector", pending ? pending.rows : null,
+    pending ? count(pending.rows) : "—",
+    pending ? (pending.rows ? `oldest waiting ${pending.oldest_s} s (keyword-searchable already)` : "every vector in place")
+      : "no content lane answered"));
   for (const [lane, l] of Object.entries(o.lanes)) {
     if (!l.up) {
       figures.push(figure(`lag-${lane}`, `${lane} lane`, null, "down", l.error, true));

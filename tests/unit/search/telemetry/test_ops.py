@@ -55,6 +55,10 @@ ki_sync_dlq_events_total{lane="content",table="documents"} 2
 ki_sync_dlq_records 5
 # TYPE ki_sync_replication_slot_retained_bytes gauge
 ki_sync_replication_slot_retained_bytes 4096
+# TYPE ki_sync_rows_vector_pending gauge
+ki_sync_rows_vector_pending 12
+# TYPE ki_sync_oldest_vector_pending_seconds gauge
+ki_sync_oldest_vector_pending_seconds 3.25
 """
 
 
@@ -99,6 +103,7 @@ def test_overview_counts_the_apis_work_not_the_dashboards_polling() -> None:
     assert lane["dlq_events"] == 2
     assert out["lanes"]["access"] == {"up": False, "error": "http://x/metrics: refused"}
     assert out["dlq_records"] == 5 and out["slot_retained_bytes"] == 4096
+    assert out["vectors_pending"] == {"rows": 12, "oldest_s": 3.25}
 
 
 def test_overview_over_a_window_uses_only_what_happened_in_it() -> None:
@@ -114,4 +119,4 @@ def test_overview_over_a_window_uses_only_what_happened_in_it() -> None:
     assert out["lanes"]["content"]["freshness_p50_s"] == pytest.approx(0.5 + 0.5 * 45 / 80, abs=1e-4)
     # Without any lane: no DLQ or slot figure rather than a made-up zero.
     none = overview(api, {"content": "down"}, reading, earlier, window_s=300)
-    assert none["dlq_records"] is None and none["slot_retained_bytes"] is None
+    assert none["dlq_records"] is None and none["slot_retained_bytes"] is None and none["vectors_pending"] is None
