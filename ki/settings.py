@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from ki.analysis import ANALYSIS_KINDS, check_analysis
@@ -476,6 +476,10 @@ class StreamsSettings(_Section):
     # How long the broker waits for a silent (crashed) worker before handing its partitions to the others
     # or to its restarted self; the Faust default (60 s) stalled the sync for a minute after every crash.
     session_timeout_s: float = Field(10.0, ge=3.0, le=300.0)
+    # Further indices (names or patterns) whose stored vectors the content lane takes for an identical
+    # embedded string, besides its own index: only those built with the same embedding signature, resolved
+    # when the lane starts; only vectors are read from them, never rows (`ki eval` worlds share theirs).
+    vector_sources: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9*][a-z0-9_.*+-]*$")]] = []
 
     def lane_web_port(self, lane: str) -> int:
         """The port of a lane's /metrics ("content" or "access")."""

@@ -42,7 +42,7 @@ from streams import metrics
 from streams.batch import BatchHandler
 from streams.sync import Projector
 from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
-from streams.writer import IndexWriter
+from streams.writer import IndexWriter, indices_with_signature
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,11 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 # Loading the model takes seconds (more on a busy machine): off the event loop, so the
                 # worker's /metrics and its broker heartbeats keep answering meanwhile.
                 embedder = await asyncio.to_thread(create_embedder, settings)
-                writer = IndexWriter(make_client(settings), settings)
+                client = make_client(settings)
+                sources = await indices_with_signature(client, settings.streams.vector_sources, embedder.signature)
+                if sources:
+                    log.info("stored vectors of identical strings are also taken from %s", ", ".join(sources))
+                writer = IndexWriter(client, settings, vector_sources=sources)
                 await writer.ensure_index(embedder.signature)
                 state["writer"] = writer
                 state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Engine, text
 
 from ki.clients import kafka_error, make_client, make_engine, make_kafka_consumer
@@ -25,10 +24,10 @@ from ki.embedding import create_embedder
 from ki.settings import Settings
 from projections.cdc import PoisonEvent, decode
 from projections.dirty import DirtyKeys, dirty_keys
-from projections.mapping import embedding_signature_of, physical_index_name
+from projections.mapping import physical_index_name
 from streams.sync import Projector, SyncStats
 from streams.topics import cdc_topics
-from streams.writer import IndexWriter
+from streams.writer import IndexWriter, indices_with_signature
 
 Progress = Callable[[str], None]
 OnProgress = Callable[[str, int, int], None]  # (unit, done, total)
@@ -165,7 +164,7 @@ async def rebuild(
         physical = physical_index_name(settings, embedder.signature, generation=generation)
         # The live index's vectors are ours to reuse when it was built with the same embedder (an
         # analyzer or mapping change): then only rows whose embedded string changed are embedded.
-        sources = await _same_embedding_indices(client, settings.retrieval.index_name, embedder.signature)
+        sources = await indices_with_signature(client, [settings.retrieval.index_name], embedder.signature)
         writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
         await writer.create_physical(physical, embedder.signature)
         for source in sources:  # rows from before `embedding_key` get it first (none left: one search)
@@ -206,14 +205,6 @@ async def rebuild(
     finally:
         await client.close()
         engine.dispose()
-
-
-async def _same_embedding_indices(client: AsyncOpenSearch, alias: str, signature: str) -> list[str]:
-    """The physical indices behind `alias` that record this embedding signature."""
-    if not await client.indices.exists_alias(index=alias, name=alias):
-        return []
-    mappings = await client.indices.get_mapping(index=alias)
-    return sorted(name for name, body in mappings.items() if embedding_signature_of(body["mappings"]) == signature)
 
 
 async def backfill(

@@ -87,6 +87,22 @@ def pending_vectors_of(response: dict[str, Any], now: float | None = None) -> tu
     return waiting, max(0.0, (now if now is not None else time.time()) - oldest_ms / 1000)
 
 
+async def indices_with_signature(client: AsyncOpenSearch, names: Sequence[str], signature: str) -> list[str]:
+    """The physical indices among `names` (indices, aliases, patterns) that record this embedding signature:
+    those whose stored vectors are exactly what this embedder returns for the same string. Missing names
+    are skipped; an index the login may not read leaves the list as it is (a vector is then embedded)."""
+    if not names:
+        return []
+    try:
+        mappings = await client.indices.get_mapping(
+            index=",".join(names), params={"ignore_unavailable": "true", "allow_no_indices": "true"}
+        )
+    except OpenSearchException as exc:
+        log.warning("vector sources %s not readable (%s): their vectors are not reused", list(names), exc)
+        return []
+    return sorted(name for name, body in mappings.items() if embedding_signature_of(body["mappings"]) == signature)
+
+
 @dataclass(frozen=True)
 class BulkOp:
     kind: OpKind

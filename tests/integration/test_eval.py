@@ -222,6 +222,16 @@ def test_a_rerun_resumes_and_drop_removes_everything(run: dict, settings: Settin
     assert "20 documents already there, writing 0" in again.stderr
     assert "starting the eval sync worker" not in again.stderr
     assert (run["out"] / "mietrecht-mini-q3.json").is_file()
+    # Another analyzer is another index (and consumer group), replayed from the same topics: worlds share
+    # vectors, so its worker embeds nothing and takes every vector from the first index.
+    variant = _ki("eval", "--data", str(DATA), "--analyzer", "standard", "--queries", "3",
+                  "--out", str(run["out"] / "variant"), "--timeout", "300")  # fmt: skip
+    assert variant.returncode == 0, variant.stderr[-3000:]
+    record = json.loads((run["out"] / "variant" / "mietrecht-mini-standard-q3.json").read_text())
+    assert record["isolation"]["index_alias"] != run["record"]["isolation"]["index_alias"]
+    timings = record["timings_s"]
+    assert timings["rows_embedded"] == 0, variant.stderr[-3000:]
+    assert timings["rows_vector_reused"] >= record["corpus"]["index_rows"] > 0
 
     iso = run["record"]["isolation"]
     dropped = _ki("eval", "--data", str(DATA), "--drop", timeout=300)

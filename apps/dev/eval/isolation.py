@@ -129,6 +129,9 @@ def make_target(
                 "dlq_topic": f"{name}.dlq",
                 "web_port": web_port or base.streams.web_port + 2,  # +1 is the main access lane's
                 "access_web_port": access_web_port,  # None: web_port + 1, never the main worker's
+                # Worlds share vectors, never rows: a string another eval index (same embedder) embedded
+                # is taken from there, e.g. every row of an analyzer variant of the same data set.
+                "vector_sources": [f"{INDEX_PREFIX}*"],
             },
         },
     )

@@ -45,6 +45,7 @@ from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
 from apps.dev.eval.significance import paired_comparison
 from apps.runtime.processes import free_port
 from apps.runtime.progress import ProgressReport
+from ki import exposition
 from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
 from ki.errors import PermanentError, Unavailable
@@ -713,7 +714,7 @@ async def evaluate_dataset(
     client = make_client(es)
     try:
         opensearch_info = await client.info()
-        rows, first, waited = await _fill_index(client, target, options, projection.rows, progress)
+        rows, first, waited, vectors = await _fill_index(client, target, options, projection.rows, progress)
 
         # -- queries ----------------------------------------------------------------------------------
         async_engine = make_async_engine(es)
@@ -884,6 +885,10 @@ async def evaluate_dataset(
             "wait_for_index": round(waited, 1),
             # End to end: PostgreSQL commit -> Debezium -> Kafka -> split + embed + bulk -> visible.
             "rows_indexed_while_waiting": rows - first,
+            # by the eval's worker in this run: rows embedded, rows given a stored vector (own or another
+            # eval index's: worlds share vectors); null when no worker of this run indexed
+            "rows_embedded": vectors.get("embedded"),
+            "rows_vector_reused": vectors.get("reused"),
             "index_rows_per_s": round((rows - first) / waited, 2) if waited > 0 else None,
             "total": round(time.monotonic() - began, 1),
         },
@@ -929,23 +934,40 @@ async def _fill_index(
     options: EvalOptions,
     expected: int,
     progress: Progress,
-) -> tuple[int, int, float]:
-    """Start the eval's own sync worker if the index lacks rows, wait until it holds them all, stop it."""
+) -> tuple[int, int, float, dict[str, int]]:
+    """Start the eval's own sync worker if the index lacks rows, wait until it holds them all, stop it.
+    Also returns how many rows that worker embedded and how many got a stored vector (empty: no worker)."""
     settings = target.settings
     worker: isolation.EvalWorker | None = None
     try:
         if await indexed_rows(client, settings.retrieval.index_name) < expected:
             worker = await asyncio.to_thread(_start_worker, target, options, progress)
-        filled = await wait_indexed(
+        rows, first, waited = await wait_indexed(
             client, settings, expected, timeout_s=options.timeout_s, worker=worker, progress=progress
         )
+        vectors: dict[str, int] = {}
         if worker is not None:
             await _drain(settings, progress)
-        return filled
+            vectors = await asyncio.to_thread(_vector_counts, worker.metrics_url)
+            progress(f"eval: the worker embedded {vectors.get('embedded', '?')} rows and gave "
+                     f"{vectors.get('reused', '?')} a stored vector")  # fmt: skip
+        return rows, first, waited, vectors
     finally:
         if worker is not None:
             await asyncio.to_thread(worker.stop)
             progress("eval: stopped the eval sync worker (queries need the CPU)")
+
+
+def _vector_counts(metrics_url: str) -> dict[str, int]:
+    """The content lane's rows embedded and rows given a stored vector, from its /metrics ({} if silent)."""
+    try:
+        samples = exposition.scrape(metrics_url)
+    except (OSError, ValueError):
+        return {}
+    return {
+        "embedded": int(exposition.total(samples, "ki_sync_rows_embedded_total")),
+        "reused": int(exposition.total(samples, "ki_sync_rows_vector_reused_total")),
+    }
 
 
 async def _drain(settings: Settings, progress: Progress, timeout_s: float = 120.0) -> None:
