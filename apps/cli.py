@@ -267,6 +267,13 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             command="ki " + " ".join(sys.argv[1:]),
         )
         return bench_freshness(settings, options, Path(args.out) if args.out else None)
+    if args.what == "reuse":
+        from pathlib import Path
+
+        from apps.dev.bench.reuse import main as bench_reuse
+
+        out = Path(args.out) if args.out else Path("benchmarks/reuse-demo.json")
+        return bench_reuse(settings, out=out, command="ki " + " ".join(sys.argv[1:]))
     if args.what == "embedder":
         from pathlib import Path
 
@@ -570,6 +577,9 @@ def build_parser() -> argparse.ArgumentParser:
     embedder_bench.add_argument("--texts", type=int, default=16, help="texts per length")
     embedder_bench.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
     embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json)")
+
+    reuse_bench = kind("reuse", "the share of rows whose vector the store can share, as configured and per variant")
+    reuse_bench.add_argument("--out", help="output file (default benchmarks/reuse-demo.json)")
 
     kind("clean", "remove what benchmark runs killed outright left in PostgreSQL and the index")
 

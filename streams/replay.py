@@ -121,8 +121,16 @@ def _live_version_ids(engine: Engine) -> set[int]:
         return {row.id for row in rows}
 
 
+#: Batches of a rebuild, backfill or reconcile projected at once (`ki bench sync` measured 2 and 3).
+REBUILD_IN_FLIGHT = 2
+
+
 async def project_in_batches(
-    projector: Projector, version_ids: set[int], on_progress: OnProgress, batch: int = 64, in_flight: int = 2
+    projector: Projector,
+    version_ids: set[int],
+    on_progress: OnProgress,
+    batch: int = 64,
+    in_flight: int = REBUILD_IN_FLIGHT,
 ) -> SyncStats:
     """Project these versions `batch` at a time, `in_flight` batches at once: while one batch is written,
     the next is read from PostgreSQL and looks up its stored vectors (batches are disjoint versions, so

@@ -32,7 +32,7 @@ from apps.dev.plotting import pyplot, save_figure
 from ki.clients import make_client, make_engine
 from ki.embedding import create_embedder
 from ki.settings import REPO_ROOT, Settings, with_overrides
-from streams.replay import project_in_batches
+from streams.replay import REBUILD_IN_FLIGHT, project_in_batches
 from streams.sync import Projector, SyncStats
 from streams.writer import BulkOp, IndexWriter
 
@@ -104,7 +104,8 @@ async def _measure(
         content_s, stats = await _content_sync(projector, version_ids)
         await writer.refresh()
         chunks = stats.rows_written
-        reprojected = await _reprojection(settings, engine, client, embedder, index, version_ids)
+        _progress("bench sync: re-projection into fresh indices with the first index's vectors (the rebuild's path)")
+        reprojected = await _reprojection(settings, engine, client, embedder, index, version_ids, rounds)
         compared = None
         if compare_model:
             compared = await _compare_content_sync(
@@ -191,49 +192,64 @@ def _content_figures(signature: str, seconds: float, stats: Any, versions: int) 
 
 
 async def _reprojection(
-    settings: Settings, engine: Any, client: Any, embedder: Any, source_index: str, version_ids: list[int]
+    settings: Settings,
+    engine: Any,
+    client: Any,
+    embedder: Any,
+    source_index: str,
+    version_ids: list[int],
+    rounds: int,
+    in_flight: int = REBUILD_IN_FLIGHT,
 ) -> dict[str, Any]:
     """What `ki rebuild` does when the embedder and the inputs did not change: project every version into a
-    fresh index (64 versions per batch, 2 in flight, as the rebuild) taking the vectors of `source_index`; the baseline
-    is one raw `_bulk` of the resulting rows, vectors included, into another fresh index."""
-    ours_index, raw_index = (f"bench-sync-{uuid.uuid4().hex[:8]}" for _ in range(2))
-    writer = IndexWriter(client, settings, index=ours_index, vector_sources=[source_index])
-    raw_writer = IndexWriter(client, settings, index=raw_index)
-    try:
-        for name in (ours_index, raw_index):
-            await writer.create_physical(name, embedder.signature)
-        _progress("bench sync: re-projection into a fresh index with the first index's vectors (the rebuild's path)")
-        seconds, stats = await _content_sync(
-            Projector.on_postgres(settings, engine, writer, embedder), version_ids, 64, 2
-        )
-        await writer.refresh()
-        rows = await writer.existing_rows(version_ids, with_source=("*",))
-        ids = [row.doc_id for by_id in rows.values() for row in by_id.values()]
-        vectors = await writer.vectors(ids)
-        ops = [
-            BulkOp("index", row.doc_id, {**row.source, "embedding": vectors[row.doc_id]})
-            for by_id in rows.values()
-            for row in by_id.values()
-        ]
-        started = time.perf_counter()
-        await raw_writer.bulk(ops)
-        raw_seconds = time.perf_counter() - started
-        ours_rate, raw_rate = stats.rows_written / seconds, len(ops) / raw_seconds
-        return {
-            "rows": stats.rows_written,
-            "rows_embedded": stats.rows_embedded,
-            "rows_reused": stats.rows_reused,
-            "seconds": round(seconds, 3),
-            "rows_per_s": round(ours_rate, 1),
-            "raw_bulk_rows": len(ops),
-            "raw_bulk_seconds": round(raw_seconds, 3),
-            "raw_bulk_rows_per_s": round(raw_rate, 1),
-            "vs_raw_bulk": round(ours_rate / raw_rate, 3),
-            "seconds_by_stage": {stage: round(s, 3) for stage, s in sorted(stats.seconds.items())},
-        }
-    finally:
-        for name in (ours_index, raw_index):
-            await client.indices.delete(index=name, ignore=(404,))
+    fresh index (64 versions per batch, `in_flight` batches at once, as the rebuild) taking the vectors of
+    `source_index`; the baseline is a raw `_bulk` of the resulting rows, vectors included, into another
+    fresh index. `rounds` of both, taking turns; medians reported."""
+    measured: list[tuple[float, float, SyncStats, int]] = []  # ours seconds, raw seconds, stats, raw rows
+    for r in range(rounds):
+        ours_index, raw_index = (f"bench-sync-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        writer = IndexWriter(client, settings, index=ours_index, vector_sources=[source_index])
+        try:
+            for name in (ours_index, raw_index):
+                await writer.create_physical(name, embedder.signature)
+            projector = Projector.on_postgres(settings, engine, writer, embedder)
+            seconds, stats = await _content_sync(projector, version_ids, 64, in_flight)
+            await writer.refresh()
+            rows = await writer.existing_rows(version_ids, with_source=("*",))
+            ids = [row.doc_id for by_id in rows.values() for row in by_id.values()]
+            vectors = await writer.vectors(ids)
+            ops = [
+                BulkOp("index", row.doc_id, {**row.source, "embedding": vectors[row.doc_id]})
+                for by_id in rows.values()
+                for row in by_id.values()
+            ]
+            started = time.perf_counter()
+            await IndexWriter(client, settings, index=raw_index).bulk(ops)
+            measured.append((seconds, time.perf_counter() - started, stats, len(ops)))
+        finally:
+            for name in (ours_index, raw_index):
+                await client.indices.delete(index=name, ignore=(404,))
+        ours_s, raw_s, stats, raw_rows = measured[-1]
+        _progress(f"  re-projection round {r + 1}/{rounds}: {stats.rows_written / ours_s:.0f} rows/s "
+                  f"({stats.rows_embedded} embedded), raw _bulk {raw_rows / raw_s:.0f} rows/s")  # fmt: skip
+    ratios = [(stats.rows_written / ours_s) / (raw_rows / raw_s) for ours_s, raw_s, stats, raw_rows in measured]
+    ours_s, raw_s, stats, raw_rows = sorted(measured, key=lambda m: m[0])[len(measured) // 2]
+    return {
+        "rounds": rounds,
+        "versions_per_batch": 64,
+        "batches_in_flight": in_flight,
+        "rows": stats.rows_written,
+        "rows_embedded": max(m[2].rows_embedded for m in measured),
+        "rows_reused": stats.rows_reused,
+        "median_seconds": round(statistics.median(m[0] for m in measured), 3),
+        "median_rows_per_s": round(statistics.median(m[2].rows_written / m[0] for m in measured), 1),
+        "raw_bulk_rows": raw_rows,
+        "median_raw_bulk_seconds": round(statistics.median(m[1] for m in measured), 3),
+        "median_raw_bulk_rows_per_s": round(statistics.median(m[3] / m[1] for m in measured), 1),
+        "vs_raw_bulk": round(statistics.median(ratios), 3),
+        "vs_raw_bulk_per_round": [round(x, 3) for x in ratios],
+        "seconds_by_stage_median_round": {stage: round(s, 3) for stage, s in sorted(stats.seconds.items())},
+    }
 
 
 async def _compare_content_sync(
