@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 
 from ki.settings import REPO_ROOT, Settings
 from streams.topics import consumer_group, lane_topics
+from streams.writer import reuse_query
 from tests.conftest import wait_for
 from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, wait_until_synced
 from tests.integration.world import World
@@ -164,7 +165,10 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
     wait_for(observation_gone, timeout=60, what="the removed observation in the projection")
     assert worker.counter("ki_sync_rows_embedded_total") == embedded_before
 
-    # Delete the document: every row goes.
+    # Delete the document: every row goes, and with them its vectors leave the vector store (the index,
+    # searched by `embedding_key`): a key of its rows is offered only by another live document's row.
+    keys = [r["embedding_key"] for r in rows_of(search, settings, "document_id", ids["doc"]).values()]
+    assert keys
     with engine.begin() as conn:
         conn.execute(text("UPDATE documents SET latest_final_version_id = NULL WHERE id = :d"), {"d": ids["doc"]})
         conn.execute(text("DELETE FROM documents WHERE id = :d"), {"d": ids["doc"]})
@@ -173,6 +177,9 @@ def test_insert_update_access_and_delete_flow_through_to_the_index(
         timeout=60,
         what="the deleted document's rows to disappear",
     )
+    body = {**reuse_query(keys), "_source": ["document_id"]}
+    offered = search.search(index=settings.retrieval.index_name, body=body)["hits"]["hits"]
+    assert all(str(hit["_source"]["document_id"]) != str(ids["doc"]) for hit in offered)
 
 
 def test_losing_the_last_active_observation_empties_the_projection_like_a_revocation(
