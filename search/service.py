@@ -12,13 +12,14 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from opensearchpy import AsyncOpenSearch
 from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, resolve_caller
@@ -85,6 +86,8 @@ from search.telemetry.stats import StatsRecorder, query_stats
 from search.telemetry.stats import summary as stats_summary
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class SemanticUnavailable(RequestInvalid):
@@ -407,12 +410,25 @@ class SearchService:
         self.cache.put(key, vector)
         return vector
 
+    async def _verified_read(self, work: Callable[[Connection], T]) -> T:
+        """`work` (reads only) on a re-verify connection. The pool lends connections without a ping (a round
+        trip on every search); one that PostgreSQL dropped meanwhile (a restart, an idle timeout) fails
+        once, the pool replaces it, and the read runs again on a fresh connection."""
+        try:
+            async with self.verify_engine.connect() as conn:
+                return await conn.run_sync(work)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            log.info("a re-verify connection was gone (%s); reading again on a fresh one", type(exc.orig).__name__)
+        async with self.verify_engine.connect() as conn:
+            return await conn.run_sync(work)
+
     async def _reverify(
         self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None = None
     ) -> dict[int, VerifiedVersion]:
         """`reverify` on the re-verify's connections: with `as_of` only the versions in force that day."""
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(lambda c: reverify(c, principals, self.settings, version_ids, as_of))
+        return await self._verified_read(lambda c: reverify(c, principals, self.settings, version_ids, as_of))
 
     def request_filter(self, request: SearchRequest, scope: CompiledScope) -> dict[str, Any]:
         """The scope filter with the request's metadata filters and `as_of`, as every query of a search uses it."""
@@ -615,8 +631,7 @@ class SearchService:
             chosen = choose_versions(versions, verified.keys(), view_latest, request.as_of)
             return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}, found
 
-        async with self.verify_engine.connect() as conn:
-            identity, verified, found = await conn.run_sync(run)
+        identity, verified, found = await self._verified_read(run)
         if cache is not None and found:
             cache.put(found, generation)
         return identity, verified
@@ -633,8 +648,7 @@ class SearchService:
         re-verified, scored below their seed; nothing ranked is dropped."""
         r = self.settings.retrieval
         seeds = kept[: r.graph_rag.seeds]
-        async with self.verify_engine.connect() as conn:
-            edges = await conn.run_sync(lambda c: augment.cited_documents(c, seeds))
+        edges = await self._verified_read(lambda c: augment.cited_documents(c, seeds))
         present = {c.document_id for c in kept}
         cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag.max_added)
                  if scope.holds_document(c.document_id, c.project_id)]  # fmt: skip
@@ -993,8 +1007,7 @@ class SearchService:
     async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
         """The document with the versions the caller may see (None: not visible or not there)."""
         security = self.settings.security
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(lambda c: documents.get_document(c, principals, security, document_id))
+        return await self._verified_read(lambda c: documents.get_document(c, principals, security, document_id))
 
     async def related(
         self, principals: Sequence[str], document_id: int, request: RelatedRequest
@@ -1008,8 +1021,7 @@ class SearchService:
                 kinds=request.kinds, direction=request.direction, limit=request.limit,
             )  # fmt: skip
 
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(run)
+        return await self._verified_read(run)
 
     async def traverse(self, principals: Sequence[str], request: TraverseRequest) -> dict[str, Any]:
         """Documents reachable from the start documents, each one checked against the caller's access."""
@@ -1021,8 +1033,7 @@ class SearchService:
                 depth=request.depth, fanout=request.max_fanout or api.limits.max_traverse_fanout,
             )  # fmt: skip
 
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(run)
+        return await self._verified_read(run)
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
         """Decision records by token overlap, checked against the caller's principals (SQL only)."""
