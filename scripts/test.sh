@@ -68,12 +68,13 @@ faults_shift=$(( ${KI_TEST_PORT_SHIFT:-0} + 1000 ))
   set -a
   eval "$(.venv/bin/python -m apps.dev.stack.ports --shift "$faults_shift")"
   set +a
-  run_lane -m "faults or second_lane" tests/integration
+  run_lane --durations=25 -m "faults or second_lane" tests/integration
 ) >build/test-faults.log 2>&1 &
 faults_pid=$!
 echo "test: the fault-injection tests run beside these on a second stack (log: build/test-faults.log)"
 # In the background too, so that `set -e` holds inside the lane (it does not in a `( … ) || …` list).
-(run_lane -m "not faults and not second_lane") &
+# --durations: each lane's slowest tests at the end of its log, to see where CI minutes go.
+(run_lane --durations=25 -m "not faults and not second_lane") &
 main_pid=$!
 main_status=0
 wait "$main_pid" || main_status=$?
