@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ki.errors import PermanentError
 from ki.exposure import refuse_exposure
-from ki.settings import Settings, load_settings
+from ki.settings import Settings, load_settings, with_overrides
 
 
 class CliError(PermanentError):
@@ -107,6 +107,9 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
 
         if args.lane == "content" and settings.streams.content_nice:
             os.nice(settings.streams.content_nice)  # embedding yields the CPU to everything else
+        if args.lane == "content" and settings.streams.content_embed_threads:
+            threads = settings.streams.content_embed_threads
+            settings = with_overrides(settings, {"embedding": {"threads": threads}})
         app = create_app(settings, args.lane)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
