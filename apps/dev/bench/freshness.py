@@ -412,6 +412,10 @@ class _NewDocuments(threading.Thread):
         self.version_ids: list[int] = []
         self.vectors_pending_seen = 0
         self.error: BaseException | None = None
+        self.started = time.monotonic()
+        # per probe found: seconds from the start of the probes to its commit, kind, commit -> found,
+        # searches it took, and the slowest of those searches (to tell indexing from answer time)
+        self.probes: list[tuple[float, str, float, int, float]] = []
 
     def run(self) -> None:
         try:
@@ -450,12 +454,13 @@ class _NewDocuments(threading.Thread):
 
     def _search(self, query: str, document: int) -> bool:
         """Whether the answer to `query` names `document` (other hits -- the semantic leg finds neighbours
-        of any text -- are not it)."""
+        of any text -- are not it). Sets `last_search_s`, the answer's time."""
         request = urllib.request.Request(
             f"{self.base}/v1/search", data=json.dumps({"query": query, "limit": 10}).encode(), method="POST"
         )
         request.add_header("Content-Type", "application/json")
         request.add_header("Authorization", f"Bearer {self.token}")
+        asked = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 body = json.loads(response.read())
@@ -463,6 +468,8 @@ class _NewDocuments(threading.Thread):
             if exc.code == 503:  # e.g. overloaded for a moment: look again
                 return False
             raise
+        finally:
+            self.last_search_s = time.monotonic() - asked
         found = any(hit["document_id"] == document for hit in body["hits"])
         if found and body.get("mode", {}).get("vectors_pending"):
             self.vectors_pending_seen += 1
@@ -470,6 +477,7 @@ class _NewDocuments(threading.Thread):
 
     def _run(self) -> None:
         outstanding: list[tuple[float, int, str, str]] = []  # (committed, document, kind, query)
+        searches: dict[tuple[int, str], list[float]] = {}  # (document, kind) -> each search's seconds
         next_commit = time.monotonic()
         while not self.stop_event.is_set() or outstanding:
             now = time.monotonic()
@@ -480,8 +488,14 @@ class _NewDocuments(threading.Thread):
                 next_commit += self.interval
             left = []
             for committed, document, kind, query in outstanding:
-                if self._search(query, document):
-                    self.found[kind].append(time.monotonic() - committed)
+                hit = self._search(query, document)
+                took = searches.setdefault((document, kind), [])
+                took.append(self.last_search_s)
+                if hit:
+                    lag = time.monotonic() - committed
+                    self.found[kind].append(lag)
+                    self.probes.append((round(committed - self.started, 2), kind, round(lag, 3), len(took),
+                                        round(max(took), 3)))  # fmt: skip
                 elif time.monotonic() - committed < NEW_DOCUMENT_GIVE_UP_S:
                     left.append((committed, document, kind, query))
             outstanding = left
@@ -494,6 +508,12 @@ class _NewDocuments(threading.Thread):
             "commit_to_found_s": {kind: _pcts(lags) for kind, lags in self.found.items()},
             "never_found": {kind: self.committed - len(lags) for kind, lags in self.found.items()},
             "answers_saying_vectors_pending": self.vectors_pending_seen,
+            "slowest_probes": [
+                dict(
+                    zip(("committed_at_s", "kind", "commit_to_found_s", "searches", "slowest_search_s"), p, strict=True)
+                )
+                for p in sorted(self.probes, key=lambda p: -p[2])[:10]
+            ],
         }
 
 
