@@ -110,7 +110,8 @@ def read_topics(
         consumer.close()
 
 
-def _live_version_ids(engine: Engine) -> set[int]:
+def live_version_ids(engine: Engine) -> set[int]:
+    """The versions that have rows in a correct index: of documents not deleted, with some text."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -189,7 +190,7 @@ async def rebuild(
             f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
         )
         await writer.refresh()
-        expected = await asyncio.to_thread(_live_version_ids, engine)
+        expected = await asyncio.to_thread(live_version_ids, engine)
         indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
         missing = expected - indexed
         if missing:
@@ -262,7 +263,7 @@ async def reconcile(
         writer = IndexWriter(client, settings)
         await writer.ensure_index(embedder.signature)
         await writer.refresh()
-        expected = await asyncio.to_thread(_live_version_ids, engine)
+        expected = await asyncio.to_thread(live_version_ids, engine)
         indexed = await _all_indexed_versions(writer)
         missing, stale = expected - indexed, indexed - expected
         report.missing_versions, report.stale_versions = len(missing), len(stale)

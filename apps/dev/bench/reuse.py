@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-
 from ki.clients import make_engine, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, with_overrides
 from projections.chunking import TokenBudget
 from projections.rows import AccessProjection, build_rows
+from streams.replay import live_version_ids
 from streams.source import PostgresSource
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -30,17 +29,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "chunk_contextualize_off": {"chunk_contextualize": False},
 }
 _BATCH = 500
-
-
-def _live_versions(engine: Any) -> list[int]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT v.id FROM document_versions v JOIN documents d ON d.id = v.document_id "
-                "WHERE d.deleted_at IS NULL ORDER BY v.id"
-            )
-        )
-        return [r.id for r in rows]
 
 
 def _shares(settings: Settings, source: PostgresSource, version_ids: list[int], budget: TokenBudget) -> dict[str, Any]:
@@ -101,7 +89,7 @@ def main(settings: Settings, *, out: Path, command: str) -> int:
     try:
         embedder = create_embedder(settings)
         budget = TokenBudget(embedder.count_tokens, embedder.max_tokens)
-        version_ids = _live_versions(engine)
+        version_ids = sorted(live_version_ids(engine))
         print(f"bench reuse: projecting {len(version_ids)} live versions as the sync does", flush=True)
         projected = _shares(settings, PostgresSource(engine, settings.security), version_ids, budget)
         result: dict[str, Any] = {
