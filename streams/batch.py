@@ -97,7 +97,10 @@ class BatchHandler:
         attempt = 0
         while True:
             try:
-                metrics.record_sync(await self.apply(keys))
+                started = time.perf_counter()
+                stats = await self.apply(keys)
+                metrics.record_sync(stats)
+                _log_if_slow(self.lane, stats, time.perf_counter() - started)
                 return
             except IndexSchemaError:
                 raise
@@ -118,3 +121,16 @@ class BatchHandler:
                     delay,
                 )
                 await self.sleep(delay)
+
+
+SLOW_BATCH_S = 1.0  # a batch that took longer is logged with where its time went
+
+
+def _log_if_slow(lane: Lane, stats: Any, seconds: float) -> None:
+    if seconds < SLOW_BATCH_S:
+        return
+    stages = ", ".join(f"{stage} {spent:.2f}s" for stage, spent in stats.seconds.items())
+    log.info(
+        "%s lane: batch took %.2fs (%d version(s) projected, %d access-only, %d row(s) written): %s",
+        lane, seconds, stats.versions_projected, stats.access_versions, stats.rows_written, stages,
+    )  # fmt: skip

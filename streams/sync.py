@@ -39,6 +39,7 @@ from projections.plan import (
     micro_batches,
     next_access_version,
     plan_content_writes,
+    smallest_first,
 )
 from projections.rows import AccessProjection, IndexRow, build_rows
 from streams.source import AccessBasis, PostgresSource, VersionSnapshot
@@ -150,9 +151,11 @@ class Projector:
         if keys.content_documents:
             content |= await self.index.indexed_versions("document_id", keys.content_documents)
         stats.timed("resolve", started)
-        await self.project_versions(content, stats, embed=lane != "access")
+        # Access-only work first: a grant or revocation is a few partial updates and should not wait
+        # behind the text rows of a bulk import in the same batch (the versions are disjoint).
         if lane != "content":
             await self.project_access(access, stats)
+        await self.project_versions(content, stats, embed=lane != "access")
         return stats
 
     # -- content path --------------------------------------------------------------------------
@@ -211,14 +214,12 @@ class Projector:
         states, grants = await asyncio.to_thread(self.source.versions, version_ids)  # step 2: PostgreSQL
         stats.timed("read", started)
 
-        plans: dict[int, ContentPlan] = {}
-        for version_id in version_ids:
-            stored = existing.get(version_id, {})
-            state = states.get(version_id)
-            new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
-            plans[version_id] = plan_content_writes(new_rows, stored, embeds=embed)
-            stats.versions_projected += 1
+        # Short versions first: in a batch with a bulk import, a short new document is not behind it.
+        order = smallest_first({v: len(states[v].version.text or "") if v in states else 0 for v in version_ids})
+        if not embed:
+            return await self._write_text_first(order, existing, states, grants, stats)
 
+        plans = {v: self._plan(v, existing, states, grants, stats, embeds=True) for v in order}
         lost: set[int] = set()
         # Vectors the index already holds (any row with the same embedded string) are taken first, so
         # only rows that really need the embedder count against a micro-batch.
@@ -226,7 +227,7 @@ class Projector:
                                  stats, known)  # fmt: skip
         needs = [
             (v, sum(write.needs_vector and row.content_hash not in known for row, write in plan.writes))
-            for v, plan in plans.items()
+            for v, plan in plans.items()  # in `order`
         ]
         groups = micro_batches(needs, self.settings.streams.embed_micro_batch_rows)
 
@@ -252,6 +253,48 @@ class Projector:
                     next_vectors.cancel()
                 raise
             lost |= group_lost
+        return lost
+
+    def _plan(
+        self,
+        version_id: int,
+        existing: Mapping[int, Mapping[str, ExistingRow]],
+        states: Mapping[int, VersionSnapshot],
+        grants: Mapping[int, GrantedPrincipals],
+        stats: SyncStats,
+        *,
+        embeds: bool,
+    ) -> ContentPlan:
+        """What to write and delete for one version: its rows cut from PostgreSQL's state against the stored ones."""
+        started = time.perf_counter()
+        stored = existing.get(version_id, {})
+        state = states.get(version_id)
+        new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
+        stats.versions_projected += 1
+        stats.timed("plan", started)
+        return plan_content_writes(new_rows, stored, embeds=embeds)
+
+    async def _write_text_first(
+        self,
+        order: list[int],
+        existing: Mapping[int, Mapping[str, ExistingRow]],
+        states: Mapping[int, VersionSnapshot],
+        grants: Mapping[int, GrantedPrincipals],
+        stats: SyncStats,
+    ) -> set[int]:
+        """The access lane's content work: rows without vectors, in slices of about one `_bulk` each, each
+        slice cut (tokenised) just before it is written, so the first versions are searchable after one
+        slice rather than after the whole batch. Returns the versions to project again."""
+        limit = self.settings.streams.batch_max_events
+        lost: set[int] = set()
+        plans: dict[int, ContentPlan] = {}
+        rows = 0
+        for i, version_id in enumerate(order):
+            plan = plans[version_id] = self._plan(version_id, existing, states, grants, stats, embeds=False)
+            rows += len(plan.writes) + len(plan.deletes)
+            if rows >= limit or i == len(order) - 1:
+                lost |= await self._write_versions(list(plans), plans, existing, stats, {})
+                plans, rows = {}, 0
         return lost
 
     async def _read_rows(

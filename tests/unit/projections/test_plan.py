@@ -18,6 +18,7 @@ from projections.plan import (
     next_access_version,
     plan_content_writes,
     row_write,
+    smallest_first,
     without_vector,
 )
 from projections.rows import AccessProjection
@@ -241,3 +242,8 @@ def test_a_grant_change_is_written_by_whichever_lane_sees_it_first() -> None:
     for embeds in (False, True):  # no vector needed: the access lane writes the partial updates itself
         plan = plan_content_writes(regranted, index, embeds=embeds)
         assert set(writes(plan).values()) == {RowWrite.UPDATE}
+
+
+def test_smallest_first_orders_by_size_then_by_id():
+    assert smallest_first({7: 300, 3: 20, 9: 20, 1: 5000}) == [3, 9, 7, 1]
+    assert smallest_first({}) == []

@@ -305,6 +305,30 @@ def test_a_text_row_never_overwrites_a_row_that_got_its_vector_first() -> None:
     }
 
 
+def test_the_access_lane_writes_a_short_new_document_before_a_bulk_import_of_the_same_batch() -> None:
+    imported = [snapshot(version_id=100 + n, document_id=100 + n) for n in range(12)]
+    short = snapshot(version_id=999, document_id=9, text="Kurzer Schriftsatz: die Frist wird gewahrt.")
+    projector, db, index, embedder = world(*imported, short)
+    projector.settings = load_settings(environ={"KI_STREAMS__BATCH_MAX_EVENTS": "10"})
+    stats = run(projector.apply(content(*[s.version.id for s in imported], 999), lane="access"))
+    written = [int(op.group) for bulk in index.bulks for op in bulk]
+    assert written[0] == 999  # the short new document first, though its id is the highest
+    # Written in slices of about one `_bulk` (each cut just before it is written), every row once.
+    assert len(index.bulks) > 1 and all(len(bulk) < 10 + len(index.of(100)) for bulk in index.bulks)
+    assert len(written) == stats.rows_written == len(index.rows) and stats.versions_projected == 13
+
+
+def test_access_only_work_is_written_before_the_text_rows_of_the_same_batch() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2))
+    run(projector.apply(content(11)))
+    db.granted[11], db.access_dirty = BOB, {11}
+    keys = content(12)
+    keys.update(granted_to("user:bob"))
+    run(projector.apply(keys, lane="access"))
+    kinds = [(op.kind, int(op.group)) for bulk in index.bulks[-2:] for op in bulk]
+    assert kinds[0] == ("update", 11) and kinds[-1] == ("create", 12)
+
+
 def test_an_access_change_updates_the_projection_and_bumps_access_version_without_embedding() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     run(projector.apply(content(11)))
