@@ -227,6 +227,26 @@ def _bench_search(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(exc)) from None
 
 
+def _bench_corpus(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from apps.dev.bench.large_corpus import CorpusError, CorpusOptions
+    from apps.dev.bench.large_corpus import main as bench_corpus
+
+    if args.scale < 1 or args.segments < 1:
+        raise CliError("--scale and --segments must be at least 1")
+    if not 0 < args.bank_fraction <= 1 or not 0 < args.cosine < 1:
+        raise CliError("--bank-fraction must be in (0, 1] and --cosine in (0, 1)")
+    options = CorpusOptions(
+        scale=args.scale, seed=args.seed, bank_fraction=args.bank_fraction, cosine=args.cosine,
+        segments=args.segments, out_dir=Path(args.out), command="ki " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        return bench_corpus(settings, options)
+    except CorpusError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "search":
         return _bench_search(args, settings)
@@ -277,6 +297,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
 
         out = Path(args.out) if args.out else Path("benchmarks/reuse-demo.json")
         return bench_reuse(settings, out=out, command="ki " + " ".join(sys.argv[1:]))
+    if args.what == "corpus":
+        return _bench_corpus(args, settings)
     if args.what == "embedder":
         from pathlib import Path
 
@@ -544,6 +566,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fresh.add_argument("--step-seconds", type=float, default=20, help="seconds per --access-rates step")
     fresh.add_argument("--out", help="output folder (default benchmarks)")
+
+    corpus = kind("corpus", "a large bench corpus (10^5-10^6 chunks) in a stack of its own, indexed directly")
+    corpus.add_argument("--scale", type=int, required=True, help="demo corpus versions (~6.4 chunks each)")
+    corpus.add_argument("--seed", type=int, default=7, help="demo corpus seed")
+    corpus.add_argument("--bank-fraction", type=float, default=0.02,
+                        help="share of distinct inputs the real model embeds (others: perturbed)")  # fmt: skip
+    corpus.add_argument("--cosine", type=float, default=0.95, help="cosine of a perturbed vector to its bank vector")
+    corpus.add_argument("--segments", type=int, default=1, help="force-merge to this many segments")
+    corpus.add_argument("--out", default="benchmarks", help="output folder (default benchmarks)")
 
     search_bench = kind("search", "the search API against raw _msearch on the demo corpus, in the same rounds")
     search_bench.add_argument("--scale", type=int, help="demo corpus versions (default 1000, ~6.4k chunks)")

@@ -76,7 +76,7 @@ from ki.embedding import Embedder, create_embedder
 from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, Settings
 from search.access.scope import CompiledScope, compile_scope, strict_filter
-from search.ranking.legs import LegRun, msearch_lines
+from search.ranking.legs import LegRun, leg_depth, msearch_lines
 from search.request import SearchRequest, parse_search_request
 from search.service import SearchService
 from search.web.auth import decode_token, mint_token, principals_from_claims
@@ -417,6 +417,69 @@ async def plan_specs(
             lines = msearch_lines(service.index, legs)
             specs.append(Spec(caller, body, request, lines, len(scope.document_ids)))
     return specs, {"embedder_direct_ms_p50": round(statistics.median(embed_ms), 2)}
+
+
+RECALL_AT = 10
+
+
+def _recall_bodies(leg: dict[str, Any], space_type: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shipped kNN leg cut to its first RECALL_AT hits, and exact search over the same filter (every
+    row the filter admits scored by the k-NN scoring script; rows without a vector cannot match)."""
+    knn = leg["query"]["knn"]["embedding"]
+    approx = {**leg, "size": RECALL_AT, "_source": False}
+    script = {"source": "knn_score", "lang": "knn",
+              "params": {"field": "embedding", "query_value": knn["vector"], "space_type": space_type}}  # fmt: skip
+    exact_filter = {"bool": {"filter": [knn["filter"], {"exists": {"field": "embedding"}}]}}
+    exact = {"size": RECALL_AT * 3, "_source": False, "track_total_hits": False,
+             "query": {"script_score": {"query": exact_filter, "script": script}}}  # fmt: skip
+    return approx, exact
+
+
+def recall_at(approx_ids: Sequence[str], exact: Sequence[tuple[str, float]], at: int = RECALL_AT) -> float | None:
+    """Recall@at of approximate ids against exact (id, score) hits, best first. Rows tied with the exact
+    at-th score count as relevant (repeated inputs share one vector, so ties are common and any of them
+    is a right answer). None when the filter admits no row."""
+    if not exact:
+        return None
+    cut = exact[min(at, len(exact)) - 1][1]
+    relevant = {doc_id for doc_id, score in exact if score >= cut - 1e-6}
+    return len(set(approx_ids[:at]) & relevant) / min(at, len(exact))
+
+
+async def knn_recall(client: Any, index: str, specs: Sequence[Spec], space_type: str) -> dict[str, Any]:
+    """Recall@10 of the filtered kNN leg as the service sends it (its `k`, its scope and metadata filter)
+    against exact search, per caller."""
+    per_caller: dict[str, list[float]] = {}
+    exact_ms: list[float] = []
+    for spec in specs:
+        leg = next((b for b in spec.lines[1::2] if "knn" in b.get("query", {})), None)
+        if leg is None:
+            continue
+        approx_body, exact_body = _recall_bodies(leg, space_type)
+        approx = await client.search(index=index, body=approx_body)
+        started = time.perf_counter()
+        exact = await client.search(index=index, body=exact_body, request_timeout=120)
+        exact_ms.append((time.perf_counter() - started) * 1000)
+        value = recall_at(
+            [h["_id"] for h in approx["hits"]["hits"]], [(h["_id"], h["_score"]) for h in exact["hits"]["hits"]]
+        )
+        if value is not None:
+            per_caller.setdefault(spec.caller.subject, []).append(value)
+    return {
+        "at": RECALL_AT,
+        "k": next((leg_depth(s.request.window) for s in specs), None),
+        "method": "the service's kNN leg (its k and filter), first 10 hits, against exact script_score "
+        "(knn_score) over the same filter; rows tied with the 10th exact score count as relevant",
+        "by_caller": {
+            subject: {
+                "queries": len(values),
+                "mean": round(statistics.mean(values), 4),
+                "min": round(min(values), 4),
+            }  # fmt: skip
+            for subject, values in per_caller.items()
+        },
+        "exact_search_ms_p50": round(statistics.median(exact_ms), 1) if exact_ms else None,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1044,6 +1107,8 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         _progress(f"bench search: planning {len(callers)} callers x {len(bodies)} queries (scope, legs, vectors)")
         specs, direct = await plan_specs(service, settings, callers, bodies)
         scopes = {c.subject: next(s.scope_documents for s in specs if s.caller is c) for c in callers}
+        _progress("bench search: recall@10 of the filtered kNN leg against exact search")
+        recall = await knn_recall(service.client, index, specs, settings.retrieval.vector_space_type)
 
         _progress(f"bench search: starting `ki serve` on port {server.port}")
         await server.start()
@@ -1156,6 +1221,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
             "met": (at8["ratio_p50"] <= GOAL_RATIO_P50_C8) if at8 else None,
         },
         "scope_compilation": scope_result,
+        "knn_recall": recall,
     }
 
 

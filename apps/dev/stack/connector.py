@@ -92,6 +92,17 @@ class Connector:
         )
         return body.get("connector", {}).get("state", "UNKNOWN"), [t.get("state", "") for t in tasks], trace
 
+    def pause(self, timeout_s: float = 60.0) -> None:
+        """Stop streaming until resumed (the slot and the offsets are kept); returns once Connect says PAUSED."""
+        status, body = request_json("PUT", f"{self.base}/pause", timeout=30, auth=self.auth)
+        if status not in (200, 202, 204):
+            raise StackError(f"connector {self.name}: Connect refused to pause it ({status}): {_message(body)}")
+        deadline = time.monotonic() + timeout_s
+        while self.state()[0] != "PAUSED":
+            if time.monotonic() >= deadline:
+                raise StackError(f"connector {self.name} not PAUSED after {timeout_s:.0f}s")
+            time.sleep(POLL_INTERVAL_S)
+
     def restart_failed(self) -> None:
         request_json("POST", f"{self.base}/restart?includeTasks=true&onlyFailed=true", timeout=30, auth=self.auth)
 

@@ -51,6 +51,8 @@ class OpenSearch(Service):
             "node.name": "ki-node-1",
             "path.data": str(self.state_dir / "data"),
             "path.logs": str(self.state_dir / "logs"),
+            # Where index snapshots may go (`ki bench corpus` keeps its built index there for re-runs).
+            "path.repo": str(self.state_dir / "snapshots"),
             "network.host": self.host,
             "http.port": http_port,
             "transport.port": transport_port,

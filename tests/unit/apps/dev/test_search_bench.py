@@ -5,7 +5,7 @@ import re
 import pytest
 
 from apps.cli import main
-from apps.dev.bench.search import _label_prefix, query_mix, summarize, vocabulary
+from apps.dev.bench.search import _label_prefix, query_mix, recall_at, summarize, vocabulary
 from apps.dev.bench.stats import percentile
 from apps.dev.demo.generator import run_label
 
@@ -118,3 +118,12 @@ def test_an_option_of_another_bench_kind_is_refused(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "sync", "--scale", "10"])
     assert exit_.value.code == 2 and "--scale" in capsys.readouterr().err
+
+
+def test_recall_counts_rows_tied_with_the_tenth_exact_score_as_relevant():
+    exact = [(f"e{i}", 1.0 - i * 0.01) for i in range(9)] + [("t1", 0.5), ("t2", 0.5), ("far", 0.1)]
+    approx = [f"e{i}" for i in range(9)] + ["t2"]
+    assert recall_at(approx, exact) == 1.0  # t2 is as near as t1: either is a right tenth answer
+    assert recall_at([f"e{i}" for i in range(9)] + ["far"], exact) == 0.9
+    assert recall_at(["x", "e0"], [("e0", 0.9), ("e1", 0.8)]) == 0.5  # the filter admits two rows
+    assert recall_at(["x"], []) is None
