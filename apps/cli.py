@@ -235,7 +235,7 @@ def _bench_corpus(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.scale < 1 or args.segments < 1:
         raise CliError("--scale and --segments must be at least 1")
-    if not 0 < args.bank_fraction <= 1 or not 0 < args.cosine < 1:
+    if not 0 < args.bank_fraction <= 1 or (args.cosine is not None and not 0 < args.cosine < 1):
         raise CliError("--bank-fraction must be in (0, 1] and --cosine in (0, 1)")
     options = CorpusOptions(
         scale=args.scale, seed=args.seed, bank_fraction=args.bank_fraction, cosine=args.cosine,
@@ -572,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     corpus.add_argument("--seed", type=int, default=7, help="demo corpus seed")
     corpus.add_argument("--bank-fraction", type=float, default=0.02,
                         help="share of distinct inputs the real model embeds (others: perturbed)")  # fmt: skip
-    corpus.add_argument("--cosine", type=float, default=0.95, help="cosine of a perturbed vector to its bank vector")
+    corpus.add_argument("--cosine", type=float, help="a fixed cosine of perturbed vectors to their anchors "
+                        "(default: drawn from the anchors' nearest-neighbour cosines)")  # fmt: skip
     corpus.add_argument("--segments", type=int, default=1, help="force-merge to this many segments")
     corpus.add_argument("--out", default="benchmarks", help="output folder (default benchmarks)")
 

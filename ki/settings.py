@@ -243,6 +243,10 @@ class RetrievalSettings(_Section):
     vector_space_type: Literal["cosinesimil", "l2", "innerproduct"] = "cosinesimil"
     hnsw_m: int = Field(16, ge=2, le=100)
     hnsw_ef_construction: int = Field(128, ge=2, le=4096)
+    # Candidates the kNN leg's HNSW search keeps per segment (`method_parameters.ef_search`, never below the
+    # leg's k); 0: the engine's default. E5 passages lie close together (query-to-passage cosines of a 100k
+    # corpus differ by ~0.01 from the 1st to the 10th), so a small ef misses true neighbours (BENCHMARKS.md).
+    hnsw_ef_search: int = Field(400, ge=0, le=10_000)
     chunk_chars: int = Field(1200, ge=50, le=100_000)
     chunk_overlap_chars: int = Field(120, ge=0)
     chunk_contextualize: bool = True

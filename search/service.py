@@ -62,6 +62,7 @@ from search.ranking.legs import (
     LegRun,
     active_legs,
     build_leg_bodies,
+    knn_clause,
     leg_depth,
     run_legs,
 )
@@ -221,7 +222,8 @@ def _resized(body: dict[str, Any], size: int) -> dict[str, Any]:
     knn = body.get("query", {}).get("knn")
     if knn:
         ((field_name, spec),) = knn.items()
-        out["query"] = {"knn": {field_name: {**spec, "k": size}}}
+        ef_search = spec.get("method_parameters", {}).get("ef_search", 0)
+        out["query"] = {"knn": {field_name: knn_clause(spec["vector"], size, spec["filter"], ef_search)}}
     return out
 
 
@@ -511,7 +513,8 @@ class SearchService:
         strict = strict_filter(chosen, metadata_clauses(request.filters) + point_in_time_clauses(request.as_of))
         legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
         lexical = self.expansion(request.query).text
-        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on, lexical_query=lexical)
+        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on, lexical_query=lexical,
+                                  ef_search=self.settings.retrieval.hnsw_ef_search)  # fmt: skip
         if chosen.exact:
             return bodies
         return {leg: _resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}

@@ -184,7 +184,14 @@ async def rebuild(
         keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         content, access = await projector.resolve(keys)
-        stats = await project_in_batches(projector, content | access, on_progress)
+        # Nobody searches the new index yet: no periodic refresh while it is loaded (each would write a
+        # segment and build its HNSW graph); the sync's own refreshes still run where a read needs one.
+        await client.indices.put_settings(index=physical, body={"index": {"refresh_interval": "-1"}})
+        try:
+            stats = await project_in_batches(projector, content | access, on_progress)
+        finally:
+            body = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
+            await client.indices.put_settings(index=physical, body=body)
         progress(
             f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
             f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"

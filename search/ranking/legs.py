@@ -68,6 +68,15 @@ def active_legs(weights: Mapping[str, float]) -> frozenset[LegName]:
     return frozenset(leg for leg in LEGS if float(weights.get(leg, 0.0)) > 0)
 
 
+def knn_clause(vector: list[float], k: int, strict: dict[str, Any], ef_search: int = 0) -> dict[str, Any]:
+    """The kNN leg's clause: `k` neighbours through the filter; with `ef_search`, that many candidates per
+    segment (at least `k`) where the engine's default would be fewer."""
+    clause: dict[str, Any] = {"vector": vector, "k": k, "filter": strict}
+    if ef_search:
+        clause["method_parameters"] = {"ef_search": max(k, ef_search)}
+    return clause
+
+
 def build_leg_bodies(
     query: str,
     vector: list[float] | None,
@@ -75,6 +84,7 @@ def build_leg_bodies(
     window: int,
     legs: frozenset[LegName] = frozenset(LEGS),
     lexical_query: str | None = None,
+    ef_search: int = 0,
 ) -> dict[LegName, dict[str, Any]]:
     """The request body of every leg that can match, keyed by leg name (insertion order = send order).
     `lexical_query`: what the lexical leg matches, if not `query` (the query with synonyms added)."""
@@ -86,10 +96,7 @@ def build_leg_bodies(
         lexical = lexical_query or query
         bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": lexical}}}, strict)}
     if vector is not None and "semantic" in legs:
-        bodies["semantic"] = {
-            **common,
-            "query": {"knn": {"embedding": {"vector": vector, "k": depth, "filter": strict}}},
-        }
+        bodies["semantic"] = {**common, "query": {"knn": {"embedding": knn_clause(vector, depth, strict, ef_search)}}}
     if not blocked and query.strip() and "identifier" in legs:
         bodies["identifier"] = {
             **common,

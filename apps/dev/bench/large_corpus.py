@@ -3,8 +3,9 @@
 The corpus is the demo generator's (`ki demo generate --scale N --seed S`: German contracts, opinions and
 decisions with their grants, groups and sources), so `ki bench search --scale N --no-indexing` finds it and
 asks it the demo callers' queries. It is built in a stack of its own (`stack.home` other than the default,
-ports shifted with `python -m apps.dev.stack.ports --shift N`), because nothing may stream it: the Debezium
-connector is paused first, so no live worker embeds 10^5 chunks, and the index is written directly.
+ports shifted with `python -m apps.dev.stack.ports --shift N`) where no sync worker runs: the Debezium
+connector is paused while it is built and the index is written directly, then resumed so that the
+API's invalidation feed (the scope cache) is current, as in production.
 
 Steps, each timed into the JSON (`<out>/corpus-<chunks>.json`):
 1. **PostgreSQL**: the generator writes `scale` versions (skipped when a complete corpus of that seed and
@@ -14,11 +15,13 @@ Steps, each timed into the JSON (`<out>/corpus-<chunks>.json`):
    writes as the sync), two batches in flight; then the refresh interval restored, one refresh, a
    force-merge to `segments`, and a snapshot into the stack's repository (`<home>/opensearch/snapshots`).
 3. **Vectors** (`BankVectors`, the method is written into the JSON): identical inputs always get the same
-   vector; the real embedder embeds the first ANCHORS inputs and then a `bank_fraction` sample of the
+   vector; the real embedder embeds the inputs of a random sample of versions (projected first: the
+   anchors) and then a `bank_fraction` sample of the
    others, chosen by the hash of the input (spread over the whole corpus); every other input gets an
    anchor (chosen by its hash) turned within the span of real vectors -- towards a random combination of
-   differences between anchors, keeping its component along the anchors' mean direction -- to cosine
-   `cosine` of it. The vectors keep the real model's
+   differences between anchors, keeping its component along the anchors' mean direction -- to a cosine of
+   it drawn from the anchors' own nearest-neighbour cosines (so each is as close to its anchor as a real
+   input is to its nearest real neighbour; a fixed `cosine` on request). The vectors keep the real model's
    distribution (its anisotropy and its clusters of near-duplicates, as template-heavy firm corpora have),
    which is what HNSW's latency and recall depend on; uniform random vectors would not. They do not keep
    the semantic relevance of the unsampled chunks: this corpus measures latency, cost and kNN recall
@@ -32,6 +35,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import sys
 import time
@@ -57,6 +61,7 @@ from streams.writer import IndexWriter
 
 SNAPSHOT_REPOSITORY = "ki-bench"
 ANCHORS = 1024  # real vectors the perturbed ones are made from: the first inputs, all embedded by the model
+ANCHOR_VERSIONS = 256  # projected first, chosen at random: ~1,600 inputs, so the anchors span the corpus
 
 
 class CorpusError(PermanentError):
@@ -81,13 +86,14 @@ class BankVectors:
 
     real: Embedder
     fraction: float = 0.02
-    cosine: float = 0.95
+    cosine: float | None = None  # None: drawn from the anchors' own nearest-neighbour cosines
     seed: int = 7
     anchors: list[np.ndarray] = field(default_factory=list)
     real_texts: int = 0
     perturbed_texts: int = 0
     cosines: list[float] = field(default_factory=list)
     _mean: np.ndarray | None = field(default=None, repr=False)
+    _neighbour_cosines: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def dimensions(self) -> int:
@@ -137,10 +143,22 @@ class BankVectors:
             self._mean = mean / np.linalg.norm(mean)
         return self._mean
 
+    def _target_cosine(self, rng: np.random.Generator) -> float:
+        """How close a perturbed vector stays to its anchor: as close as a real input is to its nearest real
+        neighbour -- a draw from the anchors' nearest-neighbour cosines (or the fixed `cosine`)."""
+        if self.cosine is not None:
+            return self.cosine
+        if self._neighbour_cosines is None:
+            anchors = np.asarray(self.anchors)
+            similarity = anchors @ anchors.T
+            np.fill_diagonal(similarity, -1.0)
+            self._neighbour_cosines = similarity.max(axis=1)
+        return float(self._neighbour_cosines[int(rng.integers(len(self._neighbour_cosines)))])
+
     def _perturbed(self, rng: np.random.Generator) -> np.ndarray:
         """An anchor turned, keeping its component along the model's mean direction (so the vectors stay in
         the model's cone), towards a random combination of four differences of anchors (directions along
-        which real vectors differ), by the angle that gives `cosine` to the anchor."""
+        which real vectors differ), by the angle that gives the target cosine to the anchor."""
         anchors, centre = self.anchors, self._centre()
         base = anchors[int(rng.integers(len(anchors)))]
         along = float(base @ centre)
@@ -157,7 +175,7 @@ class BankVectors:
         if norm < 1e-9:
             return base
         # cos(result, base) = along^2 + rest_norm^2 * cos(turn)
-        cos_turn = float(np.clip((self.cosine - along**2) / rest_norm**2, -1.0, 1.0))
+        cos_turn = float(np.clip((self._target_cosine(rng) - along**2) / rest_norm**2, -1.0, 1.0))
         turned = cos_turn * rest + np.sqrt(1 - cos_turn**2) * direction / norm
         vector = along * centre + rest_norm * turned
         vector /= np.linalg.norm(vector)
@@ -172,10 +190,16 @@ class BankVectors:
                 "identical inputs share one vector; the real model embeds the first 1,024 inputs (the anchors) "
                 "and then a hash-chosen sample of the others; every other input: a hash-chosen anchor turned, "
                 "keeping its component along the anchors' mean direction (the model's cone), towards a random "
-                "combination of four differences of anchors, to a fixed cosine of it"
+                "combination of four differences of anchors, to a cosine of it drawn from the anchors' own "
+                "nearest-neighbour cosines (as close as a real input is to its nearest real neighbour)"
             ),
             "bank_fraction": self.fraction,
-            "target_cosine_to_base": self.cosine,
+            "target_cosine_to_base": self.cosine if self.cosine is not None else "anchors' nearest-neighbour cosines",
+            "anchor_neighbour_cosine_p10_p50_p90": (
+                [round(float(x), 4) for x in np.percentile(self._neighbour_cosines, [10, 50, 90])]
+                if self._neighbour_cosines is not None
+                else None
+            ),
             "seed": self.seed,
             "anchors": len(self.anchors),
             "inputs_embedded_by_the_model": self.real_texts,
@@ -190,7 +214,7 @@ class CorpusOptions:
     scale: int
     seed: int = 7
     bank_fraction: float = 0.02
-    cosine: float = 0.95
+    cosine: float | None = None
     segments: int = 1
     out_dir: Path = REPO_ROOT / "benchmarks"
     command: str = "ki bench corpus"
@@ -248,10 +272,13 @@ async def build_index(
         await writer.create_physical(physical, embedder.signature)
         await client.indices.put_settings(index=physical, body={"index": {"refresh_interval": "-1"}})
         started = time.perf_counter()
+        projector = Projector.on_postgres(settings, engine, writer, embedder)
+        # A random sample of versions first: its inputs become the anchors, spread over the whole corpus.
+        sample = set(random.Random(embedder.seed).sample(sorted(version_ids), min(len(version_ids), ANCHOR_VERSIONS)))
+        with StepReport("  anchors") as steps:
+            stats: SyncStats = await project_in_batches(projector, sample, steps.advance)
         with StepReport("  index") as steps:
-            stats: SyncStats = await project_in_batches(
-                Projector.on_postgres(settings, engine, writer, embedder), version_ids, steps.advance
-            )
+            stats.add(await project_in_batches(projector, version_ids - sample, steps.advance))
         phases["project_and_bulk_s"] = time.perf_counter() - started
         body = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
         await client.indices.put_settings(index=physical, body=body)
@@ -315,7 +342,7 @@ def build_corpus(settings: Settings, options: CorpusOptions) -> dict[str, Any]:
             started = time.perf_counter()
             summary = generate(engine, scale=options.scale, seed=options.seed, progress=lambda m: _progress(f"  {m}"))
             label = summary.label
-            phases["generate_s"] = time.perf_counter() - started
+            phases["generate_s"] = round(time.perf_counter() - started, 1)
         else:
             _progress(f"corpus: reusing {label} in PostgreSQL")
         version_ids = live_version_ids(engine)
@@ -324,6 +351,10 @@ def build_corpus(settings: Settings, options: CorpusOptions) -> dict[str, Any]:
     embedder = BankVectors(create_embedder(settings), options.bank_fraction, options.cosine, options.seed)
     _progress(f"corpus: indexing {len(version_ids)} versions ({embedder.method()['name']} vectors)")
     index = asyncio.run(build_index(settings, embedder, version_ids, options.segments))
+    # The API's scope cache follows the access tables' topics and needs them current; no sync worker runs
+    # in this stack, so streaming the corpus now embeds nothing.
+    Connector(settings).resume()
+    _progress("corpus: connector resumed (the API's invalidation feed); no sync worker runs in this stack")
     phases.update(index.pop("phases_s"))
     chunks = index["rows_written"]
     store = index["after_merge"]["store_bytes"]

@@ -446,37 +446,59 @@ def recall_at(approx_ids: Sequence[str], exact: Sequence[tuple[str, float]], at:
     return len(set(approx_ids[:at]) & relevant) / min(at, len(exact))
 
 
+EF_SWEEP = (0, 100, 200, 400, 800, 1600)  # ef_search values the recall is also measured at (0: engine default)
+
+
+def _with_ef_search(leg: dict[str, Any], ef_search: int) -> dict[str, Any]:
+    knn = dict(leg["query"]["knn"]["embedding"])
+    knn.pop("method_parameters", None)
+    if ef_search:
+        knn["method_parameters"] = {"ef_search": max(int(knn["k"]), ef_search)}
+    return {**leg, "query": {"knn": {"embedding": knn}}}
+
+
 async def knn_recall(client: Any, index: str, specs: Sequence[Spec], space_type: str) -> dict[str, Any]:
-    """Recall@10 of the filtered kNN leg as the service sends it (its `k`, its scope and metadata filter)
-    against exact search, per caller."""
-    per_caller: dict[str, list[float]] = {}
+    """Recall@10 of the filtered kNN leg as the service sends it (its `k`, `ef_search`, scope and metadata
+    filter) against exact search, per caller; and the same leg at other `ef_search` values, with its took."""
+    shipped: dict[str, list[float]] = {}
+    sweep: dict[int, list[float]] = {}
+    took: dict[int, list[float]] = {}
     exact_ms: list[float] = []
     for spec in specs:
         leg = next((b for b in spec.lines[1::2] if "knn" in b.get("query", {})), None)
         if leg is None:
             continue
         approx_body, exact_body = _recall_bodies(leg, space_type)
-        approx = await client.search(index=index, body=approx_body)
         started = time.perf_counter()
         exact = await client.search(index=index, body=exact_body, request_timeout=120)
         exact_ms.append((time.perf_counter() - started) * 1000)
-        value = recall_at(
-            [h["_id"] for h in approx["hits"]["hits"]], [(h["_id"], h["_score"]) for h in exact["hits"]["hits"]]
+        truth = [(h["_id"], h["_score"]) for h in exact["hits"]["hits"]]
+        if not truth:
+            continue
+        approx = await client.search(index=index, body=approx_body)
+        shipped.setdefault(spec.caller.subject, []).append(
+            recall_at([h["_id"] for h in approx["hits"]["hits"]], truth) or 0.0
         )
-        if value is not None:
-            per_caller.setdefault(spec.caller.subject, []).append(value)
+        for ef in EF_SWEEP:
+            answer = await client.search(index=index, body=_with_ef_search(approx_body, ef))
+            sweep.setdefault(ef, []).append(recall_at([h["_id"] for h in answer["hits"]["hits"]], truth) or 0.0)
+            took.setdefault(ef, []).append(float(answer["took"]))
     return {
         "at": RECALL_AT,
         "k": next((leg_depth(s.request.window) for s in specs), None),
-        "method": "the service's kNN leg (its k and filter), first 10 hits, against exact script_score "
+        "method": "the service's kNN leg (its k, ef_search and filter), first 10 hits, against exact script_score "
         "(knn_score) over the same filter; rows tied with the 10th exact score count as relevant",
         "by_caller": {
-            subject: {
-                "queries": len(values),
+            subject: {"queries": len(values), "mean": round(statistics.mean(values), 4), "min": round(min(values), 4)}
+            for subject, values in shipped.items()
+        },
+        "by_ef_search": {
+            str(ef): {
                 "mean": round(statistics.mean(values), 4),
                 "min": round(min(values), 4),
+                "took_ms_p50": statistics.median(took[ef]),
             }  # fmt: skip
-            for subject, values in per_caller.items()
+            for ef, values in sweep.items()
         },
         "exact_search_ms_p50": round(statistics.median(exact_ms), 1) if exact_ms else None,
     }

@@ -94,13 +94,20 @@ class Connector:
 
     def pause(self, timeout_s: float = 60.0) -> None:
         """Stop streaming until resumed (the slot and the offsets are kept); returns once Connect says PAUSED."""
-        status, body = request_json("PUT", f"{self.base}/pause", timeout=30, auth=self.auth)
+        self._set("pause", "PAUSED", timeout_s)
+
+    def resume(self, timeout_s: float = 60.0) -> None:
+        """Stream again from where the connector paused; returns once Connect says RUNNING."""
+        self._set("resume", "RUNNING", timeout_s)
+
+    def _set(self, action: str, state: str, timeout_s: float) -> None:
+        status, body = request_json("PUT", f"{self.base}/{action}", timeout=30, auth=self.auth)
         if status not in (200, 202, 204):
-            raise StackError(f"connector {self.name}: Connect refused to pause it ({status}): {_message(body)}")
+            raise StackError(f"connector {self.name}: Connect refused to {action} it ({status}): {_message(body)}")
         deadline = time.monotonic() + timeout_s
-        while self.state()[0] != "PAUSED":
+        while self.state()[0] != state:
             if time.monotonic() >= deadline:
-                raise StackError(f"connector {self.name} not PAUSED after {timeout_s:.0f}s")
+                raise StackError(f"connector {self.name} not {state} after {timeout_s:.0f}s")
             time.sleep(POLL_INTERVAL_S)
 
     def restart_failed(self) -> None:

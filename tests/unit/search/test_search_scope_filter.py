@@ -113,6 +113,14 @@ def test_a_leg_asked_for_more_asks_knn_for_as_many() -> None:
     assert bodies["semantic"]["query"]["knn"]["embedding"]["k"] == 50  # unchanged
 
 
+def test_the_knn_leg_keeps_at_least_ef_search_candidates_and_never_fewer_than_its_k() -> None:
+    bodies = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS), ef_search=800)
+    assert bodies["semantic"]["query"]["knn"]["embedding"]["method_parameters"] == {"ef_search": 800}
+    assert _resized(bodies["semantic"], 1200)["query"]["knn"]["embedding"]["method_parameters"] == {"ef_search": 1200}
+    plain = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS))
+    assert "method_parameters" not in _resized(plain["semantic"], 400)["query"]["knn"]["embedding"]
+
+
 # --- re-verifying a prefix ------------------------------------------------------------------------
 
 
