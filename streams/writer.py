@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
@@ -158,16 +158,6 @@ def _encoded_size(lines: list[dict[str, Any]]) -> int:
 SLOW_REFRESH_S = 0.3
 
 
-@dataclass(frozen=True)
-class _OwnWrite:
-    """A row this writer rewrote in place, as the index holds it now (search may not show it yet)."""
-
-    seq_no: int
-    primary_term: int
-    fields: dict[str, Any]
-    at: float
-
-
 class IndexWriter:
     def __init__(
         self,
@@ -192,12 +182,6 @@ class IndexWriter:
         # seq_no, the conditional write would lose a race against ourselves, and the batch would be redone.
         self._unpublished: dict[int, float] = {}
         self._publish_after_s = interval_seconds(settings.opensearch.refresh_interval) * 1.5
-        # The access-only path needs no refresh for those: rows rewritten in place keep their ids, so a search
-        # older than our write still finds them, and the write's answer says their current seq_no and fields
-        # (another writer's later write simply conflicts, and the version is read again after a refresh).
-        # Only versions whose set of rows we changed (create, delete) must be refreshed before it reads them.
-        self._rows_changed: dict[int, float] = {}
-        self._own_writes: dict[str, _OwnWrite] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -299,36 +283,16 @@ class IndexWriter:
         started = time.monotonic()
         await self.client.indices.refresh(index=self.index)
         self._unpublished = {v: t for v, t in self._unpublished.items() if t > started}
-        self._rows_changed = {v: t for v, t in self._rows_changed.items() if t > started}
-        self._own_writes = {d: w for d, w in self._own_writes.items() if w.at > started}
         took = time.monotonic() - started
         if took >= SLOW_REFRESH_S:  # a forced refresh is on the lane's critical path: say when it is not cheap
             log.info("refresh of %s took %.2fs", self.index, took)
 
-    async def _publish_own_writes(self, version_ids: Sequence[int], *, in_place_known: bool = False) -> None:
-        """Refresh first if one of these versions was written by us and may not be searchable yet (with
-        `in_place_known`: only if we created or deleted some of its rows)."""
+    async def _publish_own_writes(self, version_ids: Sequence[int]) -> None:
+        """Refresh first if one of these versions was written by us and may not be searchable yet."""
         now = time.monotonic()
         self._unpublished = {v: t for v, t in self._unpublished.items() if now - t < self._publish_after_s}
-        self._rows_changed = {v: t for v, t in self._rows_changed.items() if now - t < self._publish_after_s}
-        self._own_writes = {d: w for d, w in self._own_writes.items() if now - w.at < self._publish_after_s}
-        written = self._rows_changed if in_place_known else self._unpublished
-        if any(v in written for v in version_ids):
+        if any(v in self._unpublished for v in version_ids):
             await self.refresh()
-
-    def _with_own_writes(self, found: dict[int, dict[str, ExistingRow]], fields: Sequence[str]) -> None:
-        """Rows we rewrote since the last refresh, as we wrote them: their current seq_no and `fields`."""
-        if not self._own_writes:
-            return
-        for rows in found.values():
-            for doc_id, row in rows.items():
-                own = self._own_writes.get(doc_id)
-                if own is None or (own.primary_term, own.seq_no) <= (row.primary_term, row.seq_no):
-                    continue
-                source = {**row.source, **{f: own.fields[f] for f in fields if f in own.fields}}
-                access_version = int(own.fields.get("access_version", row.access_version) or 0)
-                rows[doc_id] = replace(row, seq_no=own.seq_no, primary_term=own.primary_term,
-                                       access_version=access_version, source=source)  # fmt: skip
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -344,9 +308,7 @@ class IndexWriter:
         found: dict[int, dict[str, ExistingRow]] = {v: {} for v in ids}
         if not ids:
             return found
-        # The access-only path reads doc values only: our in-place rewrites it takes from their answers.
-        in_place_known = bool(with_doc_values) and not with_source
-        await self._publish_own_writes(ids, in_place_known=in_place_known)
+        await self._publish_own_writes(ids)
         if with_doc_values and not with_source:
             fields: dict[str, Any] = {
                 "_source": False,
@@ -384,8 +346,6 @@ class IndexWriter:
             finally:
                 if scroll_id:
                     await self.client.clear_scroll(body={"scroll_id": scroll_id}, ignore=(404,))
-        if in_place_known:
-            self._with_own_writes(found, ["access_version", *with_doc_values])
         return found
 
     @staticmethod
@@ -502,8 +462,7 @@ class IndexWriter:
             retry: dict[str, tuple[BulkOp, ItemFailure]] = {}
             failures: dict[str, ItemFailure] = {}
             for op, item in zip(pending, response["items"], strict=True):
-                answer = next(iter(item.values()))
-                outcome = item_outcome(op.kind, answer)
+                outcome = item_outcome(op.kind, next(iter(item.values())))
                 if isinstance(outcome, ItemFailure):
                     if outcome.transient:
                         retry[op.doc_id] = (op, outcome)
@@ -512,7 +471,7 @@ class IndexWriter:
                 elif outcome == "written":
                     result.written += 1
                     if op.group.isdigit():
-                        self._remember(op, answer)
+                        self._unpublished[int(op.group)] = time.monotonic()
                 else:
                     result.conflicts.add(op.group or op.doc_id)
             if failures:
@@ -526,16 +485,6 @@ class IndexWriter:
             await asyncio.sleep(delay)
             pending = [op for op, _ in retry.values()]
             pending_lines = [line for op in pending for line in op.lines(self.index)]
-
-    def _remember(self, op: BulkOp, answer: dict[str, Any]) -> None:
-        """What search will not show of this write until the next refresh (see `_publish_own_writes`)."""
-        now = time.monotonic()
-        self._unpublished[int(op.group)] = now
-        if op.kind in ("update", "index") and op.if_seq_no is not None and "_seq_no" in answer:
-            self._own_writes[op.doc_id] = _OwnWrite(answer["_seq_no"], answer["_primary_term"], op.body or {}, now)
-        else:  # a row created or deleted: the version's set of rows changed
-            self._rows_changed[int(op.group)] = now
-            self._own_writes.pop(op.doc_id, None)
 
     async def _with_retries(self, call: Any) -> Any:
         """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
