@@ -31,6 +31,7 @@ def test_compose_postgres_uses_logical_decoding_and_opensearch_runs_without_secu
     env = services["opensearch"]["environment"]
     assert env["DISABLE_SECURITY_PLUGIN"] == "true"
     assert env["discovery.type"] == "single-node"
+    assert env["path.repo"]  # snapshots allowed, as on the native stack (`ki bench corpus` keeps its index there)
     assert services["connect"]["environment"]["CONNECT_VALUE_CONVERTER_SCHEMAS_ENABLE"] == "false"
 
 
