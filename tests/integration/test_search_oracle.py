@@ -138,7 +138,9 @@ def _admin_legs(
 ) -> dict[LegName, list[LegHit]]:
     """Every leg as an administrator sees it, over the world's projects, every row deep."""
     strict = {"bool": {"filter": [{"terms": {"project_id": [str(p) for p in oracle.projects]}}]}}
-    bodies = build_leg_bodies(query, vector, strict, ADMIN_DEPTH_WINDOW, legs)
+    bodies = build_leg_bodies(
+        query, vector, strict, ADMIN_DEPTH_WINDOW, legs, ef_search=settings.retrieval.hnsw_ef_search
+    )
     client = make_sync_client(settings)
     try:
         response = client.msearch(body=msearch_lines(settings.retrieval.index_name, bodies))
