@@ -270,9 +270,10 @@ class Projector:
         stored = existing.get(version_id, {})
         state = states.get(version_id)
         new_rows = self._rows_for(state, grants.get(version_id), stored) if state else []
+        plan = plan_content_writes(new_rows, stored, embeds=embeds)
         stats.versions_projected += 1
         stats.timed("plan", started)
-        return plan_content_writes(new_rows, stored, embeds=embeds)
+        return plan
 
     async def _write_text_first(
         self,
