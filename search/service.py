@@ -10,20 +10,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import OpenSearchException
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, resolve_caller
-from ki.clients import opensearch_error
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
@@ -55,6 +52,7 @@ from search.ranking import augment
 from search.ranking.budget import fit_budget
 from search.ranking.floor import apply_floor, floor_for
 from search.ranking.fusion import Candidate, apply_boost, apply_decay, collapse, fuse
+from search.ranking.hits import FusionParams, hit_json
 from search.ranking.legs import (
     SOURCE_INCLUDES,
     LegHit,
@@ -62,14 +60,12 @@ from search.ranking.legs import (
     LegRun,
     active_legs,
     build_leg_bodies,
-    knn_clause,
     leg_depth,
-    run_legs,
 )
 from search.ranking.mode_gate import GateDecision, Mode, SelfEvidence, decide, load_reports, load_self_evidence
-from search.ranking.neighbours import plan_neighbours
 from search.ranking.query_vectors import EmbeddingCache
 from search.ranking.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
+from search.ranking.scoped import FILL_GROWTH, ScopedIndex, admits, first_size, prefix_end, resized
 from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 from search.rate_limit import RateLimiter
 from search.request import (
@@ -134,116 +130,6 @@ class SearchResult:
         return out
 
 
-@dataclass(frozen=True)
-class FusionParams:
-    """What explains a fused score: score = sum(weights[leg] / (rrf_k + ranks[leg])) * status_boost."""
-
-    weights: dict[str, float]
-    rrf_k: int
-    mode: str | None = None
-    method: str = "rrf"
-
-
-def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
-    rrf_score = sum(c.parts.values())
-    return {
-        "mode": params.mode,
-        "ranks": dict(c.ranks),
-        "weights": {leg: params.weights[leg] for leg in c.ranks},
-        "rrf_k": params.rrf_k,
-        # `rrf_parts` / `rrf_score`: each leg's weighted contribution and their sum, whichever `fusion`
-        # made them (weight / (rrf_k + rank), or weight * the leg's score normalised over the caller's rows).
-        "fusion": params.method,
-        "rrf_parts": dict(c.parts),
-        "rrf_score": rrf_score,
-        "status_boost": c.boost,
-        "decay": c.decay,
-        "fused_score": c.score,
-        "rerank_score": c.rerank_score,
-    }
-
-
-def _hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | None) -> dict[str, Any]:
-    src = c.source
-    hit: dict[str, Any] = {
-        "score": c.final_score,
-        "project_id": verified.project_id,
-        "document_id": verified.document_id,
-        "version_id": verified.version_id,
-        "chunk_id": c.chunk_id,
-        "title": verified.title,
-        "version_no": verified.version_no,
-        "version_status": src.get("version_status"),
-        "chunk_kind": src.get("chunk_kind"),
-        "doc_date": src.get("doc_date"),
-        "language": src.get("language"),
-        "text": src.get("text", ""),
-        "identifiers": list(src.get("identifiers") or []),
-        "matched_identifiers": list(c.matched_identifiers),
-        "match_reason": c.match_reason,
-        "citation": {
-            "project_id": verified.project_id,
-            "document_id": verified.document_id,
-            "version_id": verified.version_id,
-            "source_object_ids": list(verified.source_object_ids),
-            "chunk_id": c.chunk_id,
-        },
-    }
-    if src.get("meta", {}).get("locus"):
-        hit["locus"] = src["meta"]["locus"]
-    if explain is not None:
-        hit["explain"] = explain_json(c, explain)
-    return hit
-
-
-# A leg asked again for more hits (superset scope filter) grows by this factor, up to OpenSearch's
-# default `index.max_result_window`.
-FILL_GROWTH = 4
-MAX_FILL_SIZE = 10_000
-MIN_DENSITY = 0.02  # a sparser scope starts at 50x depth and grows from there
-EMPTY_REASON_PROBE = 200  # rows an empty answer's reason looks at through a superset scope filter
-
-
-def admitted(hits: Sequence[LegHit], scope: CompiledScope) -> list[LegHit]:
-    """The hits the exact scope filter would have let through."""
-    return [h for h in hits if _admits(scope, h.source)]
-
-
-def _admits(scope: CompiledScope, source: dict[str, Any]) -> bool:
-    try:
-        return scope.admits(int(source["document_id"]), int(source["project_id"]), int(source["document_version_id"]))
-    except (KeyError, TypeError, ValueError):
-        return False  # a row without its ids is no row of the scope
-
-
-def _resized(body: dict[str, Any], size: int) -> dict[str, Any]:
-    """The same leg asking for `size` hits (the kNN leg: `k` too)."""
-    out = {**body, "size": size}
-    knn = body.get("query", {}).get("knn")
-    if knn:
-        ((field_name, spec),) = knn.items()
-        ef_search = spec.get("method_parameters", {}).get("ef_search", 0)
-        out["query"] = {"knn": {field_name: knn_clause(spec["vector"], size, spec["filter"], ef_search)}}
-    return out
-
-
-def first_size(chosen: ScopeFilter, depth: int) -> int:
-    """Hits a leg asks for first: `depth`, or through a superset filter as many as should leave `depth`
-    in scope at the filter's density, with a quarter to spare (so one round trip usually suffices)."""
-    if chosen.exact:
-        return depth
-    return min(math.ceil(depth / max(chosen.density, MIN_DENSITY) * 1.25), MAX_FILL_SIZE)
-
-
-def prefix_end(candidates: Sequence[Candidate], n: int) -> int:
-    """`n`, moved past candidates scoring the same as the n-th: a prefix cut between equal scores could
-    collapse differently from the whole list."""
-    n = min(n, len(candidates))
-    while 0 < n < len(candidates) and candidates[n].score == candidates[n - 1].score:
-        n += 1
-    return n
-
-
 class SearchService:
     def __init__(
         self,
@@ -273,8 +159,8 @@ class SearchService:
         self.own_evidence: SelfEvidence | None = None
         self.gate = decide(self.reports, settings, embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
-        # Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests).
-        self.filter_budget: int | None = settings.api.limits.max_scope_filter_bytes
+        # Every OpenSearch read of a search, through the caller's scope (search.ranking.scoped).
+        self.scoped = ScopedIndex(client, self.index, settings.api.limits.max_scope_filter_bytes, self.metrics)
         # The scope cache and its feed (search.access.scope_cache, search.access.invalidation); `start()`
         # starts the feed.
         use_cache = settings.api.caches.scope_size > 0 if scope_cache is None else scope_cache
@@ -395,9 +281,16 @@ class SearchService:
         self.metrics.scope_projects.observe(len(scope.project_ids))
 
     def scope_filter(self, scope: CompiledScope) -> ScopeFilter:
-        chosen = scope.bounded_filter(self.filter_budget)
-        self.metrics.scope_filter.labels(chosen.kind).inc()
-        return chosen
+        return self.scoped.scope_filter(scope)
+
+    @property
+    def filter_budget(self) -> int | None:
+        """Bytes of scope clause per leg (None: always the exact filter, as the reference path in tests)."""
+        return self.scoped.filter_budget
+
+    @filter_budget.setter
+    def filter_budget(self, budget: int | None) -> None:
+        self.scoped.filter_budget = budget
 
     async def embed_query(self, query: str, principals: Sequence[str] = ()) -> list[float]:
         """The query's vector, cached for this caller (`principals`, the token's) only."""
@@ -433,9 +326,7 @@ class SearchService:
         return await self._verified_read(lambda c: reverify(c, principals, self.settings, version_ids, as_of))
 
     def request_filter(self, request: SearchRequest, scope: CompiledScope) -> dict[str, Any]:
-        """The scope filter with the request's metadata filters and `as_of`, as every query of a search uses it."""
-        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
-        return strict_filter(self.scope_filter(scope), clauses)
+        return self.scoped.request_filter(request, scope)
 
     async def rerank(self, query: str, kept: list[Candidate], verified: dict[int, VerifiedVersion]) -> list[Candidate]:
         """The top RERANK_TOP_N collapsed hits through the gateway (raises; never a silent fallback)."""
@@ -462,13 +353,6 @@ class SearchService:
             await self.audit.close()
         if self.reranker is not None:
             await self.reranker.close()
-
-    async def _opensearch(self, coro: Any) -> Any:
-        """Await an OpenSearch call; its failures come out as `ki.errors` types (no partial answers)."""
-        try:
-            return await coro
-        except OpenSearchException as exc:
-            raise opensearch_error(exc) from exc
 
     def expansion(self, query: str) -> Expansion:
         """The query with synonyms added (search.ranking.synonyms), what the lexical and semantic legs use."""
@@ -517,44 +401,16 @@ class SearchService:
                                   ef_search=self.settings.retrieval.hnsw_ef_search)  # fmt: skip
         if chosen.exact:
             return bodies
-        return {leg: _resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}
+        return {leg: resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}
 
     async def run_legs_in_scope(
         self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None
     ) -> tuple[LegRun, int]:
-        """Every leg's hits exactly as the exact scope filter gives them, through a filter of bounded size:
-        with a superset filter, each leg's hits are checked against the scope and a leg that lost some is
-        asked again for more (all such legs in one `_msearch`) until it has `depth` or has no more.
-        Returns the legs and the number of `_msearch` round trips."""
-        depth = leg_depth(request.window)
+        """Every leg's hits exactly as the exact scope filter gives them, through a filter of bounded size
+        (search.ranking.scoped). Returns the legs and the number of `_msearch` round trips."""
         chosen = self.scope_filter(scope)
-        size = first_size(chosen, depth)
         bodies = self.plan_legs(request, chosen, vector)
-        run = await self._opensearch(run_legs(self.client, self.index, bodies))
-        if chosen.exact:
-            return replace(run, scope_filter=chosen.kind), 1
-        hits = {leg: admitted(found, scope) for leg, found in run.hits.items()}
-        took = dict(run.took_ms)
-        full = {leg for leg in bodies if len(run.hits[leg]) >= size}  # the leg may have more
-        rounds = 1
-        while size < MAX_FILL_SIZE:
-            short = {leg: body for leg, body in bodies.items() if leg in full and len(hits[leg]) < depth}
-            if not short:
-                break
-            size = min(size * FILL_GROWTH, MAX_FILL_SIZE)
-            more = await self._opensearch(
-                run_legs(self.client, self.index, {leg: _resized(b, size) for leg, b in short.items()})
-            )
-            rounds += 1
-            for leg in short:
-                hits[leg] = admitted(more.hits[leg], scope)
-                took[leg] = took.get(leg, 0.0) + more.took_ms.get(leg, 0.0)
-                if len(more.hits[leg]) < size:
-                    full.discard(leg)
-        if any(leg in full and len(hits[leg]) < depth for leg in bodies):
-            self.metrics.scope_fill_exhausted.inc()
-        self.metrics.scope_fill_rounds.observe(rounds)
-        return LegRun({leg: found[:depth] for leg, found in hits.items()}, took, chosen.kind), rounds
+        return await self.scoped.fill_legs(bodies, scope, chosen, leg_depth(request.window))
 
     async def verified_head(
         self, principals: Sequence[str], fused: Sequence[Candidate], need: int, as_of: dt.date | None = None
@@ -662,8 +518,7 @@ class SearchService:
         if strict == MATCH_NONE:
             return kept, verified, info
         body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
-        response = await self._opensearch(self.client.search(index=self.index, body=body))
-        added = augment.added_candidates(response.get("hits", {}).get("hits", []), cited, r.graph_rag.hop_penalty)
+        added = augment.added_candidates(await self.scoped.search(body), cited, r.graph_rag.hop_penalty)
         found = await self._reverify(principals, [c.version_id for c in added], request.as_of)
         added = [c for c in added if matches(c, found)]
         info["added"] = len(added)
@@ -685,11 +540,10 @@ class SearchService:
         if strict == MATCH_NONE:
             return None
         body = augment.authoritative_body(request.query, strict, self._authoritative_id, SOURCE_INCLUDES)
-        response = await self._opensearch(self.client.search(index=self.index, body=body))
         found = [
             Candidate(h["_id"], float(h.get("_score") or 0.0), h.get("_source") or {}, match_reason="authoritative")
-            for h in response.get("hits", {}).get("hits", [])
-            if _admits(scope, h.get("_source") or {})
+            for h in await self.scoped.search(body)
+            if admits(scope, h.get("_source") or {})
         ]
         verified = await self._reverify(principals, [c.version_id for c in found], request.as_of)
         best = next((c for c in found if matches(c, verified)), None)
@@ -719,66 +573,11 @@ class SearchService:
                 }
             },
         }
-        response = await self._opensearch(self.client.search(index=self.index, body=body))
-        found = response.get("hits", {}).get("hits", [])
+        found = await self.scoped.search(body)
         if not found:
             return None
         best = min(found, key=lambda h: (-float(h.get("_score") or 0.0), h["_id"]))
         return Candidate(best["_id"], 0.0, best.get("_source") or {}, match_reason=subject.why)
-
-    async def empty_reason(self, request: SearchRequest, scope: CompiledScope) -> str:
-        """Why a ranked answer is empty: `scope_empty` (the caller may see no document, within the project
-        narrowing), `filtered_out` (the metadata filters and `as_of` leave none of them), else
-        `no_credible_evidence` (documents are there, nothing matched). Decided on the caller's scope only:
-        with a superset scope filter, rows are counted only if the scope admits them, so the reason never
-        depends on documents the caller may not see."""
-        if scope.is_empty:
-            return "scope_empty"
-        clauses = metadata_clauses(request.filters) + point_in_time_clauses(request.as_of)
-        if not clauses:
-            return "no_credible_evidence"
-        chosen = self.scope_filter(scope)
-        strict = strict_filter(chosen, clauses)
-        if strict == MATCH_NONE:
-            return "filtered_out"
-        size = 0 if chosen.exact else EMPTY_REASON_PROBE
-        body = {
-            "size": size,
-            "track_total_hits": 1,
-            "_source": {"includes": ["document_id", "project_id", "document_version_id"]},
-            "query": {"bool": {"filter": [strict]}},
-        }
-        response = await self._opensearch(self.client.search(index=self.index, body=body))
-        hits = response.get("hits", {})
-        if chosen.exact:
-            return "no_credible_evidence" if hits.get("total", {}).get("value", 0) else "filtered_out"
-        found = hits.get("hits", [])
-        if any(_admits(scope, h.get("_source") or {}) for h in found):
-            return "no_credible_evidence"
-        return "filtered_out" if len(found) < size else "no_credible_evidence"  # not sure: say less
-
-    async def expand(self, hits: list[dict[str, Any]]) -> None:
-        """Chunk expansion (search.ranking.neighbours): every hit's neighbours, fetched in one `mget`, as `context`."""
-        per_document = self.settings.retrieval.neighbours_max_chunks_per_document
-        planned = plan_neighbours([(h["chunk_id"], h["document_id"]) for h in hits], per_document)
-        for hit in hits:
-            hit["context"] = []
-        if not planned:
-            return
-        response = await self._opensearch(
-            self.client.mget(
-                index=self.index, body={"ids": [n.chunk_id for n in planned]}, params={"_source_includes": "text"}
-            )
-        )
-        texts = {d["_id"]: (d.get("_source") or {}).get("text", "") for d in response.get("docs", []) if d.get("found")}
-        by_hit = {h["chunk_id"]: h for h in hits}
-        for n in planned:
-            if n.chunk_id in texts:
-                by_hit[n.hit_chunk_id]["context"].append(
-                    {"chunk_id": n.chunk_id, "position": n.position, "text": texts[n.chunk_id]}
-                )
-        for hit in hits:  # reading order: before, after
-            hit["context"].sort(key=lambda c: c["position"] != "before")
 
     # --- public --------------------------------------------------------------------------------
 
@@ -843,10 +642,10 @@ class SearchService:
         kept, verified, identity, graph = ctx.kept, ctx.verified, ctx.identity, ctx.graph
         page = kept[request.offset : request.window]
         explain = FusionParams(weights, r.fusion_rrf_k, mode, r.fusion_method) if request.explain else None
-        hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
+        hits = [hit_json(c, verified[c.version_id], explain) for c in page]
         if request.expand and hits:
             with timer.stage("expand"):
-                await self.expand(hits)
+                await self.scoped.add_neighbours(hits, r.neighbours_max_chunks_per_document)
         has_more = len(kept) > request.window
         budget = request.evidence_budget_chars or r.evidence_budget_chars
         evidence = None
@@ -854,7 +653,7 @@ class SearchService:
             hits, use = fit_budget(hits, budget, request.offset)
             has_more = has_more or use.hits_dropped > 0
             evidence = use.to_json()
-        reason = await self.empty_reason(request, scope) if not kept else None
+        reason = await self.scoped.empty_reason(request, scope) if not kept else None
         timings = timer.finish()
         mode_info = self.mode_json(request.mode, mode)
         pending = sum(1 for c in page if c.source.get(VECTOR_PENDING))  # the caller's own hits only
@@ -930,34 +729,8 @@ class SearchService:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
         t0 = time.perf_counter()
         scope = await self.compile_scope(principals, request.filters.project_id)
-        chosen = self.scope_filter(scope)
-        strict = strict_filter(chosen, metadata_clauses(request.filters))
-        if strict == MATCH_NONE:
-            return SearchResult([], request.offset, request.limit, False, {})
-        depth = leg_depth(request.window)
-        size = first_size(chosen, depth)
-        while True:  # with a superset filter: until `depth` versions pass the scope or none are left
-            body = {
-                "size": size,
-                "track_total_hits": False,
-                "_source": {"includes": SOURCE_INCLUDES},
-                "query": {"bool": {"filter": [strict]}},
-                "sort": [
-                    {"doc_date": {"order": "desc", "missing": "_last"}},
-                    {"document_version_id": {"order": "asc"}},
-                ],
-                "collapse": {"field": "document_version_id"},
-            }
-            response = await self._opensearch(self.client.search(index=self.index, body=body))
-            found = response.get("hits", {}).get("hits", [])
-            candidates = [Candidate(h["_id"], 0.0, h.get("_source") or {}) for h in found]
-            if not chosen.exact:
-                candidates = [c for c in candidates if _admits(scope, c.source)]
-            if chosen.exact or len(candidates) >= depth or len(found) < size or size >= MAX_FILL_SIZE:
-                break
-            size = min(size * FILL_GROWTH, MAX_FILL_SIZE)
-        candidates = candidates[:depth]
-        verified = await self._reverify(principals, [c.version_id for c in candidates])
+        candidates = await self.scoped.newest_versions(scope, request.filters, leg_depth(request.window))
+        verified = await self._reverify(principals, [c.version_id for c in candidates]) if candidates else {}
         seen: set[int] = set()
         survivors = []
         for c in candidates:
@@ -966,7 +739,7 @@ class SearchService:
                 survivors.append(c)
         page = survivors[request.offset : request.window]
         explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
-        hits = [_hit_json(c, verified[c.version_id], explain) for c in page]
+        hits = [hit_json(c, verified[c.version_id], explain) for c in page]
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
 

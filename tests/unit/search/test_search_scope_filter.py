@@ -17,7 +17,8 @@ from ki.settings import load_settings
 from search.access.scope import MATCH_NONE, CompiledScope, strict_filter, terms_bytes
 from search.ranking.fusion import Candidate, collapse
 from search.ranking.legs import LEGS, LegHit, build_leg_bodies
-from search.service import SearchService, VerifiedVersion, _resized, admitted, prefix_end
+from search.ranking.scoped import admitted, prefix_end, resized
+from search.service import SearchService, VerifiedVersion
 
 BUDGET = load_settings(environ={}).api.limits.max_scope_filter_bytes
 REQUEST_LIMIT = 64 * 1024
@@ -107,18 +108,18 @@ def test_a_caller_with_25000_groups_gets_a_bounded_superset_filter() -> None:
 
 def test_a_leg_asked_for_more_asks_knn_for_as_many() -> None:
     bodies = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS))
-    assert _resized(bodies["semantic"], 400)["query"]["knn"]["embedding"]["k"] == 400
-    assert _resized(bodies["semantic"], 400)["size"] == 400
-    assert _resized(bodies["lexical"], 400)["size"] == 400
+    assert resized(bodies["semantic"], 400)["query"]["knn"]["embedding"]["k"] == 400
+    assert resized(bodies["semantic"], 400)["size"] == 400
+    assert resized(bodies["lexical"], 400)["size"] == 400
     assert bodies["semantic"]["query"]["knn"]["embedding"]["k"] == 50  # unchanged
 
 
 def test_the_knn_leg_keeps_at_least_ef_search_candidates_and_never_fewer_than_its_k() -> None:
     bodies = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS), ef_search=800)
     assert bodies["semantic"]["query"]["knn"]["embedding"]["method_parameters"] == {"ef_search": 800}
-    assert _resized(bodies["semantic"], 1200)["query"]["knn"]["embedding"]["method_parameters"] == {"ef_search": 1200}
+    assert resized(bodies["semantic"], 1200)["query"]["knn"]["embedding"]["method_parameters"] == {"ef_search": 1200}
     plain = build_leg_bodies("q", [0.1], {"match_all": {}}, 10, frozenset(LEGS))
-    assert "method_parameters" not in _resized(plain["semantic"], 400)["query"]["knn"]["embedding"]
+    assert "method_parameters" not in resized(plain["semantic"], 400)["query"]["knn"]["embedding"]
 
 
 # --- re-verifying a prefix ------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def test_a_page_of_ten_verifies_a_few_dozen_versions_in_one_statement() -> None:
 
 
 def test_a_superset_filter_asks_for_enough_hits_at_its_density() -> None:
-    from search.service import MAX_FILL_SIZE, first_size
+    from search.ranking.scoped import MAX_FILL_SIZE, first_size
 
     wide = CompiledScope.of([1, 2], range(100, 3100))  # 3,000 documents: over the budget
     half = CompiledScope(wide.project_ids, wide.document_ids, project_documents=6000, all_documents=60_000)

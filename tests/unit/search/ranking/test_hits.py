@@ -1,12 +1,12 @@
-"""Explain: the parts of a fused score add up to it (no services)."""
+"""Explain (search.ranking.hits): the parts of a fused score add up to it (no services)."""
 
 from __future__ import annotations
 
 import pytest
 
 from search.ranking.fusion import apply_boost, rrf
+from search.ranking.hits import FusionParams, explain_json
 from search.ranking.legs import LegHit
-from search.service import FusionParams, explain_json
 
 
 def hit(i: int, status: str) -> LegHit:
