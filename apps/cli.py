@@ -247,6 +247,26 @@ def _bench_corpus(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(exc)) from None
 
 
+def _bench_principals(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from apps.dev.bench.principals import PrincipalsOptions
+    from apps.dev.bench.principals import main as bench_principals
+    from apps.dev.bench.search import BenchError
+
+    if args.groups < 2 or not 0 <= args.granting < args.groups or args.rounds < 1 or args.requests < 1:
+        raise CliError("--groups must be at least 2, --granting in [0, groups), --rounds and --requests at least 1")
+    options = PrincipalsOptions(
+        groups=args.groups, granting=args.granting, scale=args.scale, concurrency=_int_list("--concurrency",
+        args.concurrency, 1), rounds=args.rounds, requests=args.requests, config=args.config,
+        out_dir=Path(args.out) if args.out else PrincipalsOptions.out_dir, command="ki " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        return bench_principals(settings, options)
+    except BenchError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "search":
         return _bench_search(args, settings)
@@ -297,6 +317,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
 
         out = Path(args.out) if args.out else Path("benchmarks/reuse-demo.json")
         return bench_reuse(settings, out=out, command="ki " + " ".join(sys.argv[1:]))
+    if args.what == "principals":
+        return _bench_principals(args, settings)
     if args.what == "corpus":
         return _bench_corpus(args, settings)
     if args.what == "embedder":
@@ -576,6 +598,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: drawn from the anchors' nearest-neighbour cosines)")  # fmt: skip
     corpus.add_argument("--segments", type=int, default=1, help="force-merge to this many segments")
     corpus.add_argument("--out", default="benchmarks", help="output folder (default benchmarks)")
+
+    many = kind("principals", "a caller in very many groups (memberships in SQL) against one of one group")
+    many.add_argument("--groups", type=int, default=25_000, help="groups of the many-group caller")
+    many.add_argument("--granting", type=int, default=5_000, help="of those, groups holding a document grant")
+    many.add_argument("--scale", type=int, default=200, help="demo corpus versions searched (reused if indexed)")
+    many.add_argument("--concurrency", default="1,8", help="comma-separated concurrency levels")
+    many.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
+    many.add_argument("--requests", type=int, default=120, help="requests per caller and round")
+    many.add_argument("--out", help="output folder (default build/bench)")
 
     search_bench = kind("search", "the search API against raw _msearch on the demo corpus, in the same rounds")
     search_bench.add_argument("--scale", type=int, help="demo corpus versions (default 1000, ~6.4k chunks)")

@@ -939,14 +939,18 @@ async def measure_level(
     rounds: int,
     requests: int,
     compare: ApiClient | None = None,
+    compare_specs: Sequence[Spec] | None = None,
 ) -> dict[str, Any]:
+    """API and raw `_msearch` (and `compare`, another API or another caller: `compare_specs`) in the same
+    rounds, the sides' order rotating."""
     n = max(requests, 4 * concurrency)
+    side_specs = {"api": specs, "raw_msearch": specs, "api_compare": compare_specs or specs}
     clients: dict[str, ApiClient | RawClient] = {"api": api, "raw_msearch": raw}
     if compare is not None:
         clients["api_compare"] = compare
     for name, client in (("api", api), ("api_compare", compare)):
         if client is not None:
-            warm = await _warm(client, specs)
+            warm = await _warm(client, side_specs[name])
             if warm.errors:
                 raise BenchError(f"{name}: warm-up requests failed: {warm.errors[:2]}")
     per_round: list[dict[str, Any]] = []
@@ -958,7 +962,7 @@ async def measure_level(
     for r in range(rounds):
         figures: dict[str, dict[str, float]] = {}
         for side in side_order(list(clients), r):
-            result = await run_side(clients[side].call, specs, n, concurrency)
+            result = await run_side(clients[side].call, side_specs[side], n, concurrency)
             errors[side] += result.errors
             if not result.latencies_s:
                 raise BenchError(f"{side}: every request failed at concurrency {concurrency}: {result.errors[:2]}")
