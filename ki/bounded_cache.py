@@ -44,7 +44,7 @@ class StoreGuard:
         self.generation = 0
 
 
-def _unit(_value: object) -> int:
+def _unit(_key: object, _value: object) -> int:
     return 1
 
 
@@ -54,7 +54,7 @@ class BoundedCache(Generic[K, V]):
         max_entries: int,
         *,
         max_weight: int | None = None,
-        weigh: Callable[[V], int] = _unit,
+        weigh: Callable[[K, V], int] = _unit,  # an entry's weight, from its key and value
         ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         guard: StoreGuard | None = None,
@@ -134,7 +134,7 @@ class BoundedCache(Generic[K, V]):
             expiry = float("inf") if self.ttl_s is None else self._clock() + self.ttl_s
             stored = 0
             for key, value in entries.items():
-                weight = self._weigh(value)
+                weight = self._weigh(key, value)
                 if self.max_weight is not None and weight > self.max_weight:
                     self.stats.oversized += 1
                     continue

@@ -562,10 +562,13 @@ class CachesSettings(_Group):
     # Query vectors (search.ranking.query_vectors): entries and their time to live.
     embedding_size: int = Field(1024, ge=0)
     embedding_ttl_s: int = Field(600, ge=0)
-    # Scope cache (search.access.scope_cache): entries (callers + scopes) and ids held across all scopes
-    # (8 bytes each), used only while its CDC invalidation feed is at most this far behind PostgreSQL.
+    # Scope cache (search.access.scope_cache): entries (callers + scopes), ids held across all scopes
+    # (8 bytes each, plus the principals of their keys), resolved principals held across all callers
+    # (~300 bytes each: a caller of 25,000 groups is ~7 MiB), used only while its CDC invalidation feed is
+    # at most this far behind PostgreSQL.
     scope_size: int = Field(4096, ge=0)
     scope_max_ids: int = Field(5_000_000, ge=0)
+    scope_max_principals: int = Field(500_000, ge=1)
     scope_max_feed_lag_s: float = Field(5.0, gt=0)
     # Name look-up cache (search.names.cache): name keys and documents held across them, fed by the scope
     # cache's invalidation feed and used only while it is current (needs the scope cache).

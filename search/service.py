@@ -182,7 +182,9 @@ class SearchService:
             self.audit = AuditLog(engine, settings.api, on_dropped=lambda n: self.metrics.audit_dropped.inc(n))
         if use_cache:
             api = settings.api
-            self.scope_cache = ScopeCache(api.caches.scope_size, api.caches.scope_max_ids)
+            self.scope_cache = ScopeCache(
+                api.caches.scope_size, api.caches.scope_max_ids, api.caches.scope_max_principals
+            )
             if api.caches.name_keys > 0:
                 self.name_cache = NameCache(api.caches.name_keys, api.caches.name_max_documents)
             subscribers: list[ChangeSubscriber] = [self.scope_cache]

@@ -105,16 +105,23 @@ def invalidation_for(event: ChangeEvent | Tombstone) -> Invalidation:
 
 
 class ScopeCache:
-    """Callers and compiled scopes, LRU-bounded by entries (each) and scopes by ids held; thread-safe (the
-    invalidation feed runs in a thread of its own). A caller's resolution and the scopes compiled from it
-    share one lock and one generation: any invalidation refuses both stores computed before it."""
+    """Callers and compiled scopes, LRU-bounded by entries (each), callers by the principals they resolve
+    to and scopes by the ids they hold plus the principals in their key; thread-safe (the invalidation feed
+    runs in a thread of its own). A caller of 25,000 groups holds ~7 MiB: an entry bound alone would let a
+    few thousand such callers exhaust memory. A caller's resolution and the scopes compiled from it share
+    one lock and one generation: any invalidation refuses both stores computed before it."""
 
-    def __init__(self, max_entries: int, max_ids: int) -> None:
+    def __init__(self, max_entries: int, max_ids: int, max_principals: int | None = None) -> None:
         self.max_entries, self.max_ids = max_entries, max_ids
         self._guard = StoreGuard()
-        self._callers: BoundedCache[RawKey, Caller] = BoundedCache(max_entries, guard=self._guard)
+        self._callers: BoundedCache[RawKey, Caller] = BoundedCache(
+            max_entries,
+            max_weight=max_principals,
+            weigh=lambda _raw, caller: max(1, len(caller.principals)),
+            guard=self._guard,
+        )
         self._scopes: BoundedCache[ScopeKey, CompiledScope] = BoundedCache(
-            max_entries, max_weight=max_ids, weigh=lambda scope: scope.size, guard=self._guard
+            max_entries, max_weight=max_ids, weigh=lambda key, scope: scope.size + len(key[0]), guard=self._guard
         )
 
     @staticmethod
@@ -135,7 +142,12 @@ class ScopeCache:
 
     @property
     def ids_held(self) -> int:
+        """Ids held across the scopes (with the principals of their keys)."""
         return self._scopes.weight
+
+    @property
+    def principals_held(self) -> int:
+        return self._callers.weight
 
     def __len__(self) -> int:
         return len(self._callers) + len(self._scopes)

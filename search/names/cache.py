@@ -34,7 +34,9 @@ class NameCache:
 
     def __init__(self, max_keys: int, max_documents: int) -> None:
         self.max_keys, self.max_documents = max_keys, max_documents
-        self._entries: BoundedCache[NameKey, Entry] = BoundedCache(max_keys, max_weight=max_documents, weigh=len)
+        self._entries: BoundedCache[NameKey, Entry] = BoundedCache(
+            max_keys, max_weight=max_documents, weigh=lambda _key, entry: len(entry)
+        )
 
     @property
     def generation(self) -> int:

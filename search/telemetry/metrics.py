@@ -82,7 +82,10 @@ class SearchMetrics:
             registry=r,
         )
         self.scope_cache_ids = Gauge(
-            "ki_search_scope_cache_ids", "Ids held by the scope caches", registry=r, multiprocess_mode="livesum"
+            "ki_search_scope_cache_ids",
+            "Ids held by the scope caches (with the principals of their keys)",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.feed_usable = Gauge(
             "ki_search_scope_feed_usable",

@@ -18,7 +18,7 @@ def test_least_recently_used_goes_first_when_over_the_entry_bound() -> None:
 
 
 def test_the_weight_bound_evicts_and_refuses_what_is_heavier_alone() -> None:
-    cache: BoundedCache[str, list[int]] = BoundedCache(10, max_weight=5, weigh=len)
+    cache: BoundedCache[str, list[int]] = BoundedCache(10, max_weight=5, weigh=lambda _key, value: len(value))
     assert cache.put("three", [1, 2, 3])
     assert cache.put("two", [1, 2])
     assert cache.put("one", [1])  # six in all: the oldest goes
@@ -56,7 +56,7 @@ def test_a_value_computed_before_an_invalidation_is_refused() -> None:
 
 
 def test_discard_and_discard_where_drop_only_what_they_name() -> None:
-    cache: BoundedCache[str, list[int]] = BoundedCache(10, max_weight=100, weigh=len)
+    cache: BoundedCache[str, list[int]] = BoundedCache(10, max_weight=100, weigh=lambda _key, value: len(value))
     cache.put_many({"a": [1], "b": [1, 2], "c": [1, 2, 3]})
     assert cache.discard(["a", "zzz"]) == 1
     assert cache.discard_where(lambda key, value: len(value) == 3) == 1
@@ -75,7 +75,7 @@ def test_caches_sharing_a_guard_refuse_each_others_stale_stores() -> None:
 
 
 def test_concurrent_stores_and_invalidations_keep_the_bounds() -> None:
-    cache: BoundedCache[int, list[int]] = BoundedCache(50, max_weight=200, weigh=len)
+    cache: BoundedCache[int, list[int]] = BoundedCache(50, max_weight=200, weigh=lambda _key, value: len(value))
 
     def writer(offset: int) -> None:
         for n in range(2000):

@@ -82,7 +82,7 @@ def test_a_grant_drops_only_scopes_holding_its_principal() -> None:
     assert cache.scope(cache.scope_key(ANNA, [1])) is None
     assert cache.scope(cache.scope_key(JONAS, None)) == CompiledScope.of([2], [20])
     assert cache.caller(("user:Anna",)) == ANNA  # the resolution is unchanged by a grant
-    assert cache.ids_held == 2
+    assert cache.ids_held == 2 + 1  # Jonas's scope: its ids and the one principal of its key
 
 
 def test_a_membership_drops_callers_by_raw_or_resolved_principal() -> None:
@@ -113,10 +113,27 @@ def test_bounded_by_entries_and_by_ids_oldest_scope_first() -> None:
     cache.put_scope(cache.scope_key(JONAS, None), CompiledScope.of([2], [20]), g)
     assert cache.scope(cache.scope_key(Caller(frozenset({"user:1"})), None)) is None  # the oldest went
     assert cache.scope(cache.scope_key(Caller(frozenset({"user:0"})), None)) is not None
-    big = CompiledScope.of([1], range(8))  # 9 ids: the others must make room
+    big = CompiledScope.of([1], range(6))  # 7 ids and Anna's 2 principals: the others must make room
     assert cache.put_scope(cache.scope_key(ANNA, None), big, g)
     assert cache.ids_held <= 10
     assert not cache.put_scope(cache.scope_key(ANNA, [1]), CompiledScope.of([1], range(20)), g)  # alone too big
+
+
+def test_callers_are_bounded_by_the_principals_they_resolve_to() -> None:
+    """A caller of very many groups weighs by its principals: it pushes out older callers, and one heavier
+    than the whole bound is not cached at all (it is resolved in SQL on every request instead)."""
+    cache = ScopeCache(max_entries=100, max_ids=10**6, max_principals=1000)
+    g = cache.generation
+    for n in range(5):
+        assert cache.put_caller((f"user:{n}",), Caller(frozenset({f"user:{n}", "group:all"})), g)
+    many = Caller(frozenset({"user:many"} | {f"group:g{i}" for i in range(995)}))
+    assert cache.put_caller(("user:many",), many, g)
+    assert cache.principals_held <= 1000
+    assert cache.caller(("user:many",)) == many
+    assert cache.caller(("user:0",)) is None and cache.caller(("user:4",)) is not None  # oldest out first
+    too_many = Caller(frozenset({f"group:h{i}" for i in range(1001)}))
+    assert not cache.put_caller(("user:huge",), too_many, g)
+    assert cache.caller(("user:huge",)) is None
 
 
 def test_clear_drops_everything() -> None:
