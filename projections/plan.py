@@ -207,6 +207,13 @@ def smallest_first(sizes: Mapping[int, int]) -> list[int]:
     return sorted(sizes, key=lambda version: (sizes[version], version))
 
 
+def expected_rows(text_chars: int, chunk_chars: int, overlap_chars: int) -> int:
+    """About how many rows a version of this much text is cut into (its chunks, and one more for the rest:
+    profile and clause rows are few). Used to cut the access lane's slices before a large version is
+    tokenised, so it never holds up the small versions ahead of it."""
+    return 1 + text_chars // max(1, chunk_chars - overlap_chars)
+
+
 def micro_batches(vector_needs: Sequence[tuple[int, int]], max_rows: int) -> list[list[int]]:
     """Group versions, given in order as (version id, rows that need a vector), for the content lane:
     each group is embedded and written before the next one starts, so rows become searchable step by

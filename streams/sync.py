@@ -36,6 +36,7 @@ from projections.plan import (
     RowWrite,
     access_only_update,
     access_only_versions,
+    expected_rows,
     micro_batches,
     next_access_version,
     plan_content_writes,
@@ -285,17 +286,28 @@ class Projector:
     ) -> set[int]:
         """The access lane's content work: rows without vectors, in slices of about one `_bulk` each, each
         slice cut (tokenised) just before it is written, so the first versions are searchable after one
-        slice rather than after the whole batch. Returns the versions to project again."""
+        slice rather than after the whole batch. A slice is written before a version that would overflow
+        it is even tokenised: a short document is not held up by cutting a bulk import behind it. Returns
+        the versions to project again."""
         limit = self.settings.streams.batch_max_events
+        retrieval = self.settings.retrieval
         lost: set[int] = set()
         plans: dict[int, ContentPlan] = {}
         rows = 0
-        for i, version_id in enumerate(order):
-            plan = plans[version_id] = self._plan(version_id, existing, states, grants, stats, embeds=False)
-            rows += len(plan.writes) + len(plan.deletes)
-            if rows >= limit or i == len(order) - 1:
+        for version_id in order:
+            state = states.get(version_id)
+            text_chars = len(state.version.text or "") if state else 0
+            expected = expected_rows(text_chars, retrieval.chunk_chars, retrieval.chunk_overlap_chars)
+            if plans and rows + expected > limit:
                 lost |= await self._write_versions(list(plans), plans, existing, stats, {})
                 plans, rows = {}, 0
+            plan = plans[version_id] = self._plan(version_id, existing, states, grants, stats, embeds=False)
+            rows += len(plan.writes) + len(plan.deletes)
+            if rows >= limit:
+                lost |= await self._write_versions(list(plans), plans, existing, stats, {})
+                plans, rows = {}, 0
+        if plans:
+            lost |= await self._write_versions(list(plans), plans, existing, stats, {})
         return lost
 
     async def _read_rows(

@@ -13,6 +13,7 @@ from projections.plan import (
     access_only_update,
     access_only_versions,
     drops_fields,
+    expected_rows,
     holds_principals,
     micro_batches,
     next_access_version,
@@ -247,3 +248,10 @@ def test_a_grant_change_is_written_by_whichever_lane_sees_it_first() -> None:
 def test_smallest_first_orders_by_size_then_by_id():
     assert smallest_first({7: 300, 3: 20, 9: 20, 1: 5000}) == [3, 9, 7, 1]
     assert smallest_first({}) == []
+
+
+def test_expected_rows_grows_with_the_text_and_is_never_zero() -> None:
+    assert expected_rows(0, 1200, 120) == 1
+    assert expected_rows(1080, 1200, 120) == 2
+    assert expected_rows(108_000, 1200, 120) == 101
+    assert expected_rows(500, 100, 100) == 501  # no stride left: one row per character at most

@@ -318,6 +318,20 @@ def test_the_access_lane_writes_a_short_new_document_before_a_bulk_import_of_the
     assert len(written) == stats.rows_written == len(index.rows) and stats.versions_projected == 13
 
 
+def test_a_short_new_document_is_written_alone_before_a_large_import_is_cut() -> None:
+    """The slice holding the short document is written before the large version is tokenised: the short
+    one's `_bulk` carries none of the large one's rows (with one slice for both it would wait for them)."""
+    paragraph = "Der Mieter zahlt die Miete monatlich im Voraus bis zum dritten Werktag des Monats. "
+    large = snapshot(version_id=100, document_id=100, text="\n\n".join([paragraph * 8] * 40))
+    short = snapshot(version_id=999, document_id=9, text="Kurzer Schriftsatz: die Frist wird gewahrt.")
+    projector, db, index, embedder = world(large, short)
+    projector.settings = load_settings(environ={"KI_STREAMS__BATCH_MAX_EVENTS": "20"})
+    stats = run(projector.apply(content(100, 999), lane="access"))
+    assert len(index.of(100)) > 20  # the large version alone fills more than one slice
+    assert {int(op.group) for op in index.bulks[0]} == {999}
+    assert stats.rows_written == len(index.rows)
+
+
 def test_access_only_work_is_written_before_the_text_rows_of_the_same_batch() -> None:
     projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2))
     run(projector.apply(content(11)))
