@@ -463,9 +463,13 @@ class StreamsSettings(_Section):
     web_port: int = Field(56066, ge=1, le=65535)
     access_web_port: int | None = Field(None, ge=1, le=65535)
     dlq_topic: str = "ki.dlq"
-    # Access lane: grants, memberships, aliases, observations, soft deletes -- nothing it does embeds, so
-    # it takes big batches and commits after each.
-    batch_max_events: int = Field(500, ge=1, le=100_000)
+    # Access lane: grants, memberships, aliases, observations, soft deletes, text-first rows -- nothing it
+    # does embeds, so it takes big batches and commits after each. Big enough that a bulk import's events
+    # and a document committed just after it share a batch, where the short one is written first.
+    batch_max_events: int = Field(2500, ge=1, le=100_000)
+    # One `_bulk` request: at most this many rows and bytes (the access lane also cuts its text rows into
+    # slices of this many, each written as soon as it is cut).
+    bulk_max_rows: int = Field(500, ge=1, le=100_000)
     batch_max_bytes: int = Field(5_000_000, ge=1024)
     batch_linger_ms: int = Field(100, ge=0, le=60_000)
     # Content lane: small event batches (offsets advance after each), embedded in micro-batches of at most

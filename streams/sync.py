@@ -53,6 +53,9 @@ if TYPE_CHECKING:  # the production wiring only names the engine type
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
+# The access lane's first slice of text rows is an eighth of a `_bulk`, each next one twice as big: the smallest
+# versions of a batch are written (and searchable) before most of the batch is even cut.
+FIRST_SLICE_DIVISOR = 8
 
 
 @dataclass
@@ -286,10 +289,12 @@ class Projector:
     ) -> set[int]:
         """The access lane's content work: rows without vectors, in slices of about one `_bulk` each, each
         slice cut (tokenised) just before it is written, so the first versions are searchable after one
-        slice rather than after the whole batch. A slice is written before a version that would overflow
-        it is even tokenised: a short document is not held up by cutting a bulk import behind it. Returns
-        the versions to project again."""
-        limit = self.settings.streams.batch_max_events
+        slice rather than after the whole batch. The first slice is small and each next one twice as big (up
+        to one `_bulk`): the smallest versions go out at once. A slice is written before a version that would
+        overflow it is even tokenised: a short document is not held up by cutting a bulk import behind it.
+        Returns the versions to project again."""
+        full = self.settings.streams.bulk_max_rows
+        limit = max(1, full // FIRST_SLICE_DIVISOR)
         retrieval = self.settings.retrieval
         lost: set[int] = set()
         plans: dict[int, ContentPlan] = {}
@@ -300,12 +305,12 @@ class Projector:
             expected = expected_rows(text_chars, retrieval.chunk_chars, retrieval.chunk_overlap_chars)
             if plans and rows + expected > limit:
                 lost |= await self._write_versions(list(plans), plans, existing, stats, {})
-                plans, rows = {}, 0
+                plans, rows, limit = {}, 0, min(full, 2 * limit)
             plan = plans[version_id] = self._plan(version_id, existing, states, grants, stats, embeds=False)
             rows += len(plan.writes) + len(plan.deletes)
             if rows >= limit:
                 lost |= await self._write_versions(list(plans), plans, existing, stats, {})
-                plans, rows = {}, 0
+                plans, rows, limit = {}, 0, min(full, 2 * limit)
         if plans:
             lost |= await self._write_versions(list(plans), plans, existing, stats, {})
         return lost

@@ -430,7 +430,7 @@ class IndexWriter:
         `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries,
         else `BulkRejected` (permanent)."""
         result = BulkResult()
-        max_items = self.settings.streams.batch_max_events
+        max_items = self.settings.streams.bulk_max_rows
         max_bytes = self.settings.streams.batch_max_bytes
         batch: list[BulkOp] = []
         lines: list[dict[str, Any]] = []

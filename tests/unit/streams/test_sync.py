@@ -309,10 +309,11 @@ def test_the_access_lane_writes_a_short_new_document_before_a_bulk_import_of_the
     imported = [snapshot(version_id=100 + n, document_id=100 + n) for n in range(12)]
     short = snapshot(version_id=999, document_id=9, text="Kurzer Schriftsatz: die Frist wird gewahrt.")
     projector, db, index, embedder = world(*imported, short)
-    projector.settings = load_settings(environ={"KI_STREAMS__BATCH_MAX_EVENTS": "10"})
+    projector.settings = load_settings(environ={"KI_STREAMS__BULK_MAX_ROWS": "10"})
     stats = run(projector.apply(content(*[s.version.id for s in imported], 999), lane="access"))
     written = [int(op.group) for bulk in index.bulks for op in bulk]
     assert written[0] == 999  # the short new document first, though its id is the highest
+    assert {int(op.group) for op in index.bulks[0]} == {999}  # alone: the first slice is the smallest
     # Written in slices of about one `_bulk` (each cut just before it is written), every row once.
     assert len(index.bulks) > 1 and all(len(bulk) < 10 + len(index.of(100)) for bulk in index.bulks)
     assert len(written) == stats.rows_written == len(index.rows) and stats.versions_projected == 13
@@ -325,7 +326,7 @@ def test_a_short_new_document_is_written_alone_before_a_large_import_is_cut() ->
     large = snapshot(version_id=100, document_id=100, text="\n\n".join([paragraph * 8] * 40))
     short = snapshot(version_id=999, document_id=9, text="Kurzer Schriftsatz: die Frist wird gewahrt.")
     projector, db, index, embedder = world(large, short)
-    projector.settings = load_settings(environ={"KI_STREAMS__BATCH_MAX_EVENTS": "20"})
+    projector.settings = load_settings(environ={"KI_STREAMS__BULK_MAX_ROWS": "20"})
     stats = run(projector.apply(content(100, 999), lane="access"))
     assert len(index.of(100)) > 20  # the large version alone fills more than one slice
     assert {int(op.group) for op in index.bulks[0]} == {999}
