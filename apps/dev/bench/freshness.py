@@ -50,7 +50,7 @@ from sqlalchemy import Engine, text
 from apps.dev.bench.cleanup import Footprint, Removal, bench_label, remove_bench_rows
 from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.search import ServeChild
-from apps.dev.bench.stats import percentile
+from apps.dev.bench.stats import machine, percentile
 from apps.dev.plotting import pyplot, save_figure
 from apps.dev.worker_process import SyncWorker
 from ki import exposition
@@ -833,11 +833,7 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
     result["cleanup"] = removal.as_dict()
     result["refresh_interval"] = settings.opensearch.refresh_interval
     result["embedding"] = {"model": settings.embedding.model, "threads": settings.embedding.threads}
-    result["machine"] = {
-        "cpus": os.cpu_count(),
-        "load_average_at_start": [round(x, 2) for x in load_start],
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-    }
+    result["machine"] = machine(load_start)
     return result
 
 

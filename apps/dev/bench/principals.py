@@ -49,6 +49,7 @@ from apps.dev.bench.search import (
     plan_specs,
     query_mix,
 )
+from apps.dev.bench.stats import machine
 from ki.acl import Caller, resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import create_embedder
@@ -329,11 +330,7 @@ async def run(settings: Settings, options: PrincipalsOptions) -> dict[str, Any]:
     return {
         "benchmark": "principals",
         "command": options.command,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_at_start": [round(x, 2) for x in load_start],
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(load_start),
         "corpus": {"label": corpus.label, "versions": len(corpus.version_ids), "documents": corpus.documents},
         "callers": {
             "reference_demo_user": reference.subject,

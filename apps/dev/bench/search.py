@@ -52,7 +52,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
 from apps.dev.bench.cleanup import Footprint, Removal, remove_bench_rows
-from apps.dev.bench.stats import percentile
+from apps.dev.bench.stats import machine, percentile
 from apps.dev.demo.generator import (
     ADJ,
     CLAUSE_SENTENCES,
@@ -1188,12 +1188,9 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     return {
         "benchmark": "search",
         "command": options.command,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_at_start": [round(x, 2) for x in load_start],
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "note": "shared and noisy: other processes use the same cores; compare ratios, not absolute times",
-        },
+        "machine": machine(
+            load_start, note="shared and noisy: other processes use the same cores; compare ratios, not absolute times"
+        ),
         "versions": versions,
         "corpus": {
             "label": corpus.label,
