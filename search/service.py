@@ -104,7 +104,7 @@ class SearchResult:
     mode: dict[str, Any] | None = None  # ranked search: which legs ran and why
     ambiguous: list[dict[str, Any]] | None = None  # the documents the query names, when it names several
     identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
-    reason: str | None = None  # why a ranked answer is empty (`SearchService.empty_reason`)
+    reason: str | None = None  # why a ranked answer is empty (`search.ranking.scoped.ScopedIndex.empty_reason`)
     synonyms: list[str] | None = None  # phrases added to the query (with `explain`)
     semantic_floor: dict[str, Any] | None = None  # the relevance floor and what it dropped (with `explain`)
     evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
