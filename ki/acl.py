@@ -30,7 +30,7 @@ import datetime as dt
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sqlalchemy import BindParameter, Connection, TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -62,7 +62,7 @@ class GrantedPrincipals:
 _PRINCIPALS = bindparam("principals", type_=ARRAY(Text))
 
 # Alias and group expansion of :principals (raw), as CTEs so the re-verify can inline them.
-_EXPAND_CTES = """
+_ALIAS_CTES = """
     config_aliases(alias, target) AS (
         SELECT ki_principal(c.alias), ki_principal(c.target)
         FROM unnest(CAST(:alias_keys AS text[]), CAST(:alias_targets AS text[])) AS c(alias, target)
@@ -79,7 +79,8 @@ _EXPAND_CTES = """
             UNION ALL
             SELECT c.target FROM config_aliases c WHERE c.alias = a.principal
         ) t
-    ),
+    )"""
+_GROUPS_CTE = """
     expanded(principal) AS (
         SELECT principal FROM aliased
         UNION
@@ -95,6 +96,7 @@ _EXPAND_CTES = """
             OFFSET 0
         ) t
     )"""
+_EXPAND_CTES = _ALIAS_CTES + "," + _GROUPS_CTE
 _EXPAND_SELECT = """
     -- A malformed (NULL) principal reached through a link matches nothing and is dropped here, not in the
     -- recursion, where an IS NOT NULL filter would make the planner scan a whole index.
@@ -322,6 +324,85 @@ _RESOLVED_CALLER_CTE = (
 )
 
 
+# How a re-verify finds which grants name the caller. `from_caller`: walk up from the caller's principals to
+# every group they belong to (`expanded`), then read the grants naming any of them -- one index probe per
+# principal the caller holds. `from_grants`: read the grants on the asked documents (their projects, the
+# documents, the objects observing their versions), walk *down* from the principals those grants name to
+# their members, transitively, and keep the granted principals whose members include one of the caller's
+# aliased principals -- one probe per member of the granted groups, whatever the caller's groups number.
+# The same memberships walked the other way, so the same granted principals: a caller in 25,000 groups costs
+# the second what the asked documents' grants cost, not 25,000 probes on every search. The choice is a plan
+# hint (`walk_for`), never a different answer (the property tests compare both).
+Walk = Literal["from_caller", "from_grants"]
+
+# Above this many principals (a caller's groups, aliases and own), the walk from the grants: a caller's walk
+# costs one index probe per principal held, the grants' walk one per member of the page's granted groups
+# (typically a few hundred; a firm-wide group a few thousand).
+WALK_FROM_GRANTS_ABOVE = 1_000
+
+
+def walk_for(caller_principals: int) -> Walk:
+    """The cheaper walk for a caller who resolved to this many principals (see `Walk`)."""
+    return "from_grants" if caller_principals > WALK_FROM_GRANTS_ABOVE else "from_caller"
+
+
+# The documents a re-verify asks about, per narrowing (the grants' walk starts from their grants).
+_ASKED_DOCUMENTS = {
+    "version_ids": "d.id IN (SELECT v.document_id FROM document_versions v"
+    " WHERE v.id = ANY(CAST(:version_ids AS bigint[])))",
+    "sibling_ids": "d.id IN (SELECT v.document_id FROM document_versions v"
+    " WHERE v.id = ANY(CAST(:sibling_ids AS bigint[])))",
+    "document_ids": "d.id = ANY(CAST(:document_ids AS bigint[]))",
+}
+_GRANT_COLUMNS = "g.scope, g.effect, g.project_id, g.document_id, g.source_object_id, ki_principal(g.principal)"
+_FROM_GRANTS_CTES = (
+    "RECURSIVE"
+    + _ALIAS_CTES
+    + """,
+    asked_documents AS MATERIALIZED (SELECT d.id, d.project_id FROM documents d WHERE {asked}),
+    asked_grants(scope, effect, project_id, document_id, source_object_id, principal) AS MATERIALIZED (
+        SELECT """
+    + _GRANT_COLUMNS
+    + """ FROM grants g
+        WHERE g.project_id IN (SELECT project_id FROM asked_documents) AND g.scope = 'project'
+        UNION ALL
+        SELECT """
+    + _GRANT_COLUMNS
+    + """ FROM grants g
+        WHERE g.document_id IN (SELECT id FROM asked_documents) AND g.scope = 'document'
+        UNION ALL
+        SELECT """
+    + _GRANT_COLUMNS
+    + """ FROM grants g
+        WHERE g.scope = 'source_object' AND g.source_object_id IN (
+            SELECT o.source_object_id FROM source_observations o
+            JOIN document_versions dv ON dv.id = o.document_version_id
+            WHERE dv.document_id IN (SELECT id FROM asked_documents))
+    ),
+    granted_members(root, principal) AS (
+        SELECT DISTINCT principal, principal FROM asked_grants WHERE principal IS NOT NULL
+        UNION
+        SELECT m.root, t.principal
+        FROM granted_members m
+        CROSS JOIN LATERAL (  -- one index probe per principal reached, as in the caller's expansion
+            SELECT ki_principal(gm.member_principal) AS principal
+            FROM group_memberships gm
+            WHERE ki_principal(gm.group_principal) = m.principal
+            OFFSET 0
+        ) t
+    ),
+    caller AS MATERIALIZED (
+        SELECT coalesce((SELECT array_agg(DISTINCT m.root) FROM granted_members m
+                         WHERE m.principal IN (SELECT principal FROM aliased WHERE principal IS NOT NULL)),
+                        '{}') AS principals,
+               -- admin as `_EXPAND_SELECT` decides it: on the aliased principals, before any group
+               EXISTS (SELECT 1 FROM aliased a
+                       WHERE a.principal IN (SELECT ki_principal(x) FROM unnest(CAST(:admins AS text[])) AS x))
+               AS is_admin
+    ),"""
+)
+
+
 def _replace_once(sql: str, old: str, new: str, count: int = 1) -> str:
     if sql.count(old) != count:
         raise AssertionError(f"ACL statement template changed: {old!r} occurs {sql.count(old)} times")
@@ -333,14 +414,15 @@ def _visible_sql(
     select: str = _VISIBLE_SELECT,
     *,
     reachable: bool = False,
-    resolve: bool = False,
+    resolve: Walk | None = None,
     aliases: bool = False,
 ) -> TextClause:
     """One statement per narrowing combination and driver, so each gets its own plan (a generic
     `$1 IS NULL OR` plan would scan everything even when re-verifying twenty versions). `reachable`:
     start from the versions the caller's allow grants reach (non-admin callers with narrow grants).
     `resolve`: `:principals` are the caller's raw principals, resolved in the statement (with
-    `:admins`, `:alias_keys`, `:alias_targets`), not already expanded ones with `:is_admin`. `aliases`: the
+    `:admins`, `:alias_keys`, `:alias_targets`) by that walk (`Walk`), not already expanded ones with
+    `:is_admin`; the grants' walk only where the narrowing names documents (`_ASKED_DOCUMENTS`). `aliases`: the
     select reads the configured aliases (`:alias_keys`, `:alias_targets`) too."""
     narrowing = "\n          ".join(_NARROWING[n] for n in narrow_by)
     driver = _REACHABLE_DRIVER if reachable else _DIRECT_DRIVER
@@ -349,10 +431,24 @@ def _visible_sql(
     select = select.replace("{driver}", driver).replace("{narrowing}", narrowing)
     sql = _CANDIDATES_TEMPLATE.format(reachable=_REACHABLE_CTE if reachable else "", candidates=candidates) + select
     params: list[BindParameter[Any]] = [_PRINCIPALS, bindparam("intersect", type_=Boolean)]
-    if resolve:
+    if resolve == "from_caller":
         sql = _replace_once(sql, "WITH caller_grants", f"WITH {_RESOLVED_CALLER_CTE}\n    caller_grants")
         principals = "g.principal) = ANY(CAST(:principals AS text[]))"
         sql = _replace_once(sql, principals, "g.principal) = ANY(CAST((SELECT principals FROM caller) AS text[]))")
+    elif resolve == "from_grants":
+        (asked,) = (_ASKED_DOCUMENTS[n] for n in narrow_by)
+        ctes = _FROM_GRANTS_CTES.replace("{asked}", asked)
+        sql = _replace_once(sql, "WITH caller_grants", f"WITH {ctes}\n    caller_grants")
+        sql = _replace_once(
+            sql,
+            """ki_principal(g.principal) AS principal
+        FROM grants g
+        WHERE ki_principal(g.principal) = ANY(CAST(:principals AS text[]))""",
+            """g.principal
+        FROM asked_grants g
+        WHERE g.principal = ANY(CAST((SELECT principals FROM caller) AS text[]))""",
+        )
+    if resolve:
         sql = _replace_once(sql, "CAST(:is_admin AS boolean)", "(SELECT is_admin FROM caller)", sql.count(":is_admin"))
         params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets", "admins")]
     else:
@@ -394,7 +490,7 @@ _VISIBLE_SQL = {
 _OBSERVATIONS_SQL = {
     (narrowing, resolve): _visible_sql((narrowing,), _OBSERVATIONS_SELECT, resolve=resolve)
     for narrowing in ("version_ids", "sibling_ids", "document_ids")
-    for resolve in (False, True)
+    for resolve in (None, *get_args(Walk))
 }
 _SCOPE_SQL = {
     (narrow_by, reachable): _visible_sql(narrow_by, _SCOPE_SELECT, reachable=reachable)
@@ -569,6 +665,7 @@ def visible_observations(
     ids: Sequence[int],
     *,
     of: Literal["versions", "siblings", "documents"] = "versions",
+    walk: Walk = "from_caller",
 ) -> list[VisibleObservation]:
     """The observations a caller may cite, per source object: active and *accessible* to the caller (the
     rule of `visible_versions`), of a version the caller may see. An object the caller cannot access is
@@ -578,7 +675,8 @@ def visible_observations(
     `visible_versions` where citations are needed. An `Unresolved` caller is resolved (`resolve_caller`'s
     rules) in the same statement. `of`: `ids` are versions; or versions whose documents' every version is
     asked (`siblings`: what a caller's view of those documents is computed from, `search.access.version_view`); or
-    documents, every version of which is asked. One statement whether or not the ids exist."""
+    documents, every version of which is asked. One statement whether or not the ids exist. `walk`: how an
+    `Unresolved` caller's groups are found (`Walk`: the same rows either way, at a different cost)."""
     if not ids:
         return []
     versions = sorted({int(v) for v in ids})
@@ -593,12 +691,12 @@ def visible_observations(
             narrowing: versions,
             **_config_alias_params(security),
         }
-        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, True], params).all()
+        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, walk], params).all()
     else:
         if caller.is_anonymous:
             return []
         params = {**_caller_params(caller, security), narrowing: versions}
-        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, False], params).all()
+        rows = conn.execute(_OBSERVATIONS_SQL[narrowing, None], params).all()
     return [
         VisibleObservation(
             r.version_id,

@@ -322,10 +322,16 @@ class SearchService:
             return await conn.run_sync(work)
 
     async def _reverify(
-        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None = None
+        self,
+        principals: Sequence[str],
+        version_ids: Sequence[int],
+        scope: CompiledScope,
+        as_of: dt.date | None = None,
     ) -> dict[int, VerifiedVersion]:
-        """`reverify` on the re-verify's connections: with `as_of` only the versions in force that day."""
-        return await self._verified_read(lambda c: reverify(c, principals, self.settings, version_ids, as_of))
+        """`reverify` on the re-verify's connections: with `as_of` only the versions in force that day; the
+        caller's groups walked as the scope found cheaper."""
+        walk = scope.reverify_walk
+        return await self._verified_read(lambda c: reverify(c, principals, self.settings, version_ids, as_of, walk))
 
     def request_filter(self, request: SearchRequest, scope: CompiledScope) -> dict[str, Any]:
         return self.scoped.request_filter(request, scope)
@@ -415,7 +421,12 @@ class SearchService:
         return await self.scoped.fill_legs(bodies, scope, chosen, leg_depth(request.window))
 
     async def verified_head(
-        self, principals: Sequence[str], fused: Sequence[Candidate], need: int, as_of: dt.date | None = None
+        self,
+        principals: Sequence[str],
+        scope: CompiledScope,
+        fused: Sequence[Candidate],
+        need: int,
+        as_of: dt.date | None = None,
     ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
         """Re-verify in fused order only as far as the page needs: the collapsed survivors of a prefix
         (cut between different scores) begin exactly like those of the whole list once they number
@@ -429,7 +440,7 @@ class SearchService:
             end = prefix_end(fused, n + batch)
             ids = {c.version_id for c in fused[n:end]} - checked
             if ids:
-                verified.update(await self._reverify(principals, sorted(ids), as_of))
+                verified.update(await self._reverify(principals, sorted(ids), scope, as_of))
                 checked |= ids
             n, batch = end, batch * FILL_GROWTH
             survivors = [c for c in fused[:n] if matches(c, verified)]
@@ -487,7 +498,9 @@ class SearchService:
             if not identity.subjects:
                 return identity, {}, found
             versions, _ = subject_versions(conn, [s.document_id for s in identity.subjects])
-            verified = reverify(conn, principals, self.settings, [v.version_id for v in versions])
+            verified = reverify(
+                conn, principals, self.settings, [v.version_id for v in versions], walk=scope.reverify_walk
+            )
             view_latest = {found.document_id: found.latest_final_version_id for found in verified.values()}
             chosen = choose_versions(versions, verified.keys(), view_latest, request.as_of)
             return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}, found
@@ -521,7 +534,7 @@ class SearchService:
             return kept, verified, info
         body = augment.best_chunk_body(request.query, strict, [c.document_id for c in cited], SOURCE_INCLUDES)
         added = augment.added_candidates(await self.scoped.search(body), cited, r.graph_rag.hop_penalty)
-        found = await self._reverify(principals, [c.version_id for c in added], request.as_of)
+        found = await self._reverify(principals, [c.version_id for c in added], scope, request.as_of)
         added = [c for c in added if matches(c, found)]
         info["added"] = len(added)
         return augment.merge(kept, added), {**verified, **found}, info
@@ -547,7 +560,7 @@ class SearchService:
             for h in await self.scoped.search(body)
             if admits(scope, h.get("_source") or {})
         ]
-        verified = await self._reverify(principals, [c.version_id for c in found], request.as_of)
+        verified = await self._reverify(principals, [c.version_id for c in found], scope, request.as_of)
         best = next((c for c in found if matches(c, verified)), None)
         return None if best is None else (best, verified[best.version_id])
 
@@ -636,7 +649,7 @@ class SearchService:
         need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
         need += identity.unique is not None
         with timer.stage("reverify"):
-            kept, verified = await self.verified_head(principals, fused, need, request.as_of)
+            kept, verified = await self.verified_head(principals, scope, fused, need, request.as_of)
         ctx = QueryContext(principals, request, scope, fused, kept, verified, identity, identity_verified, timer)
         if run.scope_filter != "exact":
             ctx.fallbacks.append(f"scope_filter_{run.scope_filter}")
@@ -732,7 +745,7 @@ class SearchService:
         t0 = time.perf_counter()
         scope = await self.compile_scope(principals, request.filters.project_id)
         candidates = await self.scoped.newest_versions(scope, request.filters, leg_depth(request.window))
-        verified = await self._reverify(principals, [c.version_id for c in candidates]) if candidates else {}
+        verified = await self._reverify(principals, [c.version_id for c in candidates], scope) if candidates else {}
         seen: set[int] = set()
         survivors = []
         for c in candidates:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from ki.acl import Unresolved, VisibleObservation, visible_observations
+from ki.acl import Unresolved, VisibleObservation, Walk, visible_observations
 from ki.settings import Settings
 from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
 
@@ -30,6 +30,7 @@ def reverify(
     settings: Settings,
     version_ids: Sequence[int],
     as_of: dt.date | None = None,
+    walk: Walk = "from_caller",
 ) -> dict[int, VerifiedVersion]:
     """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
     statement that resolves the caller's aliases and groups and reads the grants, observations and rows
@@ -40,13 +41,15 @@ def reverify(
     statement reads every version of the candidates' documents, so a version's number, its document's
     latest final version and (with `as_of`) which version is in force are those of the caller's own view
     (`search.access.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
-    the versions in force that day are answered."""
+    the versions in force that day are answered. `walk`: how the caller's groups are found (`ki.acl.Walk`;
+    the compiled scope says which is cheaper for this caller), never what is answered."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
     first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
-    for o in visible_observations(conn, Unresolved.of(raw_principals), settings.security, ids, of="siblings"):
+    caller = Unresolved.of(raw_principals)
+    for o in visible_observations(conn, caller, settings.security, ids, of="siblings", walk=walk):
         first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
     view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]

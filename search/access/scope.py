@@ -42,7 +42,7 @@ from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger
 
-from ki.acl import Caller, search_scope
+from ki.acl import Caller, Walk, search_scope, walk_for
 from ki.settings import SecuritySettings
 
 MATCH_NONE: dict[str, Any] = {"match_none": {}}
@@ -117,6 +117,8 @@ class CompiledScope:
     allow_principals: tuple[str, ...] = ()
     deny_principals: tuple[str, ...] = ()
     projection: bool = False
+    # How the re-verify finds the caller's groups (`ki.acl.Walk`): a plan hint by the caller's principals.
+    reverify_walk: Walk = "from_caller"
 
     @classmethod
     def of(
@@ -267,6 +269,7 @@ def compile_scope(
         allow_principals=found.allow_principals,
         deny_principals=found.deny_principals,
         projection=not caller.is_admin and not found.aliases_escape,
+        reverify_walk=walk_for(len(caller.principals)),
     )
 
 

@@ -36,6 +36,7 @@ from sqlalchemy import Connection, Engine, text
 from ki.acl import (
     Driver,
     Unresolved,
+    Walk,
     resolve_caller,
     search_scope,
     version_projections,
@@ -137,9 +138,18 @@ def check(engine: Engine, case: Case) -> None:
             }
             assert {o.observation_id for o in observations} == want
             assert len(observations) == len(want), "an observation is listed twice"
-            # The search's re-verify resolves the caller inside the statement: the same rows.
-            resolving = visible_observations(conn, Unresolved.of(case.caller), case.security, sorted(asked))
-            assert sorted(resolving, key=repr) == sorted(observations, key=repr)
+            # The search's re-verify resolves the caller inside the statement, walking the memberships up from
+            # the caller or down from the grants on the asked documents: the same rows, of the versions asked
+            # and of every version of their documents.
+            siblings = visible_observations(conn, caller, case.security, sorted(asked), of="siblings")
+            for walk in typing.get_args(Walk):
+                unresolved = Unresolved.of(case.caller)
+                resolving = visible_observations(conn, unresolved, case.security, sorted(asked), walk=walk)
+                assert sorted(resolving, key=repr) == sorted(observations, key=repr), walk
+                of_documents = visible_observations(
+                    conn, unresolved, case.security, sorted(asked), of="siblings", walk=walk
+                )
+                assert sorted(of_documents, key=repr) == sorted(siblings, key=repr), walk
             object_of = dict(zip(ids.observations, [o.object_id for o in world.observations], strict=True))
             version_of = dict(zip(ids.observations, [o.version_id for o in world.observations], strict=True))
             assert {o.version_id for o in observations} == {ids.versions[v] for v in expected} & asked

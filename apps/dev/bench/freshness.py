@@ -39,7 +39,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,11 +47,14 @@ from typing import Any
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
+from apps.dev.bench import cpu
 from apps.dev.bench.cleanup import Footprint, Removal, bench_label, remove_bench_rows
 from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.search import ServeChild
 from apps.dev.bench.stats import machine, percentile
 from apps.dev.plotting import pyplot, save_figure
+from apps.dev.stack.manager import build_services
+from apps.dev.stack.paths import StackPaths
 from apps.dev.worker_process import SyncWorker
 from ki import exposition
 from ki.clients import make_engine, make_kafka_consumer, make_sync_client
@@ -248,6 +251,7 @@ class _Phase:
     achieved: float = 0.0
     worker: dict[str, Any] | None = None
     consumer_lag_at_end: float | None = None
+    cpu_cores: dict[str, float] = field(default_factory=dict)  # while the load ran (apps.dev.bench.cpu)
 
     def lags(self, kind: str | None = None) -> list[float]:
         return [p.seen - p.committed for p in self.probes if p.seen is not None and kind in (None, p.kind)]
@@ -267,6 +271,7 @@ class _Phase:
             "commit_to_captured_s": _pcts(captures),
             "worker_commit_to_write_s": self.worker,
             "consumer_lag_at_end": self.consumer_lag_at_end,
+            "cpu_cores": self.cpu_cores,
             "saturated": _saturated(self, p99, _pcts(captures)),
         }
 
@@ -288,8 +293,17 @@ def _saturated(phase: _Phase, lag: dict[str, Any] | None, capture: dict[str, Any
 class _Run:
     """One freshness run's shared state: connections, the probe document, the capture thread."""
 
-    def __init__(self, settings: Settings, engine: Engine, search: OpenSearch, tag: str, probe_doc: int) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        search: OpenSearch,
+        tag: str,
+        probe_doc: int,
+        processes: Mapping[str, int],
+    ) -> None:
         self.settings, self.engine, self.search, self.tag = settings, engine, search, tag
+        self.processes = processes  # component -> the pid at the top of its process tree, for CPU figures
         self.probe_doc = probe_doc
         self.alias = settings.retrieval.index_name
         self.capture = _Capture(settings, tag)
@@ -350,6 +364,7 @@ class _Run:
         before, _ = _scrape_freshness(self.settings)
         load = _Load(self.engine, doc_ids, rate, f"{self.tag}-{name}")
         load.start()
+        cpu_start, cpu_end = cpu.sample(self.processes), None
         outstanding: list[_Probe] = []
         started = result.started = time.monotonic()
         next_probe, last_report, ended = started, started, None
@@ -361,6 +376,7 @@ class _Run:
                     if done or (max_seconds is not None and now - started >= max_seconds):
                         ended = now
                         load.stop_event.set()
+                        cpu_end = cpu.sample(self.processes)
                         result.seconds = now - started
                 if ended is None and now >= next_probe:
                     probe = self.probe()
@@ -385,6 +401,8 @@ class _Run:
         if load.error:
             raise RuntimeError(f"the load thread failed: {load.error}")
         result.achieved = load.changes / max(result.seconds, 1e-9)
+        if cpu_end is not None:
+            result.cpu_cores = cpu.cores_used(cpu_start, cpu_end)
         after, lag = _scrape_freshness(self.settings)
         result.worker = _bucket_percentiles(before, after)
         result.consumer_lag_at_end = lag if after else None
@@ -693,6 +711,22 @@ class FreshnessOptions:
     command: str = "ki bench freshness"
 
 
+def _processes(settings: Settings, worker: SyncWorker, api: ServeChild | None) -> dict[str, int]:
+    """The top pid of each component whose CPU a step reports: the stack's services, the sync worker (ours or
+    the one already running), the search API and this benchmark (its load threads and probes)."""
+    found = {"benchmark": os.getpid()}
+    for svc in build_services(settings, StackPaths.from_settings(settings)):
+        pid = svc.running_pid()
+        if pid is not None:
+            found[svc.name] = pid
+    worker_pid = worker.child.pid if worker.child is not None else cpu.find_pid("apps.cli sync run")
+    if worker_pid is not None:
+        found["sync worker"] = worker_pid
+    if api is not None and api.child.alive:
+        found["search API"] = api.child.pid
+    return found
+
+
 def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[str, Any]:
     if options.rate < 1 or options.seconds <= 0 or options.docs < 1 or options.content_backlog < 0:
         raise ValueError("rate, seconds and docs must be positive and content_backlog at least 0")
@@ -748,7 +782,7 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             _progress("freshness: starting `ki serve` for the new-document probes")
             asyncio.run(api.start())
 
-        run = _Run(settings, engine, search, tag, probe_doc)
+        run = _Run(settings, engine, search, tag, probe_doc, _processes(settings, worker, api))
         run.capture.start()
         run.capture.ready.wait(15)
 
@@ -794,6 +828,8 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             steps.append(summary)
             p99 = (summary["commit_to_visible_s"] or {}).get("p99", float("inf"))
             _progress(f"  p99 {p99:.2f}s" + (f"; saturated: {summary['saturated']}" if summary["saturated"] else ""))
+            busy = sorted(summary["cpu_cores"].items(), key=lambda kv: -kv[1])
+            _progress("  cores busy: " + ", ".join(f"{name} {cores:.2f}" for name, cores in busy))
             if p99 > GOAL_P99_S or summary["probes"]["never_seen"]:
                 break
         if options.access_rates:

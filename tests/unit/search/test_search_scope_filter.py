@@ -24,6 +24,9 @@ BUDGET = load_settings(environ={}).api.limits.max_scope_filter_bytes
 REQUEST_LIMIT = 64 * 1024
 
 
+ANY_SCOPE = CompiledScope.of([1], [1])
+
+
 def filter_bytes(scope: CompiledScope) -> int:
     """Bytes of scope clauses in one ranked request: every leg carries the clause."""
     bodies = build_leg_bodies("q", [0.0], strict_filter(scope.bounded_filter(BUDGET), []), 10)
@@ -143,7 +146,11 @@ class _Verifier(SearchService):
         self.visible, self.statements = visible, 0
 
     async def _reverify(
-        self, principals: Sequence[str], version_ids: Sequence[int], as_of: dt.date | None = None
+        self,
+        principals: Sequence[str],
+        version_ids: Sequence[int],
+        scope: CompiledScope,
+        as_of: dt.date | None = None,
     ) -> dict[int, VerifiedVersion]:
         self.statements += 1
         return {v: self.visible[v] for v in version_ids if v in self.visible}
@@ -179,7 +186,7 @@ def test_the_head_of_a_verified_prefix_is_the_head_of_the_whole(
         if c.version_id not in hidden
     }
     service = _Verifier(visible, per_document)
-    kept, _ = asyncio.run(service.verified_head(["user:x"], fused, need))
+    kept, _ = asyncio.run(service.verified_head(["user:x"], ANY_SCOPE, fused, need))
     everything = collapse(
         [c for c in fused if c.version_id in visible],
         per_document=per_document,
@@ -201,7 +208,7 @@ def test_a_page_of_ten_verifies_a_few_dozen_versions_in_one_statement() -> None:
     fused = [candidate(i, 1.0 / (i + 1), i, i) for i in range(150)]
     visible = {c.version_id: VerifiedVersion(c.version_id, c.document_id, 1, "", 1, None, ()) for c in fused}
     service = _Verifier(visible, True)
-    kept, verified = asyncio.run(service.verified_head(["user:x"], fused, 11))
+    kept, verified = asyncio.run(service.verified_head(["user:x"], ANY_SCOPE, fused, 11))
     assert service.statements == 1 and len(verified) == 22 and len(kept) == 22
 
 
