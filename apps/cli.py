@@ -306,6 +306,7 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             content_backlog=args.content_backlog,
             access_rates=_int_list("--access-rates", args.access_rates, 1),
             step_seconds=args.step_seconds,
+            past_break=args.past_break,
             config=args.config,
             command="ki " + " ".join(sys.argv[1:]),
         )
@@ -587,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated access-change rates to step through until p99 > 2 s (e.g. 5,10,20,50)",
     )
     fresh.add_argument("--step-seconds", type=float, default=20, help="seconds per --access-rates step")
+    fresh.add_argument("--past-break", action="store_true",
+                       help="every --access-rates step, also after p99 > 2 s (the CPU of each rate)")  # fmt: skip
     fresh.add_argument("--out", help="output folder (default benchmarks)")
 
     corpus = kind("corpus", "a large bench corpus (10^5-10^6 chunks) in a stack of its own, indexed directly")

@@ -123,7 +123,10 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 writer = IndexWriter(client, settings, vector_sources=sources)
                 await writer.ensure_index(embedder.signature)
                 state["writer"] = writer
-                state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)
+                publish = lane == "access" and settings.streams.access_publish_writes
+                state["projector"] = Projector.on_postgres(
+                    settings, make_engine(settings), writer, embedder, publish_writes=publish
+                )
         projector_: Projector = state["projector"]
         return projector_
 
