@@ -472,10 +472,6 @@ class StreamsSettings(_Section):
     bulk_max_rows: int = Field(500, ge=1, le=100_000)
     batch_max_bytes: int = Field(5_000_000, ge=1024)
     batch_linger_ms: int = Field(100, ge=0, le=60_000)
-    # The access lane refreshes with each `_bulk` it sends: its changes are searchable once written, and its
-    # next batch reads them without a forced refresh first (quiet commit -> visible p50 0.8 -> 0.5 s, p99 at
-    # 800 changes/s 2.7-3.3 -> 2.3 s on two cores). Off: they wait for the periodic refresh.
-    access_publish_writes: bool = True
     # Content lane: small event batches (offsets advance after each), embedded in micro-batches of at most
     # this many rows, each written as soon as its vectors exist (rows become searchable step by step; 16
     # rows of e5-small take ~3-4 s on two cores, so progress moves at least every 5 s).

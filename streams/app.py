@@ -123,10 +123,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 writer = IndexWriter(client, settings, vector_sources=sources)
                 await writer.ensure_index(embedder.signature)
                 state["writer"] = writer
-                publish = lane == "access" and settings.streams.access_publish_writes
-                state["projector"] = Projector.on_postgres(
-                    settings, make_engine(settings), writer, embedder, publish_writes=publish
-                )
+                state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)
         projector_: Projector = state["projector"]
         return projector_
 

@@ -120,32 +120,18 @@ class RowIndex(Protocol):
 class Projector:
     """Turns dirty keys into conditional index writes."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        source: VersionSource,
-        index: RowIndex,
-        embedder: Embedder,
-        *,
-        publish_writes: bool = False,
-    ) -> None:
+    def __init__(self, settings: Settings, source: VersionSource, index: RowIndex, embedder: Embedder) -> None:
         self.settings = settings
         self.source = source
         self.index = index
         self.embedder = embedder
-        # Each `_bulk` refreshed as it is written (the access lane): a change is searchable once written, not
-        # at the next periodic refresh, and the lane's next read finds its own writes without forcing a
-        # refresh on its critical path first -- the refresh is paid once, right after the write.
-        self.publish_writes = publish_writes
         # Body chunks are cut to the embedder's window (its own tokenizer counts; projections stay pure).
         self.token_budget = TokenBudget(embedder.count_tokens, embedder.max_tokens)
 
     @classmethod
-    def on_postgres(
-        cls, settings: Settings, engine: Engine, index: RowIndex, embedder: Embedder, *, publish_writes: bool = False
-    ) -> Projector:
+    def on_postgres(cls, settings: Settings, engine: Engine, index: RowIndex, embedder: Embedder) -> Projector:
         """The production wiring: PostgreSQL through this engine, the index through `index`."""
-        return cls(settings, PostgresSource(engine, settings.security), index, embedder, publish_writes=publish_writes)
+        return cls(settings, PostgresSource(engine, settings.security), index, embedder)
 
     # -- resolution ----------------------------------------------------------------------------
 
@@ -405,7 +391,7 @@ class Projector:
 
     async def _write(self, ops: list[BulkOp], stats: SyncStats) -> BulkResult:
         started = time.perf_counter()
-        result = await self.index.bulk(ops, refresh=self.publish_writes)
+        result = await self.index.bulk(ops)
         stats.timed("write", started)
         return result
 
@@ -480,8 +466,10 @@ class Projector:
         # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
         # only be newer than what that seq_no holds, so a conditional write never regresses the row.
         existing = await self._read_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
-        grants = await asyncio.to_thread(self.source.grants, version_ids)
         stats.timed("read", started)
+        started = time.perf_counter()
+        grants = await asyncio.to_thread(self.source.grants, version_ids)
+        stats.timed("grants", started)
         ops: list[BulkOp | None] = []
         for version_id in version_ids:
             rows = existing.get(version_id, {})

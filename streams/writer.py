@@ -470,7 +470,7 @@ class IndexWriter:
                         failures[op.doc_id] = outcome
                 elif outcome == "written":
                     result.written += 1
-                    if op.group.isdigit() and not refresh:  # refreshed with the request: already searchable
+                    if op.group.isdigit():
                         self._unpublished[int(op.group)] = time.monotonic()
                 else:
                     result.conflicts.add(op.group or op.doc_id)

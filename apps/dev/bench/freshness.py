@@ -555,16 +555,21 @@ def _count(search: OpenSearch, alias: str, query: dict[str, Any]) -> int:
 
 
 def _wait_indexed(search: OpenSearch, alias: str, version_ids: list[int], rows: int | None, timeout: float) -> None:
-    """Until every version has a row (or, with `rows`, that many rows are searchable)."""
+    """Until every version has its rows with their vectors (or, with `rows`, that many rows are searchable):
+    a phase that starts while the content lane still embeds the load's documents measures the two lanes
+    racing for the same rows, not access changes."""
     query = {"terms": {"document_version_id": [str(v) for v in version_ids]}}
+    done = {"bool": {"filter": query, "must_not": {"exists": {"field": VECTOR_PENDING}}}}
     deadline = time.monotonic() + timeout
     while True:
         if rows is None:
-            body = {"size": 0, "query": query, "aggs": {"v": {"cardinality": {"field": "document_version_id"}}}}
+            body = {"size": 0, "query": done, "aggs": {"v": {"cardinality": {"field": "document_version_id"}}}}
             want = len(version_ids)
             have = 0  # on a fresh stack the worker creates the index with its first batch
             if search.indices.exists_alias(name=alias):
-                have = int(search.search(index=alias, body=body)["aggregations"]["v"]["value"])
+                answer = search.search(index=alias, body=body)
+                pending = _count(search, alias, {"bool": {"filter": [query, {"exists": {"field": VECTOR_PENDING}}]}})
+                have = int(answer["aggregations"]["v"]["value"]) if not pending else 0
         else:
             have, want = _count(search, alias, query), rows
         _progress(f"  indexed {have}/{want}")

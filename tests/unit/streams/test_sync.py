@@ -110,7 +110,6 @@ class Index:
     seq: int = 0
     refreshes: int = 0
     bulks: list[list[BulkOp]] = field(default_factory=list)
-    refreshed_bulks: int = 0  # sent with refresh=true
 
     async def existing_rows(
         self, version_ids: Iterable[int], *, with_source: Sequence[str] = (), with_doc_values: Sequence[str] = ()
@@ -146,7 +145,6 @@ class Index:
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
         self.bulks.append(list(ops))
-        self.refreshed_bulks += refresh
         result = BulkResult()
         for op in ops:
             version_id = int(op.group)
@@ -358,17 +356,6 @@ def test_an_access_change_updates_the_projection_and_bumps_access_version_withou
     assert embedder.embedded == embedded and stats.access_rows_updated == len(rows)
     # The same grants again: every row already holds them, nothing is written.
     assert run(projector.apply(granted_to("user:bob"), lane="access")).access_rows_updated == 0
-
-
-def test_a_publishing_projector_refreshes_with_each_write_and_a_default_one_never() -> None:
-    for publish in (True, False):
-        db = Source(states={11: snapshot()}, granted={11: ALICE})
-        index = Index()
-        projector = Projector(SETTINGS, db, index, Embedder(), publish_writes=publish)  # type: ignore[arg-type]
-        run(projector.apply(content(11), lane="access"))  # text first
-        db.granted[11], db.access_dirty = BOB, {11}
-        run(projector.apply(granted_to("user:bob"), lane="access"))  # access only
-        assert len(index.bulks) == 2 and index.refreshed_bulks == (2 if publish else 0)
 
 
 def test_a_lost_write_race_refreshes_and_projects_again_without_embedding_again() -> None:
