@@ -324,6 +324,19 @@ _RESOLVED_CALLER_CTE = (
 )
 
 
+# The recursive step of a walk down the memberships, `{walk}(root, principal)`: the members of each principal
+# reached, one index probe per principal (OFFSET 0 keeps the subquery from being flattened into a join, as
+# in the caller's expansion).
+_MEMBERS_STEP = """
+        SELECT m.root, t.principal
+        FROM {walk} m
+        CROSS JOIN LATERAL (
+            SELECT ki_principal(gm.member_principal) AS principal
+            FROM group_memberships gm
+            WHERE ki_principal(gm.group_principal) = m.principal
+            OFFSET 0
+        ) t"""
+
 # How a re-verify finds which grants name the caller. `from_caller`: walk up from the caller's principals to
 # every group they belong to (`expanded`), then read the grants naming any of them -- one index probe per
 # principal the caller holds. `from_grants`: read the grants on the asked documents (their projects, the
@@ -381,15 +394,9 @@ _FROM_GRANTS_CTES = (
     ),
     granted_members(root, principal) AS (
         SELECT DISTINCT principal, principal FROM asked_grants WHERE principal IS NOT NULL
-        UNION
-        SELECT m.root, t.principal
-        FROM granted_members m
-        CROSS JOIN LATERAL (  -- one index probe per principal reached, as in the caller's expansion
-            SELECT ki_principal(gm.member_principal) AS principal
-            FROM group_memberships gm
-            WHERE ki_principal(gm.group_principal) = m.principal
-            OFFSET 0
-        ) t
+        UNION"""
+    + _MEMBERS_STEP.replace("{walk}", "granted_members")
+    + """
     ),
     caller AS MATERIALIZED (
         SELECT coalesce((SELECT array_agg(DISTINCT m.root) FROM granted_members m
@@ -746,15 +753,9 @@ _STANDS_FOR_SQL = text(
     """
     WITH RECURSIVE members(root, principal) AS (
         SELECT p, p FROM unnest(CAST(:principals AS text[])) AS p
-        UNION
-        SELECT m.root, t.principal
-        FROM members m
-        CROSS JOIN LATERAL (  -- one index probe per group reached, as in the caller's expansion
-            SELECT ki_principal(gm.member_principal) AS principal
-            FROM group_memberships gm
-            WHERE ki_principal(gm.group_principal) = m.principal
-            OFFSET 0
-        ) t
+        UNION"""
+    + _MEMBERS_STEP.replace("{walk}", "members")
+    + """
     ),
     aliases(root, principal) AS (
         SELECT root, principal FROM members
