@@ -48,10 +48,9 @@ from apps.dev.bench.search import (
     pick_callers,
     plan_specs,
     query_mix,
-    remove_generated,
+    with_generated_corpus_removed,
 )
 from apps.dev.bench.stats import machine
-from apps.dev.demo.generator import run_label
 from ki.acl import Caller, Walk, resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import create_embedder
@@ -269,12 +268,9 @@ def _with_caller(specs: Sequence[Spec], caller: BenchCaller) -> list[Spec]:
 
 async def run(settings: Settings, options: PrincipalsOptions) -> dict[str, Any]:
     """The benchmark; a corpus it generates is removed at the end (also on failure), one it reuses stays."""
-    new_label = run_label(options.seed, options.scale)
-    try:
-        result = await _run(settings, options, new_label)
-    finally:
-        removal = remove_generated(settings, options.seed, options.scale, new_label)
-    return {**result, "cleanup": removal.as_dict()}
+    return await with_generated_corpus_removed(
+        settings, options.seed, options.scale, lambda label: _run(settings, options, label)
+    )
 
 
 async def _run(settings: Settings, options: PrincipalsOptions, new_label: str) -> dict[str, Any]:

@@ -1082,11 +1082,21 @@ async def run_search_bench(settings: Settings, options: BenchOptions) -> dict[st
     in the index. A corpus it reuses (e.g. the demo's) is not its own and stays."""
     if options.requests < 1 or options.rounds < 1 or not options.concurrency or options.scale < 1:
         raise BenchError("scale, requests and rounds must be at least 1, with at least one concurrency level")
-    new_label = run_label(options.seed, options.scale)
+    return await with_generated_corpus_removed(
+        settings, options.seed, options.scale, lambda label: _run_search_bench(settings, options, label)
+    )
+
+
+async def with_generated_corpus_removed(
+    settings: Settings, seed: int, scale: int, bench: Callable[[str], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """`bench(label)`'s result with a `cleanup` record: a demo corpus it generates (labelled `label`) is removed
+    at the end, also on failure or Ctrl-C; one it reuses (e.g. the demo's) is not its own and stays."""
+    new_label = run_label(seed, scale)
     try:
-        result = await _run_search_bench(settings, options, new_label)
+        result = await bench(new_label)
     finally:
-        removal = remove_generated(settings, options.seed, options.scale, new_label)
+        removal = remove_generated(settings, seed, scale, new_label)
     return {**result, "cleanup": removal.as_dict()}
 
 

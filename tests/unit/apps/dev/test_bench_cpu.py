@@ -8,6 +8,7 @@ import sys
 import time
 
 from apps.dev.bench import cpu
+from tests.conftest import wait_for
 
 BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
 
@@ -43,10 +44,7 @@ def test_find_pid_names_the_topmost_matching_process() -> None:
          f"'import time; time.sleep(10)', '{marker}'])", marker]
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and cpu.find_pid(marker) is None:
-            time.sleep(0.05)
-        assert cpu.find_pid(marker) == outer.pid
+        assert wait_for(lambda: cpu.find_pid(marker), timeout=10, interval=0.05, what="the test process") == outer.pid
     finally:
         outer.kill()
         outer.wait()
