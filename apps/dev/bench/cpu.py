@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.dev.stack.manager import build_services
+from apps.dev.stack.paths import StackPaths
 from apps.runtime.processes import proc_stat
+from ki.settings import Settings
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # /proc/<pid>/stat fields as `proc_stat` returns them (from the state on): ppid, utime, stime, cutime, cstime.
@@ -78,3 +81,13 @@ def find_pid(marker: str) -> int | None:
     processes = _processes()
     top = [p for p in matching if processes.get(p, (0, 0.0))[0] not in matching]
     return min(top) if top else None
+
+
+def stack_processes(settings: Settings) -> dict[str, int]:
+    """The top pid of each running service of the stack `settings` names, and `benchmark` (this process)."""
+    found = {"benchmark": os.getpid()}
+    for svc in build_services(settings, StackPaths.from_settings(settings)):
+        pid = svc.running_pid()
+        if pid is not None:
+            found[svc.name] = pid
+    return found

@@ -53,8 +53,6 @@ from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.search import ServeChild
 from apps.dev.bench.stats import machine, percentile
 from apps.dev.plotting import pyplot, save_figure
-from apps.dev.stack.manager import build_services
-from apps.dev.stack.paths import StackPaths
 from apps.dev.worker_process import SyncWorker
 from ki import exposition
 from ki.clients import make_engine, make_kafka_consumer, make_sync_client
@@ -720,11 +718,7 @@ class FreshnessOptions:
 def _processes(settings: Settings, worker: SyncWorker, api: ServeChild | None) -> dict[str, int]:
     """The top pid of each component whose CPU a step reports: the stack's services, the sync worker (ours or
     the one already running), the search API and this benchmark (its load threads and probes)."""
-    found = {"benchmark": os.getpid()}
-    for svc in build_services(settings, StackPaths.from_settings(settings)):
-        pid = svc.running_pid()
-        if pid is not None:
-            found[svc.name] = pid
+    found = cpu.stack_processes(settings)
     worker_pid = worker.child.pid if worker.child is not None else cpu.find_pid("apps.cli sync run")
     if worker_pid is not None:
         found["sync worker"] = worker_pid

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from apps.dev.bench import cpu
 from apps.dev.bench.search import find_corpus
 from apps.dev.demo.generator import generate
 from apps.dev.stack.connector import Connector
@@ -259,19 +260,41 @@ async def _snapshot(client: Any, index: str) -> dict[str, Any]:
     return {"repository": SNAPSHOT_REPOSITORY, "snapshot": index, "location": location}
 
 
+@dataclass
+class PhaseClock:
+    """Wall seconds and the cores each stack service (and this process) kept busy, per build phase: what
+    bounds a phase on two cores is then in the JSON, not guessed."""
+
+    processes: dict[str, int]
+    seconds: dict[str, float] = field(default_factory=dict)
+    cores: dict[str, dict[str, float]] = field(default_factory=dict)
+    _name: str = ""
+    _start: cpu.CpuSample | None = None
+
+    def start(self, name: str) -> None:
+        self._name, self._start = name, cpu.sample(self.processes)
+
+    def stop(self) -> None:
+        assert self._start is not None
+        end = cpu.sample(self.processes)
+        self.seconds[f"{self._name}_s"] = end.wall_s - self._start.wall_s
+        self.cores[self._name] = cpu.cores_used(self._start, end)
+        self._start = None
+
+
 async def build_index(
     settings: Settings, embedder: BankVectors, version_ids: set[int], segments: int
 ) -> dict[str, Any]:
     """Project every version into a fresh physical index at refresh -1; then refresh, merge, snapshot."""
     client = make_client(settings)
     engine = make_engine(settings)
-    phases: dict[str, float] = {}
+    clock = PhaseClock(cpu.stack_processes(settings))
     try:
         physical = physical_index_name(settings, embedder.signature, generation=time.strftime("%Y%m%d%H%M%S"))
         writer = IndexWriter(client, settings, index=physical)
         await writer.create_physical(physical, embedder.signature)
         await client.indices.put_settings(index=physical, body={"index": {"refresh_interval": "-1"}})
-        started = time.perf_counter()
+        clock.start("project_and_bulk")
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         # A random sample of versions first: its inputs become the anchors, spread over the whole corpus.
         sample = set(random.Random(embedder.seed).sample(sorted(version_ids), min(len(version_ids), ANCHOR_VERSIONS)))
@@ -279,27 +302,28 @@ async def build_index(
             stats: SyncStats = await project_in_batches(projector, sample, steps.advance)
         with StepReport("  index") as steps:
             stats.add(await project_in_batches(projector, version_ids - sample, steps.advance))
-        phases["project_and_bulk_s"] = time.perf_counter() - started
+        clock.stop()
         body = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
         await client.indices.put_settings(index=physical, body=body)
-        started = time.perf_counter()
+        clock.start("refresh")
         await client.indices.refresh(index=physical, request_timeout=3600)
-        phases["refresh_s"] = time.perf_counter() - started
+        clock.stop()
         before_merge = await _index_stats(client, physical)
         _progress(f"corpus: force-merging {before_merge['segments']} segment(s) to {segments}")
-        started = time.perf_counter()
+        clock.start("force_merge")
         await client.indices.forcemerge(index=physical, params={"max_num_segments": segments}, request_timeout=7200)
-        phases["force_merge_s"] = time.perf_counter() - started
+        clock.stop()
         previous = await writer.swap_alias(physical)
         for old in previous:
             await client.indices.delete(index=old, ignore=(404,))
         _progress(f"corpus: alias {settings.retrieval.index_name} -> {physical}; snapshotting it")
-        started = time.perf_counter()
+        clock.start("snapshot")
         snapshot = await _snapshot(client, physical)
-        phases["snapshot_s"] = time.perf_counter() - started
+        clock.stop()
         return {
             "index": physical,
-            "phases_s": {k: round(v, 1) for k, v in phases.items()},
+            "phases_s": {k: round(v, 1) for k, v in clock.seconds.items()},
+            "phase_cores": clock.cores,
             "versions": stats.versions_projected,
             "rows_written": stats.rows_written,
             "rows_vectored": stats.rows_embedded,

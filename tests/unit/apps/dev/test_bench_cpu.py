@@ -49,3 +49,16 @@ def test_find_pid_names_the_topmost_matching_process() -> None:
         outer.kill()
         outer.wait()
     assert cpu.find_pid(f"{marker}-nobody") is None
+
+
+def test_a_phase_clock_times_each_phase_and_its_cores() -> None:
+    from apps.dev.bench.large_corpus import PhaseClock
+
+    clock = PhaseClock({"benchmark": os.getpid()})
+    clock.start("busy")
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    clock.stop()
+    assert clock.seconds["busy_s"] >= 0.3
+    assert set(clock.cores["busy"]) == {"benchmark", "machine"} and clock.cores["busy"]["benchmark"] > 0.5
