@@ -151,8 +151,10 @@ def interval_seconds(interval: str) -> float:
     raise ValueError(f"not an OpenSearch time value: {interval!r}")
 
 
-def _encoded_size(lines: list[dict[str, Any]]) -> int:
-    return sum(len(json.dumps(line, separators=(",", ":"))) + 1 for line in lines)
+def _ndjson(lines: list[dict[str, Any]]) -> bytes:
+    """An op's `_bulk` lines as sent, encoded once: its size decides the batches, and the batch's body is the
+    ops' bytes joined (the client would otherwise encode every line again)."""
+    return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines).encode()
 
 
 SLOW_REFRESH_S = 0.3
@@ -433,30 +435,27 @@ class IndexWriter:
         max_items = self.settings.streams.bulk_max_rows
         max_bytes = self.settings.streams.batch_max_bytes
         batch: list[BulkOp] = []
-        lines: list[dict[str, Any]] = []
+        encoded: list[bytes] = []
         size = 0
         for op in ops:
-            op_lines = op.lines(self.index)
-            op_size = _encoded_size(op_lines)
-            if batch and (len(batch) >= max_items or size + op_size > max_bytes):
-                await self._send(batch, lines, result, refresh)
-                batch, lines, size = [], [], 0
+            op_bytes = _ndjson(op.lines(self.index))
+            if batch and (len(batch) >= max_items or size + len(op_bytes) > max_bytes):
+                await self._send(batch, encoded, result, refresh)
+                batch, encoded, size = [], [], 0
             batch.append(op)
-            lines.extend(op_lines)
-            size += op_size
+            encoded.append(op_bytes)
+            size += len(op_bytes)
         if batch:
-            await self._send(batch, lines, result, refresh)
+            await self._send(batch, encoded, result, refresh)
         return result
 
-    async def _send(self, batch: list[BulkOp], lines: list[dict[str, Any]], result: BulkResult, refresh: bool) -> None:
+    async def _send(self, batch: list[BulkOp], encoded: list[bytes], result: BulkResult, refresh: bool) -> None:
         pending = batch
-        pending_lines = lines
+        body = b"".join(encoded)
         for attempt in range(self.settings.opensearch.max_retries + 1):
             started = time.perf_counter()
             response = await self._with_retries(
-                lambda body=pending_lines: self.client.bulk(
-                    body=body, params={"refresh": "true" if refresh else "false"}
-                )
+                lambda body=body: self.client.bulk(body=body, params={"refresh": "true" if refresh else "false"})
             )
             self.bulk_seconds.append(time.perf_counter() - started)
             retry: dict[str, tuple[BulkOp, ItemFailure]] = {}
@@ -484,7 +483,7 @@ class IndexWriter:
             log.warning("bulk: %d item(s) rejected with 429/5xx, retrying in %.1fs", len(retry), delay)
             await asyncio.sleep(delay)
             pending = [op for op, _ in retry.values()]
-            pending_lines = [line for op in pending for line in op.lines(self.index)]
+            body = b"".join(_ndjson(op.lines(self.index)) for op in pending)
 
     async def _with_retries(self, call: Any) -> Any:
         """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
