@@ -21,7 +21,7 @@ pytestmark = pytest.mark.stack
 
 
 def opensearch(settings: Settings, method: str, path: str, body: Any = None) -> Any:
-    status, answer = request_json(method, f"{settings.opensearch.url.rstrip('/')}{path}", body, timeout=30)
+    status, answer = request_json(method, f"{settings.opensearch.urls[0]}{path}", body, timeout=30)
     assert status in (200, 201), f"{method} {path} -> {status}: {answer}"
     return answer
 
@@ -41,7 +41,7 @@ def test_german_analyzer_stems_plural_to_singular(settings: Settings) -> None:
 def index(settings: Settings) -> Iterator[str]:
     name = f"ki-test-stack-{uuid.uuid4().hex[:12]}"
     yield name
-    request_json("DELETE", f"{settings.opensearch.url.rstrip('/')}/{name}")
+    request_json("DELETE", f"{settings.opensearch.urls[0]}/{name}")
 
 
 DOCS = {
@@ -101,6 +101,22 @@ def test_debezium_connector_and_its_task_are_running(settings: Settings) -> None
     assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert config["plugin.name"] == "pgoutput"
     assert config["slot.name"] == settings.connect.slot_name
+
+
+def test_stack_up_resumes_a_connector_left_paused(settings: Settings) -> None:
+    """`ki bench corpus` pauses the connector while it builds; interrupted, it leaves it paused. `up` (here its
+    connector step, as `ki stack up` runs it on a running stack) must make it stream again, not wait it out."""
+    from apps.dev.stack import manager
+
+    connector = Connector(settings)
+    connector.pause()
+    try:
+        assert manager.connect(settings, fresh=False) == 0
+        state, tasks, _ = connector.state()
+        assert state == "RUNNING" and set(tasks) == {"RUNNING"}
+    finally:
+        if connector.state()[0] == "PAUSED":
+            connector.resume()
 
 
 def test_postgres_streams_through_an_active_logical_slot(settings: Settings) -> None:

@@ -116,8 +116,10 @@ class Connector:
     def wait_running(self, timeout_s: float, settle_s: float = 0.0) -> None:
         """Until the connector and all its tasks are RUNNING, for `settle_s` in a row (Connect reports a
         task RUNNING as soon as it is started, before Debezium has connected). A connector found FAILED
-        (e.g. from an earlier run) is restarted once; failing again raises with the first trace line."""
+        (e.g. from an earlier run) is restarted once; failing again raises with the first trace line. A paused
+        one (left so by an interrupted `ki bench corpus`) is resumed: the stack is up when it streams."""
         deadline = time.monotonic() + timeout_s
+        resumed = False
         restarted_at: float | None = None
         running_since: float | None = None
         while True:
@@ -134,6 +136,9 @@ class Connector:
                     return
             else:
                 running_since = None
+            if connector == "PAUSED" and not resumed:
+                request_json("PUT", f"{self.base}/resume", timeout=30, auth=self.auth)
+                resumed = True
             if trace and restarted_at is None:
                 self.restart_failed()
                 restarted_at = now
