@@ -22,6 +22,9 @@ class CliError(PermanentError):
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.stack import manager
+    from apps.dev.stack.cluster import with_profile
+
+    settings = with_profile(settings, cluster=args.action == "up" and args.cluster)
 
     # Annotated: the commands' signatures differ, so mypy would otherwise infer the values as plain `function`.
     actions: dict[str, Callable[..., int]] = {
@@ -481,7 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
         " stop/start: one service only; wipe: delete the state of a stopped stack (not the artifact cache)",
     )
     stack.add_argument(
-        "service", nargs="?", help="for logs, stop, start: postgres, kafka, connect, opensearch or keycloak"
+        "service",
+        nargs="?",
+        help="for logs, stop, start: postgres, kafka, connect, opensearch or keycloak (a cluster's further nodes: "
+        "kafka-2, opensearch-3, ...)",
     )
     stack.add_argument(
         "--idp", action="store_true", help="for up: also the local identity provider (Keycloak, realm `ki`)"
@@ -490,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--secure", action="store_true",
         help="for up: the secured profile (TLS and credentials on every service; CA, certificates and passwords "
         "generated into <stack.home>/secure; client settings in <stack.home>/secure/operator.env)",
+    )  # fmt: skip
+    stack.add_argument(
+        "--cluster", action="store_true",
+        help="for up: the cluster profile (three Kafka brokers, three OpenSearch nodes; client settings in "
+        "<stack.home>/cluster.env, which the stack commands then load themselves until `wipe`)",
     )  # fmt: skip
     stack.add_argument("-n", "--lines", type=int, default=50, help="for logs: how many lines")
     stack.set_defaults(handler=_stack)

@@ -86,7 +86,7 @@ def make_async_engine(settings: Settings, *, generic_plans: bool = False, **kwar
 def opensearch_options(settings: Settings) -> dict[str, Any]:
     """Credentials and TLS of the OpenSearch clients (opensearch.*); TLS follows the URL's scheme."""
     o = settings.opensearch
-    options: dict[str, Any] = {"hosts": [o.url]}
+    options: dict[str, Any] = {"hosts": o.urls}
     if o.username:
         options["http_auth"] = (o.username, o.password)
     if o.url.startswith("https://"):

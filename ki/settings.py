@@ -361,7 +361,10 @@ class KafkaSettings(_Section):
     controller_port: int = Field(59093, ge=1, le=65535)
     topic_prefix: str = Field("ki", pattern=r"^[A-Za-z0-9_.-]+$")
     partitions: int = Field(3, ge=1, le=1000)
+    # Replicas of every topic the sidecar or Debezium creates, and how many must have a write before it is
+    # acknowledged (producers use acks=all): 3 and 2 on a cluster of three brokers.
     replication_factor: int = Field(1, ge=1, le=10)
+    min_insync_replicas: int = Field(1, ge=1, le=10)
     # TLS and SASL to the brokers: the sync worker's clients (Faust) and the admin and consumer clients.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
@@ -384,7 +387,17 @@ class KafkaSettings(_Section):
     def _sasl_needs_credentials(self) -> KafkaSettings:
         if self.uses_sasl and not (self.sasl_username and self.sasl_password):
             raise ValueError(f"sasl_username: {self.security_protocol} needs sasl_username and sasl_password")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas: {self.min_insync_replicas} is more than replication_factor "
+                f"{self.replication_factor} (no write could ever be acknowledged)"
+            )
         return self
+
+    @property
+    def brokers(self) -> list[str]:
+        """`bootstrap_servers` as a list of host:port."""
+        return [server.strip() for server in self.bootstrap_servers.split(",") if server.strip()]
 
 
 class ConnectSettings(_Section):
@@ -409,6 +422,8 @@ class ConnectSettings(_Section):
 
 
 class OpenSearchSettings(_Section):
+    # One node's URL, or a cluster's, comma-separated: the clients spread requests over them and skip a
+    # node that fails until it answers again.
     url: str = "http://127.0.0.1:59200"
     transport_port: int = Field(59300, ge=1, le=65535)
     timeout_s: float = Field(30.0, gt=0)
@@ -429,6 +444,18 @@ class OpenSearchSettings(_Section):
     client_cert_file: str = ""
     client_key_file: str = ""
     verify_certs: bool = True
+
+    @property
+    def urls(self) -> list[str]:
+        """`url` as a list (one per node)."""
+        return [url.strip().rstrip("/") for url in self.url.split(",") if url.strip()]
+
+    @model_validator(mode="after")
+    def _one_scheme(self) -> OpenSearchSettings:
+        schemes = {url.split("://", 1)[0] for url in self.urls}
+        if not self.urls or not schemes <= {"http", "https"} or len(schemes) > 1:
+            raise ValueError(f"url: {self.url!r} must be one or more http(s):// URLs, all of one scheme")
+        return self
 
 
 class EmbeddingSettings(_Section):
@@ -691,6 +718,10 @@ class StackSettings(_Section):
     # The secured profile (`ki stack up --secure`, apps/dev/stack/secure.py): TLS and credentials on every
     # service, with a CA, certificates and passwords generated into <home>/secure.
     secure: bool = False
+    # The cluster profile (`ki stack up --cluster`, apps/dev/stack/cluster.py): three Kafka brokers and three
+    # OpenSearch nodes, node N's ports those of node 1 plus (N - 1) x `cluster_port_step`.
+    cluster: bool = False
+    cluster_port_step: int = Field(10, ge=2, le=1000)
 
 
 class Settings(_Section):
@@ -949,6 +980,18 @@ def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     overrides = json.loads(json.dumps(overrides))  # a copy to migrate in place
     _migrate(overrides, "override")
     for setting, value in _override_paths(overrides):
+        _place(data, setting, value)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_one_line(exc)) from None
+
+
+def with_environment(settings: Settings, environ: dict[str, str]) -> Settings:
+    """`settings` with `KI_*` variables applied over it, as `load_settings` applies the process's own
+    (a profile's env file over settings loaded from any config)."""
+    data = settings.model_dump(mode="json")
+    for setting, value in _env_overrides(environ):
         _place(data, setting, value)
     try:
         return Settings.model_validate(data)

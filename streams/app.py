@@ -79,7 +79,7 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         group,
-        broker=[f"kafka://{server}" for server in settings.kafka.bootstrap_servers.split(",")],
+        broker=[f"kafka://{server}" for server in settings.kafka.brokers],
         broker_credentials=broker_credentials(settings),
         key_serializer="raw",
         value_serializer="raw",

@@ -48,19 +48,21 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create missing CDC topics (compacted) and the DLQ topic; return the names created."""
     admin = make_kafka_admin(settings)
     existing = set(admin.list_topics(timeout=timeout).topics)
+    replicas = settings.kafka.replication_factor
+    in_sync = {"min.insync.replicas": str(settings.kafka.min_insync_replicas)}
     wanted = [
         NewTopic(
             name,
             num_partitions=settings.kafka.partitions,
-            replication_factor=settings.kafka.replication_factor,
-            config={"cleanup.policy": "compact"},
+            replication_factor=replicas,
+            config={"cleanup.policy": "compact", **in_sync},
         )
         for name in cdc_topics(settings)
         if name not in existing
     ]
     if settings.streams.dlq_topic not in existing:
         wanted.append(
-            NewTopic(settings.streams.dlq_topic, num_partitions=1, replication_factor=settings.kafka.replication_factor)
+            NewTopic(settings.streams.dlq_topic, num_partitions=1, replication_factor=replicas, config=in_sync)
         )
     created: list[str] = []
     if not wanted:

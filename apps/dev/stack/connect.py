@@ -47,9 +47,9 @@ class Connect(KafkaJvmService):
         internal = {"configs": "config", "offsets": "offset", "status": "status"}
         topics: dict[str, object] = {}
         for suffix, key in internal.items():
-            # Connect creates these compacted; one broker, so one replica.
+            # Connect creates these compacted, as replicated as every other topic of the sidecar.
             topics[f"{key}.storage.topic"] = f"{prefix}-connect-{suffix}"
-            topics[f"{key}.storage.replication.factor"] = 1
+            topics[f"{key}.storage.replication.factor"] = self.settings.kafka.replication_factor
         secure = self.secure_config() if self.settings.stack.secure else {}
         scheme = "https" if self.settings.stack.secure else "http"
         return {
@@ -62,6 +62,8 @@ class Connect(KafkaJvmService):
             "key.converter.schemas.enable": False,
             "value.converter.schemas.enable": False,
             "offset.flush.interval.ms": 5000,
+            # A change event counts as captured only once every in-sync replica has it.
+            "producer.acks": "all",
             "listeners": f"{scheme}://{self.host}:{self.port}",
             "rest.advertised.listener": scheme,
             "rest.advertised.host.name": self.host,

@@ -15,13 +15,13 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from apps.dev.stack import process
+from apps.dev.stack.cluster import broker_address, node_count, node_port
 from apps.dev.stack.process import Launch
 from apps.dev.stack.secure import KAFKA_USERS, SecureMaterial
 from apps.dev.stack.service import Runtime, Service, java_properties
 from ki.clients import kafka_config
 
 LOG4J_TEMPLATE = Path(__file__).with_name("kafka-log4j2.properties")
-NODE_ID = 1
 PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required"
 
 # librdkafka reports every refused connection while the broker starts; health probes stay quiet.
@@ -107,11 +107,14 @@ class Kafka(KafkaJvmService):
 
     @property
     def listener(self) -> tuple[str, int]:
-        return split_host_port(self.settings.kafka.bootstrap_servers.split(",")[0].strip())
+        return broker_address(self.settings, self.node)
+
+    def controller(self, node: int) -> str:
+        return f"{self.listener[0]}:{node_port(self.settings.kafka.controller_port, node, self.settings)}"
 
     @property
     def ports(self) -> tuple[int, ...]:
-        return (self.listener[1], self.settings.kafka.controller_port)
+        return (self.listener[1], node_port(self.settings.kafka.controller_port, self.node, self.settings))
 
     @property
     def heap(self) -> str:
@@ -123,13 +126,19 @@ class Kafka(KafkaJvmService):
 
     def config(self, runtime: Runtime) -> dict[str, object]:
         host, port = self.listener
-        controller = f"{host}:{self.settings.kafka.controller_port}"
+        controller = self.controller(self.node)
+        nodes = range(1, node_count(self.settings) + 1)
+        # Every node is a broker and a controller; the controllers' quorum is all of them (a majority decides).
+        voters = ",".join(f"{node}@{self.controller(node)}" for node in nodes)
         # Secured: the clients' listener is SASL_SSL (PLAIN over TLS); the controller's stays on loopback.
         client = "SASL_SSL" if self.settings.stack.secure else "PLAINTEXT"
+        # Internal topics as replicated as the sidecar's own (never more than there are brokers).
+        replicas = min(self.settings.kafka.replication_factor, len(nodes))
+        in_sync = min(self.settings.kafka.min_insync_replicas, replicas)
         return {
             "process.roles": "broker,controller",
-            "node.id": NODE_ID,
-            "controller.quorum.voters": f"{NODE_ID}@{controller}",
+            "node.id": self.node,
+            "controller.quorum.voters": voters,
             "listeners": f"{client}://{host}:{port},CONTROLLER://{controller}",
             "advertised.listeners": f"{client}://{host}:{port}",
             "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
@@ -138,13 +147,13 @@ class Kafka(KafkaJvmService):
             **(self.secure_config() if self.settings.stack.secure else {}),
             "log.dirs": self.log_dir,
             "num.partitions": self.settings.kafka.partitions,
-            # One broker: every internal topic has exactly one replica.
-            "default.replication.factor": 1,
-            "offsets.topic.replication.factor": 1,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": in_sync,
+            "offsets.topic.replication.factor": replicas,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": in_sync,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": in_sync,
             "group.initial.rebalance.delay.ms": 0,
         }
 
@@ -166,12 +175,23 @@ class Kafka(KafkaJvmService):
         if not (self.log_dir / "meta.properties").is_file():
             shutil.rmtree(self.log_dir, ignore_errors=True)  # never formatted: nothing to keep
             fmt = self.jvm(runtime, "kafka.tools.StorageTool", "format",
-                           "--cluster-id", _cluster_id(), "--config", str(self.config_file))  # fmt: skip
+                           "--cluster-id", self.cluster_id(), "--config", str(self.config_file))  # fmt: skip
             process.run_once(fmt, self.log_file, self.user, "kafka storage format")
         return launch
 
+    def cluster_id(self) -> str:
+        """One id for every node of this stack's Kafka (a node formatted later must join the same cluster),
+        kept beside the services' state until `ki stack wipe`."""
+        path = self.paths.home / "data" / "kafka-cluster-id"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(_cluster_id() + "\n")
+        return path.read_text().strip()
+
     def probe(self) -> str | None:
-        return kafka_metadata_probe(kafka_config(self.settings))
+        """This broker answers a metadata request itself (not through another of the cluster's)."""
+        own = "{}:{}".format(*self.listener)
+        return kafka_metadata_probe({**kafka_config(self.settings), "bootstrap.servers": own})
 
 
 def _cluster_id() -> str:

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 import psycopg
 
 from apps.dev.stack.artifacts import resolve_artifacts
+from apps.dev.stack.cluster import env_file as cluster_env_file
+from apps.dev.stack.cluster import node_count
 from apps.dev.stack.connect import Connect
 from apps.dev.stack.errors import StackError
 from apps.dev.stack.java import find_java
@@ -35,6 +37,7 @@ from apps.dev.stack.ports import reserve as reserve_ports
 from apps.dev.stack.postgres import Postgres
 from apps.dev.stack.secure import SecureMaterial, read_env_file
 from apps.dev.stack.service import Runtime, Service
+from apps.runtime.processes import Child
 from ki.settings import Settings, load_settings
 from streams.topics import lane_web_port
 
@@ -48,8 +51,22 @@ CONNECTOR_SETTLE_S = 3.0
 MIB = 1024 * 1024
 
 
+#: Kinds that run as several nodes in the cluster profile (cluster.py).
+CLUSTERED_TYPES: tuple[type[Service], ...] = (Kafka, OpenSearch)
+
+
 def build_services(settings: Settings, paths: StackPaths, *, optional: bool = False) -> list[Service]:
-    return [kind(settings, paths) for kind in SERVICE_TYPES + (OPTIONAL_TYPES if optional else ())]
+    """Every service in start order: a clustered kind's nodes one after the other."""
+    nodes = node_count(settings)
+    return [
+        kind(settings, paths, node)
+        for kind in SERVICE_TYPES + (OPTIONAL_TYPES if optional else ())
+        for node in range(1, (nodes if kind in CLUSTERED_TYPES else 1) + 1)
+    ]
+
+
+def service_names(settings: Settings) -> list[str]:
+    return [svc.name for svc in build_services(settings, StackPaths.from_settings(settings), optional=True)]
 
 
 def _say(text: str = "", end: str = "\n") -> None:
@@ -76,30 +93,36 @@ def _exclusive(paths: StackPaths) -> Iterator[None]:
 # -- up -------------------------------------------------------------------------------------------
 
 
-def _bring_up(svc: Service, runtime: Runtime, timeout_s: float, label: str, launched: list[Service]) -> None:
-    """Make one service healthy; appends it to `launched` as soon as this call starts its process."""
+def _bring_up(nodes: list[Service], runtime: Runtime, timeout_s: float, label: str, launched: list[Service]) -> None:
+    """Make one service healthy -- or every node of a clustered kind: all are started before any is waited
+    on, since none is healthy before a majority runs. Appends each to `launched` as soon as it is started."""
     began = time.monotonic()
-    pid = svc.running_pid()
-    if pid is not None and svc.runs_elsewhere(pid):
-        raise StackError(
-            f"already running (pid {pid}) with its state outside {svc.state_dir}: "
-            "stop it with `ki stack down`, then run `ki stack up` again"
-        )
-    if pid is not None and svc.probe() is None:
+    waiting: list[tuple[Service, int, Child | None]] = []
+    end = "\n" if len(nodes) > 1 else ""  # one node: "ready" completes its line
+    for svc in nodes:
+        pid = svc.running_pid()
+        if pid is not None and svc.runs_elsewhere(pid):
+            raise StackError(
+                f"{svc.name} already running (pid {pid}) with its state outside {svc.state_dir}: "
+                "stop it with `ki stack down`, then run `ki stack up` again"
+            )
+        if pid is not None and svc.probe() is None:
+            svc.after_healthy()
+            _say(f"{label} {svc.name}: already running (pid {pid}, port {svc.port})")
+            continue
+        if pid is not None:
+            _say(f"{label} {svc.name}: running (pid {pid}), waiting until healthy… ", end=end)
+            waiting.append((svc, pid, None))
+        else:
+            _say(f"{label} {svc.name}: starting… ", end=end)
+            child = svc.start(runtime)
+            launched.append(svc)
+            waiting.append((svc, child.pid, child))
+    for svc, pid, started in waiting:
+        svc.wait_healthy(pid, timeout_s, started)
         svc.after_healthy()
-        _say(f"{label} {svc.name}: already running (pid {pid}, port {svc.port})")
-        return
-    if pid is not None:
-        _say(f"{label} {svc.name}: running (pid {pid}), waiting until healthy… ", end="")
-        svc.wait_healthy(pid, timeout_s)
-    else:
-        _say(f"{label} {svc.name}: starting… ", end="")
-        child = svc.start(runtime)
-        launched.append(svc)
-        pid = child.pid
-        svc.wait_healthy(pid, timeout_s, child)
-    svc.after_healthy()
-    _say(f"ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")
+        name = f"{label} {svc.name}: " if len(nodes) > 1 else ""
+        _say(f"{name}ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")
 
 
 def _stop_all(services: list[Service]) -> None:
@@ -122,12 +145,14 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
     lanes = [lane_web_port(settings, "content"), lane_web_port(settings, "access")]
     reserve_ports([*(port for svc in services for port in svc.ports), *lanes])
     launched: list[Service] = []
-    for index, svc in enumerate(services, 1):
+    kinds = list(dict.fromkeys(type(svc) for svc in services))
+    for index, kind in enumerate(kinds, 1):
+        nodes = [svc for svc in services if type(svc) is kind]
         try:
-            _bring_up(svc, runtime, settings.stack.start_timeout_s, f"[{index}/{len(services)}]", launched)
+            _bring_up(nodes, runtime, settings.stack.start_timeout_s, f"[{index}/{len(kinds)}]", launched)
         except StackError as exc:
             _say()
-            _fail(f"{svc.name} failed: {exc} (log: {svc.log_file})")
+            _fail(f"{kind.name} failed: {exc} (log: {' '.join(str(svc.log_file) for svc in nodes)})")
             _stop_all(launched)
             if launched:
                 _say(f"ki stack: stopped what this run started: {', '.join(s.name for s in launched)}")
@@ -192,6 +217,9 @@ def up(settings: Settings, *, idp: bool = False, secure: bool = False) -> int:
     """`idp`: Keycloak too (after the others: a failure of the optional provider stops only itself).
     `secure`: the secured profile (secure.py); also when `stack.secure` is set."""
     began = time.monotonic()
+    if (secure or settings.stack.secure) and settings.stack.cluster:
+        _fail("the cluster profile is not secured yet: run `ki stack up --cluster` without --secure")
+        return 2
     if secure or settings.stack.secure:
         settings = secured(settings)
     paths = StackPaths.from_settings(settings)
@@ -208,6 +236,8 @@ def up(settings: Settings, *, idp: bool = False, secure: bool = False) -> int:
     if settings.stack.secure:
         env = SecureMaterial.of(settings).env_file("operator")
         _say(f"secured: point ki at it with `set -a; . {env}; set +a` (worker.env, api.env beside it)")
+    if settings.stack.cluster:
+        _say(f"cluster: point ki at it with `set -a; . {cluster_env_file(settings)}; set +a`")
     return 0
 
 
@@ -218,7 +248,7 @@ def _one_service(settings: Settings, paths: StackPaths, name: str | None, action
     for svc in build_services(settings, paths, optional=True):
         if svc.name == name:
             return svc
-    names = ", ".join(kind.name for kind in SERVICE_TYPES + OPTIONAL_TYPES)
+    names = ", ".join(service_names(settings))
     _fail(f"{action}: name one of {names}" + (f" (not {name!r})" if name else ""))
     return None
 
@@ -267,7 +297,7 @@ def start_service(settings: Settings, name: str | None) -> int:
         reserve_ports(svc.ports)
         launched: list[Service] = []
         try:
-            _bring_up(svc, runtime, settings.stack.start_timeout_s, f"[{svc.name}]", launched)
+            _bring_up([svc], runtime, settings.stack.start_timeout_s, f"[{svc.name}]", launched)
         except StackError as exc:
             _say()
             _fail(f"{svc.name} failed: {exc} (log: {svc.log_file})")
@@ -313,6 +343,7 @@ def wipe(settings: Settings) -> int:
             return 1
         doomed = [d for svc in services for d in paths.state_dirs(svc.name)] + [paths.home / "data", paths.logs]
         doomed.append(SecureMaterial.of(settings).root)  # the secured profile's CA and passwords
+        doomed.append(cluster_env_file(settings))  # the home forgets it was a cluster
         doomed += [paths.pid_file(svc.name) for svc in services]
         for path in doomed:
             try:
@@ -366,7 +397,7 @@ def _connector_status(settings: Settings) -> bool:
 
 def logs(settings: Settings, service: str | None = None, lines: int = 50) -> int:
     paths = StackPaths.from_settings(settings)
-    names = [kind.name for kind in SERVICE_TYPES + OPTIONAL_TYPES] + ["artifacts"]
+    names = service_names(settings) + ["artifacts"]
     if service not in names:
         _fail(f"logs: name one of {', '.join(names)}" + (f" (not {service!r})" if service else ""))
         return 2

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from apps.dev.stack.artifacts import KNN_PLUGIN, OPENSEARCH_MODULES, SECURITY_DEFAULTS, SECURITY_PLUGIN, copy_resolved
+from apps.dev.stack.cluster import node_count, node_port, opensearch_url
 from apps.dev.stack.errors import StackError
 from apps.dev.stack.http import NO_AUTH, Auth, HttpError, request_json
 from apps.dev.stack.process import Launch
@@ -27,7 +28,7 @@ class OpenSearch(Service):
 
     @property
     def url(self) -> str:
-        return self.settings.opensearch.url.rstrip("/")
+        return opensearch_url(self.settings, self.node)
 
     @property
     def host(self) -> str:
@@ -35,7 +36,10 @@ class OpenSearch(Service):
 
     @property
     def ports(self) -> tuple[int, ...]:
-        return (urlsplit(self.url).port or 9200, self.settings.opensearch.transport_port)
+        return (urlsplit(self.url).port or 9200, self.transport_port(self.node))
+
+    def transport_port(self, node: int) -> int:
+        return node_port(self.settings.opensearch.transport_port, node, self.settings)
 
     @property
     def config_dir(self) -> Path:
@@ -44,19 +48,31 @@ class OpenSearch(Service):
     def command_marker(self, state_dir: Path) -> str:
         return f"-Dopensearch.path.conf={state_dir / 'config'}"
 
+    def discovery(self) -> dict[str, object]:
+        """One node: single-node discovery. A cluster: every node seeds from all, and the first start elects
+        a cluster manager among all of them (a majority must be up)."""
+        nodes = range(1, node_count(self.settings) + 1)
+        if len(nodes) == 1:
+            return {"discovery.type": "single-node"}
+        return {
+            "discovery.seed_hosts": [f"{self.host}:{self.transport_port(node)}" for node in nodes],
+            "cluster.initial_cluster_manager_nodes": [f"ki-node-{node}" for node in nodes],
+        }
+
     def settings_yml(self) -> dict[str, object]:
         http_port, transport_port = self.ports
         return {
             "cluster.name": CLUSTER_NAME,
-            "node.name": "ki-node-1",
+            "node.name": f"ki-node-{self.node}",
             "path.data": str(self.state_dir / "data"),
             "path.logs": str(self.state_dir / "logs"),
-            # Where index snapshots may go (`ki bench corpus` keeps its built index there for re-runs).
-            "path.repo": str(self.state_dir / "snapshots"),
+            # Where index snapshots may go (`ki bench corpus` keeps its built index there for re-runs); on a
+            # cluster every node must see the same location: node 1's.
+            "path.repo": str(self.paths.state_dir(type(self).name, runs_as_invoker=self.runs_as_invoker) / "snapshots"),
             "network.host": self.host,
             "http.port": http_port,
             "transport.port": transport_port,
-            "discovery.type": "single-node",
+            **self.discovery(),
             # A developer disk is often fuller than a server's: never block writes for that.
             "cluster.routing.allocation.disk.watermark.low": "97%",
             "cluster.routing.allocation.disk.watermark.high": "98%",

@@ -62,7 +62,6 @@ def shifted_ports(settings: Settings, shift: int) -> dict[str, str]:
     MCP's ports stay: tests bind free ports for those."""
     if shift == 0:
         return {}
-    kafka_host, _, kafka_port = settings.kafka.bootstrap_servers.rpartition(":")
     moved = {
         "KI_DATABASE__PORT": settings.database.port,
         "KI_KAFKA__CONTROLLER_PORT": settings.kafka.controller_port,
@@ -73,9 +72,10 @@ def shifted_ports(settings: Settings, shift: int) -> dict[str, str]:
     env = {name: str(_moved(port, shift)) for name, port in moved.items()}
     if settings.streams.access_web_port is not None:
         env["KI_STREAMS__ACCESS_WEB_PORT"] = str(_moved(settings.streams.access_web_port, shift))
-    env["KI_KAFKA__BOOTSTRAP_SERVERS"] = f"{kafka_host}:{_moved(int(kafka_port), shift)}"
+    brokers = (broker.rpartition(":") for broker in settings.kafka.brokers)
+    env["KI_KAFKA__BOOTSTRAP_SERVERS"] = ",".join(f"{host}:{_moved(int(port), shift)}" for host, _, port in brokers)
     env["KI_CONNECT__URL"] = _moved_url(settings.connect.url, shift)
-    env["KI_OPENSEARCH__URL"] = _moved_url(settings.opensearch.url, shift)
+    env["KI_OPENSEARCH__URL"] = ",".join(_moved_url(url, shift) for url in settings.opensearch.urls)
     return env
 
 

@@ -37,15 +37,19 @@ class Runtime:
 
 
 class Service(ABC):
-    name: ClassVar[str]
+    #: The kind's name; a cluster's further nodes are `<name>-<node>` (state, logs and pid file of their own).
+    name: str
     #: Signal for an orderly shutdown; SIGKILL follows after the stop deadline.
     stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
     #: PostgreSQL and OpenSearch refuse to run as root (see users.py).
     refuses_root: ClassVar[bool] = False
 
-    def __init__(self, settings: Settings, paths: StackPaths) -> None:
+    def __init__(self, settings: Settings, paths: StackPaths, node: int = 1) -> None:
         self.settings = settings
         self.paths = paths
+        self.node = node
+        if node > 1:
+            self.name = f"{type(self).name}-{node}"
 
     # -- what each service defines --------------------------------------------------------------------
 
