@@ -840,8 +840,10 @@ class SearchService:
             stats = await self.client.indices.stats(
                 index=self.index, metric="store,docs", request_timeout=timeout_s
             )  # fmt: skip
+            health = await self.client.cluster.health(request_timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - reported on the dashboard
             return f"{type(exc).__name__}: {exc}"[:300]
+        self.metrics.cluster_health(health)
         primaries = stats["_all"]["primaries"]
         self.metrics.index_state(
             self.index, sorted(aliases), int(primaries["store"]["size_in_bytes"]), int(primaries["docs"]["count"])
@@ -849,7 +851,8 @@ class SearchService:
         return None
 
     async def ready(self) -> dict[str, Any]:
-        """PostgreSQL reachable, OpenSearch reachable, the index alias present."""
+        """PostgreSQL reachable, OpenSearch reachable, the index alias present and every primary shard of it
+        assigned (red: some rows could not be found; yellow, a replica missing, still serves)."""
         checks: dict[str, Any] = {}
         try:
             async with self.engine.connect() as conn:
@@ -861,6 +864,10 @@ class SearchService:
             present = await self.client.indices.exists_alias(index=self.index, name=self.index)
             checks["opensearch"] = "ok"
             checks["index"] = "ok" if present else f"alias {self.index!r} missing"
+            if present:
+                health = await self.client.cluster.health(index=self.index)
+                if health.get("status") == "red":
+                    checks["index"] = "red: a primary shard of the index is on no node"
         except Exception as exc:  # noqa: BLE001
             checks["opensearch"] = f"error: {type(exc).__name__}: {exc}"[:300]
             checks["index"] = "unknown"

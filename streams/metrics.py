@@ -45,6 +45,9 @@ OLDEST_PENDING = Gauge(
     "ki_sync_oldest_vector_pending_seconds", "how long the oldest row waiting for its vector has waited (0: none)"
 )
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
+UNDER_REPLICATED = Gauge(
+    "ki_kafka_under_replicated_partitions", "partitions of the sidecar's topics with fewer in-sync than replicas"
+)
 
 
 def record_sync(stats: Any) -> None:
@@ -78,7 +81,8 @@ _reader_lock = threading.Lock()
 
 def update_lag(settings: Settings) -> None:
     """Consumer lag per lane and partition as the broker sees it (log end - committed offset of the lane's
-    group), the records in the dead-letter topic, and the WAL the replication slot retains. Blocking: call
+    group), the records in the dead-letter topic, under-replicated partitions, and the WAL the replication
+    slot retains. Blocking: call
     it from a thread. Failures leave the old values; a scrape that finds another one reading skips the
     reading (its values are as fresh)."""
     global _reader
@@ -92,6 +96,7 @@ def update_lag(settings: Settings) -> None:
         dlq = reader.probe.topic_records(settings.streams.dlq_topic)
         if dlq is not None:
             DLQ_RECORDS.set(dlq)
+        UNDER_REPLICATED.set(reader.probe.under_replicated())
         retained = status.slot_retained_bytes(settings, reader.engine)
         if retained is not None:
             SLOT_RETAINED.set(retained)

@@ -111,6 +111,22 @@ class LagProbe:
             total += max(0, high - low)
         return total
 
+    def brokers(self) -> list[int]:
+        """The ids of the brokers in the cluster's metadata."""
+        return sorted(self._admin.list_topics(timeout=10).brokers)
+
+    def under_replicated(self) -> int:
+        """Partitions of the sidecar's topics (the topic prefix's: CDC, DLQ, Connect's own) with fewer in-sync
+        replicas than replicas: a broker is down or behind, and one more loss may stop writes or lose them."""
+        metadata = self._admin.list_topics(timeout=10)
+        prefix = self.settings.kafka.topic_prefix
+        return sum(
+            len(p.isrs) < len(p.replicas)
+            for name, topic in metadata.topics.items()
+            if name.startswith(prefix) or name == self.settings.streams.dlq_topic
+            for p in topic.partitions.values()
+        )
+
     def close(self) -> None:
         self._consumer.close()
 

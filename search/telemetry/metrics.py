@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from search.telemetry.stats import QueryStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: OpenSearch's health colours as a gauge (alerts compare numbers).
+HEALTH_LEVELS = {"green": 0, "yellow": 1, "red": 2}
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Scope sizes span one document to tens of millions; OpenSearch's default terms limit is 65,536.
@@ -184,6 +186,19 @@ class SearchMetrics:
             "ki_index_alias_target", "1 for the index the search alias points at, 0 for one it pointed at before",
             ["alias", "index"], registry=r, multiprocess_mode="mostrecent",
         )  # fmt: skip
+        # The cluster's health as OpenSearch reports it, read at each scrape: a replica missing (yellow) or a
+        # primary (red) -- the latter loses search results.
+        self.cluster_status = Gauge(
+            "ki_opensearch_cluster_status", "OpenSearch cluster health: 0 green, 1 yellow, 2 red", registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.unassigned_shards = Gauge(
+            "ki_opensearch_unassigned_shards", "Shards (primaries and replicas) no node holds", registry=r,
+            multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.cluster_nodes = Gauge(
+            "ki_opensearch_nodes", "Nodes in the OpenSearch cluster", registry=r, multiprocess_mode="mostrecent"
+        )
         self._alias_seen: dict[str, set[str]] = {}
         for result in ("ok", "failed"):
             self.graph_augmentation.labels(result)
@@ -205,6 +220,11 @@ class SearchMetrics:
         self._alias_seen.setdefault(alias, set()).update(targets)
         self.index_size.set(size_bytes)
         self.index_rows.set(rows)
+
+    def cluster_health(self, health: Mapping[str, Any]) -> None:
+        self.cluster_status.set(HEALTH_LEVELS.get(str(health.get("status")), 2))
+        self.unassigned_shards.set(int(health.get("unassigned_shards", 0)))
+        self.cluster_nodes.set(int(health.get("number_of_nodes", 0)))
 
     def observe_legs(self, took_ms: Mapping[str, float]) -> None:
         for leg, ms in took_ms.items():

@@ -376,9 +376,40 @@ def status(settings: Settings) -> int:
         rss = svc.rss_bytes(pid) / MIB
         _say(f"{svc.name:<11} running  pid {pid:<8} port {svc.port:<6} rss {rss:7.1f} MiB  "
              f"{'healthy' if reason is None else 'unhealthy: ' + reason}")  # fmt: skip
+    if healthy and settings.stack.cluster:
+        healthy = _cluster_status(settings)
     if healthy:
         healthy = _connector_status(settings)
     return 0 if healthy else 1
+
+
+def _cluster_status(settings: Settings) -> bool:
+    """The cluster profile as a whole: every broker in the metadata and every partition fully in sync; every
+    OpenSearch node joined and every shard assigned (green)."""
+    from apps.dev.stack.http import HttpError, request_json
+    from streams.status import LagProbe
+
+    probe = LagProbe(settings)
+    try:
+        brokers = len(probe.brokers())
+        lagging = probe.under_replicated()
+    except Exception as exc:  # noqa: BLE001 - reported as the line's state
+        brokers, lagging = 0, -1
+        _say(f"{'kafka':<11} cluster unreachable: {exc}")
+    finally:
+        probe.close()
+    nodes = node_count(settings)
+    kafka_ok = brokers == nodes and lagging == 0
+    _say(f"{'kafka':<11} cluster  {brokers}/{nodes} brokers, {max(lagging, 0)} under-replicated partition(s)")
+    opensearch = OpenSearch(settings, StackPaths.from_settings(settings))
+    try:
+        _, health = request_json("GET", f"{opensearch.url}/_cluster/health", timeout=5, auth=opensearch.admin_auth())
+    except HttpError as exc:
+        health = {"status": f"unreachable ({exc})"}
+    health = health if isinstance(health, dict) else {}
+    _say(f"{'opensearch':<11} cluster  {health.get('status')}, {health.get('number_of_nodes', 0)}/{nodes} nodes, "
+         f"{health.get('unassigned_shards', '?')} unassigned shard(s)")  # fmt: skip
+    return kafka_ok and health.get("status") == "green" and health.get("number_of_nodes") == nodes
 
 
 def _connector_status(settings: Settings) -> bool:
