@@ -369,12 +369,12 @@ def status(settings: Settings) -> int:
             continue  # on demand only: not running is no fault
         if pid is None:
             healthy = False
-            _say(f"{svc.name:<11} stopped                 port {svc.port}")
+            _say(f"{svc.name:<13} stopped                 port {svc.port}")
             continue
         reason = svc.probe()
         healthy &= reason is None
         rss = svc.rss_bytes(pid) / MIB
-        _say(f"{svc.name:<11} running  pid {pid:<8} port {svc.port:<6} rss {rss:7.1f} MiB  "
+        _say(f"{svc.name:<13} running  pid {pid:<8} port {svc.port:<6} rss {rss:7.1f} MiB  "
              f"{'healthy' if reason is None else 'unhealthy: ' + reason}")  # fmt: skip
     if healthy and settings.stack.cluster:
         healthy = _cluster_status(settings)
@@ -395,19 +395,19 @@ def _cluster_status(settings: Settings) -> bool:
         lagging = probe.under_replicated()
     except Exception as exc:  # noqa: BLE001 - reported as the line's state
         brokers, lagging = 0, -1
-        _say(f"{'kafka':<11} cluster unreachable: {exc}")
+        _say(f"{'kafka':<13} cluster unreachable: {exc}")
     finally:
         probe.close()
     nodes = node_count(settings)
     kafka_ok = brokers == nodes and lagging == 0
-    _say(f"{'kafka':<11} cluster  {brokers}/{nodes} brokers, {max(lagging, 0)} under-replicated partition(s)")
+    _say(f"{'kafka':<13} cluster  {brokers}/{nodes} brokers, {max(lagging, 0)} under-replicated partition(s)")
     opensearch = OpenSearch(settings, StackPaths.from_settings(settings))
     try:
         _, health = request_json("GET", f"{opensearch.url}/_cluster/health", timeout=5, auth=opensearch.admin_auth())
     except HttpError as exc:
         health = {"status": f"unreachable ({exc})"}
     health = health if isinstance(health, dict) else {}
-    _say(f"{'opensearch':<11} cluster  {health.get('status')}, {health.get('number_of_nodes', 0)}/{nodes} nodes, "
+    _say(f"{'opensearch':<13} cluster  {health.get('status')}, {health.get('number_of_nodes', 0)}/{nodes} nodes, "
          f"{health.get('unassigned_shards', '?')} unassigned shard(s)")  # fmt: skip
     return kafka_ok and health.get("status") == "green" and health.get("number_of_nodes") == nodes
 
@@ -422,7 +422,7 @@ def _connector_status(settings: Settings) -> bool:
         state, tasks, trace = "UNREACHABLE", [], str(exc)
     running = state == "RUNNING" and bool(tasks) and all(t == "RUNNING" for t in tasks)
     detail = f"tasks {','.join(tasks) or 'none'}" + (f"  {trace.strip().splitlines()[0]}" if trace else "")
-    _say(f"{'connector':<11} {state.lower() if state != 'UNKNOWN' else 'not registered'}  {connector.name}  {detail}")
+    _say(f"{'connector':<13} {state.lower() if state != 'UNKNOWN' else 'not registered'}  {connector.name}  {detail}")
     return running
 
 
