@@ -36,6 +36,12 @@ run_lane() {
     set -a
     . "$KI_STACK__HOME/secure/operator.env"
     set +a
+  elif [ "${KI_TEST_CLUSTER:-0}" = "1" ]; then
+    # KI_TEST_CLUSTER=1: the cluster profile's run (tests/cluster/); every ki command after it on the cluster.
+    .venv/bin/ki stack up --cluster
+    set -a
+    . "$KI_STACK__HOME/cluster.env"
+    set +a
   else
     .venv/bin/ki stack up
   fi

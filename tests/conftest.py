@@ -4,7 +4,8 @@ Tests marked `stack` talk to the real local stack (`ki stack up`); they fail, ne
 not running, so a missing service can't hide as a green run. The identity-provider tests (tests/idp/)
 need Keycloak too and run in a step of their own (`KI_TEST_IDP=1 scripts/test.sh tests/idp`, which
 starts the stack with `--idp`); without KI_TEST_IDP they are not collected. Likewise the secured profile's
-tests (tests/secure/: `KI_TEST_SECURE=1 scripts/test.sh tests/secure`, the stack with `--secure`).
+tests (tests/secure/: `KI_TEST_SECURE=1 scripts/test.sh tests/secure`, the stack with `--secure`) and the
+cluster profile's (tests/cluster/: `KI_TEST_CLUSTER=1 scripts/test.sh tests/cluster`, with `--cluster`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ T = TypeVar("T")
 collect_ignore = [] if os.environ.get("KI_TEST_IDP") == "1" else ["idp"]
 if os.environ.get("KI_TEST_SECURE") != "1":
     collect_ignore.append("secure")
+if os.environ.get("KI_TEST_CLUSTER") != "1":
+    collect_ignore.append("cluster")
 
 
 @pytest.fixture(scope="session")

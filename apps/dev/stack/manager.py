@@ -20,6 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
@@ -125,10 +126,31 @@ def _bring_up(nodes: list[Service], runtime: Runtime, timeout_s: float, label: s
         _say(f"{name}ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")
 
 
+def _by_kind_reversed(services: list[Service]) -> list[list[Service]]:
+    """The services in stop order, a clustered kind's nodes together."""
+    kinds = list(dict.fromkeys(type(svc) for svc in services))
+    return [[svc for svc in services if type(svc) is kind] for kind in reversed(kinds)]
+
+
+def _stop_nodes(nodes: list[Service]) -> list[tuple[int, bool] | None | OSError]:
+    """Stop every node of a kind at once: a KRaft controller or a cluster manager left without its quorum
+    waits for it instead of shutting down, so stopping them one after the other would hang on the last."""
+
+    def stop(svc: Service) -> tuple[int, bool] | None | OSError:
+        try:
+            return svc.stop(STOP_TIMEOUT_S)
+        except OSError as exc:
+            return exc
+
+    if len(nodes) == 1:
+        return [stop(nodes[0])]
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        return list(pool.map(stop, nodes))
+
+
 def _stop_all(services: list[Service]) -> None:
-    for svc in reversed(services):
-        with contextlib.suppress(OSError):
-            svc.stop(STOP_TIMEOUT_S)
+    for nodes in _by_kind_reversed(services):
+        _stop_nodes(nodes)
 
 
 def _start_services(settings: Settings, paths: StackPaths, services: list[Service]) -> list[Service] | None:
@@ -316,17 +338,16 @@ def down(settings: Settings) -> int:
     paths = StackPaths.from_settings(settings)
     code = 0
     with _exclusive(paths):
-        for svc in reversed(build_services(settings, paths, optional=True)):
-            if isinstance(svc, OPTIONAL_TYPES) and svc.running_pid() is None:
-                continue  # never started: nothing to say
-            began = time.monotonic()
-            try:
-                result = svc.stop(STOP_TIMEOUT_S)
-            except OSError as exc:
-                _fail(f"{svc.name}: cannot stop: {exc}")
-                code = 1
-                continue
-            _report_stop(svc, result, began)
+        services = build_services(settings, paths, optional=True)
+        for nodes in _by_kind_reversed(services):
+            nodes = [svc for svc in nodes if not (isinstance(svc, OPTIONAL_TYPES) and svc.running_pid() is None)]
+            began = time.monotonic()  # optional ones never started are left out: nothing to say
+            for svc, result in zip(nodes, _stop_nodes(nodes), strict=True):
+                if isinstance(result, OSError):
+                    _fail(f"{svc.name}: cannot stop: {result}")
+                    code = 1
+                else:
+                    _report_stop(svc, result, began)
     return code
 
 

@@ -53,3 +53,32 @@ def test_monitoring_shares_the_hosts_network_and_listens_on_loopback() -> None:
     operator_written = {"./monitoring/metrics.token"}
     for path in (p for p in mounted if p.startswith("./") and p not in operator_written):
         assert (REPO_ROOT / path).exists(), f"compose mounts {path}, which is not in the repo"
+
+
+def test_the_cluster_variant_matches_the_cluster_profile() -> None:
+    """docker-compose.cluster.yml: the nodes of `ki stack up --cluster` on its default ports, with the client
+    settings that profile writes (deploy/cluster.env), replicated by three with two in sync."""
+    from apps.dev.stack.cluster import cluster_env, read_env_file
+    from ki.settings import Settings
+
+    compose = yaml.safe_load((REPO_ROOT / "docker-compose.cluster.yml").read_text())
+    services = compose["services"]
+    env = read_env_file(REPO_ROOT / "deploy" / "cluster.env")
+    assert env == cluster_env(Settings(), {})
+    brokers = [int(address.rsplit(":", 1)[1]) for address in env["KI_KAFKA__BOOTSTRAP_SERVERS"].split(",")]
+    nodes = [urlparse(url).port for url in env["KI_OPENSEARCH__URL"].split(",")]
+    assert [_host_ports(services[f"kafka-{n}"]) for n in (1, 2, 3)] == [{port} for port in brokers]
+    assert [_host_ports(services[f"opensearch-{n}"]) for n in (1, 2, 3)] == [{port} for port in nodes]
+    for n in (1, 2, 3):
+        kafka = services[f"kafka-{n}"]["environment"]
+        assert kafka["KAFKA_NODE_ID"] == n and kafka["KAFKA_CONTROLLER_QUORUM_VOTERS"].count("@") == 3
+        assert (kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"], kafka["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
+        assert len(kafka["CLUSTER_ID"]) == 22  # 16 bytes, URL-safe base64 without padding
+        node = services[f"opensearch-{n}"]["environment"]
+        assert node["node.name"] in node["cluster.initial_cluster_manager_nodes"].split(",")
+        assert "discovery.type" not in node
+    connect = services["connect"]["environment"]
+    assert connect["OFFSET_STORAGE_REPLICATION_FACTOR"] == 3 and connect["CONNECT_PRODUCER_ACKS"] == "all"
+    for name, service in services.items():
+        for mapping in service.get("ports", []):
+            assert mapping.startswith("127.0.0.1:"), f"{name} exposes {mapping} beyond loopback"

@@ -1,0 +1,237 @@
+"""Failover on the cluster profile (`ki stack up --cluster`: three brokers, three OpenSearch nodes), under load.
+
+While a change stream writes access and content changes (~15 row changes/s) and an observer searches through
+the API every ~0.1 s, the OpenSearch node that holds the live index's primary shard is killed (SIGKILL: a
+replica is promoted), then the Kafka broker that leads the partitions the sync worker consumes; each is
+started again after the load has gone on without it. Afterwards the index equals a clean rebuild field by
+field, the dead-letter topic holds nothing new, no hit outside the observer's scope was ever returned (walled
+documents share every search word but are granted to a group the observer is not in), and search answered
+throughout: each failover's errors and p99 are printed, and no run of failed searches lasted more than 10 s.
+
+The smoke run of CI (`KI_TEST_CLUSTER=1 scripts/test.sh tests/cluster`); ~3 min on the 2-core machine after
+the cluster is up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine
+
+from apps.dev.stack.kafka import Kafka
+from apps.dev.stack.manager import build_services
+from apps.dev.stack.opensearch import OpenSearch as OpenSearchNode
+from apps.dev.stack.paths import StackPaths
+from apps.dev.stack.service import Service
+from ki.clients import make_kafka_admin
+from ki.settings import Settings
+from projections.cdc import topic_name
+from search.web.auth import mint_token
+from streams.status import LagProbe
+from tests.conftest import wait_for
+from tests.integration.change_stream import ChangeStream, FaultWorld, make_fault_world, version_text
+from tests.integration.search_harness import Server
+from tests.integration.sync_harness import Worker, assert_index_equals_rebuild, start, wait_until_synced
+from tests.integration.world import World
+
+pytestmark = [pytest.mark.stack]
+
+#: The longest run of failed searches a failover may cause (the issue's bound where no replica could serve).
+MAX_ERROR_WINDOW_S = 10.0
+
+
+@dataclass
+class Walled:
+    """Documents with the world's words that the observer may never see, and the observer's token."""
+
+    documents: set[int]
+    observer: str
+    token: str
+
+
+@dataclass
+class Observer:
+    """Searches through the API from a thread; every answer is timed and every hit checked against the wall."""
+
+    server: Server
+    walled: Walled
+    samples: list[tuple[float, int, float]] = field(default_factory=list)  # (monotonic, status, seconds)
+    leaks: list[int] = field(default_factory=list)
+    hits: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Observer:
+        self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(90)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                status, body = self.server.call("/v1/search", {"query": "Mahnung Schuldner Betrag"}, self.walled.token)
+            except OSError:
+                status, body = 0, {}
+            self.samples.append((began, status, time.monotonic() - began))
+            if status == 200:
+                documents = [hit["document_id"] for hit in body["hits"]]
+                self.hits += len(documents)
+                self.leaks += [d for d in documents if d in self.walled.documents]
+            self._stop.wait(0.1)
+
+    def window(self, since: float, until: float) -> dict[str, float]:
+        """Searches between two instants: how many, how many failed, p99 seconds, the longest failing run."""
+        inside = [s for s in self.samples if since <= s[0] < until]
+        failed, longest, run_start = 0, 0.0, None
+        for at, status, _ in inside:
+            if status != 200:
+                failed += 1
+                run_start = at if run_start is None else run_start
+                longest = max(longest, at - run_start)
+            else:
+                run_start = None
+        latencies = sorted(s[2] for s in inside)
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0
+        return {"searches": len(inside), "failed": failed, "p99_s": round(p99, 3), "longest_error_run_s": longest}
+
+
+@pytest.fixture(scope="module")
+def world(engine: Engine) -> FaultWorld:
+    return make_fault_world(engine, documents=16)
+
+
+@pytest.fixture(scope="module")
+def walled(engine: Engine, world: FaultWorld, settings: Settings) -> Walled:
+    with engine.begin() as conn:
+        w = World(conn, world.tag)
+        project = w.project("Ethikwand")
+        documents = set()
+        for n in range(4):
+            doc = w.document(project, f"Mahnung {n} gesperrt {w.tag}")
+            w.observe(w.version(doc, version_text(100 + n, 0)), w.source_object(w.source()))
+            documents.add(doc)
+        w.grant("project", project, f"group:wall-{w.tag}")
+        observer = f"user:observer-{w.tag}"
+        w.member(world.groups[0], observer)  # the world's project grant: sees the world, never the wall
+    return Walled(documents, observer, mint_token(settings.api, observer.removeprefix("user:")))
+
+
+@pytest.fixture(scope="module")
+def worker(settings: Settings) -> Iterator[Worker]:
+    w = Worker(settings, name="cluster-worker")
+    w.start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server("cluster-api")
+    s.start()
+    yield s
+    s.stop()
+
+
+def _node(settings: Settings, kind: type[Service], node_number: int) -> Service:
+    return next(
+        svc
+        for svc in build_services(settings, StackPaths.from_settings(settings))
+        if isinstance(svc, kind) and svc.node == node_number
+    )
+
+
+def primary_node(settings: Settings, search: OpenSearch) -> int:
+    """The node number (ki-node-N) holding the primary of the live index's shard 0."""
+    physical = next(iter(search.indices.get_alias(name=settings.retrieval.index_name)))
+    shards = search.cat.shards(index=physical, format="json")
+    primary = next(s for s in shards if s["prirep"] == "p" and s["shard"] == "0")
+    return int(primary["node"].rsplit("-", 1)[1])
+
+
+def consumed_leader(settings: Settings) -> int:
+    """The broker leading partition 0 of the grants' topic (what the access lane consumes most here)."""
+    topic = topic_name(settings.kafka.topic_prefix, "grants")
+    metadata = make_kafka_admin(settings).list_topics(topic, timeout=10)
+    return int(metadata.topics[topic].partitions[0].leader)
+
+
+def kill(service: Service) -> None:
+    pid = service.running_pid()
+    assert pid is not None, f"{service.name} is not running"
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: service.running_pid() is None, timeout=30, what=f"{service.name} gone")
+
+
+def dlq_records(settings: Settings) -> int:
+    probe = LagProbe(settings)
+    try:
+        return probe.topic_records(settings.streams.dlq_topic) or 0
+    finally:
+        probe.close()
+
+
+def test_failover_under_load_loses_nothing_and_leaks_nothing(
+    settings: Settings,
+    engine: Engine,
+    search: OpenSearch,
+    world: FaultWorld,
+    walled: Walled,
+    worker: Worker,
+    server: Server,
+) -> None:
+    assert settings.stack.cluster and settings.opensearch.number_of_replicas == 1 and len(settings.kafka.brokers) == 3
+    wait_until_synced(settings, engine)
+    dlq_before = dlq_records(settings)
+    observer = Observer(server, walled).start()
+    stream = ChangeStream(engine, world, rate=15, seed=33).start()
+    report: dict[str, dict[str, float]] = {}
+    try:
+        stream.wait_for_more(30)
+        # 1. The OpenSearch node holding the primary: its replica is promoted.
+        victim = _node(settings, OpenSearchNode, primary_node(settings, search))
+        began = time.monotonic()
+        kill(victim)
+        stream.wait_for_more(60)
+        start(settings, victim.name)
+        report[f"kill {victim.name} (primary)"] = observer.window(began, time.monotonic())
+        stream.wait_for_more(30)
+        # 2. The broker leading what the access lane consumes: leadership moves to an in-sync replica.
+        broker = _node(settings, Kafka, consumed_leader(settings))
+        began = time.monotonic()
+        kill(broker)
+        stream.wait_for_more(60)
+        start(settings, broker.name)
+        report[f"kill {broker.name} (leader)"] = observer.window(began, time.monotonic())
+        stream.wait_for_more(30)
+    finally:
+        counts = stream.stop()
+        observer.stop()
+    for step, figures in report.items():
+        print(f"cluster failover: {step}: {figures}")
+    latencies = [s[2] for s in observer.samples if s[1] == 200]
+    print(f"cluster failover: {len(observer.samples)} searches, median {statistics.median(latencies):.3f} s")
+
+    wait_until_synced(settings, engine)
+    assert worker.alive, f"the worker died; see {worker.log_path}"
+    assert_index_equals_rebuild(settings, engine, search, world.documents | walled.documents)
+    assert dlq_records(settings) == dlq_before, "events went to the dead-letter topic during the failovers"
+    assert not observer.leaks, f"walled documents returned to the observer: {sorted(set(observer.leaks))}"
+    assert observer.hits > 0, "the observer never saw a hit: the leak check proved nothing"
+    for step, figures in report.items():
+        assert figures["searches"] > figures["failed"], f"{step}: search did not answer ({figures})"
+        assert figures["longest_error_run_s"] <= MAX_ERROR_WINDOW_S, f"{step}: errors for too long ({figures})"
+    assert sum(counts.values()) >= 200
