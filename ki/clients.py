@@ -105,7 +105,11 @@ def make_client(settings: Settings) -> AsyncOpenSearch:
     return AsyncOpenSearch(
         **opensearch_options(settings),
         timeout=settings.opensearch.timeout_s,
-        max_retries=0,  # retries are ours: we also retry 429s and count them
+        # Retries are ours (we also retry 429s and count them), but for one: a connection refused or reset goes
+        # once more at once, to the next node of a cluster (the failed one is set aside), so a dead node costs
+        # a search nothing but the refusal. Statuses are never retried here; timeouts neither.
+        max_retries=1,
+        retry_on_status=(),
         http_compress=settings.opensearch.http_compress,
     )
 

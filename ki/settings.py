@@ -946,6 +946,11 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
         raise SettingsError(f"config error: {config_path}: top level must be an object")
     environ.pop("KI_CONFIG", None)
     _migrate(data, str(config_path))
+    return _validated(data, environ)
+
+
+def _validated(data: dict[str, Any], environ: dict[str, str]) -> Settings:
+    """Settings from config data with the environment's `KI_*` variables applied over it."""
     for setting, value in _env_overrides(environ):
         _place(data, setting, value)
     try:
@@ -990,10 +995,4 @@ def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
 def with_environment(settings: Settings, environ: dict[str, str]) -> Settings:
     """`settings` with `KI_*` variables applied over it, as `load_settings` applies the process's own
     (a profile's env file over settings loaded from any config)."""
-    data = settings.model_dump(mode="json")
-    for setting, value in _env_overrides(environ):
-        _place(data, setting, value)
-    try:
-        return Settings.model_validate(data)
-    except ValidationError as exc:
-        raise SettingsError(_one_line(exc)) from None
+    return _validated(settings.model_dump(mode="json"), environ)

@@ -201,22 +201,19 @@ def test_failover_under_load_loses_nothing_and_leaks_nothing(
     report: dict[str, dict[str, float]] = {}
     try:
         stream.wait_for_more(30)
-        # 1. The OpenSearch node holding the primary: its replica is promoted.
-        victim = _node(settings, OpenSearchNode, primary_node(settings, search))
-        began = time.monotonic()
-        kill(victim)
-        stream.wait_for_more(60)
-        start(settings, victim.name)
-        report[f"kill {victim.name} (primary)"] = observer.window(began, time.monotonic())
-        stream.wait_for_more(30)
-        # 2. The broker leading what the access lane consumes: leadership moves to an in-sync replica.
-        broker = _node(settings, Kafka, consumed_leader(settings))
-        began = time.monotonic()
-        kill(broker)
-        stream.wait_for_more(60)
-        start(settings, broker.name)
-        report[f"kill {broker.name} (leader)"] = observer.window(began, time.monotonic())
-        stream.wait_for_more(30)
+        # The OpenSearch node holding the primary (its replica is promoted), then the broker leading what the
+        # access lane consumes (leadership moves to an in-sync replica); each killed, the load going on
+        # without it, then started again.
+        for role, victim in (
+            ("primary", lambda: _node(settings, OpenSearchNode, primary_node(settings, search))),
+            ("leader", lambda: _node(settings, Kafka, consumed_leader(settings))),
+        ):
+            service, began = victim(), time.monotonic()
+            kill(service)
+            stream.wait_for_more(60)
+            start(settings, service.name)
+            report[f"kill {service.name} ({role})"] = observer.window(began, time.monotonic())
+            stream.wait_for_more(30)
     finally:
         counts = stream.stop()
         observer.stop()
