@@ -165,7 +165,9 @@ def _cdc_topics(settings: Settings) -> list[str]:
 
 
 @contextlib.contextmanager
-def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dict[str, str]]:
+def isolated(
+    settings: Settings, prefix: str = "ki-search-test", group_prefix: str | None = None
+) -> Iterator[dict[str, str]]:
     """An index alias and a consumer group of the caller's own (environment overrides for children).
 
     The shared database may hold a large unsynced backlog (a demo corpus) that the shared consumer group
@@ -174,7 +176,7 @@ def isolated(settings: Settings, prefix: str = "ki-search-test") -> Iterator[dic
     rows written afterwards, into an index nobody else writes to. Both are removed afterwards.
     """
     uid = uuid.uuid4().hex[:8]
-    env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{prefix}-{uid}"}
+    env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{group_prefix or prefix}-{uid}"}
     group = env["KI_STREAMS__APP_ID"]
     consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
     try:

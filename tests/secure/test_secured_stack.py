@@ -73,8 +73,10 @@ def test_every_service_refuses_plaintext_and_anonymous_callers(settings: Setting
 def test_the_worker_the_api_and_a_rebuild_run_end_to_end_as_their_logins(
     settings: Settings, material: SecureMaterial, engine: Engine
 ) -> None:
-    # The index name must fall under the roles' index pattern (`<retrieval.index_name>*`).
-    with isolated(settings, prefix=f"{settings.retrieval.index_name}-secure") as env:
+    # The index name must fall under the roles' index pattern (`<retrieval.index_name>*`), the consumer group
+    # under the worker's Kafka ACL (`<streams.app_id>*`).
+    secure = "secure"
+    with isolated(settings, f"{settings.retrieval.index_name}-{secure}", f"{settings.streams.app_id}-{secure}") as env:
         worker = SyncWorker({**role_env(material, "worker"), **env})
         server = Server("secure-api", **{**role_env(material, "api"), **env})
         worker.start()
@@ -162,3 +164,47 @@ def test_an_untrusted_certificate_fails_with_one_line_naming_the_service(tmp_pat
                              "kafka": "KI_KAFKA__SSL_CA_FILE"}.items():  # fmt: skip
         line = one_line_error(**{setting: str(ca)})
         assert service in line and "certificate" in line, line
+
+
+def kafka_as(settings: Settings, material: SecureMaterial, login: str) -> dict[str, str]:
+    return {"bootstrap.servers": settings.kafka.bootstrap_servers, "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN", "sasl.username": login, "sasl.password": material.password("kafka", login),
+            "ssl.ca.location": str(material.ca_cert)}  # fmt: skip
+
+
+def produce_error(config: dict[str, str], topic: str) -> int | None:
+    """The error code of one record produced to `topic` (None: written)."""
+    from confluent_kafka import Producer
+
+    errors: list[int | None] = []
+    producer = Producer({**config, "message.timeout.ms": 15000})
+    producer.produce(topic, b"probe", on_delivery=lambda err, _msg: errors.append(err.code() if err else None))
+    producer.flush(30)
+    assert errors, f"no delivery report for {topic}"
+    return errors[0]
+
+
+def test_each_kafka_login_is_refused_what_its_role_does_not_need(settings: Settings, material: SecureMaterial) -> None:
+    """One Kafka login per role (apps/dev/stack/kafka_acls.py): the API reads only the access tables' topics,
+    the worker writes no CDC topic and reads no Connect topic, nobody joins another's group."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka.admin import AdminClient
+
+    grants, dlq = "ki.public.grants", settings.streams.dlq_topic
+    visible = {login: set(AdminClient(kafka_as(settings, material, login)).list_topics(timeout=15).topics)
+               for login in ("ki_api", "ki_worker", "ki_operator")}  # fmt: skip
+    assert grants in visible["ki_api"] and dlq not in visible["ki_api"]
+    assert not any(topic.startswith("ki-connect-") for topic in visible["ki_api"] | visible["ki_worker"])
+    assert grants in visible["ki_worker"] and "ki-connect-offsets" in visible["ki_operator"]
+    refused = KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert produce_error(kafka_as(settings, material, "ki_api"), grants) == refused
+    assert produce_error(kafka_as(settings, material, "ki_worker"), grants) == refused  # CDC: Debezium's alone
+    consumer = Consumer({**kafka_as(settings, material, "ki_api"), "group.id": f"{settings.streams.app_id}-probe"})
+    try:
+        consumer.subscribe([grants])
+        message = consumer.poll(15)
+        while message is not None and message.error() is None:
+            message = consumer.poll(15)
+        assert message is not None and message.error().code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    finally:
+        consumer.close()

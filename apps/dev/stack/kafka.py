@@ -16,8 +16,9 @@ from confluent_kafka.admin import AdminClient
 
 from apps.dev.stack import process
 from apps.dev.stack.cluster import broker_address, node_count, node_port
+from apps.dev.stack.errors import StackError
 from apps.dev.stack.process import Launch
-from apps.dev.stack.secure import KAFKA_USERS, SecureMaterial
+from apps.dev.stack.secure import KAFKA_SUPER_USER, KAFKA_USERS, SecureMaterial
 from apps.dev.stack.service import Runtime, Service, java_properties
 from ki.clients import kafka_config
 
@@ -158,17 +159,45 @@ class Kafka(KafkaJvmService):
         }
 
     def secure_config(self) -> dict[str, object]:
-        """TLS from the secured profile's PEM files and the PLAIN logins (broker, connect, ki)."""
+        """TLS from the secured profile's PEM files, a PLAIN login per role, and an authorizer: no ACL, no
+        access (kafka_acls.py writes each role's); the controller listener authenticates the broker too, so
+        no anonymous connection is ever more than refused."""
         material = SecureMaterial.of(self.settings)
+        broker = material.password("kafka", KAFKA_SUPER_USER)
         logins = " ".join(f'user_{user}="{material.password("kafka", user)}"' for user in KAFKA_USERS)
+        jaas = f'{PLAIN_LOGIN} username="{KAFKA_SUPER_USER}" password="{broker}" {logins};'
         return {
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.inter.broker.protocol": "PLAIN",
-            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
-                f'{PLAIN_LOGIN} username="broker" password="{material.password("kafka", "broker")}" {logins};'
-            ),
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": jaas,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{KAFKA_SUPER_USER}",
+            "allow.everyone.if.no.acl.found": False,
             **pem_tls(material),
         }
+
+    def after_healthy(self) -> None:
+        """Secured: every role's ACLs, written as the super user (idempotent: an existing ACL stays)."""
+        if not self.settings.stack.secure:
+            return
+        from apps.dev.stack.kafka_acls import bindings
+
+        material = SecureMaterial.of(self.settings)
+        admin = AdminClient({
+            "bootstrap.servers": "{}:{}".format(*self.listener), "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN", "sasl.username": KAFKA_SUPER_USER,
+            "sasl.password": material.password("kafka", KAFKA_SUPER_USER), "ssl.ca.location": str(material.ca_cert),
+            "logger": _QUIET,
+        })  # fmt: skip
+        for binding, future in admin.create_acls(bindings(self.settings), request_timeout=30).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise StackError(f"Kafka refused the ACL {binding}: {exc.args[0] if exc.args else exc}") from None
 
     def prepare(self, runtime: Runtime) -> Launch:
         launch = super().prepare(runtime)

@@ -39,8 +39,11 @@ ORGANISATION = "ki-sidecar local stack"
 NODE_CN = "ki-node"
 ADMIN_CN = "ki-admin"
 VALID_DAYS = 825
-#: Logins per service. PostgreSQL's operator is `database.user` (the schema's owner).
-KAFKA_USERS = ("broker", "connect", "ki")
+#: Logins per service. PostgreSQL's operator is `database.user` (the schema's owner). Kafka: one per role, each
+#: allowed only its own topics and groups (kafka_acls.py); `broker` the only super user.
+KAFKA_SUPER_USER = "broker"
+KAFKA_ROLE_LOGINS = {"operator": "ki_operator", "worker": "ki_worker", "api": "ki_api"}
+KAFKA_USERS = (KAFKA_SUPER_USER, "connect", *KAFKA_ROLE_LOGINS.values())
 OPENSEARCH_USERS = ("admin", "ki_operator", "ki_worker", "ki_api")
 POSTGRES_ROLES = ("ki_api", "ki_worker", "ki_debezium")
 #: Connect's REST API: only the operator registers and inspects the connector.
@@ -223,8 +226,8 @@ def client_env(settings: Settings, material: SecureMaterial, role: str) -> dict[
         "KI_DATABASE__SSLROOTCERT": ca,
         "KI_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
         "KI_KAFKA__SASL_MECHANISM": "PLAIN",
-        "KI_KAFKA__SASL_USERNAME": "ki",
-        "KI_KAFKA__SASL_PASSWORD_FILE": str(material.password_file("kafka", "ki")),
+        "KI_KAFKA__SASL_USERNAME": KAFKA_ROLE_LOGINS[role],
+        "KI_KAFKA__SASL_PASSWORD_FILE": str(material.password_file("kafka", KAFKA_ROLE_LOGINS[role])),
         "KI_KAFKA__SSL_CA_FILE": ca,
         "KI_OPENSEARCH__URL": f"https://{host_port}",
         "KI_OPENSEARCH__USERNAME": os_user,

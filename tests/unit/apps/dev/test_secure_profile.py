@@ -98,6 +98,10 @@ def test_secured_services_accept_only_tls_clients(tmp_path: Path) -> None:
     kafka = Kafka(settings, StackPaths.from_settings(settings)).secure_config()
     assert kafka["sasl.enabled.mechanisms"] == "PLAIN"
     jaas = str(kafka["listener.name.sasl_ssl.plain.sasl.jaas.config"])
-    for user in ("broker", "connect", "ki"):
+    for user in ("broker", "connect", "ki_operator", "ki_worker", "ki_api"):
         assert f'user_{user}="{material.password("kafka", user)}"' in jaas
+    # No ACL, no access; the broker alone is a super user, and the controller listener authenticates it too.
+    assert kafka["authorizer.class.name"].endswith("StandardAuthorizer") and kafka["super.users"] == "User:broker"
+    assert kafka["allow.everyone.if.no.acl.found"] is False
+    assert "CONTROLLER:SASL_PLAINTEXT" in str(kafka["listener.security.protocol.map"])
     assert kafka["ssl.truststore.location"] == material.ca_cert
