@@ -142,8 +142,8 @@ def _stop_nodes(nodes: list[Service]) -> list[tuple[int, bool] | None | OSError]
         except OSError as exc:
             return exc
 
-    if len(nodes) == 1:
-        return [stop(nodes[0])]
+    if len(nodes) <= 1:
+        return [stop(svc) for svc in nodes]
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         return list(pool.map(stop, nodes))
 

@@ -111,3 +111,10 @@ def test_shifting_a_cluster_moves_every_node(tmp_path: Path) -> None:
 def test_settings_that_could_never_work_are_refused(variables: dict[str, str], field: str) -> None:
     with pytest.raises(SettingsError, match=field):
         with_environment(Settings(), variables)
+
+
+def test_stopping_no_nodes_is_nothing_to_do() -> None:
+    """`down` leaves out an optional service that never started (Keycloak): an empty kind stops nothing."""
+    from apps.dev.stack.manager import _stop_nodes
+
+    assert _stop_nodes([]) == []
