@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from apps.dev.stack.errors import StackError
+from apps.dev.stack.secure import read_env_file
 from ki.settings import Settings, with_environment
 
 NODES = 3
@@ -78,15 +79,6 @@ def write_env_file(settings: Settings) -> Path:
     lines += [f"{key}={value}" for key, value in sorted(cluster_env(settings).items())]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
 
 
 def with_profile(settings: Settings, *, cluster: bool = False) -> Settings:

@@ -58,7 +58,8 @@ def test_monitoring_shares_the_hosts_network_and_listens_on_loopback() -> None:
 def test_the_cluster_variant_matches_the_cluster_profile() -> None:
     """docker-compose.cluster.yml: the nodes of `ki stack up --cluster` on its default ports, with the client
     settings that profile writes (deploy/cluster.env), replicated by three with two in sync."""
-    from apps.dev.stack.cluster import cluster_env, read_env_file
+    from apps.dev.stack.cluster import cluster_env
+    from apps.dev.stack.secure import read_env_file
     from ki.settings import Settings
 
     compose = yaml.safe_load((REPO_ROOT / "docker-compose.cluster.yml").read_text())
