@@ -33,8 +33,15 @@ def settings() -> Settings:
     return load_settings()
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
+def wait_for(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.2,
+    what: str | Callable[[], str] = "",
+) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds (a callable
+    `what` is asked at that moment, to say what the probe saw last)."""
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
@@ -42,4 +49,5 @@ def wait_for(probe: Callable[[], T | None], *, timeout: float = 30.0, interval: 
         if last:
             return last
         time.sleep(interval)  # polling interval of a deadline loop, not a fixed wait
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or probe!r}; last value: {last!r}")
+    described = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {described or probe!r}; last value: {last!r}")

@@ -209,6 +209,15 @@ def index_current(settings: Settings, engine: Engine, search: OpenSearch, world:
     return round(time.monotonic() - began, 2)
 
 
+def synced(settings: Settings, engine: Engine, worker: Worker) -> None:
+    """wait_until_synced, failing with the worker's state and its log's last lines."""
+    try:
+        wait_until_synced(settings, engine)
+    except AssertionError as error:
+        state = "alive" if worker.alive else f"exited {worker.returncode}"
+        raise AssertionError(f"{error}\nworker {state}; {worker.log_path} ends:\n{worker.log_tail()}") from None
+
+
 def test_failover_under_load_loses_nothing_and_leaks_nothing(
     settings: Settings,
     engine: Engine,
@@ -219,7 +228,7 @@ def test_failover_under_load_loses_nothing_and_leaks_nothing(
     server: Server,
 ) -> None:
     assert settings.stack.cluster and settings.opensearch.number_of_replicas == 1 and len(settings.kafka.brokers) == 3
-    wait_until_synced(settings, engine)
+    synced(settings, engine, worker)
     dlq_before = dlq_records(settings)
     observer = Observer(server, walled).start()
     stream = ChangeStream(engine, world, rate=15, seed=33).start()
@@ -254,7 +263,7 @@ def test_failover_under_load_loses_nothing_and_leaks_nothing(
         print(f"cluster failover: {step}: {figures}")
     print(f"cluster failover: {summary}")
     began = time.monotonic()
-    wait_until_synced(settings, engine)
+    synced(settings, engine, worker)
     summary["caught_up_after_load_s"] = round(time.monotonic() - began, 1)
     _write_report(settings, report, summary)
 

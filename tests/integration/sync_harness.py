@@ -77,6 +77,13 @@ class Worker:
     def alive(self) -> bool:
         return self.child.alive
 
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the worker's log, for a failure message (CI keeps no build/ directory)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"(no log: {error})"
+
     @property
     def returncode(self) -> int | None:
         return self.child.returncode
@@ -268,9 +275,20 @@ def wait_until_synced(settings: Settings, engine: Engine, *, timeout: float = 24
         what=f"Debezium to confirm WAL up to {lsn}",
     )
 
+    behind: list[str] = ["no partition seen yet"]
+
     def drained() -> list | None:
         lags = list(worker_lag(settings).values())
-        behind = [p for p in lags if p.end > 0 and p.lag]
-        return None if behind else lags or None
+        behind[:] = [f"{p.topic}[{p.partition}] {p.committed}/{p.end}" for p in lags if p.end > 0 and p.lag]
+        if not lags:
+            behind[:] = ["no partition seen: the groups have no committed offsets or the lag probe failed"]
+        return None if behind else lags
 
-    wait_for(drained, timeout=timeout, interval=1.0, what="both lanes' groups to commit every CDC partition to its end")
+    # Which partitions were still behind (committed/end) goes into the failure: a stuck group and a slow one
+    # read differently.
+    wait_for(
+        drained,
+        timeout=timeout,
+        interval=1.0,
+        what=lambda: f"both lanes' groups to commit every CDC partition to its end (behind: {', '.join(behind)})",
+    )

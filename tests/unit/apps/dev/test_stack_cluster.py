@@ -118,3 +118,15 @@ def test_stopping_no_nodes_is_nothing_to_do() -> None:
     from apps.dev.stack.manager import _stop_nodes
 
     assert _stop_nodes([]) == []
+
+
+def test_independent_services_start_together_and_connect_after_them(tmp_path: Path) -> None:
+    from apps.dev.stack.manager import _start_waves
+
+    settings = clustered(tmp_path)
+    waves = _start_waves(build_services(settings, StackPaths.from_settings(settings), optional=True))
+    assert [[svc.name for svc in wave] for wave in waves] == [
+        ["postgres", "kafka", "kafka-2", "kafka-3", "opensearch", "opensearch-2", "opensearch-3"],
+        ["connect"],
+        ["keycloak"],
+    ]
