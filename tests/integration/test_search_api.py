@@ -372,6 +372,29 @@ def test_opensearch_unreachable_is_503() -> None:
         dead.stop()
 
 
+def test_an_index_with_a_primary_on_no_node_is_not_ready(settings: Settings) -> None:
+    """Red (a primary shard on no node: rows would be missing from answers) fails /readyz; the cluster
+    profile's node kills never reach it, since a replica is promoted. Here the index's only shard may be
+    allocated to no node that exists."""
+    search = make_sync_client(settings)
+    alias = f"ki-test-red-{uuid.uuid4().hex[:8]}"
+    nowhere = {"number_of_replicas": 0, "routing.allocation.require._name": "no-such-node"}
+    search.indices.create(
+        index=f"{alias}-v1",
+        body={"settings": {"index": nowhere}, "aliases": {alias: {}}},
+        params={"wait_for_active_shards": "0"},
+    )
+    red = Server("search-api-red-index", KI_RETRIEVAL__INDEX_NAME=alias)
+    try:
+        red.start()
+        status, body = red.call("/readyz")
+        assert status == 503 and body["checks"]["index"].startswith("red"), body
+        assert body["checks"]["opensearch"] == "ok" and body["checks"]["postgresql"] == "ok"
+    finally:
+        red.stop()
+        search.indices.delete(index=f"{alias}-v1")
+
+
 METRICS_TOKEN = uuid.uuid4().hex  # what Prometheus would send (api.ops.metrics_token)
 
 
