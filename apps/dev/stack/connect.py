@@ -5,14 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.serialization import pkcs12
-
 from apps.dev.stack.connector import connect_auth
 from apps.dev.stack.http import HttpError, request_json
 from apps.dev.stack.kafka import PLAIN_LOGIN, KafkaJvmService
-from apps.dev.stack.secure import CONNECT_REST_USER, SecureMaterial
+from apps.dev.stack.secure import CONNECT_REST_USER, SecureMaterial, connect_rest_keystore
 from apps.dev.stack.service import Runtime
 
 DEBEZIUM_POSTGRES_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
@@ -88,13 +84,8 @@ class Connect(KafkaJvmService):
         # The worker's own clients, and those it makes for connectors (producers, consumers, admin).
         config = {f"{prefix}{key}": value for prefix in ("", "producer.", "consumer.", "admin.")
                   for key, value in kafka.items()}  # fmt: skip
-        # Jetty (the REST server) reads a PKCS#12 keystore, not PEM: made from the same key and certificate.
         keystore, password = self.state_dir / "rest-keystore.p12", material.password("kafka", "connect")
-        key = serialization.load_pem_private_key(material.server_key.read_bytes(), None)
-        cert = x509.load_pem_x509_certificate(material.server_cert.read_bytes())
-        encryption = serialization.BestAvailableEncryption(password.encode())
-        p12 = pkcs12.serialize_key_and_certificates(b"ki-connect", key, cert, None, encryption)  # type: ignore[arg-type]
-        keystore.write_bytes(p12)
+        keystore.write_bytes(connect_rest_keystore(material))
         keystore.chmod(0o600)
         rest = {"ssl.keystore.type": "PKCS12", "ssl.keystore.location": keystore, "ssl.keystore.password": password,
                 "ssl.key.password": password, "ssl.client.auth": "none"}  # fmt: skip

@@ -15,11 +15,15 @@ ACLs once Kafka answers). The roles, by what they touch (`kafka.topic_prefix` "k
   eval's worlds (`ki_eval_*`) and the DLQ; the lanes' groups and the tools' own (`ki-replay-*`, `ki-eval-*`).
 
 Each is a list of (resource, name, pattern, operations); `bindings` turns them into confluent-kafka's
-`AclBinding`s, all ALLOW from any host.
+`AclBinding`s, all ALLOW from any host; `acl_arguments` into `kafka-acls.sh --add` arguments (what
+docker-compose.secure.yml's one-shot `kafka-acls` service applies; `python -m apps.dev.stack.kafka_acls`
+prints them).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 from confluent_kafka.admin import (
@@ -30,7 +34,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 from projections.cdc import topic_name
 from search.access.invalidation import HEARTBEAT_TABLE, SCOPE_TABLES
 
@@ -86,3 +90,31 @@ def bindings(settings: Settings) -> list[AclBinding]:
         for g in grants(settings)
         for operation in g.operations
     ]
+
+
+def acl_arguments(settings: Settings) -> list[str]:
+    """Each grant as one line of `kafka-acls.sh --add` arguments (names never contain spaces)."""
+    option = {ResourceType.TOPIC: "--topic", ResourceType.GROUP: "--group"}
+    lines = []
+    for g in grants(settings):
+        operations = " ".join(f"--operation {_pascal(op.name)}" for op in g.operations)
+        lines.append(f"--allow-principal User:{g.login} {option[g.resource]} {g.name} "
+                     f"--resource-pattern-type {g.pattern.name.lower()} {operations}")  # fmt: skip
+    return lines
+
+
+def _pascal(name: str) -> str:
+    """`DESCRIBE_CONFIGS` -> `DescribeConfigs`, the names kafka-acls.sh lists."""
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m apps.dev.stack.kafka_acls`: every role's ACLs as `kafka-acls.sh --add` arguments, one line each."""
+    argparse.ArgumentParser(prog="python -m apps.dev.stack.kafka_acls", description=main.__doc__).parse_args(argv)
+    for line in acl_arguments(load_settings()):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

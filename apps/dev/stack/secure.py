@@ -12,6 +12,9 @@ Generated once per stack home into `<home>/secure/` (kept until `ki stack wipe`)
 
   points every `ki` command at the secured stack. `up --secure` loads `operator.env` itself.
 
+`python -m apps.dev.stack.secure` generates the same material without starting anything, plus what
+docker-compose.secure.yml mounts besides it (`write_compose_files`), and prints the directory.
+
 The logins follow deploy/postgres/roles.sql and the OpenSearch roles below: the operator owns the schema
 and the index (migrations, `ki rebuild`), the worker writes the ki indices, the API reads them, Debezium
 replicates. Kafka's controller listener stays plaintext on loopback (broker-internal); the clients' listener
@@ -20,10 +23,12 @@ is SASL_SSL (PLAIN over TLS).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import ipaddress
 import json
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +36,10 @@ import bcrypt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 
 ORGANISATION = "ki-sidecar local stack"
 NODE_CN = "ki-node"
@@ -296,3 +302,51 @@ def opensearch_security_files(settings: Settings, material: SecureMaterial) -> d
         "roles.yml": json.dumps(roles, indent=1),
         "roles_mapping.yml": json.dumps(mapping, indent=1),
     }
+
+
+def connect_rest_keystore(material: SecureMaterial) -> bytes:
+    """Connect's REST server (Jetty) reads a PKCS#12 keystore, not PEM: the server key and certificate in one,
+    under the `connect` login's password."""
+    key = serialization.load_pem_private_key(material.server_key.read_bytes(), None)
+    cert = x509.load_pem_x509_certificate(material.server_cert.read_bytes())
+    encryption = serialization.BestAvailableEncryption(material.password("kafka", "connect").encode())
+    return pkcs12.serialize_key_and_certificates(b"ki-connect", key, cert, None, encryption)  # type: ignore[arg-type]
+
+
+# -- docker-compose.secure.yml ------------------------------------------------------------------------
+
+#: Beside the material: OpenSearch's users and roles, Connect's REST keystore, the Kafka ACLs.
+COMPOSE_SECURITY_DIR = "opensearch-security"
+COMPOSE_REST_KEYSTORE = "connect-rest.p12"
+COMPOSE_ACL_ARGUMENTS = "kafka-acls.args"
+
+
+def write_compose_files(settings: Settings, material: SecureMaterial) -> None:
+    """What docker-compose.secure.yml mounts besides the material, made by the code the native profile
+    runs: OpenSearch's security files, Connect's REST keystore (PKCS#12, as connect.py makes it: Jetty reads
+    no PEM) and every role's ACLs as `kafka-acls.sh` arguments (kafka_acls.py)."""
+    from apps.dev.stack.kafka_acls import acl_arguments
+
+    for name, text in opensearch_security_files(settings, material).items():
+        _write(material.root / COMPOSE_SECURITY_DIR / name, text)
+    _write(material.root / COMPOSE_REST_KEYSTORE, connect_rest_keystore(material))
+    _write(material.root / COMPOSE_ACL_ARGUMENTS, "".join(f"{line}\n" for line in acl_arguments(settings)), 0o644)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m apps.dev.stack.secure`: the secured profile's material in <stack.home>/secure, generated
+    where missing as `ki stack up --secure` does, and the files docker-compose.secure.yml mounts; prints the
+    directory (the compose file's KI_SECURE_DIR)."""
+    parser = argparse.ArgumentParser(prog="python -m apps.dev.stack.secure", description=main.__doc__)
+    parser.parse_args(argv)
+    settings = load_settings()
+    material = SecureMaterial.of(settings)
+    if material.ensure(settings):
+        print(f"secure: generated a CA, certificates and passwords in {material.root}", file=sys.stderr)
+    write_compose_files(settings, material)
+    print(material.root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
