@@ -50,6 +50,9 @@ EXISTING_PAGE = 10_000
 OpKind = Literal["index", "create", "update", "delete"]
 # Keys looked up per search for vector reuse (one hit per key), at most the index's max_terms_count.
 REUSE_PAGE = 1_000
+# Values per "which versions are indexed" lookup: a few rows per version keep its versions within one
+# aggregation's buckets.
+LOOKUP_TERMS = 10_000
 
 
 def reuse_query(embedding_keys: Sequence[str]) -> dict[str, Any]:
@@ -413,17 +416,20 @@ class IndexWriter:
         return pending_vectors_of(response)
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
-        """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document)."""
+        """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document). Asked
+        LOOKUP_TERMS values at a time: a terms query takes at most `index.max_terms_count` (65,536) values,
+        and the versions one lookup finds must fit its aggregation (a 1M-chunk corpus has 156k versions)."""
         terms = sorted({str(v) for v in values})
-        if not terms:
-            return set()
-        body = {
-            "size": 0,
-            "query": {"terms": {field_name: terms}},
-            "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 65_536}}},
-        }
-        response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
-        return {int(bucket["key"]) for bucket in response["aggregations"]["versions"]["buckets"]}
+        found: set[int] = set()
+        for start in range(0, len(terms), LOOKUP_TERMS):
+            body = {
+                "size": 0,
+                "query": {"terms": {field_name: terms[start : start + LOOKUP_TERMS]}},
+                "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 65_535}}},
+            }
+            response = await self._with_retries(lambda body=body: self.client.search(index=self.index, body=body))
+            found |= {int(bucket["key"]) for bucket in response["aggregations"]["versions"]["buckets"]}
+        return found
 
     # -- the single write path -----------------------------------------------------------------
 

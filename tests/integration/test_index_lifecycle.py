@@ -178,3 +178,23 @@ def test_a_worker_whose_settings_do_not_fit_the_live_index_stops_and_acks_nothin
     for lane in LANES:
         committed = [p.committed for p in consumer_lag(as_group, lane)]
         assert committed and all(c < 0 for c in committed), f"the {lane} lane must not commit what it never applied"
+
+
+def test_which_versions_are_indexed_is_answered_past_a_terms_querys_allowance(isolated: Settings) -> None:
+    """A 1M-chunk corpus has ~156,000 versions: more values than one terms query takes (65,536)."""
+    search = make_sync_client(isolated)
+    physical = physical_index_name(isolated, SIGNATURE)
+    search.indices.create(index=physical, body=index_body(isolated))
+    for version in (7, 70_007):  # one in the first lookup, one far past the allowance
+        row = {"document_id": "1", "document_version_id": str(version), "text": "Vertrag"}
+        search.index(index=physical, id=f"{version}:chunk:0", body=row, refresh=True)
+
+    async def lookup() -> set[int]:
+        client = make_client(isolated)
+        try:
+            writer = IndexWriter(client, isolated, index=physical)
+            return await writer.indexed_versions("document_version_id", range(1, 80_001))
+        finally:
+            await client.close()
+
+    assert asyncio.run(lookup()) == {7, 70_007}
