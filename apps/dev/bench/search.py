@@ -1134,10 +1134,10 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
     try:
         await service.client.indices.refresh(index=index)
         # The corpus's rows, counted a terms query's allowance of versions at a time (1M chunks: 156k versions).
-        versions, step = [str(v) for v in corpus.version_ids], settings.opensearch.max_terms_count
+        version_terms, step = [str(v) for v in corpus.version_ids], settings.opensearch.max_terms_count
         chunks = 0
-        for start in range(0, len(versions), step):
-            batch = {"terms": {"document_version_id": versions[start : start + step]}}
+        for start in range(0, len(version_terms), step):
+            batch = {"terms": {"document_version_id": version_terms[start : start + step]}}
             chunks += await _count(service.client, index, batch)
         total_chunks = await _count(service.client, index, {"match_all": {}})
         identifiers, doc_type = await asyncio.to_thread(_corpus_identifiers, engine, corpus.label)
