@@ -19,12 +19,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.types import BigInteger
+from sqlalchemy.types import BigInteger, Boolean, Text
 
-from ki.acl import Unresolved, VisibleObservation, visible_observations
+from ki.acl import Unresolved, VisibleObservation, neighbour_relations, visible_observations
 from ki.settings import SecuritySettings
 from search.access.version_view import VersionFacts, by_document, latest_final, shown_numbers
-from search.documents.graph import Direction, Edge, Traversal, steps, traverse
+from search.documents.graph import Direction, Edge, Neighbours, Traversal, steps, traverse
 
 _IDS = bindparam("ids", type_=ARRAY(BigInteger))
 
@@ -40,12 +40,22 @@ _DOCUMENTS_SQL = text(
     """
 ).bindparams(_IDS)
 
+# The frontier's edges (of the wanted kinds and directions) whose other end is among `ends`: documents the
+# caller may see.
 _EDGES_SQL = text(
     """
     SELECT kind, from_document_id, to_document_id FROM relations
-    WHERE from_document_id = ANY(:ids) OR to_document_id = ANY(:ids)
+    WHERE (CAST(:kinds AS text[]) IS NULL OR kind = ANY(CAST(:kinds AS text[])))
+      AND ((CAST(:outgoing AS boolean) AND from_document_id = ANY(:ids) AND to_document_id = ANY(:ends))
+           OR (CAST(:incoming AS boolean) AND to_document_id = ANY(:ids) AND from_document_id = ANY(:ends)))
     """
-).bindparams(_IDS)
+).bindparams(
+    _IDS,
+    bindparam("ends", type_=ARRAY(BigInteger)),
+    bindparam("kinds", type_=ARRAY(Text)),
+    bindparam("outgoing", type_=Boolean),
+    bindparam("incoming", type_=Boolean),
+)
 
 
 @dataclass(frozen=True)
@@ -164,18 +174,35 @@ def get_document(
     }
 
 
-def edges_of(conn: Connection, document_ids: Collection[int]) -> list[Edge]:
-    ids = sorted({int(d) for d in document_ids})
-    if not ids:
-        return []
-    return [Edge(r.kind, r.from_document_id, r.to_document_id) for r in conn.execute(_EDGES_SQL, {"ids": ids})]
-
-
 def _visible_ids(
     conn: Connection, principals: Sequence[str], security: SecuritySettings
 ) -> Callable[[Collection[int]], set[int]]:
     """Which of some documents the caller may see (through `ki.acl`, like everything here)."""
     return lambda ids: set(visible_versions_of(conn, principals, security, ids))
+
+
+def _visible_neighbours(
+    conn: Connection,
+    principals: Sequence[str],
+    security: SecuritySettings,
+    kinds: Collection[str] | None,
+    direction: Direction,
+) -> Neighbours:
+    """One level of a traversal in two statements, whatever exists: the visible documents the frontier's
+    relations lead to (the one ACL statement, narrowed by the relations in SQL), then the edges between the
+    frontier and the documents the caller may see. No edge to a hidden document reaches the service."""
+    relations = neighbour_relations(kinds, direction)
+
+    def neighbours(frontier: Collection[int], known: Collection[int]) -> tuple[list[Edge], set[int]]:
+        ids = sorted({int(d) for d in frontier})
+        seen = visible_observations(conn, Unresolved.of(principals), security, ids, of="neighbours",
+                                    relations=relations)  # fmt: skip
+        allowed = {o.document_id for o in seen}
+        ends = sorted(allowed | {int(d) for d in known} | set(ids))
+        rows = conn.execute(_EDGES_SQL, {"ids": ids, "ends": ends, **relations})
+        return [Edge(r.kind, r.from_document_id, r.to_document_id) for r in rows], allowed
+
+    return neighbours
 
 
 def related(
@@ -192,8 +219,8 @@ def related(
     document itself is not visible)."""
     found = traverse(
         [document_id],
-        edges_of=lambda ids: edges_of(conn, ids),
         visible=_visible_ids(conn, principals, security),
+        neighbours=_visible_neighbours(conn, principals, security, kinds, direction),
         depth=1,
         fanout=limit,
         kinds=kinds,
@@ -241,8 +268,8 @@ def run_traversal(
 ) -> dict[str, Any]:
     found = traverse(
         starts,
-        edges_of=lambda ids: edges_of(conn, ids),
         visible=_visible_ids(conn, principals, security),
+        neighbours=_visible_neighbours(conn, principals, security, kinds, direction),
         depth=depth,
         fanout=fanout,
         kinds=kinds,

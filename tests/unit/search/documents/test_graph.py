@@ -9,7 +9,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.documents.graph import Edge, steps, traverse
+from search.documents.graph import Edge, neighbours_from, steps, traverse
 
 KINDS = ("supersedes", "annex_of", "responds_to", "references", "thread")
 
@@ -63,7 +63,8 @@ def test_traversal_equals_a_bfs_over_what_the_caller_may_see(graph, depth, direc
     def edges_of(ids):
         return [e for e in edges if e.from_id in ids or e.to_id in ids]
 
-    found = traverse(starts, edges_of=edges_of, visible=seen, depth=depth, fanout=1000, kinds=kinds,
+    found = traverse(starts, visible=seen, neighbours=neighbours_from(edges_of, seen), depth=depth, fanout=1000,
+                     kinds=kinds,
                      direction=direction)  # fmt: skip
     assert found.nodes == reference_bfs(starts, edges, visible, depth, direction, kinds)
     assert set(found.nodes) <= visible
@@ -84,8 +85,9 @@ def test_what_the_caller_may_not_see_changes_nothing(graph, depth, direction, fa
     between_visible = {e for e in edges if e.from_id in visible and e.to_id in visible}
 
     def walk(over: set[Edge]):
-        return traverse(starts, edges_of=lambda ids: [e for e in over if e.from_id in ids or e.to_id in ids],
-                        visible=lambda ids: {i for i in ids if i in visible}, depth=depth, fanout=fanout,
+        seen = lambda ids: {i for i in ids if i in visible}  # noqa: E731
+        edges_of = lambda ids: [e for e in over if e.from_id in ids or e.to_id in ids]  # noqa: E731
+        return traverse(starts, visible=seen, neighbours=neighbours_from(edges_of, seen), depth=depth, fanout=fanout,
                         direction=direction)  # fmt: skip
 
     assert walk(edges) == walk(between_visible)
@@ -93,26 +95,26 @@ def test_what_the_caller_may_not_see_changes_nothing(graph, depth, direction, fa
 
 def test_a_hidden_neighbour_neither_takes_a_place_nor_shows_as_truncation() -> None:
     edges = [Edge("references", 1, 2), Edge("references", 1, 3)]  # 2 is hidden, 3 visible
-    found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids) - {2}, depth=1, fanout=1)
+    found = traverse([1], visible=lambda ids: set(ids) - {2}, neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids) - {2}), depth=1, fanout=1)
     assert found.nodes == {1: 0, 3: 1} and not found.truncated
 
 
 def test_fanout_caps_edges_per_document_in_a_fixed_order() -> None:
     edges = [Edge("references", 1, n) for n in range(2, 12)]
-    found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids), depth=1, fanout=3)
+    found = traverse([1], visible=lambda ids: set(ids), neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids)), depth=1, fanout=3)
     assert sorted(found.nodes) == [1, 2, 3, 4] and found.truncated
     assert [s.other for s in steps(reversed(edges), 1, None, "outgoing")][:3] == [2, 3, 4]  # row order is no matter
 
 
 def test_a_hidden_document_is_not_walked_through() -> None:
     edges = [Edge("references", 1, 2), Edge("references", 2, 3)]
-    found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids) - {2}, depth=3, fanout=10)
+    found = traverse([1], visible=lambda ids: set(ids) - {2}, neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids) - {2}), depth=3, fanout=10)
     assert found.nodes == {1: 0} and found.edges == []
 
 
 def test_cycles_end_and_their_closing_edge_is_shown() -> None:
     edges = [Edge("thread", 1, 2), Edge("thread", 2, 3), Edge("thread", 3, 1)]
-    found = traverse([1], edges_of=lambda ids: edges, visible=lambda ids: set(ids), depth=5, fanout=10)
+    found = traverse([1], visible=lambda ids: set(ids), neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids)), depth=5, fanout=10)
     assert found.nodes == {1: 0, 2: 1, 3: 2}
     assert found.edges == sorted(edges)
 
