@@ -9,6 +9,12 @@ Stores are guarded against racing invalidations: a caller reads `generation` bef
 — bumps the generation, whether or not it found anything, so a value computed from the state before the
 change is refused instead of outliving it. Caches that guard each other's stores (a caller's resolution and
 the scopes compiled from it) share one `StoreGuard`: one lock, one generation.
+
+Refresh instead of drop (`mark_stale`, `mark_stale_where`, `mark_all_stale`): an invalidated entry may stay and
+be answered as stale (`lookup`), so that its owner serves it once more while it computes the value again in the
+background. A miss costs a caller a round trip that a hit does not; dropping on another caller's change would
+let the next request tell by its time that something changed (search.access.scope_cache). A stale entry
+older than the owner's bound is a miss after all.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -63,6 +70,7 @@ class BoundedCache(Generic[K, V]):
         self._weigh, self._clock = weigh, clock
         self._guard = guard or StoreGuard()
         self._entries: OrderedDict[K, tuple[float, int, V]] = OrderedDict()  # expiry, weight, value
+        self._stale: dict[K, float] = {}  # invalidated entries kept for a refresh -> when they went stale
         self._weight = 0
         self.stats = CacheStats()
 
@@ -73,6 +81,15 @@ class BoundedCache(Generic[K, V]):
     @property
     def generation(self) -> int:
         return self._guard.generation
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """The lock this cache's reads and writes take (an owner's index beside it can share it)."""
+        return self._guard.lock
+
+    def keys(self) -> list[K]:
+        with self._guard.lock:
+            return list(self._entries)
 
     @property
     def weight(self) -> int:
@@ -99,6 +116,32 @@ class BoundedCache(Generic[K, V]):
                 else:
                     found[key] = value
         return found, missing
+
+    def lookup(self, key: K, max_stale_s: float) -> tuple[V | None, bool]:
+        """The value and whether it is stale (invalidated, kept for a refresh); a value stale for longer than
+        `max_stale_s` is dropped and missed."""
+        found, _, stale = self.lookup_many([key], max_stale_s)
+        return found.get(key), bool(stale)
+
+    def lookup_many(self, keys: Iterable[K], max_stale_s: float) -> tuple[dict[K, V], list[K], list[K]]:
+        """`get_many` with the stale keys among those found (see `lookup`)."""
+        found: dict[K, V] = {}
+        missing: list[K] = []
+        stale: list[K] = []
+        with self._guard.lock:
+            now = self._clock()
+            for key in keys:
+                since = self._stale.get(key)
+                if since is not None and now - since >= max_stale_s:
+                    self._drop(key)
+                value = self._get(key)
+                if value is None:
+                    missing.append(key)
+                    continue
+                found[key] = value
+                if key in self._stale:
+                    stale.append(key)
+        return found, missing, stale
 
     def _get(self, key: K) -> V | None:
         entry = self._entries.get(key)
@@ -150,7 +193,8 @@ class BoundedCache(Generic[K, V]):
         while self._entries and (
             len(self._entries) > self.max_entries or (self.max_weight is not None and self._weight > self.max_weight)
         ):
-            _, (_, weight, _) = self._entries.popitem(last=False)
+            key, (_, weight, _) = self._entries.popitem(last=False)
+            self._stale.pop(key, None)
             self._weight -= weight
             self.stats.evictions += 1
 
@@ -172,14 +216,40 @@ class BoundedCache(Generic[K, V]):
             self._guard.generation += 1
             count = len(self._entries)
             self._entries.clear()
+            self._stale.clear()
             self._weight = 0
             return self._count_discarded(count)
+
+    def mark_stale(self, keys: Iterable[K]) -> int:
+        """Invalidate `keys` but keep their values for a refresh (see the module docstring)."""
+        with self._guard.lock:
+            self._guard.generation += 1
+            return self._mark([key for key in keys if key in self._entries])
+
+    def mark_stale_where(self, stale: Callable[[K, V], bool]) -> int:
+        with self._guard.lock:
+            self._guard.generation += 1
+            return self._mark([key for key, (_, _, value) in self._entries.items() if stale(key, value)])
+
+    def mark_all_stale(self) -> int:
+        with self._guard.lock:
+            self._guard.generation += 1
+            return self._mark(list(self._entries))
+
+    def _mark(self, keys: Iterable[K]) -> int:
+        now, count = self._clock(), 0
+        for key in keys:
+            self._stale.setdefault(key, now)
+            count += 1
+        self.stats.discarded += count
+        return count
 
     def _count_discarded(self, count: int) -> int:
         self.stats.discarded += count
         return count
 
     def _drop(self, key: K) -> int:
+        self._stale.pop(key, None)
         entry = self._entries.pop(key, None)
         if entry is None:
             return 0

@@ -573,6 +573,11 @@ class LimitsSettings(_Group):
     max_traverse_depth: int = Field(3, ge=1, le=10)
     max_traverse_fanout: int = Field(50, ge=1, le=1000)
     max_related: int = Field(200, ge=1, le=10_000)
+    # Documents, related, traverse and decision search answer at the next multiple of this many milliseconds
+    # from the request's start (0: at once). Their statements and rows are the same whether or not hidden rows
+    # exist, but PostgreSQL's own work below them is not (an index probe that finds a row and refuses it
+    # against one that finds none): released on a fixed grid, the answers of both cases leave together.
+    release_quantum_ms: float = Field(25.0, ge=0, le=1000)
     # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not
     # at all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)
@@ -601,10 +606,16 @@ class CachesSettings(_Group):
     scope_max_ids: int = Field(5_000_000, ge=0)
     scope_max_principals: int = Field(500_000, ge=1)
     scope_max_feed_lag_s: float = Field(5.0, gt=0)
+    # A scope or name entry a change invalidated is still answered for this long while it is computed again
+    # in the background (0: never; the request computes it): the request then costs what a hit costs, so no
+    # caller learns by a search's time that somebody changed something (search.access.scope_cache).
+    scope_stale_s: float = Field(5.0, ge=0)
     # Name look-up cache (search.names.cache): name keys and documents held across them, fed by the scope
     # cache's invalidation feed and used only while it is current (needs the scope cache).
     name_keys: int = Field(100_000, ge=0)
     name_max_documents: int = Field(200_000, ge=0)
+    # Each name entry belongs to one caller and lives at most this long (it holds words of a query).
+    name_ttl_s: float = Field(600.0, gt=0)
 
 
 class StatsSettings(_Group):

@@ -12,6 +12,13 @@ Two maps, both LRU-bounded:
   include P; an event on observations, source objects, sources, projects, a document's deletion or
   project, or a version's existence drops every scope (any caller's scope can change).
 
+Refreshed, not dropped: an invalidated entry stays, marked stale (`ki.bounded_cache`), and the next request
+that finds it is answered from it while the service compiles the scope again in the background
+(`SearchService.compile_scope`). Dropping it would make that request pay the SQL a hit does not: one search
+would tell, by its time, that somebody somewhere changed a version, hidden or not. A stale entry is used at
+most `api.caches.scope_max_feed_lag_s` after its invalidation (then it is a miss): no longer than the feed
+itself may lag. A gap in the feed still drops everything (`clear`).
+
 Why this cannot leak: the SQL re-verify of every hit runs on every request with the caller resolved
 afresh in the same statement, so a scope that is too broad (a revocation not yet seen) only costs
 candidates. A scope that is too narrow (a new grant not yet seen) hides a document until the event
@@ -152,11 +159,13 @@ class ScopeCache:
     def __len__(self) -> int:
         return len(self._callers) + len(self._scopes)
 
-    def caller(self, key: RawKey) -> Caller | None:
-        return self._callers.get(key)
+    def caller(self, key: RawKey, max_stale_s: float = 0.0) -> tuple[Caller | None, bool]:
+        """The resolved caller and whether it is stale (to be refreshed); stale longer than `max_stale_s`: None."""
+        return self._callers.lookup(key, max_stale_s)
 
-    def scope(self, key: ScopeKey) -> CompiledScope | None:
-        return self._scopes.get(key)
+    def scope(self, key: ScopeKey, max_stale_s: float = 0.0) -> tuple[CompiledScope | None, bool]:
+        """The compiled scope and whether it is stale (to be refreshed), as `caller`."""
+        return self._scopes.lookup(key, max_stale_s)
 
     def put_caller(self, key: RawKey, caller: Caller, generation: int) -> bool:
         return self._callers.put(key, caller, generation)
@@ -172,15 +181,15 @@ class ScopeCache:
         with self._guard.lock:  # both caches at once: no store slips in between
             scopes, callers = invalidation.scopes, invalidation.callers
             if scopes == "all":
-                self._scopes.clear()
+                self._scopes.mark_all_stale()
             else:
                 named = scopes or frozenset()
-                self._scopes.discard_where(lambda key, _scope: not named.isdisjoint(key[0]))
+                self._scopes.mark_stale_where(lambda key, _scope: not named.isdisjoint(key[0]))
             if callers == "all":
-                self._callers.clear()
+                self._callers.mark_all_stale()
             else:
                 who = callers or frozenset()
-                self._callers.discard_where(
+                self._callers.mark_stale_where(
                     lambda raw, caller: not who.isdisjoint(caller.principals) or not who.isdisjoint(_canonical(raw))
                 )
 
@@ -189,7 +198,10 @@ class ScopeCache:
         self.apply(invalidation_for(event))
 
     def clear(self) -> None:
-        self.apply(EVERYTHING)
+        """Drop everything (a gap in the feed: nothing cached before it is trusted again)."""
+        with self._guard.lock:
+            self._scopes.clear()
+            self._callers.clear()
 
 
 def _canonical(raw: RawKey) -> set[str]:

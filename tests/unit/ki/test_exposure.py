@@ -101,3 +101,21 @@ def test_ki_mcp_on_all_interfaces_with_the_published_secret_refuses_to_start() -
     result = _ki("mcp", "--port", str(free_port()), KI_MCP__HOST="0.0.0.0")
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and "mcp.host" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        PUBLISHED_JWT_SECRET + " ",  # a trailing space: still the published one
+        " " + PUBLISHED_JWT_SECRET + "\t",
+        "change-me-local-only-secret-０１２３４５６７８９",  # full-width digits: the same under NFKC
+        "short-but-random-Xq9",  # under 32 bytes
+        "a" * 64,  # long, no entropy
+        "secret" * 8,  # long, repetitive: ~124 bits by its characters
+    ],
+)
+def test_weak_or_disguised_published_secrets_are_refused_off_loopback(secret: str) -> None:
+    problem = exposure_problem(settings(host="0.0.0.0", jwt__secret=secret))
+    assert problem is not None and "api.jwt.secret" in problem and "\n" not in problem
+    assert secret.strip() not in problem
+    assert exposure_problem(settings(host="127.0.0.1", jwt__secret=secret)) is None

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -98,12 +99,21 @@ def test_every_filter_that_fits_them_leaves_out_the_hidden_versions() -> None:
     assert projection["must_not"] == [{"terms": {"denied_principals": ["group:c"]}}]
 
 
-def test_a_caller_with_25000_groups_gets_a_bounded_superset_filter() -> None:
+def test_a_non_administrator_over_the_budget_gets_the_smaller_exact_filter_never_a_superset() -> None:
     groups = [f"group:team-{i:05d}" for i in range(25_000)]
     scope = CompiledScope.of(range(1, 300), range(1, 3000), hidden_version_ids=[4], allow_principals=groups)
     chosen = scope.bounded_filter(BUDGET)
-    assert chosen.kind == "projects" and not chosen.exact
-    assert len(json.dumps(chosen.clause)) <= BUDGET
+    assert chosen.kind == "exact" and chosen.exact and len(json.dumps(chosen.clause)) > BUDGET
+    assert _must_not_versions(chosen.clause) == ["4"]
+    # Few groups but many documents: the principals filter, the smaller exact one.
+    few = CompiledScope.of(range(1, 300), range(1, 30_000), allow_principals=["group:a"] * 3000)
+    assert few.bounded_filter(256).kind == "principals"
+    # An alias leads out of the caller's principals (no projection): the document ids, whatever their size.
+    escaped = CompiledScope.of(range(1, 300), range(1, 3000), administrator=False)
+    assert escaped.bounded_filter(64).kind == "exact"
+
+
+def test_an_administrator_over_the_budget_gets_a_superset_filter() -> None:
     # An administrator has no projection: a superset filter of ids alone, made exact hit by hit.
     admin = CompiledScope.of(range(1, 300), range(1, 3000), hidden_version_ids=[4])
     assert admin.bounded_filter(BUDGET).kind == "projects" and not admin.bounded_filter(64).exact
@@ -216,13 +226,14 @@ def test_a_superset_filter_asks_for_enough_hits_at_its_density() -> None:
     from search.ranking.scoped import MAX_FILL_SIZE, first_size
 
     wide = CompiledScope.of([1, 2], range(100, 3100))  # 3,000 documents: over the budget
-    half = CompiledScope(wide.project_ids, wide.document_ids, project_documents=6000, all_documents=60_000)
+    half = CompiledScope(wide.project_ids, wide.document_ids, project_documents=6000, all_documents=60_000,
+                         administrator=True)  # fmt: skip
     chosen = half.bounded_filter(BUDGET)
     assert chosen.kind == "projects" and chosen.density == 0.5
     assert first_size(chosen, 50) == 125  # 50 / 0.5 * 1.25
     assert wide.bounded_filter(BUDGET).density == 0.5  # unknown population: a guess
     assert first_size(half.bounded_filter(5), 50) == 1250  # open: 3,000 of 60,000 -> 50 / 0.05 * 1.25
-    sparse = CompiledScope(wide.project_ids, wide.document_ids, project_documents=10_000_000)
+    sparse = CompiledScope(wide.project_ids, wide.document_ids, project_documents=10_000_000, administrator=True)
     assert first_size(sparse.bounded_filter(BUDGET), 50) == 3125  # floored at 2 % density
     assert first_size(sparse.bounded_filter(BUDGET), 2500) == MAX_FILL_SIZE
     assert first_size(CompiledScope.of([1], [5]).bounded_filter(BUDGET), 50) == 50  # exact
@@ -241,10 +252,13 @@ def test_the_chosen_clause_never_outgrows_the_budget_by_more_than_its_wrapper(
     documents: list[int], projects: list[int], hidden: list[int], allow: list[str], deny: list[str], budget: int
 ) -> None:
     """Each clause is charged with its field name and wrapper, not only its list: the one `bool` around the
-    parts is all the clause may add on top of the budget (a CI run once saw 397 bytes against 256)."""
-    scope = CompiledScope.of(
+    parts is all the clause may add on top of the budget (a CI run once saw 397 bytes against 256) -- where a
+    superset may stand in (an administrator's). Anyone else's clause is exact, whatever its size."""
+    caller = CompiledScope.of(
         projects, documents, hidden_version_ids=hidden, allow_principals=allow, deny_principals=deny
     )
+    assert caller.bounded_filter(budget).exact
+    scope = replace(caller, administrator=True)
     chosen = scope.bounded_filter(budget)
     if chosen.clause is not None and chosen.clause != MATCH_NONE:
         assert len(json.dumps(chosen.clause)) <= budget + len('{"bool": {"filter": []}}'), chosen.kind

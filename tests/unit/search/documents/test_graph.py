@@ -5,6 +5,7 @@ here over the graph the caller may see."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -93,28 +94,32 @@ def test_what_the_caller_may_not_see_changes_nothing(graph, depth, direction, fa
     assert walk(edges) == walk(between_visible)
 
 
+def walk(edges: list[Edge], visible: Any) -> dict[str, Any]:
+    return {"visible": visible, "neighbours": neighbours_from(lambda ids: edges, visible)}
+
+
 def test_a_hidden_neighbour_neither_takes_a_place_nor_shows_as_truncation() -> None:
     edges = [Edge("references", 1, 2), Edge("references", 1, 3)]  # 2 is hidden, 3 visible
-    found = traverse([1], visible=lambda ids: set(ids) - {2}, neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids) - {2}), depth=1, fanout=1)
+    found = traverse([1], **walk(edges, lambda ids: set(ids) - {2}), depth=1, fanout=1)
     assert found.nodes == {1: 0, 3: 1} and not found.truncated
 
 
 def test_fanout_caps_edges_per_document_in_a_fixed_order() -> None:
     edges = [Edge("references", 1, n) for n in range(2, 12)]
-    found = traverse([1], visible=lambda ids: set(ids), neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids)), depth=1, fanout=3)
+    found = traverse([1], **walk(edges, lambda ids: set(ids)), depth=1, fanout=3)
     assert sorted(found.nodes) == [1, 2, 3, 4] and found.truncated
     assert [s.other for s in steps(reversed(edges), 1, None, "outgoing")][:3] == [2, 3, 4]  # row order is no matter
 
 
 def test_a_hidden_document_is_not_walked_through() -> None:
     edges = [Edge("references", 1, 2), Edge("references", 2, 3)]
-    found = traverse([1], visible=lambda ids: set(ids) - {2}, neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids) - {2}), depth=3, fanout=10)
+    found = traverse([1], **walk(edges, lambda ids: set(ids) - {2}), depth=3, fanout=10)
     assert found.nodes == {1: 0} and found.edges == []
 
 
 def test_cycles_end_and_their_closing_edge_is_shown() -> None:
     edges = [Edge("thread", 1, 2), Edge("thread", 2, 3), Edge("thread", 3, 1)]
-    found = traverse([1], visible=lambda ids: set(ids), neighbours=neighbours_from(lambda ids: edges, lambda ids: set(ids)), depth=5, fanout=10)
+    found = traverse([1], **walk(edges, lambda ids: set(ids)), depth=5, fanout=10)
     assert found.nodes == {1: 0, 2: 1, 3: 2}
     assert found.edges == sorted(edges)
 
