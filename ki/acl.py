@@ -569,6 +569,23 @@ def _caller_params(caller: Caller, security: SecuritySettings) -> dict[str, obje
     }
 
 
+def caller_params(caller: Caller, security: SecuritySettings) -> dict[str, object]:
+    """The parameters `visible_statement` needs for a resolved caller."""
+    return _caller_params(caller, security)
+
+
+def visible_statement(prelude: str, narrowing: str, select: str) -> TextClause:
+    """The one ACL statement for a resolved caller (`caller_params`), for readers whose question needs the
+    verdicts and their own rows in one snapshot and one round trip: `prelude` (CTEs of the reader's own, each
+    followed by a comma) before the ACL's, `narrowing` (SQL over `d` and `dv`, starting with AND) restricting
+    the versions judged, `select` answering over `verdicts`, the reader's CTEs and the tables."""
+    candidates = _CANDIDATE_SELECT.format(driver=_DIRECT_DRIVER, narrowing=narrowing)
+    sql = _CANDIDATES_TEMPLATE.format(reachable="", candidates=candidates) + select
+    sql = _replace_once(sql, "WITH caller_grants", f"WITH {prelude}\n    caller_grants")
+    flags = [bindparam("intersect", type_=Boolean), bindparam("is_admin", type_=Boolean)]
+    return text(sql).bindparams(_PRINCIPALS, *flags)
+
+
 @dataclass(frozen=True)
 class VisibleVersion:
     version_id: int

@@ -8,11 +8,12 @@ re-verify drop rows after ranking, so the offset cannot be pushed down into Open
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -299,6 +300,18 @@ class SearchService:
             cache.put_scope(ScopeCache.scope_key(resolved, project_ids), scope, generation)
         return scope
 
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` apart from the request that started it (a context of its own: nothing the request
+        carries, such as a trace, follows it), kept referenced until done."""
+        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settled(self) -> None:
+        """Until the background refreshes started so far are done (tests, benchmarks)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
     def _refresh_scope_later(
         self, principals: Sequence[str], project_ids: Sequence[int] | None, caller: Caller | None
     ) -> None:
@@ -316,9 +329,7 @@ class SearchService:
             finally:
                 self._refreshing.discard(key)
 
-        task = asyncio.get_running_loop().create_task(refresh())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(refresh())
 
     def _observe_scope(self, scope: CompiledScope, started: float) -> None:
         self.metrics.scope_seconds.observe(time.perf_counter() - started)
@@ -574,9 +585,7 @@ class SearchService:
             except Exception as exc:  # noqa: BLE001 - the stale entries expire; a later request looks them up
                 log.warning("name refresh failed: %s", exc)
 
-        task = asyncio.get_running_loop().create_task(refresh())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(refresh())
 
     async def augment(
         self,

@@ -17,8 +17,11 @@ its evidence source objects. It is returned only if
   this one. Evidence that only such versions carry fails closed;
 * one of its confirmed anchors lies in the record's own project (a deny on that project wins).
 
-Candidates are read in score order in batches and checked batch by batch until the requested window
-(plus one row, for `has_more`) is filled, so paging never needs more than the window plus a batch.
+Everything is decided in one statement (the one ACL statement, `ki.acl.visible_statement`, narrowed to the
+versions that can vouch for a scoring record's anchors): the records the caller may not see never leave
+PostgreSQL, so the rows the service reads are a function of what the caller may see (hidden decisions
+neither add rows nor statements: `tests/integration/test_trace_equivalence.py`). It answers the requested
+window plus one row (for `has_more`).
 """
 
 from __future__ import annotations
@@ -28,59 +31,74 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Text
 
-from ki.acl import Caller, resolve_caller, visible_versions
+from ki.acl import caller_params, resolve_caller, visible_statement
 from ki.settings import SecuritySettings
 from search.request import DecisionSearchRequest
 
 _TOKENS = """regexp_split_to_array(lower(({expr}) COLLATE "und-x-icu"), '[^[:alnum:]]+')"""
 
-_CANDIDATES_SQL = text(
-    f"""
-    WITH q AS (
+_SCORING_CTES = f"""
+    query_tokens AS (
         SELECT DISTINCT t FROM unnest({_TOKENS.format(expr="CAST(:query AS text)")}) AS t WHERE t <> ''
     ),
-    scored AS (
+    scoring AS (
         SELECT dr.id, dr.project_id, dr.document_id, dr.locus, dr.change_summary, dr.rationale,
                dr.evidence_source_object_ids, dr.created_at,
-               ARRAY(SELECT q.t FROM q WHERE q.t = ANY(rt.tokens) ORDER BY q.t) AS matched
+               ARRAY(SELECT q.t FROM query_tokens q WHERE q.t = ANY(rt.tokens) ORDER BY q.t) AS matched
         FROM decision_records dr
         CROSS JOIN LATERAL (
             SELECT {_TOKENS.format(expr="dr.locus || ' ' || dr.change_summary || ' ' || dr.rationale")} AS tokens
         ) rt
         WHERE (CAST(:project_ids AS bigint[]) IS NULL OR dr.project_id = ANY(CAST(:project_ids AS bigint[])))
           AND (CAST(:document_ids AS bigint[]) IS NULL OR dr.document_id = ANY(CAST(:document_ids AS bigint[])))
+    ),
+    scored AS MATERIALIZED (SELECT * FROM scoring WHERE cardinality(matched) > 0),
+    anchor_documents AS MATERIALIZED (SELECT DISTINCT document_id FROM scored WHERE document_id IS NOT NULL),
+    anchor_objects AS MATERIALIZED (SELECT DISTINCT unnest(evidence_source_object_ids) AS object_id FROM scored),
+"""
+
+# The versions judged: every version of an anchor document, and every version actively observed at an
+# anchor object.
+_ANCHOR_NARROWING = """AND (d.id IN (SELECT document_id FROM anchor_documents)
+               OR dv.id IN (SELECT o.document_version_id FROM source_observations o
+                            WHERE o.deleted_at IS NULL
+                              AND o.source_object_id IN (SELECT object_id FROM anchor_objects)))"""
+
+# The rules of the module docstring over the verdicts: a visible document's projects, an evidence object
+# confirmed by a visible version observed there and nowhere else (with that version's project).
+_ADMITTED_SELECT = """,
+    document_projects AS (SELECT DISTINCT document_id, project_id FROM verdicts),
+    vouching AS (
+        SELECT DISTINCT o.source_object_id AS object_id, v.project_id
+        FROM verdicts v
+        JOIN source_observations o ON o.document_version_id = v.version_id AND o.deleted_at IS NULL
+        WHERE o.source_object_id IN (SELECT object_id FROM anchor_objects)
+          AND (SELECT count(DISTINCT o2.source_object_id) FROM source_observations o2
+               WHERE o2.document_version_id = v.version_id AND o2.deleted_at IS NULL) = 1
     )
-    SELECT s.*, cardinality(s.matched) AS overlap, (SELECT count(*) FROM q) AS query_tokens
+    SELECT s.*, cardinality(s.matched) AS overlap, (SELECT count(*) FROM query_tokens) AS query_tokens
     FROM scored s
-    WHERE cardinality(s.matched) > 0
+    WHERE (s.document_id IS NOT NULL OR cardinality(s.evidence_source_object_ids) > 0)
+      AND (s.document_id IS NULL OR s.document_id IN (SELECT document_id FROM document_projects))
+      AND NOT EXISTS (SELECT 1 FROM unnest(s.evidence_source_object_ids) AS e(object_id)
+                      WHERE e.object_id NOT IN (SELECT object_id FROM vouching))
+      AND (EXISTS (SELECT 1 FROM document_projects p
+                   WHERE p.document_id = s.document_id AND p.project_id = s.project_id)
+           OR EXISTS (SELECT 1 FROM vouching w
+                      WHERE w.object_id = ANY(s.evidence_source_object_ids) AND w.project_id = s.project_id))
     ORDER BY overlap DESC, s.created_at DESC, s.id DESC
-    LIMIT :batch OFFSET :skip
-    """
-).bindparams(
+    LIMIT :wanted
+"""
+
+_ADMITTED_SQL = visible_statement(_SCORING_CTES, _ANCHOR_NARROWING, _ADMITTED_SELECT).bindparams(
     bindparam("query", type_=Text),
     bindparam("project_ids", type_=ARRAY(BigInteger)),
     bindparam("document_ids", type_=ARRAY(BigInteger)),
 )
-
-# The versions that can vouch for a batch's anchors: every version of its documents, and every version
-# actively observed at one of its evidence objects, with the number of objects it is actively observed at.
-_ANCHOR_VERSIONS_SQL = text(
-    """
-    SELECT dv.id AS version_id, NULL::bigint AS object_id, 0::bigint AS active_objects
-    FROM document_versions dv
-    WHERE dv.document_id = ANY(CAST(:document_ids AS bigint[]))
-    UNION ALL
-    SELECT o.document_version_id, o.source_object_id,
-           (SELECT count(DISTINCT o2.source_object_id) FROM source_observations o2
-            WHERE o2.document_version_id = o.document_version_id AND o2.deleted_at IS NULL)
-    FROM source_observations o
-    WHERE o.source_object_id = ANY(CAST(:object_ids AS bigint[])) AND o.deleted_at IS NULL
-    """
-).bindparams(bindparam("document_ids", type_=ARRAY(BigInteger)), bindparam("object_ids", type_=ARRAY(BigInteger)))
 
 
 @dataclass(frozen=True)
@@ -128,103 +146,37 @@ class DecisionPage:
         }
 
 
-@dataclass(frozen=True)
-class Anchors:
-    """What the caller may see among a batch's anchors (all decided by `ki.acl.visible_versions`)."""
-
-    document_projects: dict[int, set[int]]  # visible document -> projects of its visible versions
-    object_projects: dict[int, set[int]]  # confirmed evidence object -> projects of the vouching versions
-
-    def admits(self, project_id: int, document_id: int | None, evidence: Sequence[int]) -> bool:
-        if document_id is None and not evidence:
-            return False
-        projects: set[int] = set()
-        if document_id is not None:
-            if document_id not in self.document_projects:
-                return False
-            projects |= self.document_projects[document_id]
-        for obj in evidence:
-            if obj not in self.object_projects:
-                return False
-            projects |= self.object_projects[obj]
-        return project_id in projects
-
-
-def visible_anchors(
-    conn: Connection,
-    caller: Caller,
-    security: SecuritySettings,
-    document_ids: Sequence[int],
-    object_ids: Sequence[int],
-) -> Anchors:
-    rows = conn.execute(
-        _ANCHOR_VERSIONS_SQL, {"document_ids": sorted(set(document_ids)), "object_ids": sorted(set(object_ids))}
-    ).all()
-    version_ids = sorted({r.version_id for r in rows})
-    visible = {v.version_id: v for v in visible_versions(conn, caller, security, version_ids=version_ids)}
-    documents: dict[int, set[int]] = {}
-    for v in visible.values():
-        documents.setdefault(v.document_id, set()).add(v.project_id)
-    objects: dict[int, set[int]] = {}
-    for r in rows:
-        vouching = visible.get(r.version_id)
-        if vouching is not None and r.object_id is not None and r.active_objects == 1:
-            objects.setdefault(r.object_id, set()).add(vouching.project_id)
-    wanted = set(document_ids)
-    return Anchors({d: p for d, p in documents.items() if d in wanted}, objects)
-
-
 def search_decisions(
     conn: Connection,
     raw_principals: Sequence[str],
     security: SecuritySettings,
     request: DecisionSearchRequest,
-    *,
-    batch: int = 200,
 ) -> DecisionPage:
     """The requested window of decision records the caller may see, best token overlap first."""
     caller = resolve_caller(conn, raw_principals, security)
-    if caller.is_anonymous:
-        return DecisionPage([], request.offset, request.limit, False)
     params = {
+        **caller_params(caller, security),
         "query": request.query,
         "project_ids": request.filters.project_id,
         "document_ids": request.filters.document_id,
-        "batch": batch,
+        "wanted": request.window + 1,  # one more than the window tells whether another page exists
     }
-    wanted = request.window + 1  # one more than the window tells whether another page exists
-    admitted: list[DecisionHit] = []
-    skip = 0
-    while len(admitted) < wanted:
-        rows = conn.execute(_CANDIDATES_SQL, {**params, "skip": skip}).all()
-        skip += len(rows)
-        # Asked even for no rows: a word found only in decisions the caller may not see runs the same
-        # statements as a word found nowhere (constant shape: neither timing nor a trace tells them apart).
-        anchors = visible_anchors(
-            conn,
-            caller,
-            security,
-            [r.document_id for r in rows if r.document_id is not None],
-            [int(o) for r in rows for o in r.evidence_source_object_ids],
+    # Asked for an anonymous caller too (who sees nothing): the same statements whoever asks.
+    rows = conn.execute(_ADMITTED_SQL, params).all()
+    admitted = [
+        DecisionHit(
+            r.id,
+            r.project_id,
+            r.document_id,
+            r.locus,
+            r.change_summary,
+            r.rationale,
+            tuple(int(o) for o in r.evidence_source_object_ids),
+            r.created_at,
+            r.overlap / r.query_tokens,
+            tuple(r.matched),
         )
-        for r in rows:
-            evidence = tuple(int(o) for o in r.evidence_source_object_ids)
-            if anchors.admits(r.project_id, r.document_id, evidence):
-                admitted.append(
-                    DecisionHit(
-                        r.id,
-                        r.project_id,
-                        r.document_id,
-                        r.locus,
-                        r.change_summary,
-                        r.rationale,
-                        evidence,
-                        r.created_at,
-                        r.overlap / r.query_tokens,
-                        tuple(r.matched),
-                    )
-                )
-        if len(rows) < batch:
-            break
+        for r in rows
+    ]
     page = admitted[request.offset : request.window]
     return DecisionPage(page, request.offset, request.limit, len(admitted) > request.window)

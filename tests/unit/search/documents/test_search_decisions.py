@@ -1,4 +1,4 @@
-"""Decision search: request validation and the anchor rule (no services)."""
+"""Decision search: request validation (no services; the anchor rule is SQL, tested in tests/integration)."""
 
 from __future__ import annotations
 
@@ -6,31 +6,9 @@ import pytest
 
 from ki.errors import RequestInvalid
 from ki.settings import ApiSettings, LimitsSettings
-from search.documents.decisions import Anchors
 from search.request import WindowTooDeep, parse_decision_request
 
 API = ApiSettings(limits=LimitsSettings(max_query_chars=50, max_limit=20, max_filter_values=3))
-
-ANCHORS = Anchors(document_projects={10: {1}}, object_projects={100: {1}, 200: {2}})
-
-
-@pytest.mark.parametrize(
-    ("project", "document", "evidence", "admitted"),
-    [
-        (1, 10, [], True),
-        (1, None, [100], True),
-        (1, 10, [100], True),
-        (1, None, [], False),  # rests on nothing
-        (1, 11, [], False),  # invisible document
-        (1, 10, [100, 300], False),  # one unconfirmed evidence object
-        (2, 10, [], False),  # no anchor in the record's own project
-        (2, 10, [200], True),
-        (3, None, [100, 200], False),
-    ],
-)
-def test_anchor_rule(project: int, document: int | None, evidence: list[int], admitted: bool) -> None:
-    assert ANCHORS.admits(project, document, evidence) is admitted
-
 
 def test_decision_request_defaults_and_filters() -> None:
     req = parse_decision_request({"query": "Kaution", "filters": {"project_id": 4}}, API)

@@ -1,0 +1,367 @@
+"""Trace equivalence: the service does the same backend work whether or not hidden rows exist.
+
+Random small worlds W (derandomised: a few seeds) are written to PostgreSQL and reach the index through the
+real CDC path (an isolated sync worker). An in-process `SearchService` (scope and name caches on, fed by its
+real invalidation feed; a scope filter budget so small that every scope is over it) answers a caller's
+requests -- ranked search (lexical, hybrid, an identifier, a word found only in hidden documents), the
+metadata listing, documents, related (both ways, one kind), traverse (a visible start and 100 more ids),
+decision search -- while every SQL statement (text, parameter names, rows returned) and every OpenSearch
+request (method, path, body; hits per response) it makes for the request is recorded. Then W' = W plus what
+the caller may not see: documents of another project (the asked words, the caller's identifier, titles the
+caller's queries name), 100 documents at exactly the ids W asked about as missing, a hidden version of a
+visible document, relations from and to hidden documents, decisions on hidden documents; and before the
+caller asks again, a colleague who may see the other project runs the caller's name queries. Each request
+must leave the same trace and get the same answer under W' as under W.
+
+Which finding of the issue "Indistinguishable" each part catches on the code before it:
+* hidden neighbours (related/traverse read the edges to hidden documents, then asked about them) -- the
+  related and traverse traces (rows of the edge statement, one more visibility statement);
+* the shared name cache -- the cold name query after the colleague's (no look-up statement: their entry);
+* superset callers -- every ranked search (a superset filter's fill rounds and hits);
+* scope-cache invalidation -- the first search after W' (the scope compiled in SQL again);
+* hidden decisions -- the decision traces (their rows reached the service);
+* batched ids (a timing difference with the same statements) -- the release on the time grid: each answer of
+  documents, related, traverse and decisions leaves at a multiple of `api.limits.release_quantum_ms`.
+The world lives in its own projects and index and is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, text
+
+from ki.clients import make_async_engine, make_client, make_sync_client
+from ki.embedding import create_embedder
+from ki.settings import Settings, load_settings
+from search.request import (
+    parse_decision_request,
+    parse_filter_request,
+    parse_related_request,
+    parse_search_request,
+    parse_traverse_request,
+)
+from search.service import SearchService
+from tests.conftest import wait_for
+from tests.integration.search_harness import SyncWorker, isolated, remove_world, wait_until_vectored
+from tests.integration.world import World
+
+pytestmark = pytest.mark.stack
+
+SEEDS = (3, 11)
+VOCABULARY = ("Kaution", "Miete", "Kündigung", "Frist", "Haftung", "Schaden", "Zahlung", "Verzug")
+SECRET = "Geheimklausel"
+HIDDEN_IDS = 100
+TRACE: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar("trace", default=None)
+
+
+@dataclass
+class Scene:
+    seed: int
+    tag: str
+    caller: str
+    colleague: str
+    mine: int
+    theirs: int
+    source: int
+    obj: int
+    documents: list[int]
+    versions: list[int]
+    identifier: str
+    title: str
+    missing_base: int
+    phase_words: dict[str, str] = field(default_factory=dict)
+
+
+class Tracer:
+    """Records what the service does for the request being traced: statements on its engines (text,
+    parameter names, rows) and OpenSearch requests (method, path, body, hits per response). Background
+    refreshes run in a context of their own and are not part of any request's trace."""
+
+    def __init__(self, service: SearchService) -> None:
+        self.service = service
+        for engine in {id(e): e for e in (service.engine, service.verify_engine)}.values():
+            event.listen(engine.sync_engine, "before_cursor_execute", self._before)
+            event.listen(engine.sync_engine, "after_cursor_execute", self._after)
+        transport = service.client.transport
+        perform = transport.perform_request
+
+        async def traced(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            answer = await perform(method, url, *args, **kwargs)
+            trace = TRACE.get()
+            if trace is not None:
+                body = kwargs.get("body", args[1] if len(args) > 1 else None)
+                trace.append(("opensearch", method, url, _body(body), _hits(answer)))
+            return answer
+
+        transport.perform_request = traced
+
+    @staticmethod
+    def _before(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        trace = TRACE.get()
+        if trace is not None:
+            names = tuple(sorted(parameters)) if isinstance(parameters, dict) else ()
+            trace.append(("sql", statement, names))
+
+    @staticmethod
+    def _after(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        trace = TRACE.get()
+        if trace is not None and trace and trace[-1][0] == "sql" and trace[-1][1] == statement:
+            trace[-1] = (*trace[-1], cursor.rowcount)
+
+    async def run(self, call: Callable[[], Awaitable[Any]]) -> tuple[Any, list[tuple[Any, ...]], float]:
+        trace: list[tuple[Any, ...]] = []
+        token = TRACE.set(trace)
+        started = time.perf_counter()
+        try:
+            answer = await call()
+        finally:
+            TRACE.reset(token)
+        elapsed = time.perf_counter() - started
+        await self.service.settled()
+        return answer, trace, elapsed
+
+
+def _body(body: Any) -> Any:
+    if isinstance(body, bytes):
+        body = body.decode()
+    if isinstance(body, str):
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        return lines
+    return body
+
+
+def _hits(answer: Any) -> Any:
+    if isinstance(answer, dict) and "responses" in answer:
+        return [len(r.get("hits", {}).get("hits", [])) for r in answer["responses"]]
+    if isinstance(answer, dict) and "hits" in answer:
+        return len(answer["hits"].get("hits", []))
+    return None
+
+
+def _json(answer: Any) -> Any:
+    out = answer.to_json() if hasattr(answer, "to_json") else answer
+    return json.loads(json.dumps(out, default=str))
+
+
+def write_world(engine: Engine, seed: int) -> Scene:
+    """W: the caller's project (documents, versions, relations, an identifier, a decision) and a colleague's
+    project with one document of its own."""
+    rng = random.Random(seed)
+    with engine.begin() as conn:
+        w = World(conn)
+        mine, theirs = w.project("Mandat"), w.project("Wand")
+        source = w.source("local_fs")
+        obj = w.source_object(source)
+        caller, colleague = f"user:trace-{w.tag}", f"user:kollege-{w.tag}"
+        w.grant("project", mine, caller)
+        w.grant("project", theirs, colleague)
+        identifier = f"{rng.randint(1, 40)} O {rng.randint(100, 999)}/{rng.randint(19, 25)}"
+        documents, versions = [], []
+        for i in range(rng.randint(3, 5)):
+            words = " ".join(rng.sample(VOCABULARY, 4))
+            doc = w.document(mine, f"Akte {i} {w.tag}", identifiers=[identifier] if i == 0 else [])
+            version = w.version(doc, f"{words}. Vermerk {i} zur {rng.choice(VOCABULARY)}.")
+            w.observe(version, obj)
+            documents.append(doc)
+            versions.append(version)
+        for a, b in zip(documents, documents[1:], strict=False):
+            w.relation(rng.choice(["references", "thread"]), a, b)
+        own = w.document(theirs, f"Wandakte {w.tag}")
+        w.observe(w.version(own, "Vermerk der anderen Seite."), obj)
+        conn.execute(
+            text("INSERT INTO decision_records (project_id, document_id, rationale) VALUES (:p, :d, :r)"),
+            {"p": mine, "d": documents[0], "r": f"Kündigungsfrist {rng.choice(VOCABULARY)} verlängert"},
+        )
+        missing = int(conn.execute(text("SELECT coalesce(max(id), 0) + 500000 FROM documents")).scalar_one())
+    return Scene(seed, w.tag, caller, colleague, mine, theirs, source, obj, documents, versions, identifier,
+                 f"Akte 0 {w.tag}", missing)  # fmt: skip
+
+
+def write_hidden(engine: Engine, scene: Scene) -> list[int]:
+    """W -> W': what the caller may not see. Answers the observed hidden versions (to wait for)."""
+    rng = random.Random(scene.seed + 1)
+    hidden_versions = []
+    with engine.begin() as conn:
+        w = World(conn, tag=scene.tag)
+        hidden = []
+        for i in range(3):
+            words = " ".join(rng.sample(VOCABULARY, 4))
+            doc = w.document(scene.theirs, scene.title if i == 0 else f"Geheim {i} {scene.tag}",
+                             identifiers=[scene.identifier])  # fmt: skip
+            version = w.version(doc, f"{words} {SECRET}. {scene.identifier}.")
+            w.observe(version, scene.obj)
+            hidden.append(doc)
+            hidden_versions.append(version)
+        # Documents at the ids W asked about as missing (no version: visible to nobody).
+        for i in range(HIDDEN_IDS):
+            conn.execute(
+                text("INSERT INTO documents (id, project_id, title, identifiers) VALUES (:i, :p, :t, :a)"),
+                {"i": scene.missing_base + i, "p": scene.theirs, "t": f"Leer {i} {scene.tag}", "a": [scene.identifier]},
+            )
+        # A hidden version of a visible document (observed nowhere), newer than the visible one.
+        w.version(scene.documents[-1], f"{SECRET} Entwurf {rng.choice(VOCABULARY)}.", version_no=2, latest=False)
+        w.relation("references", hidden[0], scene.documents[0])
+        w.relation("thread", scene.documents[0], scene.missing_base)
+        w.relation("references", scene.missing_base + 1, scene.documents[-1])
+        for doc in (hidden[0], scene.missing_base + 2):
+            conn.execute(
+                text("INSERT INTO decision_records (project_id, document_id, rationale) VALUES (:p, :d, :r)"),
+                {"p": scene.theirs, "d": doc, "r": f"Kündigungsfrist {SECRET} verlängert"},
+            )
+    return hidden_versions
+
+
+def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """The caller's requests, by name; `phase` words make the cold name query new in each phase."""
+    api, who = service.settings.api, [scene.caller]
+    asked = scene.missing_base
+
+    def search(body: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
+        return lambda: service.search(who, parse_search_request(body, api))
+
+    return {
+        "search lexical": search({"query": "Kaution Frist Haftung", "mode": "lexical", "limit": 5}),
+        "search hybrid": search({"query": "Zahlung im Verzug", "mode": "hybrid", "limit": 3, "offset": 1}),
+        "search hidden word": search({"query": SECRET, "mode": "lexical"}),
+        "search identifier": search({"query": f"{scene.identifier} Kündigung", "mode": "lexical", "explain": True}),
+        "search named": search({"query": f"{scene.title} Vertrag", "mode": "lexical"}),
+        "cold name query": search({"query": f"Übernahme Zielfirma Z{phase}{scene.tag} Holding", "mode": "lexical"}),
+        "filter": lambda: service.search_filter(who, parse_filter_request({"limit": 10}, api)),
+        "document": lambda: service.get_document(who, scene.documents[0]),
+        "document hidden or missing": lambda: service.get_document(who, asked),
+        "related both": lambda: service.related(
+            who, scene.documents[0], parse_related_request({"direction": "both"}, api)
+        ),
+        "related incoming references": lambda: service.related(
+            who, scene.documents[0], parse_related_request({"direction": "incoming", "kinds": "references"}, api)
+        ),
+        "related last": lambda: service.related(who, scene.documents[-1], parse_related_request({}, api)),
+        "related hidden or missing": lambda: service.related(who, asked, parse_related_request({}, api)),
+        "traverse": lambda: service.traverse(
+            who,
+            parse_traverse_request(
+                {"start": [scene.documents[0], *range(asked, asked + HIDDEN_IDS)], "depth": 2, "direction": "both"},
+                api,
+            ),
+        ),
+        "decisions": lambda: service.search_decisions(who, parse_decision_request({"query": "Kündigungsfrist"}, api)),
+        "decisions hidden word": lambda: service.search_decisions(who, parse_decision_request({"query": SECRET}, api)),
+    }
+
+
+GRID = ("document", "related", "traverse", "decisions")
+
+
+def _normalised(value: Any, scene: Scene, phase: str) -> Any:
+    """The trace or answer with the phase's own words (the cold query) taken out."""
+    raw = json.dumps(value, default=str, sort_keys=True)
+    return json.loads(re.sub(f"Z{phase}{scene.tag}", "Z<phase>", raw, flags=re.IGNORECASE))
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro: Awaitable[Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+
+@pytest.fixture(scope="module")
+def isolation(settings: Settings) -> Iterator[dict[str, str]]:
+    with isolated(settings, prefix="ki-trace-test") as env:
+        yield env
+
+
+def _wait_indexed(settings: Settings, index: str, versions: list[int], what: str) -> None:
+    client = make_sync_client(settings, timeout_s=30)
+    ids = [str(v) for v in versions]
+
+    def indexed() -> bool:
+        client.indices.refresh(index=index, ignore_unavailable=True)
+        body = {"size": 0, "query": {"terms": {"document_version_id": ids}},
+                "aggs": {"v": {"terms": {"field": "document_version_id", "size": len(ids)}}}}  # fmt: skip
+        found = client.search(index=index, body=body, ignore=[404])
+        buckets = found.get("aggregations", {}).get("v", {}).get("buckets", [])
+        return {b["key"] for b in buckets} >= set(ids)
+
+    try:
+        wait_for(indexed, timeout=180, what=what)
+    finally:
+        client.close()
+    wait_until_vectored(settings, index, {"terms": {"document_version_id": ids}}, what)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: dict[str, str], seed: int) -> None:
+    settings = load_settings(environ={**os.environ, **isolation})
+    quantum = settings.api.limits.release_quantum_ms / 1000
+    worker = SyncWorker(isolation)
+    worker.start()
+    loop = Loop()
+    scene = write_world(engine, seed)
+    try:
+        index = settings.retrieval.index_name
+        _wait_indexed(settings, index, scene.versions, "the world W")
+
+        async def build() -> SearchService:
+            service = SearchService(settings, make_async_engine(settings), make_client(settings),
+                                    create_embedder(settings), scope_cache=True)  # fmt: skip
+            service.filter_budget = 20  # every scope over the budget
+            service.start()
+            return service
+
+        service = loop.run(build())
+        tracer = Tracer(service)
+        try:
+            wait_for(lambda: service.scope_cache_state()["usable"], timeout=60, what="the invalidation feed")
+            # W: every request once to warm the caches (a request's first look-ups are its own), then traced.
+            for call in requests(scene, service, "w").values():
+                loop.run(call())
+            before = {name: loop.run(tracer.run(call)) for name, call in requests(scene, service, "w").items()}
+            hidden = write_hidden(engine, scene)
+            _wait_indexed(settings, index, hidden, "the hidden rows of W'")
+            wait_for(
+                lambda: (service.feed is not None and (h := service.feed.health()).usable
+                         and h.lag_s is not None and h.lag_s < 1.0),
+                timeout=60, what="the invalidation feed to catch up with W'",
+            )  # fmt: skip
+            # A colleague behind the wall runs the caller's name queries first.
+            colleague = [scene.colleague]
+            for name in ("cold name query", "search named", "search identifier"):
+                body = {
+                    "cold name query": f"Übernahme Zielfirma Zw{scene.tag} Holding",
+                    "search named": f"{scene.title} Vertrag",
+                    "search identifier": f"{scene.identifier} Kündigung",
+                }[name]
+                loop.run(service.search(colleague, parse_search_request({"query": body}, service.settings.api)))
+            loop.run(service.settled())
+            after = {name: loop.run(tracer.run(call)) for name, call in requests(scene, service, "w2").items()}
+            for name in before:
+                (answer_w, trace_w, _), (answer_w2, trace_w2, elapsed) = before[name], after[name]
+                assert _normalised(trace_w2, scene, "w2") == _normalised(trace_w, scene, "w"), name
+                assert _normalised(_json(answer_w2), scene, "w2") == _normalised(_json(answer_w), scene, "w"), name
+                assert trace_w, f"{name}: no backend work recorded"
+                if name.split()[0] in GRID and quantum > 0:
+                    assert elapsed >= quantum * 0.99, f"{name}: answered after {elapsed * 1000:.1f} ms, off the grid"
+        finally:
+
+            async def shutdown() -> None:
+                await service.close()
+                await service.client.close()
+                await service.engine.dispose()
+
+            loop.run(shutdown())
+    finally:
+        worker.stop()
+        remove_world(engine, [scene.mine, scene.theirs], [scene.source])
