@@ -303,8 +303,18 @@ _NEIGHBOURS = (
     " AND CAST(:incoming AS boolean) AND (CAST(:kinds AS text[]) IS NULL OR r.kind = ANY(CAST(:kinds AS text[])))"
 )
 
+# The documents whose title, or one of whose identifiers, has one of the identity keys asked (one index probe
+# per key, as the identity preflight's look-up: the title's key has a hash index, which `= ANY` cannot use).
+_NAMED = (
+    "SELECT n.id FROM unnest(CAST(:title_keys AS text[])) AS k(key)"
+    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE ki_identity_key(title) = k.key) n"
+    " UNION ALL SELECT n.id FROM unnest(CAST(:identifier_keys AS text[])) AS k(key)"
+    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE ki_identity_keys(identifiers) @> ARRAY[k.key]) n"
+)
+
 _NARROWING = {
     "project_ids": "AND d.project_id = ANY(CAST(:project_ids AS bigint[]))",
+    "named": f"AND d.id IN ({_NAMED})",
     "neighbours_of": f"AND d.id IN ({_NEIGHBOURS})",
     # The documents condition repeats the narrowing as a semi-join on document ids, so the planner reaches
     # documents by primary key from the few versions instead of scanning every document (re-verifying
@@ -377,6 +387,7 @@ _ASKED_DOCUMENTS = {
     " WHERE v.id = ANY(CAST(:sibling_ids AS bigint[])))",
     "document_ids": "d.id = ANY(CAST(:document_ids AS bigint[]))",
     "neighbours_of": f"d.id IN ({_NEIGHBOURS})",
+    "named": f"d.id IN ({_NAMED})",
 }
 _GRANT_COLUMNS = "g.scope, g.effect, g.project_id, g.document_id, g.source_object_id, ki_principal(g.principal)"
 # The grants that can decide the asked documents: on their projects, on them, on the objects observing any of
@@ -481,7 +492,9 @@ def _visible_sql(
         if aliases:
             params += [bindparam(n, type_=ARRAY(Text)) for n in ("alias_keys", "alias_targets")]
     statement = text(sql)
-    params += [bindparam(n, type_=ARRAY(BigInteger)) for n in narrow_by]
+    params += [bindparam(n, type_=ARRAY(BigInteger)) for n in narrow_by if n != "named"]
+    if "named" in narrow_by:
+        params += [bindparam("title_keys", type_=ARRAY(Text)), bindparam("identifier_keys", type_=ARRAY(Text))]
     if "neighbours_of" in narrow_by:
         params += [bindparam("kinds", type_=ARRAY(Text)), bindparam("outgoing", type_=Boolean),
                    bindparam("incoming", type_=Boolean)]  # fmt: skip
@@ -520,6 +533,55 @@ _OBSERVATIONS_SQL = {
     for narrowing in ("version_ids", "sibling_ids", "document_ids", "neighbours_of")
     for resolve in (None, *get_args(Walk))
 }
+# Per identity key asked, the documents carrying it that the caller may see (the identity preflight).
+_NAMED_SELECT = """
+    SELECT DISTINCT g.key, g.why, d.id AS document_id, d.project_id, d.title
+    FROM verdicts v
+    JOIN documents d ON d.id = v.document_id
+    JOIN (SELECT k AS key, 'title' AS why FROM unnest(CAST(:title_keys AS text[])) AS k
+          UNION ALL
+          SELECT k, 'identifier' FROM unnest(CAST(:identifier_keys AS text[])) AS k) g
+      ON (g.why = 'title' AND ki_identity_key(d.title) = g.key)
+      OR (g.why = 'identifier' AND ki_identity_keys(d.identifiers) @> ARRAY[g.key])
+"""
+_NAMED_SQL = {resolve: _visible_sql(("named",), _NAMED_SELECT, resolve=resolve) for resolve in get_args(Walk)}
+
+
+@dataclass(frozen=True)
+class NamedCarrier:
+    key: str
+    why: str  # "title" or "identifier"
+    document_id: int
+    project_id: int
+    title: str
+
+
+def visible_carriers(
+    conn: Connection,
+    caller: Unresolved,
+    security: SecuritySettings,
+    title_keys: Sequence[str],
+    identifier_keys: Sequence[str],
+    *,
+    walk: Walk = "from_caller",
+) -> list[NamedCarrier]:
+    """Per identity key asked (as a title, as an identifier), the documents carrying it that the caller may
+    see: one statement, whose rows are only those documents (a name carried by hidden documents returns what a
+    name carried by none does). Fails closed."""
+    if not caller.principals or not (title_keys or identifier_keys):
+        return []
+    params: dict[str, object] = {
+        "principals": list(caller.principals),
+        "intersect": security.source_acl_mode == "intersect",
+        "admins": _strings(security.admin_principals),
+        "title_keys": list(title_keys),
+        "identifier_keys": list(identifier_keys),
+        **_config_alias_params(security),
+    }
+    rows = conn.execute(_NAMED_SQL[walk], params).all()
+    return [NamedCarrier(str(r.key), str(r.why), int(r.document_id), int(r.project_id), str(r.title)) for r in rows]
+
+
 _SCOPE_SQL = {
     (narrow_by, reachable): _visible_sql(narrow_by, _SCOPE_SELECT, reachable=reachable)
     for narrow_by in [(), ("project_ids",)]

@@ -19,6 +19,8 @@ older than the owner's bound is a miss after all.
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+_EPOCHS_KEPT = 4096  # an entry older than the oldest epoch kept is stale since forever (a miss)
 V = TypeVar("V")
 
 
@@ -69,8 +72,12 @@ class BoundedCache(Generic[K, V]):
         self.max_entries, self.max_weight, self.ttl_s = max_entries, max_weight, ttl_s
         self._weigh, self._clock = weigh, clock
         self._guard = guard or StoreGuard()
-        self._entries: OrderedDict[K, tuple[float, int, V]] = OrderedDict()  # expiry, weight, value
+        # expiry, weight, value, the epoch it was stored in
+        self._entries: OrderedDict[K, tuple[float, int, V, int]] = OrderedDict()
         self._stale: dict[K, float] = {}  # invalidated entries kept for a refresh -> when they went stale
+        # `mark_all_stale` in O(1): an entry stored before the current epoch is stale since the next epoch began.
+        self._epoch = 0
+        self._epochs: list[tuple[int, float]] = []  # (epoch, when it began), the newest _EPOCHS_KEPT
         self._weight = 0
         self.stats = CacheStats()
 
@@ -131,7 +138,8 @@ class BoundedCache(Generic[K, V]):
         with self._guard.lock:
             now = self._clock()
             for key in keys:
-                since = self._stale.get(key)
+                entry = self._entries.get(key)
+                since = None if entry is None else self._stale_since(key, entry[3])
                 if since is not None and now - since >= max_stale_s:
                     self._drop(key)
                 value = self._get(key)
@@ -139,7 +147,7 @@ class BoundedCache(Generic[K, V]):
                     missing.append(key)
                     continue
                 found[key] = value
-                if key in self._stale:
+                if since is not None:
                     stale.append(key)
         return found, missing, stale
 
@@ -182,7 +190,7 @@ class BoundedCache(Generic[K, V]):
                     self.stats.oversized += 1
                     continue
                 self._drop(key)
-                self._entries[key] = (expiry, weight, value)
+                self._entries[key] = (expiry, weight, value, self._epoch)
                 self._weight += weight
                 stored += 1
             self.stats.stores += stored
@@ -193,7 +201,7 @@ class BoundedCache(Generic[K, V]):
         while self._entries and (
             len(self._entries) > self.max_entries or (self.max_weight is not None and self._weight > self.max_weight)
         ):
-            key, (_, weight, _) = self._entries.popitem(last=False)
+            key, (_, weight, _, _) = self._entries.popitem(last=False)
             self._stale.pop(key, None)
             self._weight -= weight
             self.stats.evictions += 1
@@ -208,7 +216,7 @@ class BoundedCache(Generic[K, V]):
     def discard_where(self, stale: Callable[[K, V], bool]) -> int:
         with self._guard.lock:
             self._guard.generation += 1
-            gone = [key for key, (_, _, value) in self._entries.items() if stale(key, value)]
+            gone = [key for key, (_, _, value, _) in self._entries.items() if stale(key, value)]
             return self._count_discarded(sum(self._drop(key) for key in gone))
 
     def clear(self) -> int:
@@ -229,12 +237,26 @@ class BoundedCache(Generic[K, V]):
     def mark_stale_where(self, stale: Callable[[K, V], bool]) -> int:
         with self._guard.lock:
             self._guard.generation += 1
-            return self._mark([key for key, (_, _, value) in self._entries.items() if stale(key, value)])
+            return self._mark([key for key, (_, _, value, _) in self._entries.items() if stale(key, value)])
 
     def mark_all_stale(self) -> int:
+        """Every entry stale, without visiting them (a new epoch: what was stored before it is stale)."""
         with self._guard.lock:
             self._guard.generation += 1
-            return self._mark(list(self._entries))
+            self._epoch += 1
+            self._epochs.append((self._epoch, self._clock()))
+            del self._epochs[:-_EPOCHS_KEPT]
+            self.stats.discarded += len(self._entries)
+            return len(self._entries)
+
+    def _stale_since(self, key: K, stored_in: int) -> float | None:
+        """When the entry went stale (None: it is not)."""
+        since = self._stale.get(key)
+        if stored_in < self._epoch:
+            i = bisect.bisect_left(self._epochs, (stored_in + 1, -math.inf))
+            began = self._epochs[i][1] if i < len(self._epochs) and self._epochs[i][0] == stored_in + 1 else -math.inf
+            since = began if since is None else min(since, began)
+        return since
 
     def _mark(self, keys: Iterable[K]) -> int:
         now, count = self._clock(), 0

@@ -90,9 +90,9 @@ def exposure_problem(settings: Settings, server: Server = "api") -> str | None:
                 f"and {where}; switch api.demo_mode off or bind api.host to 127.0.0.1")  # fmt: skip
     weak = weak_secret(api.jwt.secret) if api.jwt.enabled else None
     if weak is not None:
-        return (f"refusing to start: api.jwt.secret {weak} and "
-                f"{where}; set api.jwt.secret_file (or KI_API__JWT__SECRET) to a secret of your own "
-                f"(e.g. `openssl rand -base64 48`), set api.jwt.enabled false, or bind {server}.host to 127.0.0.1")  # fmt: skip
+        return (f"refusing to start: api.jwt.secret {weak} and {where}; set api.jwt.secret_file (or "
+                f"KI_API__JWT__SECRET) to a secret of your own (e.g. `openssl rand -base64 48`), set "
+                f"api.jwt.enabled false, or bind {server}.host to 127.0.0.1")  # fmt: skip
     return None
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ki.acl import Caller, resolve_caller
+from ki.acl import Caller, Walk, resolve_caller
 from ki.embedding import Embedder
 from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
@@ -533,7 +533,7 @@ class SearchService:
         if self.name_cache is not None:
             self.metrics.identity_cache.labels("bypass" if cache is None else "miss" if missing else "hit").inc()
         if stale and cache is not None:
-            self._look_up_names_later(who, stale, cache)
+            self._look_up_names_later(principals, stale, cache, scope.reverify_walk)
 
         def decide(entries: Mapping[NameKey, Sequence[NamedDocument]]) -> Identity:
             named, saturated = carried(entries, r.name_lookup.max_documents_per_name)
@@ -549,9 +549,12 @@ class SearchService:
         ) -> tuple[Identity, dict[int, VerifiedVersion], dict[NameKey, tuple[NamedDocument, ...]]]:
             found = look_up_names(
                 conn,
+                principals,
+                self.settings.security,
                 [k for why, k in missing if why == "title"],
                 [k for why, k in missing if why == "identifier"],
                 r.name_lookup.max_documents_per_name,
+                scope.reverify_walk,
             )
             identity = known if known is not None else decide({**cached, **found})
             if not identity.subjects:
@@ -569,15 +572,18 @@ class SearchService:
             cache.put(who, found, generation)
         return identity, verified
 
-    def _look_up_names_later(self, who: tuple[str, ...], keys: Sequence[NameKey], cache: NameCache) -> None:
+    def _look_up_names_later(
+        self, principals: Sequence[str], keys: Sequence[NameKey], cache: NameCache, walk: Walk
+    ) -> None:
         """Look stale name entries up again in the background (the request was answered from them)."""
         r = self.settings.retrieval
-        generation = cache.generation
+        generation, who = cache.generation, ScopeCache.raw_key(principals)
 
         def run(conn: Connection) -> dict[NameKey, tuple[NamedDocument, ...]]:
             titles = [k for why, k in keys if why == "title"]
             identifiers = [k for why, k in keys if why == "identifier"]
-            return look_up_names(conn, titles, identifiers, r.name_lookup.max_documents_per_name)
+            return look_up_names(conn, principals, self.settings.security, titles, identifiers,
+                                 r.name_lookup.max_documents_per_name, walk)  # fmt: skip
 
         async def refresh() -> None:
             try:

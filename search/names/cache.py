@@ -7,8 +7,9 @@ look-up. Only a query that names a document still goes to PostgreSQL, to choose 
 
 An entry belongs to one caller (the token's principals in canonical form): whether a query's keys are cached
 must not depend on what another caller asked, or one caller could test a client's name against what colleagues
-behind an ethical wall searched, by the time a search takes. It holds the documents carrying the key (at most
-`per_name + 1`, as the look-up returns them), and an empty tuple when none does. The caller's scope is applied
+behind an ethical wall searched, by the time a search takes. It holds the documents carrying the key that the caller may see (at most
+`per_name + 1`, as the look-up returns them), and an empty tuple when none does; so a change of what decides
+visibility (grants, memberships, aliases, observations, versions...) invalidates every entry, in O(1). The caller's scope is applied
 afterwards, as for an uncached look-up. An entry is correct as long as no document carrying the key, or getting
 it, changes. `documents` has REPLICA IDENTITY FULL, so every change event carries the old row and the new
 one. The keys of both rows' titles and identifiers are invalidated (`NameCache.on_change`); a change whose rows
@@ -32,6 +33,11 @@ from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
 from search.names.keys import NamedDocument, NameKey, identity_key
 
 Entry = tuple[NamedDocument, ...]
+# Tables whose changes can make a carrier visible or hidden to some caller (besides `documents` itself).
+_VISIBILITY_TABLES = frozenset(
+    {"document_versions", "source_observations", "source_objects", "sources", "projects", "grants",
+     "group_memberships", "principal_aliases"}
+)  # fmt: skip
 CallerKey = tuple[str, ...]  # the token's principals, canonical (`ScopeCache.raw_key`)
 FullKey = tuple[CallerKey, NameKey]
 
@@ -89,8 +95,14 @@ class NameCache:
         self._indexed = sum(len(keys) for keys in self._by_name.values())
 
     def on_change(self, event: ChangeEvent | Tombstone) -> None:
-        """Invalidate what a change of `documents` can alter: every caller's entries of its old and new names."""
-        if isinstance(event, Tombstone) or event.table != "documents":
+        """Invalidate what a change can alter: a change of `documents`, every caller's entries of its old and new
+        names; a change of what decides visibility, every entry (an entry holds the carriers its caller may see)."""
+        if isinstance(event, Tombstone):
+            return
+        if event.table in _VISIBILITY_TABLES:
+            self._entries.mark_all_stale()
+            return
+        if event.table != "documents":
             return
         rows = [row for row in (event.before, event.after) if row is not None]
         # An insert or snapshot read has no old row; an update or delete without one hides the old names.

@@ -1,8 +1,11 @@
-"""The identity preflight's SQL: which documents carry a name the query contains, and their versions.
+"""The identity preflight's SQL: which documents the caller may see carry a name the query contains, and
+their versions.
 
-The decisions are pure (`search.names.keys`); this module only reads. Both statements run on the
-re-verify's connections; what the caller may see is decided by the compiled scope and by the SQL
-re-verify (`search.service.reverify`, through `ki.acl`), never here.
+The decisions are pure (`search.names.keys`); this module only reads. The look-up is the one ACL statement
+(`ki.acl.visible_carriers`) narrowed to the documents carrying the keys, so its rows are only documents the
+caller may see: a name that hidden documents carry returns what a name nobody carries does, and the per-name
+cap counts visible documents. What the caller may see of their versions is decided by the SQL re-verify
+(`search.access.reverify`), as for every hit.
 """
 
 from __future__ import annotations
@@ -11,30 +14,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, text
 
+from ki.acl import Unresolved, Walk, visible_carriers
+from ki.settings import SecuritySettings
 from search.names.keys import NamedDocument, NameKey, VersionRow, carried
-
-# Per name, at most `per_name` documents (+1 to know it has more): a name carried by more documents than
-# that is common for every caller, and the look-up stays bounded. Keys equal the indexed expressions of
-# migration 0005, so each probe is an index look-up.
-_NAMED_SQL = text(
-    """
-    SELECT g.key, 'title' AS why, d.id AS document_id, d.project_id, d.title
-    FROM unnest(CAST(:title_keys AS text[])) AS g(key)
-    CROSS JOIN LATERAL (
-        SELECT id, project_id, title FROM documents
-        WHERE deleted_at IS NULL AND ki_identity_key(title) = g.key
-        LIMIT :per_name_plus_one
-    ) AS d
-    UNION ALL
-    SELECT g.key, 'identifier', d.id, d.project_id, d.title
-    FROM unnest(CAST(:identifier_keys AS text[])) AS g(key)
-    CROSS JOIN LATERAL (
-        SELECT id, project_id, title FROM documents
-        WHERE deleted_at IS NULL AND ki_identity_keys(identifiers) @> ARRAY[g.key]
-        LIMIT :per_name_plus_one
-    ) AS d
-    """
-)
 
 _VERSIONS_SQL = text(
     """
@@ -46,28 +28,38 @@ _VERSIONS_SQL = text(
 
 
 def look_up_names(
-    conn: Connection, title_keys: Sequence[str], identifier_keys: Sequence[str], per_name: int
+    conn: Connection,
+    principals: Sequence[str],
+    security: SecuritySettings,
+    title_keys: Sequence[str],
+    identifier_keys: Sequence[str],
+    per_name: int,
+    walk: Walk = "from_caller",
 ) -> dict[NameKey, tuple[NamedDocument, ...]]:
-    """Per key asked for (as a title, as an identifier): the documents (not soft-deleted) carrying it, at
-    most `per_name + 1` (so that "more than `per_name`" is known); an empty tuple when none does."""
+    """Per key asked for (as a title, as an identifier): the documents (not soft-deleted) carrying it that the
+    caller may see, at most `per_name + 1` (so that "more than `per_name`" is known); an empty tuple when none
+    does."""
     found: dict[NameKey, list[NamedDocument]] = {("title", k): [] for k in title_keys}
     found.update({("identifier", k): [] for k in identifier_keys})
-    if found:
-        params = {"title_keys": list(title_keys), "identifier_keys": list(identifier_keys),
-                  "per_name_plus_one": per_name + 1}  # fmt: skip
-        for r in conn.execute(_NAMED_SQL, params):
-            found[(r.why, r.key)].append(
-                NamedDocument(int(r.document_id), int(r.project_id), str(r.title), r.why, str(r.key))
-            )
+    carriers = visible_carriers(conn, Unresolved.of(principals), security, title_keys, identifier_keys, walk=walk)
+    for c in sorted(carriers, key=lambda c: c.document_id):
+        named = found[(c.why, c.key)]  # type: ignore[index]
+        if len(named) <= per_name:
+            named.append(NamedDocument(c.document_id, c.project_id, c.title, c.why, c.key))  # type: ignore[arg-type]
     return {key: tuple(documents) for key, documents in found.items()}
 
 
 def named_documents(
-    conn: Connection, title_keys: Sequence[str], identifier_keys: Sequence[str], per_name: int
+    conn: Connection,
+    principals: Sequence[str],
+    security: SecuritySettings,
+    title_keys: Sequence[str],
+    identifier_keys: Sequence[str],
+    per_name: int,
 ) -> tuple[list[NamedDocument], set[str]]:
-    """Documents (not soft-deleted) whose title key or one of whose identifier keys is among the keys
-    given, and the keys carried by more than `per_name` documents (whose carriers are left out)."""
-    return carried(look_up_names(conn, title_keys, identifier_keys, per_name), per_name)
+    """Documents the caller may see (not soft-deleted) whose title key or one of whose identifier keys is among
+    the keys given, and the keys carried by more than `per_name` such documents (whose carriers are left out)."""
+    return carried(look_up_names(conn, principals, security, title_keys, identifier_keys, per_name), per_name)
 
 
 def subject_versions(conn: Connection, document_ids: Sequence[int]) -> tuple[list[VersionRow], dict[int, int | None]]:

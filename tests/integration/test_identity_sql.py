@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
+from ki.settings import load_settings
 from search.names.keys import UNICODE_SEPARATORS, identity_key
 from search.names.sql import named_documents
 from tests.integration.world import World
@@ -71,13 +72,27 @@ def test_look_up_finds_titles_and_identifiers_by_key_and_skips_deleted(engine: E
         b = w.document(project, f"Kaufvertrag Nordhafen {w.tag}", identifiers=[f"KV-{w.tag}-2"])
         gone = w.document(project, f"Kaufvertrag Nordhafen {w.tag}", identifiers=[f"KV-{w.tag}-1"])
         conn.execute(text("UPDATE documents SET deleted_at = now() WHERE id = :d"), {"d": gone})
+        obj = w.source_object(w.source("local_fs"))
+        for doc in (a, b, gone):
+            w.observe(w.version(doc, "Kaufpreis."), obj)
+        hidden = w.document(w.project("Wand"), f"Kaufvertrag Nordhafen {w.tag}", identifiers=[f"KV-{w.tag}-1"])
+        w.observe(w.version(hidden, "Kaufpreis."), obj)
+        reader = f"user:leser-{w.tag}"
+        w.grant("project", project, reader)
         title_key = identity_key(f"Kaufvertrag Nordhafen {w.tag}")
         identifier_key = identity_key(f"kv {w.tag} 1")
-        found, saturated = named_documents(conn, [title_key], [identifier_key], per_name=10)
+        security = load_settings(environ={}).security
+        found, saturated = named_documents(conn, [reader], security, [title_key], [identifier_key], per_name=10)
         assert sorted((n.document_id, n.why) for n in found) == sorted([(a, "title"), (b, "title"), (a, "identifier")])
-        assert saturated == set()
-        found, saturated = named_documents(conn, [title_key], [], per_name=1)
-        assert found == [] and saturated == {title_key}  # two documents carry it: more than one
+        assert saturated == set()  # the hidden carrier is neither found nor counted
+        found, saturated = named_documents(conn, [reader], security, [title_key], [], per_name=1)
+        assert found == [] and saturated == {title_key}  # two visible documents carry it: more than one
+        found, saturated = named_documents(conn, [reader], security, [], [identifier_key], per_name=1)
+        assert [n.document_id for n in found] == [a] and saturated == set()  # the hidden one does not count
+        assert named_documents(conn, [f"user:niemand-{w.tag}"], security, [title_key], [identifier_key], 10) == (
+            [],
+            set(),
+        )
         conn.execute(text("SET LOCAL enable_seqscan = off"))
         plans = [
             "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN SELECT id FROM documents WHERE {where}"), params))

@@ -158,9 +158,12 @@ def _hits(answer: Any) -> Any:
 
 
 def _json(answer: Any) -> Any:
-    """The answer without scores: the index's term statistics count hidden rows too (the documented residual)."""
-    out = answer.to_json() if hasattr(answer, "to_json") else answer
-    return _without(json.loads(json.dumps(out, default=str)), "score")
+    """The answer without scores, and a ranked page's hits in id order: BM25's term statistics count hidden rows
+    too (the documented residual), which can swap two nearly equal scores."""
+    out = _without(json.loads(json.dumps(answer.to_json() if hasattr(answer, "to_json") else answer)), "score")
+    if isinstance(out, dict) and isinstance(out.get("hits"), list) and "mode" in out:
+        out["hits"] = sorted(out["hits"], key=lambda h: str(h.get("chunk_id")))
+    return out
 
 
 def _without(value: Any, key: str) -> Any:
@@ -169,6 +172,19 @@ def _without(value: Any, key: str) -> Any:
     if isinstance(value, list):
         return [_without(v, key) for v in value]
     return value
+
+
+def _first_difference(want: Any, got: Any, path: str = "") -> str:
+    """Where two JSON values first differ, for the failure message."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in sorted(set(want) | set(got)):
+            if want.get(key) != got.get(key):
+                return _first_difference(want.get(key), got.get(key), f"{path}.{key}")
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            if a != b:
+                return _first_difference(a, b, f"{path}[{i}]")
+    return f"at {path or '.'}: {json.dumps(want, default=str)[:300]} -> {json.dumps(got, default=str)[:300]}"
 
 
 def _sql(trace: list[Any]) -> list[Any]:
@@ -265,7 +281,8 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
 
     return {
         "search lexical": search({"query": "Kaution Frist Haftung", "mode": "lexical", "limit": 5}),
-        "search hybrid": search({"query": "Zahlung im Verzug", "mode": "hybrid", "limit": 3, "offset": 1}),
+        # Whole pages: a page cut between two nearly equal scores could move with the term statistics.
+        "search hybrid": search({"query": "Zahlung im Verzug", "mode": "hybrid", "limit": 10}),
         "search hidden word": search({"query": SECRET, "mode": "lexical"}),
         "search identifier": search({"query": f"{scene.identifier} Kündigung", "mode": "lexical"}),
         "search named": search({"query": f"{scene.title} Vertrag", "mode": "lexical"}),
@@ -396,8 +413,10 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
                     problems.append(f"{name}: SQL {_sql(want)} -> {_sql(got)}")
                 if _hidden_versions_named(_opensearch(got)) != _hidden_versions_named(_opensearch(want)):
                     problems.append(f"{name}: OpenSearch {_opensearch(want)} -> {_opensearch(got)}")
-                if _normalised(_json(answer_w2), scene, "w2") != _normalised(_json(answer_w), scene, "w"):
-                    problems.append(f"{name}: answer {_json(answer_w)} -> {_json(answer_w2)}")
+                want_answer = _normalised(_json(answer_w), scene, "w")
+                got_answer = _normalised(_json(answer_w2), scene, "w2")
+                if got_answer != want_answer:
+                    problems.append(f"{name}: answer {_first_difference(want_answer, got_answer)}")
                 if name.split()[0] in GRID and quantum > 0 and elapsed < quantum * 0.99:
                     problems.append(f"{name}: answered after {elapsed * 1000:.1f} ms, off the release grid")
             assert not problems, "\n".join(p[:600] for p in problems)

@@ -93,9 +93,20 @@ def test_incomplete_changes_drop_everything_and_other_tables_nothing() -> None:
         cache.on_change(incomplete)
         assert cache.get(ANNA, [TITLE, AZ, OTHER])[1] == [TITLE, AZ, OTHER], incomplete
     cache = filled()
-    cache.on_change(event("u", {"id": 1}, {"id": 1}, table="grants"))
+    cache.on_change(event("u", {"id": 1}, {"id": 1}, table="matters"))
     cache.on_change(Tombstone("ki.public.documents", "documents", {"id": 7}))
     assert len(cache) == 3 and cache.generation == 0
+
+
+def test_a_change_of_visibility_makes_every_entry_stale_and_later_entries_are_fresh() -> None:
+    """An entry holds the carriers its caller may see: a grant (or version, observation...) may change them."""
+    for table in ("grants", "document_versions", "source_observations", "group_memberships"):
+        cache = filled()
+        cache.on_change(event("c", None, {"id": 1}, table=table))
+        assert cache.get(ANNA, [TITLE, AZ], max_stale_s=60)[2] == [TITLE, AZ], table
+        assert cache.get(ANNA, [TITLE, AZ])[1] == [TITLE, AZ], table  # stale beyond 0 s: missed
+        cache.put(ANNA, {OTHER: ()}, cache.generation)  # stored after the change: fresh
+        assert cache.get(ANNA, [OTHER], max_stale_s=60) == ({OTHER: ()}, [], []), table
 
 
 def test_a_look_up_that_raced_a_change_is_not_stored() -> None:
