@@ -88,7 +88,8 @@ def cases(
     )
     versions: list[ref.Version] = []
     for d in documents:
-        versions += [ref.Version(len(versions) + 1, d.id) for _ in range(draw(st.integers(1, 3)))]
+        for _ in range(draw(st.integers(1, 3))):  # each version an id of its own
+            versions.append(ref.Version(len(versions) + 1, d.id))
     kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3))
     sources = tuple(ref.Source(i, k) for i, k in enumerate(kinds, 1))
     objects = tuple(
