@@ -570,14 +570,8 @@ def visible_carriers(
     name carried by none does). Fails closed."""
     if not caller.principals or not (title_keys or identifier_keys):
         return []
-    params: dict[str, object] = {
-        "principals": list(caller.principals),
-        "intersect": security.source_acl_mode == "intersect",
-        "admins": _strings(security.admin_principals),
-        "title_keys": list(title_keys),
-        "identifier_keys": list(identifier_keys),
-        **_config_alias_params(security),
-    }
+    params = {**_unresolved_params(caller, security), "title_keys": list(title_keys),
+              "identifier_keys": list(identifier_keys)}  # fmt: skip
     rows = conn.execute(_NAMED_SQL[walk], params).all()
     return [NamedCarrier(str(r.key), str(r.why), int(r.document_id), int(r.project_id), str(r.title)) for r in rows]
 
@@ -621,6 +615,16 @@ def _driven_by_grants(conn: Connection, caller: Caller, narrow_by: tuple[str, ..
         _DRIVER_HINTS.clear()
     _DRIVER_HINTS[key] = (narrow, now)
     return narrow
+
+
+def _unresolved_params(caller: Unresolved, security: SecuritySettings) -> dict[str, object]:
+    """The parameters of a statement that resolves the caller itself (`Unresolved`)."""
+    return {
+        "principals": list(caller.principals),
+        "intersect": security.source_acl_mode == "intersect",
+        "admins": _strings(security.admin_principals),
+        **_config_alias_params(security),
+    }
 
 
 def _caller_params(caller: Caller, security: SecuritySettings) -> dict[str, object]:
@@ -796,14 +800,7 @@ def visible_observations(
     if isinstance(caller, Unresolved):
         if not caller.principals:
             return []
-        params: dict[str, object] = {
-            "principals": list(caller.principals),
-            "intersect": security.source_acl_mode == "intersect",
-            "admins": _strings(security.admin_principals),
-            narrowing: versions,
-            **_config_alias_params(security),
-            **extra,
-        }
+        params: dict[str, object] = {**_unresolved_params(caller, security), narrowing: versions, **extra}
         rows = conn.execute(_OBSERVATIONS_SQL[narrowing, walk], params).all()
     else:
         if caller.is_anonymous:

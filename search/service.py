@@ -273,7 +273,7 @@ class SearchService:
                         self._refresh_scope_later(principals, project_ids, None if caller_stale else caller)
                     self._observe_scope(cached, started)
                     return cached
-            scope = await self._compile_and_cache(principals, project_ids, cache, caller)
+            scope = await self._compile_and_cache(principals, project_ids, cache, None if caller_stale else caller)
             self.metrics.scope_cache.labels("miss").inc()
         else:
             scope = await self._compile_and_cache(principals, project_ids, None, None)

@@ -7,16 +7,17 @@ look-up. Only a query that names a document still goes to PostgreSQL, to choose 
 
 An entry belongs to one caller (the token's principals in canonical form): whether a query's keys are cached
 must not depend on what another caller asked, or one caller could test a client's name against what colleagues
-behind an ethical wall searched, by the time a search takes. It holds the documents carrying the key that the caller may see (at most
-`per_name + 1`, as the look-up returns them), and an empty tuple when none does; so a change of what decides
-visibility (grants, memberships, aliases, observations, versions...) invalidates every entry, in O(1). The caller's scope is applied
-afterwards, as for an uncached look-up. An entry is correct as long as no document carrying the key, or getting
-it, changes. `documents` has REPLICA IDENTITY FULL, so every change event carries the old row and the new
-one. The keys of both rows' titles and identifiers are invalidated (`NameCache.on_change`); a change whose rows
-are incomplete (a truncate, a placeholder for an unchanged column, no old row) invalidates everything. An
-invalidated entry is answered once more while the service looks it up again in the background (as the scope
-cache does, `ki.bounded_cache`): a miss would tell the caller that some document carrying the name changed.
-Entries expire after `api.caches.name_ttl_s` whatever happens, so no query text outlives it here.
+behind an ethical wall searched, by the time a search takes. It holds the documents carrying the key that the
+caller may see (at most `per_name + 1`, as the look-up returns them), and an empty tuple when none does; so a
+change of what decides visibility (grants, memberships, aliases, observations, versions...) invalidates every
+entry, in O(1). The caller's scope is applied afterwards, as for an uncached look-up. An entry is correct as
+long as no document carrying the key, or getting it, changes. `documents` has REPLICA IDENTITY FULL, so every
+change event carries the old row and the new one. The keys of both rows' titles and identifiers are
+invalidated (`NameCache.on_change`); a change whose rows are incomplete (a truncate, a placeholder for an
+unchanged column, no old row) invalidates everything. An invalidated entry is answered once more while the
+service looks it up again in the background (as the scope cache does, `ki.bounded_cache`): a miss would tell
+the caller that some document carrying the name changed. Entries expire after `api.caches.name_ttl_s` whatever
+happens, so no query text outlives it here.
 
 Freshness: the cache is fed by the scope cache's invalidation feed (`search.access.invalidation`) and used only
 while that feed is current. A gap in the feed empties it. A look-up's result is stored only if no

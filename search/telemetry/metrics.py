@@ -71,8 +71,9 @@ class SearchMetrics:
         )
         self.scope_cache = Counter(
             "ki_search_scope_cache",
-            "Scope lookups by result: hit, miss (compiled in SQL and cached), bypass (the invalidation feed is "
-            "not current: compiled in SQL, not cached)",
+            "Scope lookups by result: hit, stale (invalidated: answered once more while compiled again in the "
+            "background), miss (compiled in SQL and cached), bypass (the invalidation feed is not current: compiled "
+            "in SQL, not cached)",
             ["result"],
             registry=r,
         )
@@ -209,6 +210,7 @@ class SearchMetrics:
         for result in ("hit", "miss", "bypass"):
             self.scope_cache.labels(result)
             self.identity_cache.labels(result)
+        self.scope_cache.labels("stale")
         for kind in ("exact", "projects", "open", "none"):
             self.scope_filter.labels(kind)
 
