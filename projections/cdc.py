@@ -22,27 +22,14 @@ from functools import lru_cache
 from typing import Any, Final, Literal, cast
 
 from ki.errors import PermanentError
+from ki.table_roles import CAPTURED_TABLES
 
 Op = Literal["r", "c", "u", "d", "t", "m"]
 OPS: frozenset[str] = frozenset({"r", "c", "u", "d", "t", "m"})
 ROW_OPS: frozenset[str] = frozenset({"r", "c", "u", "d"})
 
-#: Tables whose rows shape index content.
-CONTENT_TABLES: frozenset[str] = frozenset({"documents", "document_versions", "ontology_nodes", "matters"})
-#: Tables whose rows only change the principal projection (access-only path).
-ACCESS_TABLES: frozenset[str] = frozenset(
-    {
-        "projects",
-        "sources",
-        "source_objects",
-        "source_observations",
-        "grants",
-        "group_memberships",
-        "principal_aliases",
-    }
-)
-#: Default for `decode(known_tables=...)`: the tables the schema publishes for the sidecar.
-KNOWN_TABLES: frozenset[str] = CONTENT_TABLES | ACCESS_TABLES
+#: Default for `decode(known_tables=...)`: the captured tables (`ki.table_roles`).
+KNOWN_TABLES: frozenset[str] = frozenset(CAPTURED_TABLES)
 
 # Debezium's default `unavailable.value.placeholder`.
 DEBEZIUM_UNAVAILABLE: Final = "__debezium_unavailable_value"

@@ -21,14 +21,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ki import table_roles
+from ki.table_roles import HEARTBEAT_TABLE
 from projections.cdc import ChangeEvent, Tombstone, is_unavailable
 
 # Tables whose changes never reach the index (served from SQL) and Debezium's own heartbeat.
-IGNORED_TABLES = frozenset({"decision_records", "relations", "debezium_heartbeat"})
+IGNORED_TABLES = frozenset({"decision_records", "relations", HEARTBEAT_TABLE})
 
 #: Tables whose changes can alter an embedded string (text, title, type label, matter): the only ones the
 #: content lane reads. Every other captured table names access keys only.
-CONTENT_TABLES: tuple[str, ...] = ("documents", "document_versions", "matters", "ontology_nodes")
+CONTENT_TABLES: tuple[str, ...] = table_roles.CONTENT_TABLES
+
+#: The one DirtyKeys field that holds principal names (read as text, folded) rather than ids.
+_PRINCIPAL_KEYS = "access_principals"
 
 
 @dataclass
@@ -83,45 +88,27 @@ def _texts(rows: Iterable[Mapping[str, Any] | None], *columns: str) -> set[str]:
 
 
 def dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
-    """The keys one event dirties. Both the old and the new row count: a grant moved from project A to
-    project B changes both."""
+    """The keys one event dirties, as its table's `dirty_keys` role says (`ki.table_roles`). Both the old and
+    the new row count: a grant moved from project A to project B changes both."""
     keys = DirtyKeys()
     if isinstance(event, Tombstone) or event.table in IGNORED_TABLES:
         return keys  # a tombstone only follows a delete event that was already handled
-    rows = (event.before, event.after)
-    key_rows = (event.key,)
-    table = event.table
-    if table == "document_versions":
-        keys.content_versions |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "documents":
-        keys.content_documents |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table in ("matters", "ontology_nodes") and event.op in ("c", "r"):
+    role = table_roles.TABLE_ROLES.get(event.table)
+    if role is None:
+        raise ValueError(f"no projection rule for table {event.table!r}")
+    if role.inserts_dirty_nothing and event.op in ("c", "r"):
         # A new matter or type node cannot change an existing row: a document that refers to it was
         # inserted or updated afterwards, and that change has its own event. Resolving it anyway would
         # re-project every version of the matter (a whole corpus on a first load) in one batch whose
         # offsets then wait for all of it.
         return keys
-    elif table == "matters":
-        keys.content_matters |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "ontology_nodes":
-        keys.content_ontology_nodes |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "projects":
-        keys.access_projects |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "grants":
-        keys.access_projects |= _ids(rows, "project_id")
-        keys.access_documents |= _ids(rows, "document_id")
-        keys.access_source_objects |= _ids(rows, "source_object_id")
-    elif table == "source_observations":
-        keys.access_versions |= _ids(rows, "document_version_id")
-    elif table == "source_objects":
-        keys.access_source_objects |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "sources":
-        keys.access_sources |= _ids(rows, "id") | _ids(key_rows, "id")
-    elif table == "group_memberships":
-        # Who is in the group changed: every version granted to the group (or a group containing it).
-        keys.access_principals |= _texts(rows, "group_principal", "member_principal")
-    elif table == "principal_aliases":
-        keys.access_principals |= _texts(rows, "alias", "principal")
-    else:
-        raise ValueError(f"no projection rule for table {table!r}")
+    rows = (event.before, event.after)
+    for field_name, columns in role.dirty_keys:
+        dirty: set[Any] = getattr(keys, field_name)
+        if field_name == _PRINCIPAL_KEYS:
+            dirty.update(_texts(rows, *columns))
+            continue
+        for column in columns:
+            # The record's key carries the primary key even when neither row image does.
+            dirty.update(_ids((*rows, event.key) if column == "id" else rows, column))
     return keys

@@ -41,54 +41,23 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+# Re-exported: the schema's users have always read these here.
+from ki.table_roles import CAPTURED_TABLES as CAPTURED_TABLES
+from ki.table_roles import HEARTBEAT_TABLE as HEARTBEAT_TABLE
+from ki.table_roles import PUBLISHED_TABLES as PUBLISHED_TABLES
+from ki.table_roles import REPLICA_IDENTITY_FULL as REPLICA_IDENTITY_FULL
+
 # --------------------------------------------------------------------------------------------------
 # Constants other components import
 # --------------------------------------------------------------------------------------------------
 
-#: Tables streamed by Debezium (all in the publication), parents before children. Every table whose rows
-#: change the chunk index or its principal projection is here. `decision_records` and `relations` are
-#: not: nothing in the index is derived from them (decision search and graph traversal read SQL).
-CAPTURED_TABLES: tuple[str, ...] = (
-    "projects",
-    "matters",
-    "ontology_nodes",
-    "sources",
-    "source_objects",
-    "group_memberships",
-    "principal_aliases",
-    "documents",
-    "document_versions",
-    "source_observations",
-    "grants",
-)
-
-#: Written by Debezium's `heartbeat.action.query` so the replication slot advances on an idle database.
-#: It is in the publication (a heartbeat that touches no published table would not move the slot) but
-#: not in CAPTURED_TABLES: its topic carries no domain data. The connector adds it to
+#: Tables streamed by Debezium (all in the publication), parents before children, the heartbeat table, the
+#: publication and the FULL replica identities: declared once, with every other role of a captured table, in
+#: `ki.table_roles`. `decision_records` and `relations` are not captured: nothing in the index is derived from
+#: them (decision search and graph traversal read SQL). The connector adds the heartbeat table to
 #: `table.include.list` and uses HEARTBEAT_ACTION_QUERY.
-HEARTBEAT_TABLE = "debezium_heartbeat"
 HEARTBEAT_ACTION_QUERY = (
     f"INSERT INTO {HEARTBEAT_TABLE} (id, ts) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET ts = EXCLUDED.ts"
-)
-
-#: Every table in the publication.
-PUBLISHED_TABLES: tuple[str, ...] = (*CAPTURED_TABLES, HEARTBEAT_TABLE)
-
-#: Tables with REPLICA IDENTITY FULL: Debezium then carries the complete old row ("before") on update and
-#: delete. All other published tables keep DEFAULT (primary key only in "before"; on update, unchanged
-#: TOASTed columns arrive as Debezium's unavailable-value placeholder). Reasons per table: docs/schema.md.
-REPLICA_IDENTITY_FULL: frozenset[str] = frozenset(
-    {
-        "matters",
-        "ontology_nodes",
-        "sources",
-        "source_objects",
-        "group_memberships",
-        "principal_aliases",
-        "documents",
-        "source_observations",
-        "grants",
-    }
 )
 
 DOC_TYPE = "doc_type"

@@ -36,25 +36,17 @@ from typing import Protocol
 
 from confluent_kafka import OFFSET_END, KafkaError, Message, TopicPartition
 
+from ki import table_roles
 from ki.clients import make_kafka_consumer
-from ki.db.models import HEARTBEAT_TABLE
 from ki.settings import Settings
+from ki.table_roles import HEARTBEAT_TABLE
 from projections.cdc import ChangeEvent, PoisonEvent, decode, topic_name
 
 log = logging.getLogger(__name__)
 
-#: The captured tables whose changes can alter a scope or a caller's resolution.
-SCOPE_TABLES: tuple[str, ...] = (
-    "grants",
-    "group_memberships",
-    "principal_aliases",
-    "source_observations",
-    "source_objects",
-    "sources",
-    "projects",
-    "documents",
-    "document_versions",
-)
+#: The captured tables whose changes can alter a scope or a caller's resolution (those with a scope role in
+#: `ki.table_roles`): the topics the feed follows.
+SCOPE_TABLES: tuple[str, ...] = table_roles.SCOPE_TABLES
 _POLL_S = 0.2
 AT_END = float("inf")
 _METADATA_RETRY_S = 2.0

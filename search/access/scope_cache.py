@@ -36,21 +36,21 @@ from typing import Any, Literal
 from ki.acl import Caller
 from ki.bounded_cache import BoundedCache, StoreGuard
 from ki.principals import canonical_principal
+from ki.table_roles import scope_tables
 from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
 from search.access.scope import CompiledScope
 
 ScopeKey = tuple[frozenset[str], bool, tuple[int, ...] | None]
 RawKey = tuple[str, ...]
 
-# Tables whose every row event can change somebody's scope.
-_DATA_TABLES = frozenset({"source_observations", "source_objects", "sources", "projects"})
-# documents / document_versions: only these columns decide scope membership.
-_SCOPE_COLUMNS = {"documents": ("deleted_at", "project_id"), "document_versions": ("document_id",)}
-_PRINCIPAL_COLUMNS = {
-    "grants": ("principal",),
-    "group_memberships": ("group_principal", "member_principal"),
-    "principal_aliases": ("alias", "principal"),
-}
+# The tables' scope roles (`ki.table_roles`). Tables whose every row event can change somebody's scope:
+_DATA_TABLES = frozenset(scope_tables("every_change"))
+# Tables where a row appearing or going, or one of these columns changing, decides scope membership:
+_SCOPE_COLUMNS = scope_tables("column_change")
+# Tables whose rows name principals: a grant change drops the scopes of the principals it names, a membership
+# or alias change their resolutions.
+_GRANT_COLUMNS = scope_tables("grantee_scopes")
+_PRINCIPAL_COLUMNS = {**_GRANT_COLUMNS, **scope_tables("caller_resolutions")}
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def invalidation_for(event: ChangeEvent | Tombstone) -> Invalidation:
         named = _principals(rows, _PRINCIPAL_COLUMNS[table])
         if named is None:
             return EVERYTHING
-        return Invalidation(scopes=named) if table == "grants" else Invalidation(callers=named)
+        return Invalidation(scopes=named) if table in _GRANT_COLUMNS else Invalidation(callers=named)
     if table in _DATA_TABLES:
         return Invalidation(scopes="all")
     if table in _SCOPE_COLUMNS:

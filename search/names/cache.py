@@ -30,15 +30,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ki.bounded_cache import BoundedCache, CacheStats
+from ki.table_roles import SCOPE_TABLES
 from projections.cdc import UNAVAILABLE, ChangeEvent, Tombstone
 from search.names.keys import NamedDocument, NameKey, identity_key
 
 Entry = tuple[NamedDocument, ...]
-# Tables whose changes can make a carrier visible or hidden to some caller (besides `documents` itself).
-_VISIBILITY_TABLES = frozenset(
-    {"document_versions", "source_observations", "source_objects", "sources", "projects", "grants",
-     "group_memberships", "principal_aliases"}
-)  # fmt: skip
+# Tables whose changes can make a carrier visible or hidden to some caller: those with a scope role
+# (`ki.table_roles`), but `documents`, whose events invalidate only the names of its old and new rows.
+_VISIBILITY_TABLES = frozenset(SCOPE_TABLES) - {"documents"}
 CallerKey = tuple[str, ...]  # the token's principals, canonical (`ScopeCache.raw_key`)
 FullKey = tuple[CallerKey, NameKey]
 
