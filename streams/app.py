@@ -127,25 +127,12 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         projector_: Projector = state["projector"]
         return projector_
 
-    async def send_to_dlq(message: Any, reason: str) -> None:
-        payload = {
-            "lane": lane,
-            "reason": reason,
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "key": message.key.decode("utf-8", "replace") if message.key else None,
-            "value": message.value.decode("utf-8", "replace") if message.value else None,
-        }
-        await dlq.send(key=message.key, value=json.dumps(payload).encode())
-        metrics.DLQ_EVENTS.labels(lane=lane, table=message.topic.rsplit(".", 1)[-1]).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
-
     async def apply(keys: DirtyKeys) -> Any:
         return await (await projector()).apply(keys, lane)
 
+    dead_letters = DeadLetters(dlq, lane)
     handler = BatchHandler(
-        lane, lane_topics(settings, "content"), apply, send_to_dlq, max_attempts=settings.streams.max_attempts
+        lane, lane_topics(settings, "content"), apply, dead_letters.send, max_attempts=settings.streams.max_attempts
     )
 
     @app.agent(source, name=f"cdc-{lane}")
@@ -190,6 +177,27 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         return self.bytes(generate_latest(), content_type="text/plain")
 
     return app
+
+
+class DeadLetters:
+    """One lane's side of the dead-letter topic: a record that can never be applied, with its reason."""
+
+    def __init__(self, topic: Any, lane: Lane) -> None:
+        self.topic, self.lane = topic, lane
+
+    async def send(self, message: Any, reason: str) -> None:
+        payload = {
+            "lane": self.lane,
+            "reason": reason,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "key": message.key.decode("utf-8", "replace") if message.key else None,
+            "value": message.value.decode("utf-8", "replace") if message.value else None,
+        }
+        await self.topic.send(key=message.key, value=json.dumps(payload).encode())
+        metrics.DLQ_EVENTS.labels(lane=self.lane, table=message.topic.rsplit(".", 1)[-1]).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
 
 
 def _hold_acks(events: Any) -> None:
