@@ -180,7 +180,8 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
 
 
 class DeadLetters:
-    """One lane's side of the dead-letter topic: a record that can never be applied, with its reason."""
+    """One lane's side of the dead-letter topic: a record that can never be applied, with its reason.
+    `send` returns once the broker acknowledged the dead letter, and raises if it refused it."""
 
     def __init__(self, topic: Any, lane: Lane) -> None:
         self.topic, self.lane = topic, lane
@@ -195,7 +196,11 @@ class DeadLetters:
             "key": message.key.decode("utf-8", "replace") if message.key else None,
             "value": message.value.decode("utf-8", "replace") if message.value else None,
         }
-        await self.topic.send(key=message.key, value=json.dumps(payload).encode())
+        # Faust's `send` only queues the record: its result is the delivery. Until the broker acknowledged it,
+        # the record is not handled (its offset must not be committed), and a refused delivery must raise,
+        # not pass as a warning in Faust's log.
+        delivery = await self.topic.send(key=message.key, value=json.dumps(payload).encode())
+        await delivery
         metrics.DLQ_EVENTS.labels(lane=self.lane, table=message.topic.rsplit(".", 1)[-1]).inc()
         log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
 
