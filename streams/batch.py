@@ -3,9 +3,10 @@
 Decode every message into dirty keys; dead-letter what cannot be read (a message on a content topic
 only by the content lane: both lanes read those topics, one record is enough); apply the batch's keys
 through the projector, retrying transient failures for as long as they last (the partition pauses,
-nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the whole
-batch. A settings/index mismatch (`IndexSchemaError`) is never retried nor dead-lettered: it goes up
-to the app, which stops the worker without acknowledging anything.
+nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the batch's
+records (each once: those dead-lettered as unreadable are not sent again, nor are the access lane's
+unreadable content records). A settings/index mismatch (`IndexSchemaError`) is never retried nor
+dead-lettered: it goes up to the app, which stops the worker without acknowledging anything.
 
 The app (`streams.app`) holds the acknowledgements back until `handle` returns, so a batch is either
 applied, dead-lettered, or replayed after a crash.
@@ -66,6 +67,7 @@ class BatchHandler:
 
     async def handle(self, messages: Sequence[Message]) -> None:
         keys = DirtyKeys()
+        to_apply: list[Message] = []
         newest_commit_ms: int | None = None
         for message in messages:
             try:
@@ -82,12 +84,13 @@ class BatchHandler:
             elif isinstance(decoded, Tombstone):
                 metrics.EVENTS.labels(lane=self.lane, table=decoded.table, op="tombstone").inc()
             keys.update(event_keys)
+            to_apply.append(message)
         try:
             await self.apply_until_done(keys)
         except IndexSchemaError:
             raise
         except Exception as exc:
-            for message in messages:
+            for message in to_apply:
                 await self.dead_letter(message, f"cannot be applied: {type(exc).__name__}: {exc}")
         if newest_commit_ms:
             metrics.FRESHNESS.labels(lane=self.lane).observe(max(0.0, self.clock() - newest_commit_ms / 1000))

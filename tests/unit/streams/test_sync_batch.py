@@ -106,3 +106,14 @@ def test_an_index_that_does_not_fit_the_settings_is_neither_retried_nor_dead_let
     with pytest.raises(IndexSchemaError):
         lane.handle(GOOD)
     assert lane.waits == [] and lane.dead == [] and lane.applied == []
+
+
+def test_a_failing_batch_dead_letters_each_record_once_and_leaves_the_other_lane_s_records_alone() -> None:
+    content = Lane("content", failures=[PermanentError("mapping rejects the row")] * 3)
+    content.handle(GOOD, POISON)
+    # The poison record was dead-lettered for what it is; the batch's failure does not send it a second time.
+    assert [(m.offset, why.split(":")[0]) for m, why in content.dead] == [(2, "undecodable"), (1, "cannot be applied")]
+    access = Lane("access", failures=[PermanentError("mapping rejects the row")] * 3)
+    access.handle(GOOD, POISON)
+    # The undecodable content record is the content lane's to dead-letter, whatever happens to this batch.
+    assert [(m.offset, why.split(":")[0]) for m, why in access.dead] == [(1, "cannot be applied")]
