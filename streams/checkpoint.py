@@ -12,7 +12,8 @@ before it on its partition are resolved: a partition is never committed past an 
 offset. What is never resolved is never released, so a crash at any point reads it again:
 * a batch that raises (`abandon`) leaves its partitions stuck at their earliest unresolved record: nothing
   later of them is released (nor kept) until the consumer reads them again from there (after a restart,
-  or a rebalance that hands the partition back from its committed offset);
+  or a rebalance that hands the partition back from its committed offset; one handed back further on,
+  after another member went past, stays stuck until the restart: read again, never lost);
 * a worker stopped or killed mid-batch never released the batch.
 A record held at or before an offset already held on its partition means the consumer went back (a
 rebalance, a seek): what was held from there on is read again and is not released.
@@ -21,7 +22,7 @@ Commits themselves are the consumer's: Faust commits the released offsets every 
 after `COMMIT_EVERY` releases (`faust_commit_settings`); a released offset is safe to commit at any moment,
 so these only bound how much a restart reads again.
 
-The checkpoint is pure (no Kafka, no Faust): it reaches the consumer through `Acks`, two calls per
+`Checkpoint` itself is pure (no Kafka, no Faust): it reaches the consumer through `Acks`, two calls per
 record. `FaustAcks` is Faust's side, and the only code of the worker that acknowledges a Faust message.
 """
 
