@@ -12,11 +12,12 @@ Both lanes read the index before PostgreSQL and write conditionally, so neither 
 with older state: a lost race is projected again from fresh reads (keeping the vectors already computed).
 
 A batch is decoded, turned into dirty keys and applied by the `Projector` (`streams.batch.BatchHandler`:
-decoding, retries and the dead-letter topic, without Kafka). Faust acknowledges a
-batch's offsets only after the loop body returns, and the body only returns once OpenSearch
-acknowledged every write — or the events went to the dead-letter topic — so a crash at any
-point replays the batch instead of losing it. Transient failures (OpenSearch or PostgreSQL away) are
-retried with backoff inside the body: the partition simply pauses.
+decoding, retries and the dead-letter topic, without Kafka). When an offset may be committed is decided
+by the lane's checkpoint (`streams.checkpoint`) alone: only once OpenSearch acknowledged every write its
+record leads to, or the broker acknowledged its dead letter, and never past an earlier offset of its
+partition that is not; so a crash at any point replays the batch instead of losing it. Transient
+failures (OpenSearch or PostgreSQL away) are retried with backoff inside the body: the partition simply
+pauses.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ki.settings import Settings
 from projections.dirty import DirtyKeys
 from streams import metrics
 from streams.batch import BatchHandler
+from streams.checkpoint import Checkpoint, FaustAcks, faust_commit_settings
 from streams.sync import Projector
 from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
 from streams.writer import IndexWriter, indices_with_signature
@@ -92,12 +94,10 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         # CDC topics are created compacted by `ki stack` / Debezium; never let Faust declare them.
         topic_allow_declare=False,
         topic_disable_leader=True,
-        broker_commit_every=100,
         # A killed worker's partitions move on after this, not after Faust's 60 s default.
         broker_session_timeout=settings.streams.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.streams.session_timeout_s / 3),
-        broker_commit_interval=1.0,
-        stream_wait_empty=False,
+        **faust_commit_settings(),
     )
     source = app.topic(*lane_topics(settings, lane), key_type=bytes, value_type=bytes, allow_empty=True)
     dlq = app.topic(settings.streams.dlq_topic, key_type=bytes, value_type=bytes, internal=False)
@@ -127,25 +127,16 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         projector_: Projector = state["projector"]
         return projector_
 
-    async def send_to_dlq(message: Any, reason: str) -> None:
-        payload = {
-            "lane": lane,
-            "reason": reason,
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "key": message.key.decode("utf-8", "replace") if message.key else None,
-            "value": message.value.decode("utf-8", "replace") if message.value else None,
-        }
-        await dlq.send(key=message.key, value=json.dumps(payload).encode())
-        metrics.DLQ_EVENTS.labels(lane=lane, table=message.topic.rsplit(".", 1)[-1]).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
-
     async def apply(keys: DirtyKeys) -> Any:
         return await (await projector()).apply(keys, lane)
 
     handler = BatchHandler(
-        lane, lane_topics(settings, "content"), apply, send_to_dlq, max_attempts=settings.streams.max_attempts
+        lane,
+        lane_topics(settings, "content"),
+        apply,
+        DeadLetters(dlq, lane).send,
+        checkpoint=Checkpoint(FaustAcks(app)),
+        max_attempts=settings.streams.max_attempts,
     )
 
     @app.agent(source, name=f"cdc-{lane}")
@@ -157,11 +148,8 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
         linger = settings.streams.batch_linger_ms / 1000
         # take_events exists on faust.Stream at runtime but is missing from the StreamT stub.
         async for events in stream.take_events(max_events, within=linger):  # type: ignore[attr-defined]
-            # take_events acks the batch when it moves on, and also when the worker stops mid-batch: closing
-            # the generator acks events that were never applied, and Faust commits acked offsets on its way
-            # out. A worker stopped (SIGTERM) while its batch waited for OpenSearch lost that batch (found by
-            # the fault tests). So the acks are held back until the batch is applied or dead-lettered.
-            _hold_acks(events)
+            # The handler's checkpoint holds the batch's offsets from here until each record is applied or
+            # dead-lettered (take_events' own acknowledgement alone commits nothing: `FaustAcks`).
             try:
                 await handler.handle([event.message for event in events])
             except IndexSchemaError as exc:
@@ -172,7 +160,6 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(EXIT_INDEX_MISMATCH)
-            _release_acks(app, events)
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
@@ -192,15 +179,27 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     return app
 
 
-def _hold_acks(events: Any) -> None:
-    """Mark the messages acknowledged without telling the consumer: take_events' own ack becomes a no-op,
-    so their offsets cannot become safe to commit before `_release_acks`."""
-    for event in events:
-        event.message.acked = True
+class DeadLetters:
+    """One lane's side of the dead-letter topic: a record that can never be applied, with its reason.
+    `send` returns once the broker acknowledged the dead letter, and raises if it refused it."""
 
+    def __init__(self, topic: Any, lane: Lane) -> None:
+        self.topic, self.lane = topic, lane
 
-def _release_acks(app: faust.App, events: Any) -> None:
-    """The real acknowledgement: the consumer may now commit these offsets."""
-    for event in events:
-        event.message.acked = False
-        event.message.ack(app.consumer)
+    async def send(self, message: Any, reason: str) -> None:
+        payload = {
+            "lane": self.lane,
+            "reason": reason,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "key": message.key.decode("utf-8", "replace") if message.key else None,
+            "value": message.value.decode("utf-8", "replace") if message.value else None,
+        }
+        # Faust's `send` only queues the record: its result is the delivery. Until the broker acknowledged it,
+        # the record is not handled (its offset must not be committed), and a refused delivery must raise,
+        # not pass as a warning in Faust's log.
+        delivery = await self.topic.send(key=message.key, value=json.dumps(payload).encode())
+        await delivery
+        metrics.DLQ_EVENTS.labels(lane=self.lane, table=message.topic.rsplit(".", 1)[-1]).inc()
+        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)

@@ -3,12 +3,15 @@
 Decode every message into dirty keys; dead-letter what cannot be read (a message on a content topic
 only by the content lane: both lanes read those topics, one record is enough); apply the batch's keys
 through the projector, retrying transient failures for as long as they last (the partition pauses,
-nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the whole
-batch. A settings/index mismatch (`IndexSchemaError`) is never retried nor dead-lettered: it goes up
-to the app, which stops the worker without acknowledging anything.
+nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the batch's
+records (each once: those dead-lettered as unreadable are not sent again, nor are the access lane's
+unreadable content records). A settings/index mismatch (`IndexSchemaError`) is never retried nor
+dead-lettered: it goes up to the app, which stops the worker without acknowledging anything.
 
-The app (`streams.app`) holds the acknowledgements back until `handle` returns, so a batch is either
-applied, dead-lettered, or replayed after a crash.
+Every record is held by the lane's checkpoint (`streams.checkpoint.Checkpoint`) from the moment the batch
+arrives and reported to it as applied, dead-lettered (once the broker acknowledged the dead letter) or
+skipped; the checkpoint alone decides when its offset may be committed. A batch that raises is abandoned:
+none of it is committed, so it is read again.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ki.errors import IndexSchemaError, TransientError
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
+from streams.checkpoint import Checkpoint
 from streams.topics import Lane
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ class Message(Protocol):
 
 
 Apply = Callable[[DirtyKeys], Awaitable[Any]]
+# Sends a record to the dead-letter topic with its reason; returns once the broker acknowledged it.
 DeadLetter = Callable[[Message, str], Awaitable[None]]
 
 
@@ -55,17 +60,28 @@ class BatchHandler:
         apply: Apply,
         dead_letter: DeadLetter,
         *,
+        checkpoint: Checkpoint,
         max_attempts: int,
         backoff: Backoff = SYNC_BACKOFF,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.lane, self.content_topics = lane, frozenset(content_topics)
-        self.apply, self.dead_letter = apply, dead_letter
+        self.apply, self.dead_letter, self.checkpoint = apply, dead_letter, checkpoint
         self.max_attempts, self.backoff, self.sleep, self.clock = max_attempts, backoff, sleep, clock
 
     async def handle(self, messages: Sequence[Message]) -> None:
+        """Apply one batch; returns once every record of it is applied, dead-lettered or skipped."""
+        self.checkpoint.hold(messages)
+        try:
+            await self._handle(messages)
+        except BaseException:  # a failure, or the worker stopping mid-batch: read the batch again
+            self.checkpoint.abandon(messages)
+            raise
+
+    async def _handle(self, messages: Sequence[Message]) -> None:
         keys = DirtyKeys()
+        to_apply: list[Message] = []
         newest_commit_ms: int | None = None
         for message in messages:
             try:
@@ -74,6 +90,9 @@ class BatchHandler:
             except (PoisonEvent, ValueError, TypeError) as exc:
                 if self.lane == "content" or message.topic not in self.content_topics:
                     await self.dead_letter(message, f"undecodable: {exc}")
+                    self.checkpoint.dead_lettered(message)
+                else:
+                    self.checkpoint.skipped(message)  # the content lane dead-letters it
                 continue
             if isinstance(decoded, ChangeEvent):
                 metrics.EVENTS.labels(lane=self.lane, table=decoded.table, op=decoded.op).inc()
@@ -82,13 +101,17 @@ class BatchHandler:
             elif isinstance(decoded, Tombstone):
                 metrics.EVENTS.labels(lane=self.lane, table=decoded.table, op="tombstone").inc()
             keys.update(event_keys)
+            to_apply.append(message)
         try:
             await self.apply_until_done(keys)
         except IndexSchemaError:
             raise
         except Exception as exc:
-            for message in messages:
+            for message in to_apply:
                 await self.dead_letter(message, f"cannot be applied: {type(exc).__name__}: {exc}")
+                self.checkpoint.dead_lettered(message)
+        else:
+            self.checkpoint.applied(to_apply)
         if newest_commit_ms:
             metrics.FRESHNESS.labels(lane=self.lane).observe(max(0.0, self.clock() - newest_commit_ms / 1000))
 

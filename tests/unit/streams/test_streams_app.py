@@ -4,6 +4,7 @@ import streams.app
 from ki.db.models import CAPTURED_TABLES
 from ki.settings import Settings
 from projections.dirty import CONTENT_TABLES
+from streams.checkpoint import COMMIT_EVERY, COMMIT_INTERVAL_S
 
 
 def test_importing_the_module_builds_no_app():
@@ -25,6 +26,9 @@ def test_the_app_uses_the_given_settings(tmp_path):
     access = streams.app.create_app(settings, "access")
     assert access.conf.id == "ki-test-app-access"
     assert access.conf.web_port == 7124  # web_port + 1 unless streams.access_web_port says otherwise
+    for app in (content, access):  # Faust commits what the checkpoint released, on its cadence
+        assert (app.conf.broker_commit_every, app.conf.broker_commit_interval) == (COMMIT_EVERY, COMMIT_INTERVAL_S)
+        assert app.conf.stream_wait_empty is False
 
 
 def topics_of(app):

@@ -1,5 +1,6 @@
 """One lane's batch handling (streams.batch.BatchHandler) without Kafka: decoding, the dead-letter
-topic, retries by failure type, and the index mismatch that stops the worker instead."""
+topic, retries by failure type, the index mismatch that stops the worker instead, and what it reports to
+the checkpoint (which offsets may be committed, and when)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ki.backoff import Backoff
 from ki.errors import IndexSchemaError, PermanentError, TransientError
 from projections.dirty import DirtyKeys
 from streams.batch import BatchHandler
+from streams.checkpoint import Checkpoint
 from streams.sync import SyncStats
 from tests.unit.projections.test_cdc import KEY, TOPIC, VERSION_ROW, envelope
 
@@ -28,25 +30,55 @@ class Record:
     offset: int = 0
 
 
-class Lane:
-    """A handler with recorded applies, dead letters and waits; `failures` are raised in turn."""
+class Released:
+    """The consumer's side of the checkpoint: the offsets it may commit, in the order released."""
 
-    def __init__(self, lane: str = "content", failures: list[Exception] | None = None, max_attempts: int = 3):
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def hold(self, record: Record) -> None:
+        pass
+
+    def release(self, record: Record) -> None:
+        self.offsets.append(record.offset)
+
+
+class Lane:
+    """A handler with recorded applies, dead letters, waits and released offsets (with what was released
+    when each apply, dead letter and wait began); `failures` are raised in turn, by `apply` or, with
+    `dead_letter_failures`, by the dead-letter topic."""
+
+    def __init__(
+        self,
+        lane: str = "content",
+        failures: list[BaseException] | None = None,
+        max_attempts: int = 3,
+        dead_letter_failures: list[BaseException] | None = None,
+    ):
         self.applied: list[DirtyKeys] = []
         self.dead: list[tuple[Record, str]] = []
         self.waits: list[float] = []
         self.failures = list(failures or [])
+        self.dead_letter_failures = list(dead_letter_failures or [])
+        self.released = Released()
+        self.checkpoint = Checkpoint(self.released)
+        self.released_at: list[tuple[str, list[int]]] = []  # (what began, the offsets released before)
 
         async def apply(keys: DirtyKeys) -> SyncStats:
+            self.released_at.append(("apply", list(self.released.offsets)))
             if self.failures:
                 raise self.failures.pop(0)
             self.applied.append(keys)
             return SyncStats()
 
         async def dead_letter(message: Record, reason: str) -> None:
+            self.released_at.append((f"dead letter {message.offset}", list(self.released.offsets)))
+            if self.dead_letter_failures:
+                raise self.dead_letter_failures.pop(0)
             self.dead.append((message, reason))
 
         async def sleep(seconds: float) -> None:
+            self.released_at.append(("wait", list(self.released.offsets)))
             self.waits.append(seconds)
 
         self.handler = BatchHandler(
@@ -54,6 +86,7 @@ class Lane:
             CONTENT_TOPICS,
             apply,
             dead_letter,  # type: ignore[arg-type]
+            checkpoint=self.checkpoint,
             max_attempts=max_attempts,
             backoff=Backoff(base_s=0.5, max_s=15.0),
             sleep=sleep,
@@ -106,3 +139,70 @@ def test_an_index_that_does_not_fit_the_settings_is_neither_retried_nor_dead_let
     with pytest.raises(IndexSchemaError):
         lane.handle(GOOD)
     assert lane.waits == [] and lane.dead == [] and lane.applied == []
+
+
+def test_a_failing_batch_dead_letters_each_record_once_and_leaves_the_other_lane_s_records_alone() -> None:
+    content = Lane("content", failures=[PermanentError("mapping rejects the row")] * 3)
+    content.handle(GOOD, POISON)
+    # The poison record was dead-lettered for what it is; the batch's failure does not send it a second time.
+    assert [(m.offset, why.split(":")[0]) for m, why in content.dead] == [(2, "undecodable"), (1, "cannot be applied")]
+    access = Lane("access", failures=[PermanentError("mapping rejects the row")] * 3)
+    access.handle(GOOD, POISON)
+    # The undecodable content record is the content lane's to dead-letter, whatever happens to this batch.
+    assert [(m.offset, why.split(":")[0]) for m, why in access.dead] == [(1, "cannot be applied")]
+
+
+def test_a_batch_s_offsets_are_released_only_once_the_index_acknowledged_it() -> None:
+    lane = Lane(failures=[TransientError("opensearch away")] * 2)
+    second = Record(TOPIC, KEY, envelope(after={**VERSION_ROW, "id": 43}), offset=9)
+    lane.handle(GOOD, second)
+    assert lane.released_at == [("apply", []), ("wait", []), ("apply", []), ("wait", []), ("apply", [])]
+    assert lane.released.offsets == [1, 9]
+    assert lane.checkpoint.committable() == {(TOPIC, 0): 10}
+
+
+def test_a_dead_lettered_record_is_released_after_its_dead_letter_and_never_before_an_earlier_record() -> None:
+    lane = Lane()
+    poison_first = Record(TOPIC, KEY, b"{not json", offset=1)
+    good_then = Record(TOPIC, KEY, envelope(after=VERSION_ROW), offset=2)
+    poison_last = Record(TOPIC, KEY, b"{not json", offset=3)
+    lane.handle(poison_first, good_then, poison_last)
+    assert lane.released_at == [
+        ("dead letter 1", []),
+        ("dead letter 3", [1]),  # the first is released once its dead letter is acknowledged
+        ("apply", [1]),  # the third waits for the second, which waits for the index
+    ]
+    assert lane.released.offsets == [1, 2, 3]
+
+
+def test_the_access_lane_releases_an_undecodable_content_record_it_leaves_to_the_content_lane() -> None:
+    lane = Lane("access")
+    lane.handle(POISON)
+    assert lane.dead == [] and lane.released.offsets == [2]
+
+
+def test_a_failing_batch_is_released_after_its_dead_letters() -> None:
+    lane = Lane(failures=[PermanentError("mapping rejects the row")] * 3)
+    lane.handle(GOOD)
+    assert lane.released_at[-1] == ("dead letter 1", [])
+    assert lane.released.offsets == [1]
+
+
+def test_a_batch_whose_dead_letter_is_refused_is_never_released_nor_anything_after_it_until_read_again() -> None:
+    lane = Lane(dead_letter_failures=[RuntimeError("the broker refused the dead letter")])
+    with pytest.raises(RuntimeError):
+        lane.handle(GOOD, POISON)
+    later = Record(TOPIC, KEY, envelope(after={**VERSION_ROW, "id": 43}), offset=5)
+    lane.handle(later)  # the worker carries on (Faust restarts the agent) but commits nothing past offset 1
+    assert lane.released.offsets == [] and lane.checkpoint.committable() == {}
+    again = [Record(r.topic, r.key, r.value, offset=r.offset) for r in (GOOD, POISON, later)]
+    lane.handle(*again)  # read again from the first unreleased offset (a restart, or a rebalance)
+    assert lane.released.offsets == [1, 2, 5]
+
+
+def test_an_index_mismatch_or_a_worker_stopping_mid_batch_releases_nothing() -> None:
+    for failure in (IndexSchemaError("dimension 384 != 768"), asyncio.CancelledError()):
+        lane = Lane(failures=[failure])
+        with pytest.raises(type(failure)):
+            lane.handle(GOOD)
+        assert lane.released.offsets == [] and lane.checkpoint.holding() == 0
