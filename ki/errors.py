@@ -14,7 +14,7 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
         ├── SettingsError       settings or a config file are invalid
         ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/request.py)
         │   ├── WindowTooDeep               offset + limit beyond the ranked window (search/request.py)
-        │   ├── SemanticUnavailable         a mode that needs vectors where there are none (search/service.py)
+        │   ├── SemanticUnavailable         a mode that needs vectors where there are none (search/plan.py)
         │   └── QueryTooManyTerms           OpenSearch refused the query text for its clause count (by type)
         ├── AuthError           missing or invalid credentials (search/web/auth.py)
         ├── Rejected            a service answered and refused (4xx, 500, a non-retriable Kafka error); `.service`

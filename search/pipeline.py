@@ -25,6 +25,7 @@ from ki.settings import RetrievalSettings
 from search.access.reverify import VerifiedVersion
 from search.access.scope import CompiledScope
 from search.names.keys import Identity, Subject
+from search.plan import QueryPlan
 from search.ranking.fusion import Candidate, put_at, put_first
 from search.request import SearchRequest
 from search.telemetry.metrics import SearchMetrics
@@ -72,6 +73,7 @@ class QueryContext:
 
     principals: Sequence[str]
     request: SearchRequest
+    plan: QueryPlan  # made once (search.plan): no step resolves mode, weights or expansion again
     scope: CompiledScope
     fused: list[Candidate]  # the whole fused list, before the re-verify
     kept: list[Candidate]  # verified and collapsed, in answer order

@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, Walk, resolve_caller
 from ki.embedding import Embedder
-from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
 from projections.plan import VECTOR_PENDING
@@ -50,6 +49,7 @@ from search.names.keys import (
 )
 from search.names.sql import look_up_names, subject_versions
 from search.pipeline import QueryContext, StageTimer, matches, post_ranking_steps, run_steps
+from search.plan import QueryPlan, plan_query
 from search.ranking import augment
 from search.ranking.budget import fit_budget
 from search.ranking.floor import apply_floor, floor_for
@@ -60,7 +60,6 @@ from search.ranking.legs import (
     LegHit,
     LegName,
     LegRun,
-    active_legs,
     build_leg_bodies,
     leg_depth,
 )
@@ -68,7 +67,7 @@ from search.ranking.mode_gate import GateDecision, Mode, SelfEvidence, decide, l
 from search.ranking.query_vectors import EmbeddingCache
 from search.ranking.rerank import RERANK_TOP_N, Reranker, RerankUnavailable, apply_rerank, passages
 from search.ranking.scoped import FILL_GROWTH, ScopedIndex, admits, first_size, prefix_end, resized
-from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
+from search.ranking.synonyms import DEFAULT_SYNONYMS
 from search.rate_limit import RateLimiter
 from search.request import (
     DecisionSearchRequest,
@@ -89,13 +88,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SemanticUnavailable(RequestInvalid):
-    """The request asked for a mode with the semantic leg, but this service has no query vectors to give."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("mode", message)
-
-
 @dataclass
 class SearchResult:
     hits: list[dict[str, Any]]
@@ -111,6 +103,7 @@ class SearchResult:
     semantic_floor: dict[str, Any] | None = None  # the relevance floor and what it dropped (with `explain`)
     evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
     graph: dict[str, Any] | None = None  # graph augmentation's outcome, when it is on
+    plan: dict[str, Any] | None = None  # the request's plan (with `explain`)
 
     def to_json(self, timings: bool = False) -> dict[str, Any]:
         """The answer; `timings_ms` only for operators (`timings`): server-side times tell a caller about
@@ -127,6 +120,7 @@ class SearchResult:
             "semantic_floor": self.semantic_floor,
             "evidence": self.evidence,
             "graph": self.graph,
+            "plan": self.plan,
         }
         out.update({key: value for key, value in optional.items() if value is not None})
         return out
@@ -416,63 +410,40 @@ class SearchService:
         if self.reranker is not None:
             await self.reranker.close()
 
-    def expansion(self, query: str) -> Expansion:
-        """The query with synonyms added (search.ranking.synonyms), what the lexical and semantic legs use."""
-        if self.synonym_groups is None:
-            return Expansion(query, ())
-        return expand_query(query, self.synonym_groups)
-
-    def resolve_mode(self, requested: Mode | None) -> Mode:
-        """The request's mode if it names one (always honoured), else the evidence gate's default."""
-        if requested is None:
-            return self.gate.default_mode
-        if requested != "lexical" and self.settings.retrieval.weight_semantic <= 0:
-            raise SemanticUnavailable(
-                f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
-            )
-        return requested
-
-    def mode_json(self, requested: Mode | None, used: Mode) -> dict[str, Any]:
-        reason = self.gate.reason if requested is None else f"requested {requested!r}"
-        return {"used": used, "requested": requested, "reason": reason}
-
-    def leg_weights(self, mode: Mode = "hybrid") -> dict[str, float]:
-        """Weights of the legs `mode` runs; a leg weighted 0 is not run."""
-        r = self.settings.retrieval
-        if mode == "lexical":
-            return {"lexical": r.weight_lexical, "semantic": 0.0, "identifier": r.weight_identifier}
-        if mode == "semantic":
-            return {"lexical": 0.0, "semantic": r.weight_semantic, "identifier": 0.0}
-        return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+    def plan(self, request: SearchRequest) -> QueryPlan:
+        """The request's plan (search.plan), made from one reading of the mode gate: every later step reads it."""
+        return plan_query(request, self.settings.retrieval, self.gate, self.synonym_groups)
 
     def plan_legs(
         self,
         request: SearchRequest,
         scope: CompiledScope | ScopeFilter,
         vector: list[float] | None,
+        plan: QueryPlan | None = None,
     ) -> dict[LegName, dict[str, Any]]:
         """The `_msearch` bodies of one ranked search (also what `ki bench search` sends raw as its baseline).
 
         A leg weighted 0 cannot add to any score, so it is not run at all: its hits would only trail the
         ranking with score 0 (this is how `ki eval` measures one leg alone)."""
+        plan = plan or self.plan(request)
         chosen = self.scope_filter(scope) if isinstance(scope, CompiledScope) else scope
         strict = strict_filter(chosen, metadata_clauses(request.filters) + point_in_time_clauses(request.as_of))
-        legs_on = active_legs(self.leg_weights(self.resolve_mode(request.mode)))
-        lexical = self.expansion(request.query).text
-        bodies = build_leg_bodies(request.query, vector, strict, request.window, legs_on, lexical_query=lexical,
+        bodies = build_leg_bodies(request.query, vector, strict, request.window, plan.legs,
+                                  lexical_query=plan.expansion.text,
                                   ef_search=self.settings.retrieval.hnsw_ef_search)  # fmt: skip
         if chosen.exact:
             return bodies
-        return {leg: resized(body, first_size(chosen, leg_depth(request.window))) for leg, body in bodies.items()}
+        return {leg: resized(body, first_size(chosen, plan.depth)) for leg, body in bodies.items()}
 
     async def run_legs_in_scope(
-        self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None
+        self, request: SearchRequest, scope: CompiledScope, vector: list[float] | None, plan: QueryPlan | None = None
     ) -> tuple[LegRun, int]:
         """Every leg's hits exactly as the exact scope filter gives them, through a filter of bounded size
         (search.ranking.scoped). Returns the legs and the number of `_msearch` round trips."""
+        plan = plan or self.plan(request)
         chosen = self.scope_filter(scope)
-        bodies = self.plan_legs(request, chosen, vector)
-        return await self.scoped.fill_legs(bodies, scope, chosen, leg_depth(request.window))
+        bodies = self.plan_legs(request, chosen, vector, plan)
+        return await self.scoped.fill_legs(bodies, scope, chosen, plan.depth)
 
     async def verified_head(
         self,
@@ -681,17 +652,18 @@ class SearchService:
 
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
+        plan = self.plan(request)  # once: every step below reads it
         # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
         vector = None
-        if "semantic" in active_legs(self.leg_weights(self.resolve_mode(request.mode))):
-            vector = asyncio.ensure_future(self.embed_query(self.expansion(request.query).text, principals))
+        if plan.needs_vector:
+            vector = asyncio.ensure_future(self.embed_query(plan.expansion.text, principals))
         try:
             scope = await self.compile_scope(principals, request.filters.project_id)
         except BaseException:
             if vector is not None:
                 vector.cancel()
             raise
-        return await self.search_in_scope(principals, request, scope, started=started, vector=vector)
+        return await self.search_in_scope(principals, request, scope, started=started, vector=vector, plan=plan)
 
     async def search_in_scope(
         self,
@@ -701,24 +673,24 @@ class SearchService:
         *,
         started: float | None = None,
         vector: Awaitable[list[float]] | None = None,
+        plan: QueryPlan | None = None,
     ) -> SearchResult:
         """Steps 2-8 for an already compiled scope (the re-verify still checks grants in SQL afresh).
 
-        `vector`: the query vector being computed (else embedded here). Timings: `embed` is the wait for
-        the vector after the scope."""
+        `vector`: the query vector being computed (else embedded here); `plan`: the request's plan (else made
+        here). Timings: `embed` is the wait for the vector after the scope."""
         timer = StageTimer(started)
         t = timer.mark("scope", timer.started)
         r = self.settings.retrieval
-        mode = self.resolve_mode(request.mode)
-        weights = self.leg_weights(mode)
+        plan = plan or self.plan(request)
         # The identity preflight runs beside the legs (it needs the scope, not their hits).
         preflight = asyncio.ensure_future(self.identify(principals, request, scope))
         try:
-            if vector is None and "semantic" in active_legs(weights):
-                vector = self.embed_query(self.expansion(request.query).text, principals)
+            if vector is None and plan.needs_vector:
+                vector = self.embed_query(plan.expansion.text, principals)
             query_vector = await vector if vector is not None else None
             t = timer.mark("embed", t)
-            run, rounds = await self.run_legs_in_scope(request, scope, query_vector)
+            run, rounds = await self.run_legs_in_scope(request, scope, query_vector, plan)
             t = timer.mark("msearch", t)
             identity, identity_verified = await preflight
         finally:
@@ -728,18 +700,19 @@ class SearchService:
             self.metrics.msearch_seconds.observe(timer.ms["msearch"] / 1000)
             self.metrics.observe_legs({str(leg): ms for leg, ms in run.took_ms.items()})
         with timer.stage("fuse"):
-            legs, fused, floor, below_floor = self.rank(request, run, weights)
+            legs, fused, floor, below_floor = self.rank(request, run, plan)
         need = max(request.window, RERANK_TOP_N if self.reranker is not None else 0) + 1
         need += identity.unique is not None
         with timer.stage("reverify"):
             kept, verified = await self.verified_head(principals, scope, fused, need, request.as_of)
-        ctx = QueryContext(principals, request, scope, fused, kept, verified, identity, identity_verified, timer)
+        ctx = QueryContext(principals, request, plan, scope, fused, kept, verified, identity, identity_verified, timer)
         if run.scope_filter != "exact":
             ctx.fallbacks.append(f"scope_filter_{run.scope_filter}")
         await run_steps(self.steps, ctx, self)
         kept, verified, identity, graph = ctx.kept, ctx.verified, ctx.identity, ctx.graph
         page = kept[request.offset : request.window]
-        explain = FusionParams(weights, r.fusion_rrf_k, mode, r.fusion_method) if request.explain else None
+        fusion = FusionParams(plan.weights, plan.fusion_rrf_k, plan.mode, plan.fusion_method)
+        explain = fusion if request.explain else None
         hits = [hit_json(c, verified[c.version_id], explain) for c in page]
         if request.expand and hits:
             with timer.stage("expand"):
@@ -753,14 +726,14 @@ class SearchService:
             evidence = use.to_json()
         reason = await self.scoped.empty_reason(request, scope) if not kept else None
         timings = timer.finish()
-        mode_info = self.mode_json(request.mode, mode)
+        mode_info = plan.mode_json()
         pending = sum(1 for c in page if c.source.get(VECTOR_PENDING))  # the caller's own hits only
         if pending:
             mode_info["vectors_pending"] = pending
         fallbacks = ctx.fallbacks
-        if request.mode is None and mode != "hybrid":
-            fallbacks.append(f"default_mode_{mode}")
-        self._record(request, mode, page, legs, identity, reason, fallbacks, timings["total"])
+        if request.mode is None and plan.mode != "hybrid":
+            fallbacks.append(f"default_mode_{plan.mode}")
+        self._record(request, plan.mode, page, legs, identity, reason, fallbacks, timings["total"])
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
         return SearchResult(
             hits,
@@ -771,15 +744,16 @@ class SearchService:
             mode_info,
             ambiguous=ambiguous,
             identity=identity.to_json() if request.explain else None,
-            synonyms=list(self.expansion(request.query).added) if request.explain else None,
+            synonyms=list(plan.expansion.added) if request.explain else None,
             semantic_floor={"similarity": floor, "dropped": below_floor} if request.explain else None,
             evidence=evidence,
             graph=graph,
             reason=reason,
+            plan=plan.to_json() if request.explain else None,
         )
 
     def rank(
-        self, request: SearchRequest, run: LegRun, weights: Mapping[str, float]
+        self, request: SearchRequest, run: LegRun, plan: QueryPlan
     ) -> tuple[dict[str, list[LegHit]], list[Candidate], float | None, int]:
         """The legs' lists as one ranking: the relevance floor on the semantic leg, fusion, status boost,
         decay. Also answers the legs as fused, the floor and how many hits it dropped."""
@@ -791,7 +765,7 @@ class SearchService:
             legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
         if below_floor:
             self.metrics.floor_dropped.inc(below_floor)
-        fused = fuse(legs, weights, r.fusion_method, r.fusion_rrf_k, request.query)
+        fused = fuse(legs, plan.weights, plan.fusion_method, plan.fusion_rrf_k, request.query)
         fused = apply_boost(fused, r.version_status_boost)
         if r.decay_enabled:
             fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_min_weight)

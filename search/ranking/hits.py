@@ -3,6 +3,7 @@ text and metadata from the index, and with `explain` how its score was made."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from search.ranking.fusion import Candidate
 class FusionParams:
     """What explains a fused score: score = sum(weights[leg] / (rrf_k + ranks[leg])) * status_boost."""
 
-    weights: dict[str, float]
+    weights: Mapping[str, float]
     rrf_k: int
     mode: str | None = None
     method: str = "rrf"

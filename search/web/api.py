@@ -30,6 +30,7 @@ from ki.clients import as_ki_error, make_async_engine, make_client
 from ki.embedding import EmbeddingUnavailable, create_embedder
 from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from ki.settings import ApiSettings, Settings
+from search.plan import SemanticUnavailable
 from search.ranking.rerank import RerankUnavailable
 from search.rate_limit import RateLimited
 from search.request import (
@@ -41,7 +42,7 @@ from search.request import (
     parse_search_request,
     parse_traverse_request,
 )
-from search.service import SearchService, SemanticUnavailable
+from search.service import SearchService
 from search.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.telemetry.ops import OpsReader
 from search.web.admission import AdmissionGate, Overloaded

@@ -76,6 +76,7 @@ from ki.embedding import Embedder, create_embedder
 from ki.errors import PermanentError
 from ki.settings import REPO_ROOT, Settings
 from search.access.scope import CompiledScope, compile_scope, strict_filter
+from search.plan import expansion_of
 from search.ranking.legs import LegRun, leg_depth, msearch_lines
 from search.request import SearchRequest, parse_search_request
 from search.service import SearchService
@@ -406,7 +407,7 @@ async def plan_specs(
     embed_ms: list[float] = []
     for body in bodies:
         started = time.perf_counter()
-        vectors[body["query"]] = await service.embed_query(service.expansion(body["query"]).text)
+        vectors[body["query"]] = await service.embed_query(expansion_of(body["query"], service.synonym_groups).text)
         embed_ms.append((time.perf_counter() - started) * 1000)
     specs = []
     for caller in callers:
@@ -1172,7 +1173,7 @@ async def _run_search_bench(settings: Settings, options: BenchOptions, new_label
         }
         _progress(f"bench search: scope compilation for {', '.join(map(str, options.scope_sizes))} visible documents")
         unfiltered = next((s.request for s in specs if "filters" not in s.body), specs[0].request)
-        probe = (unfiltered, await service.embed_query(service.expansion(unfiltered.query).text))
+        probe = (unfiltered, await service.embed_query(service.plan(unfiltered).expansion.text))
         scope_result = (
             await scope_compilation(
                 settings,

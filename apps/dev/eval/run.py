@@ -1143,8 +1143,9 @@ async def _tune_floor(q: QueryPhase) -> dict[str, Any]:
              "filters": {"project_id": [loaded.project_id]}},
             semantic.api,
         )  # fmt: skip
-        vector = await service.embed_query(service.expansion(request.query).text)
-        bodies = service.plan_legs(request, scope, vector)
+        plan = service.plan(request)
+        vector = await service.embed_query(plan.expansion.text)
+        bodies = service.plan_legs(request, scope, vector, plan)
         run = await run_legs(client, semantic.retrieval.index_name, {"semantic": bodies["semantic"]})
         relevant = {doc for doc, grade in judged.qrels[qid].items() if grade > 0}
         found = [h for h in run.hits["semantic"] if loaded.documents.get(int(h.source["document_id"])) in relevant]

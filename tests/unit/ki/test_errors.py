@@ -37,9 +37,9 @@ from ki.errors import (
     Unavailable,
     bulk_error,
 )
+from search.plan import SemanticUnavailable
 from search.ranking.rerank import RerankUnavailable
 from search.request import WindowTooDeep
-from search.service import SemanticUnavailable
 from search.web.admission import Overloaded
 from search.web.api import error_body, error_response, errors
 from search.web.auth import AuthError

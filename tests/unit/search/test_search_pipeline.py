@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 
 from ki.errors import TransientError
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 from search.access.reverify import VerifiedVersion
 from search.access.scope import CompiledScope
 from search.names.keys import NONE, Identity, Subject
 from search.pipeline import QueryContext, StageTimer, matches, post_ranking_steps, run_steps
+from search.plan import plan_query
 from search.ranking.fusion import Candidate
+from search.ranking.mode_gate import GateDecision
 from search.ranking.rerank import RerankUnavailable
 from search.request import SearchRequest
 from search.telemetry.metrics import SearchMetrics
@@ -70,9 +72,11 @@ class Services:
 
 def context(identity: Identity = NONE, identity_verified: dict[int, VerifiedVersion] | None = None) -> QueryContext:
     kept = [chunk(1, 1, 3.0), chunk(2, 2, 2.0), chunk(3, 3, 1.0)]
+    request = SearchRequest(query="Kündigungsfrist", limit=3)
     return QueryContext(
         principals=["user:anna"],
-        request=SearchRequest(query="Kündigungsfrist", limit=3),
+        request=request,
+        plan=plan_query(request, load_settings(environ={}).retrieval, GateDecision("lexical", "test"), None),
         scope=CompiledScope.of([1], [1, 2, 3, 9]),
         fused=list(kept),
         kept=list(kept),

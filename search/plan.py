@@ -1,0 +1,115 @@
+"""The plan of one ranked search, made once: mode, leg weights, the legs that run, the query's expansion, each
+leg's depth. Pure: built from the request, the retrieval settings and one reading of the mode gate.
+
+Every later step reads the plan; none resolves any of it again. The mode gate may change its default while a
+request runs (`SearchService.refresh_gate`, a new self-evaluation report): a plan made before that keeps the
+mode it was made with, so one request never sees two modes (a semantic leg asked for with no vector embedded,
+or a vector embedded for a lexical search). `explain` shows the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from ki.errors import RequestInvalid
+from ki.settings import RetrievalSettings
+from search.ranking.fusion import FusionMethod
+from search.ranking.legs import LegName, active_legs, leg_depth
+from search.ranking.mode_gate import GateDecision, Mode
+from search.ranking.synonyms import Expansion, expand_query
+from search.request import SearchRequest
+
+
+class SemanticUnavailable(RequestInvalid):
+    """The request asked for a mode with the semantic leg, but this service has no query vectors to give."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("mode", message)
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """What one ranked search does, decided before any of it runs (immutable)."""
+
+    mode: Mode
+    requested: Mode | None  # the request's own mode, if it named one
+    reason: str  # why this mode: the request's, or the gate's sentence
+    weights: Mapping[str, float]  # per leg; a leg weighted 0 does not run
+    legs: frozenset[LegName]
+    expansion: Expansion  # the query with synonyms added (what the lexical and semantic legs search)
+    depth: int  # hits per leg for the request's window
+    fusion_method: FusionMethod
+    fusion_rrf_k: int
+
+    @property
+    def needs_vector(self) -> bool:
+        return "semantic" in self.legs
+
+    def mode_json(self) -> dict[str, Any]:
+        """The answer's `mode`: which mode ran and why."""
+        return {"used": self.mode, "requested": self.requested, "reason": self.reason}
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as `explain` shows it."""
+        return {
+            "mode": self.mode,
+            "requested": self.requested,
+            "reason": self.reason,
+            "weights": dict(self.weights),
+            "legs": sorted(self.legs),
+            "lexical_query": self.expansion.text,
+            "synonyms_added": list(self.expansion.added),
+            "leg_depth": self.depth,
+            "fusion": {"method": self.fusion_method, "rrf_k": self.fusion_rrf_k},
+        }
+
+
+def leg_weights(retrieval: RetrievalSettings, mode: Mode) -> dict[str, float]:
+    """Weights of the legs `mode` runs; a leg weighted 0 is not run."""
+    r = retrieval
+    if mode == "lexical":
+        return {"lexical": r.weight_lexical, "semantic": 0.0, "identifier": r.weight_identifier}
+    if mode == "semantic":
+        return {"lexical": 0.0, "semantic": r.weight_semantic, "identifier": 0.0}
+    return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+
+
+def resolve_mode(retrieval: RetrievalSettings, gate: GateDecision, requested: Mode | None) -> Mode:
+    """The request's mode if it names one (always honoured), else the evidence gate's default."""
+    if requested is None:
+        return gate.default_mode
+    if requested != "lexical" and retrieval.weight_semantic <= 0:
+        raise SemanticUnavailable(
+            f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
+        )
+    return requested
+
+
+def expansion_of(query: str, synonym_groups: Sequence[Sequence[str]] | None) -> Expansion:
+    """The query with synonyms added (search.ranking.synonyms), or as it is when synonyms are off."""
+    return Expansion(query, ()) if synonym_groups is None else expand_query(query, synonym_groups)
+
+
+def plan_query(
+    request: SearchRequest,
+    retrieval: RetrievalSettings,
+    gate: GateDecision,
+    synonym_groups: Sequence[Sequence[str]] | None,
+) -> QueryPlan:
+    """The plan of `request` under these settings and this reading of the mode gate."""
+    mode = resolve_mode(retrieval, gate, request.mode)
+    weights = leg_weights(retrieval, mode)
+    return QueryPlan(
+        mode=mode,
+        requested=request.mode,
+        reason=gate.reason if request.mode is None else f"requested {request.mode!r}",
+        weights=MappingProxyType(weights),
+        legs=active_legs(weights),
+        expansion=expansion_of(request.query, synonym_groups),
+        depth=leg_depth(request.window),
+        fusion_method=retrieval.fusion_method,
+        fusion_rrf_k=retrieval.fusion_rrf_k,
+    )

@@ -1,0 +1,100 @@
+"""The query plan (search.plan): made once per request from one reading of the mode gate, immutable, and
+what every step reads; a gate that changes its default while a request runs does not change that request."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from ki.settings import load_settings
+from search.plan import QueryPlan, SemanticUnavailable, leg_weights, plan_query
+from search.ranking.mode_gate import GateDecision
+from search.request import SearchRequest
+
+RETRIEVAL = load_settings(environ={}).retrieval
+HYBRID = GateDecision("hybrid", "evidence: hybrid beats lexical")
+LEXICAL = GateDecision("lexical", "no evidence for vectors")
+
+
+def test_the_gates_default_decides_only_when_the_request_names_no_mode() -> None:
+    plan = plan_query(SearchRequest(query="Kaution"), RETRIEVAL, LEXICAL, None)
+    assert (plan.mode, plan.requested, plan.reason) == ("lexical", None, LEXICAL.reason)
+    assert "semantic" not in plan.legs and not plan.needs_vector
+    asked = plan_query(SearchRequest(query="Kaution", mode="hybrid"), RETRIEVAL, LEXICAL, None)
+    assert (asked.mode, asked.reason) == ("hybrid", "requested 'hybrid'") and asked.needs_vector
+    assert asked.mode_json() == {"used": "hybrid", "requested": "hybrid", "reason": "requested 'hybrid'"}
+
+
+def test_legs_weights_depth_and_expansion_are_in_the_plan() -> None:
+    request = SearchRequest(query="Kündigung Mietvertrag", limit=20, offset=10)
+    plan = plan_query(request, RETRIEVAL, HYBRID, [["Mietvertrag", "Mietverhältnis"]])
+    assert dict(plan.weights) == leg_weights(RETRIEVAL, "hybrid")
+    assert plan.legs == frozenset(leg for leg, w in plan.weights.items() if w > 0)
+    assert plan.depth == 150  # min(max(5 x 30, 50), 2500)
+    assert plan.expansion.added == ("Mietverhältnis",) and "Mietverhältnis" in plan.expansion.text
+    shown = plan.to_json()
+    assert shown["synonyms_added"] == ["Mietverhältnis"] and shown["leg_depth"] == 150
+    assert shown["fusion"] == {"method": RETRIEVAL.fusion_method, "rrf_k": RETRIEVAL.fusion_rrf_k}
+
+
+def test_a_plan_cannot_be_changed() -> None:
+    plan = plan_query(SearchRequest(query="Kaution"), RETRIEVAL, HYBRID, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.mode = "lexical"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        plan.weights["semantic"] = 0.0  # type: ignore[index]
+
+
+def test_a_mode_that_needs_vectors_where_there_are_none_is_refused() -> None:
+    off = RETRIEVAL.model_copy(update={"weight_semantic": 0.0})
+    with pytest.raises(SemanticUnavailable):
+        plan_query(SearchRequest(query="Kaution", mode="semantic"), off, HYBRID, None)
+    assert plan_query(SearchRequest(query="Kaution", mode="lexical"), off, HYBRID, None).mode == "lexical"
+
+
+class _FlippingGate:
+    """The service's `gate` attribute, flipped to lexical by the first reading (as a refresh in the middle of
+    a request would); counts the readings."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __get__(self, _service: Any, _owner: Any) -> GateDecision:
+        self.reads += 1
+        return HYBRID if self.reads == 1 else LEXICAL
+
+
+def test_a_gate_flip_in_the_middle_of_a_request_does_not_change_its_plan() -> None:
+    """`SearchService.search` makes the plan before its first await and hands it to every step: the gate is
+    read once, and the steps after the flip still run the hybrid plan (embedding included)."""
+    from search.service import SearchService
+
+    gate = _FlippingGate()
+    seen: list[QueryPlan] = []
+    embedded: list[str] = []
+
+    class Probe(SearchService):
+        def __init__(self) -> None:  # no clients: the steps below are stubs that record what they are given
+            self.settings = load_settings(environ={})
+            self.synonym_groups = None
+
+        async def embed_query(self, query: str, principals: Any = ()) -> list[float]:
+            embedded.append(query)
+            return [0.1]
+
+        async def compile_scope(self, principals: Any, project_ids: Any) -> Any:
+            await asyncio.sleep(0)  # the request yields here; the gate may change meanwhile
+            return "scope"
+
+        async def search_in_scope(self, principals: Any, request: Any, scope: Any, **kw: Any) -> Any:
+            seen.append(kw["plan"])
+            await kw["vector"]
+            return self.plan(request)  # a later reading: the flipped gate
+
+    Probe.gate = gate  # type: ignore[assignment]
+    later = asyncio.run(Probe().search(["user:anna"], SearchRequest(query="Kaution")))
+    assert [p.mode for p in seen] == ["hybrid"] and embedded == ["Kaution"]
+    assert later.mode == "lexical"  # the gate did flip; the request's own plan did not follow it
