@@ -30,7 +30,7 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
 Leaves that one module raises live in that module; the categories several modules share live here.
 Foreign exceptions (opensearch-py, confluent-kafka, SQLAlchemy) become these types in one function per
 library in `ki.clients`, beside the code that builds those clients; aiohttp's in `search/ranking/rerank.py`, the
-one aiohttp client. The search API maps the tree to HTTP in one table (`search/web/api.py`).
+one aiohttp client. The search API maps the tree to HTTP in one table (`search/web/errors.py`).
 
 This module imports nothing but the standard library, so every layer (also the pure `projections/`) may
 use it.

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from opensearchpy import AsyncOpenSearch
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import Caller, Walk, resolve_caller
 from ki.embedding import Embedder
-from ki.principals import canonical_principal
 from ki.settings import Settings
 from projections.plan import VECTOR_PENDING
 from search.access.invalidation import ChangeSubscriber, InvalidationFeed
@@ -78,10 +77,8 @@ from search.request import (
     metadata_clauses,
     point_in_time_clauses,
 )
-from search.telemetry.audit import AuditLog, read_audit, record_of
 from search.telemetry.metrics import SearchMetrics
 from search.telemetry.stats import StatsRecorder, query_stats
-from search.telemetry.stats import summary as stats_summary
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +172,6 @@ class SearchService:
         self.stats: StatsRecorder | None = None
         if settings.api.stats.enabled:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
-        # The access audit (search.telemetry.audit): a row per request, recorded by the HTTP API and the MCP server.
-        self.audit: AuditLog | None = None
-        if settings.api.audit.enabled:
-            self.audit = AuditLog(engine, settings.api, on_dropped=lambda n: self.metrics.audit_dropped.inc(n))
         if use_cache:
             api = settings.api
             self.scope_cache = ScopeCache(
@@ -199,8 +192,6 @@ class SearchService:
             self.feed.start()
         if self.stats is not None:
             self.stats.start()
-        if self.audit is not None:
-            self.audit.start()
 
     async def refresh_gate(self) -> GateDecision:
         """Re-read the newest self-eval report and decide the default mode again (search.ranking.mode_gate)."""
@@ -237,14 +228,6 @@ class SearchService:
             self.metrics.feed_lag.set(health.lag_s)
         self.metrics.scope_cache_ids.set(self.scope_cache.ids_held)
         return self.scope_cache if health.usable else None
-
-    def scope_cache_state(self) -> dict[str, Any]:
-        """For `/readyz`: whether the scope cache is in use, and why not."""
-        if self.scope_cache is None or self.feed is None:
-            return {"enabled": False, "usable": False, "reason": "api.caches.scope_size is 0"}
-        health = self.feed.health()
-        lag = None if health.lag_s is None else round(health.lag_s, 3)
-        return {"enabled": True, "usable": health.usable, "reason": health.reason, "feed_lag_s": lag}
 
     async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
         """The caller's scope: from the cache when its feed is current and it holds it, else in SQL
@@ -405,8 +388,6 @@ class SearchService:
             self.feed.stop()
         if self.stats is not None:
             await self.stats.close()
-        if self.audit is not None:
-            await self.audit.close()
         if self.reranker is not None:
             await self.reranker.close()
 
@@ -815,43 +796,6 @@ class SearchService:
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
 
-    def is_operator(self, principals: Sequence[str]) -> bool:
-        """Does the token name an operator or administrator principal (`security.operator_principals`,
-        `security.admin_principals`)? Read from the token alone: who may see how the service runs."""
-        security = self.settings.security
-        wanted = {canonical_principal(p) for p in [*security.operator_principals, *security.admin_principals]}
-        return any(canonical_principal(p) in wanted for p in principals)
-
-    async def is_admin(self, principals: Sequence[str]) -> bool:
-        """Whether the caller is an administrator (aliases and groups resolved in SQL, as for search)."""
-        security = self.settings.security
-        async with self.engine.connect() as conn:
-            caller = await conn.run_sync(lambda c: resolve_caller(c, principals, security))
-        return caller.is_admin
-
-    def audit_request(self, principals: Sequence[str], endpoint: str, status: int, answer: Any) -> None:
-        """One access-audit row (search.telemetry.audit): who asked where, and the documents the answer named."""
-        if self.audit is not None:
-            self.audit.record(record_of(principals, endpoint, status, answer))
-
-    async def read_audit(self, hours: int, principal: str | None, limit: int) -> dict[str, Any]:
-        """The audit's newest rows (what is still buffered written first)."""
-        if self.audit is None:
-            return {"enabled": False, "rows": []}
-        await self.audit.flush()
-        async with self.engine.connect() as conn:
-            rows = await conn.run_sync(lambda c: read_audit(c, hours, principal, limit))
-        return {"enabled": True, "rows": rows}
-
-    async def stats_summary(self, hours: int) -> dict[str, Any]:
-        """The last `hours` of retrieval statistics (search.telemetry.stats), what is still buffered written
-        first."""
-        if self.stats is not None:
-            await self.stats.flush()
-        async with self.engine.connect() as conn:
-            out = await conn.run_sync(lambda c: stats_summary(c, hours))
-        return {"enabled": self.stats is not None, **out}
-
     async def _on_the_grid(self, work: Awaitable[T]) -> T:
         """`work`'s answer (or its error), released at the next multiple of `api.limits.release_quantum_ms` from
         now: what PostgreSQL does below the same statements and rows (probes finding a hidden row, then
@@ -913,44 +857,3 @@ class SearchService:
                 return await conn.run_sync(lambda c: search_decisions(c, principals, security, request))
 
         return await self._on_the_grid(run())
-
-    async def refresh_index_gauges(self, timeout_s: float) -> str | None:
-        """Read the alias target, store size and rows from OpenSearch into the index gauges; on failure keep
-        the old values and answer why (a scrape must not fail because OpenSearch is briefly away)."""
-        try:
-            aliases = await self.client.indices.get_alias(index=self.index, name=self.index, request_timeout=timeout_s)
-            stats = await self.client.indices.stats(
-                index=self.index, metric="store,docs", request_timeout=timeout_s
-            )  # fmt: skip
-            health = await self.client.cluster.health(request_timeout=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - reported on the dashboard
-            return f"{type(exc).__name__}: {exc}"[:300]
-        self.metrics.cluster_health(health)
-        primaries = stats["_all"]["primaries"]
-        self.metrics.index_state(
-            self.index, sorted(aliases), int(primaries["store"]["size_in_bytes"]), int(primaries["docs"]["count"])
-        )
-        return None
-
-    async def ready(self) -> dict[str, Any]:
-        """PostgreSQL reachable, OpenSearch reachable, the index alias present and every primary shard of it
-        assigned (red: some rows could not be found; yellow, a replica missing, still serves)."""
-        checks: dict[str, Any] = {}
-        try:
-            async with self.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-            checks["postgresql"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported, not swallowed
-            checks["postgresql"] = f"error: {type(exc).__name__}: {exc}"[:300]
-        try:
-            present = await self.client.indices.exists_alias(index=self.index, name=self.index)
-            checks["opensearch"] = "ok"
-            checks["index"] = "ok" if present else f"alias {self.index!r} missing"
-            if present:
-                health = await self.client.cluster.health(index=self.index)
-                if health.get("status") == "red":
-                    checks["index"] = "red: a primary shard of the index is on no node"
-        except Exception as exc:  # noqa: BLE001
-            checks["opensearch"] = f"error: {type(exc).__name__}: {exc}"[:300]
-            checks["index"] = "unknown"
-        return checks

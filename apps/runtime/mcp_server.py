@@ -19,11 +19,10 @@ Transports:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
+from search.compose import search_runtime
+from search.operations import Operations
 from search.request import (
     DecisionSearchRequest,
     FilterRequest,
@@ -47,8 +48,8 @@ from search.request import (
     validate_request,
 )
 from search.service import SearchService
-from search.web.api import NotFound, create_service, error_body
 from search.web.auth import Authenticator, AuthError
+from search.web.errors import NotFound, error_body
 from search.web.oidc import IdentityProviderUnavailable
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ class RelatedDocumentsRequest(RelatedRequest):
     document_id: Id = Field(..., description="the document whose relations are listed")
 
 
-Call = Callable[[SearchService, list[str], Any], Awaitable[Any]]
+# (service, principals, request, timings): `timings` says whether the caller may see server-side times.
+Call = Callable[[SearchService, list[str], Any, bool], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -81,33 +83,37 @@ class ToolSpec:
     http: str  # the HTTP endpoint it mirrors
 
 
-async def _search(service: SearchService, principals: list[str], request: SearchRequest) -> Any:
-    return (await service.search(principals, request)).to_json(timings=service.is_operator(principals))
+async def _search(service: SearchService, principals: list[str], request: SearchRequest, timings: bool) -> Any:
+    return (await service.search(principals, request)).to_json(timings=timings)
 
 
-async def _filter(service: SearchService, principals: list[str], request: FilterRequest) -> Any:
-    return (await service.search_filter(principals, request)).to_json(timings=service.is_operator(principals))
+async def _filter(service: SearchService, principals: list[str], request: FilterRequest, timings: bool) -> Any:
+    return (await service.search_filter(principals, request)).to_json(timings=timings)
 
 
-async def _decisions(service: SearchService, principals: list[str], request: DecisionSearchRequest) -> Any:
-    return (await service.search_decisions(principals, request)).to_json(timings=service.is_operator(principals))
+async def _decisions(
+    service: SearchService, principals: list[str], request: DecisionSearchRequest, timings: bool
+) -> Any:
+    return (await service.search_decisions(principals, request)).to_json(timings=timings)
 
 
-async def _document(service: SearchService, principals: list[str], request: DocumentRequest) -> Any:
+async def _document(service: SearchService, principals: list[str], request: DocumentRequest, timings: bool) -> Any:
     found = await service.get_document(principals, request.document_id)
     if found is None:
         raise NotFound("no such document")
     return found
 
 
-async def _related(service: SearchService, principals: list[str], request: RelatedDocumentsRequest) -> Any:
+async def _related(
+    service: SearchService, principals: list[str], request: RelatedDocumentsRequest, timings: bool
+) -> Any:
     found = await service.related(principals, request.document_id, request)
     if found is None:
         raise NotFound("no such document")
     return found
 
 
-async def _traverse(service: SearchService, principals: list[str], request: TraverseRequest) -> Any:
+async def _traverse(service: SearchService, principals: list[str], request: TraverseRequest, timings: bool) -> Any:
     return await service.traverse(principals, request)
 
 
@@ -164,8 +170,11 @@ def tool_error(exc: KiError, where: str) -> types.CallToolResult:
 PrincipalsOf = Callable[[Any], Awaitable[list[str]]]
 
 
-def build_server(settings: Settings, service: SearchService, principals_of: PrincipalsOf) -> Server[Any]:
-    """The MCP server over `service`; `principals_of(ctx)` says who calls (raises `AuthError` if nobody)."""
+def build_server(
+    settings: Settings, service: SearchService, operations: Operations, principals_of: PrincipalsOf
+) -> Server[Any]:
+    """The MCP server over `service` (its `operations` audit each call and say who sees timings);
+    `principals_of(ctx)` says who calls (raises `AuthError` if nobody)."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(
@@ -183,12 +192,12 @@ def build_server(settings: Settings, service: SearchService, principals_of: Prin
             principals = await principals_of(ctx)
             service.limiter.take(principals)  # the same limit as over HTTP
             request = spec.parse(params.arguments or {}, settings.api)
-            answer = await spec.call(service, principals, request)
-            service.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.telemetry.audit)
+            answer = await spec.call(service, principals, request, operations.is_operator(principals))
+            operations.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.telemetry.audit)
             return tool_result(answer)
         except KiError as exc:
             result = tool_error(exc, where)
-            service.audit_request(principals, endpoint, int((result.structured_content or {})["status"]), None)
+            operations.audit_request(principals, endpoint, int((result.structured_content or {})["status"]), None)
             return result
 
     return Server("ki-sidecar", version="1", instructions=__doc__.split("\n\n")[0] if __doc__ else None,
@@ -239,21 +248,12 @@ class BearerGate:
         return await self.app(scope, receive, send)
 
 
-@contextlib.asynccontextmanager
-async def _service(settings: Settings) -> AsyncIterator[SearchService]:
-    service, close = await create_service(settings)
-    try:
-        yield service
-    finally:
-        await close()
-
-
 async def serve_http(settings: Settings, *, port: int | None = None) -> None:
     import uvicorn
 
-    async with _service(settings) as service:
+    async with search_runtime(settings) as runtime:
         auth = Authenticator(settings.api, settings.oidc)  # one key cache for the gate and the tools
-        server = build_server(settings, service, http_principals(auth))
+        server = build_server(settings, runtime.service, runtime.operations, http_principals(auth))
         app = server.streamable_http_app(
             streamable_http_path=settings.mcp.path, stateless_http=True, json_response=True, host=settings.mcp.host
         )
@@ -266,8 +266,8 @@ async def serve_http(settings: Settings, *, port: int | None = None) -> None:
 async def serve_stdio(settings: Settings) -> None:
     from mcp.server.stdio import stdio_server
 
-    async with _service(settings) as service:
-        server = build_server(settings, service, stdio_principals(settings))
+    async with search_runtime(settings) as runtime:
+        server = build_server(settings, runtime.service, runtime.operations, stdio_principals(settings))
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 

@@ -174,7 +174,7 @@ class SearchMetrics:
             ["result"],
             registry=r,
         )
-        # The index as OpenSearch reports it, read at each scrape (search.service.refresh_index_gauges).
+        # The index as OpenSearch reports it, read at each scrape (search.operations.Operations.refresh_index_gauges).
         self.index_size = Gauge(
             "ki_index_size_bytes", "Store size of the index the alias points at (primaries)", registry=r,
             multiprocess_mode="mostrecent",

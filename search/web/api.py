@@ -16,7 +16,6 @@ also a service refusing what we sent (a bug, not worth a retry).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
@@ -26,16 +25,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ki.clients import as_ki_error, make_async_engine, make_client
-from ki.embedding import EmbeddingUnavailable, create_embedder
-from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
+from ki.clients import as_ki_error
+from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
-from search.plan import SemanticUnavailable
-from search.ranking.rerank import RerankUnavailable
+from search.compose import start_search_runtime
+from search.operations import Operations
 from search.rate_limit import RateLimited
 from search.request import (
     MAX_ID,
-    WindowTooDeep,
     parse_decision_request,
     parse_filter_request,
     parse_related_request,
@@ -46,14 +43,15 @@ from search.service import SearchService
 from search.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from search.telemetry.ops import OpsReader
 from search.web.admission import AdmissionGate, Overloaded
-from search.web.auth import Authenticator, AuthError
+from search.web.auth import Authenticator
 from search.web.console import Console, security_headers
-from search.web.oidc import IdentityProviderUnavailable
+from search.web.errors import Forbidden, NotFound, error_body
 from search.web.openapi import openapi_document
 
 log = logging.getLogger(__name__)
 
 SERVICE_KEY = web.AppKey("search_service", SearchService)
+OPERATIONS_KEY = web.AppKey("operations", Operations)
 SETTINGS_KEY = web.AppKey("settings", Settings)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
 OPS_KEY = web.AppKey("ops", OpsReader)
@@ -82,51 +80,6 @@ async def _body(request: web.Request) -> Any:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-# A service that did not answer: the code and the message a caller sees (the details go to the log).
-_UNAVAILABLE: list[tuple[type[Unavailable], str, str]] = [
-    (SearchUnavailable, "search_unavailable", "the search index is unavailable; no partial answer is given"),
-    (RerankUnavailable, "rerank_unavailable", "the reranker failed; no unreranked answer is given"),
-    (EmbeddingUnavailable, "embedding_unavailable", "the embedding service is unavailable; no partial answer"),
-    (IdentityProviderUnavailable, "identity_provider_unavailable",
-     "the identity provider's signing keys could not be fetched, so the token cannot be checked"),
-    (Unavailable, "service_unavailable", "a service the search needs is unavailable; no partial answer is given"),
-]
-
-
-def error_body(exc: KiError, where: str = "") -> tuple[int, dict[str, Any]]:
-    """The one map from the error tree to an answer: status and `{error, message, [field]}` (HTTP here,
-    tool errors in the MCP server)."""
-
-    def body(status: int, code: str, message: str, **extra: Any) -> tuple[int, dict[str, Any]]:
-        return status, {"error": code, "message": message, **extra}
-
-    if isinstance(exc, AuthError):
-        return body(401, "unauthorized", str(exc))
-    if isinstance(exc, Forbidden):
-        return body(403, "forbidden", str(exc))
-    if isinstance(exc, NotFound):
-        return body(404, "not_found", str(exc))
-    if isinstance(exc, Overloaded):
-        return body(exc.status, "overloaded", exc.message)
-    if isinstance(exc, RateLimited):
-        return body(429, "rate_limited", str(exc), retry_after_s=exc.retry_after_s)
-    if isinstance(exc, SemanticUnavailable):
-        return body(409, "semantic_unavailable", exc.message, field=exc.field)
-    if isinstance(exc, WindowTooDeep):
-        return body(422, "window_too_deep", exc.message, field=exc.field, max_window=exc.max_window)
-    if isinstance(exc, RequestInvalid):
-        return body(400, "invalid_request", exc.message, field=exc.field)
-    if isinstance(exc, Unavailable):
-        log.warning("%s: %s unavailable: %s", where, exc.service, exc)
-        code, message = next((c, m) for kind, c, m in _UNAVAILABLE if isinstance(exc, kind))
-        return body(503, code, message)
-    if isinstance(exc, TransientError):
-        log.warning("%s: %s: %s", where, type(exc).__name__, exc)
-        return body(503, "unavailable", "temporarily unavailable; retry later")
-    log.error("%s: %s: %s", where, type(exc).__name__, exc)
-    return body(500, "internal_error", "internal error")
 
 
 def error_response(exc: KiError, where: str = "") -> web.Response:
@@ -178,7 +131,7 @@ async def audit(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await handler(request)
     if request.path.startswith("/v1/"):
         principals = request.get(PRINCIPALS_KEY, [])
-        request.app[SERVICE_KEY].audit_request(principals, _route(request), response.status, request.get(ANSWER_KEY))
+        request.app[OPERATIONS_KEY].audit_request(principals, _route(request), response.status, request.get(ANSWER_KEY))
     return response
 
 
@@ -188,9 +141,8 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
     async def handler(request: web.Request) -> web.Response:
         principals = await _principals(request)
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
-        service = request.app[SERVICE_KEY]
-        result = await call(service, principals, parsed)
-        return _answer(request, result.to_json(timings=service.is_operator(principals)))
+        result = await call(request.app[SERVICE_KEY], principals, parsed)
+        return _answer(request, result.to_json(timings=request.app[OPERATIONS_KEY].is_operator(principals)))
 
     return handler
 
@@ -198,10 +150,6 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
 search_handler = _endpoint(parse_search_request, SearchService.search)
 filter_handler = _endpoint(parse_filter_request, SearchService.search_filter)
 decisions_handler = _endpoint(parse_decision_request, SearchService.search_decisions)
-
-
-class Forbidden(PermanentError):
-    """An authenticated caller asked for something only administrators may see."""
 
 
 MAX_STATS_HOURS = 24 * 366
@@ -212,10 +160,10 @@ async def stats_handler(request: web.Request) -> web.Response:
     aggregate every caller's queries)."""
     principals = await _principals(request)
     hours = _whole(request, "hours", 24, MAX_STATS_HOURS)
-    service = request.app[SERVICE_KEY]
-    if not await service.is_admin(principals):
+    operations = request.app[OPERATIONS_KEY]
+    if not await operations.is_admin(principals):
         raise Forbidden("retrieval statistics are for administrators (security.admin_principals)")
-    return web.json_response(await service.stats_summary(hours))
+    return web.json_response(await operations.stats_summary(hours))
 
 
 def _whole(request: web.Request, name: str, default: int, most: int) -> int:
@@ -242,14 +190,10 @@ async def audit_handler(request: web.Request) -> web.Response:
     principal = request.query.get("principal") or None
     if principal is not None and len(principal) > 512:
         raise RequestInvalid("principal", "must be at most 512 characters")
-    service = request.app[SERVICE_KEY]
-    if not await service.is_admin(principals):
+    operations = request.app[OPERATIONS_KEY]
+    if not await operations.is_admin(principals):
         raise Forbidden("the access audit is for administrators (security.admin_principals)")
-    return web.json_response(await service.read_audit(hours, principal, limit))
-
-
-class NotFound(PermanentError):
-    """No document the caller may see has this id (whether it exists is not said)."""
+    return web.json_response(await operations.read_audit(hours, principal, limit))
 
 
 def _document_id(request: web.Request) -> int:
@@ -288,18 +232,18 @@ async def me_handler(request: web.Request) -> web.Response:
     """`GET /v1/me`: the principals the token names and whether they make an administrator (the console
     asks this after sign-in: a bad token is a 401 here, before any search)."""
     principals = await _principals(request)
-    admin = await request.app[SERVICE_KEY].is_admin(principals)
+    admin = await request.app[OPERATIONS_KEY].is_admin(principals)
     return web.json_response({"principals": principals, "admin": admin})
 
 
 async def ops_handler(request: web.Request) -> web.Response:
     """`GET /v1/ops/overview`: the operations dashboard's figures (administrators only, search.telemetry.ops)."""
     principals = await _principals(request)
-    service = request.app[SERVICE_KEY]
-    if not await service.is_admin(principals):
+    operations = request.app[OPERATIONS_KEY]
+    if not await operations.is_admin(principals):
         raise Forbidden("the operations overview is for administrators (security.admin_principals)")
-    index_error = await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
-    return web.json_response(await request.app[OPS_KEY].read(service.metrics.exposition, index_error))
+    index_error = await operations.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
+    return web.json_response(await request.app[OPS_KEY].read(operations.metrics.exposition, index_error))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -307,11 +251,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    service = request.app[SERVICE_KEY]
-    checks = await service.ready()
+    operations = request.app[OPERATIONS_KEY]
+    checks = await operations.ready()
     ok = all(v == "ok" for v in checks.values())
     # The scope cache is not a readiness condition: without it, scopes are compiled in SQL.
-    body = {"status": "ok" if ok else "unavailable", "checks": checks, "scope_cache": service.scope_cache_state()}
+    body = {"status": "ok" if ok else "unavailable", "checks": checks, "scope_cache": operations.scope_cache_state()}
     return web.json_response(body, status=200 if ok else 503)
 
 
@@ -323,14 +267,14 @@ async def metrics(request: web.Request) -> web.Response:
     """`GET /metrics` for operators only: index sizes and every tenant's access-change counts are not a
     caller's business. Prometheus sends the static `api.ops.metrics_token` (its `credentials_file`), people
     an operator's or administrator's token."""
-    service = request.app[SERVICE_KEY]
+    operations = request.app[OPERATIONS_KEY]
     static = request.app[SETTINGS_KEY].api.ops.metrics_token
     sent = request.headers.get("Authorization", "")
     by_static_token = bool(static) and hmac.compare_digest(sent.encode(), f"Bearer {static}".encode())
-    if not by_static_token and not service.is_operator(await _principals(request)):
+    if not by_static_token and not operations.is_operator(await _principals(request)):
         raise Forbidden("metrics are for operators (security.operator_principals) and api.ops.metrics_token")
-    await service.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
-    body = service.metrics.exposition()
+    await operations.refresh_index_gauges(request.app[SETTINGS_KEY].api.ops.scrape_timeout_s)
+    body = operations.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -380,7 +324,7 @@ def lane_metrics_urls(settings: Settings) -> dict[str, str]:
     return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in ("content", "access")}
 
 
-def build_app(settings: Settings, service: SearchService) -> web.Application:
+def build_app(settings: Settings, service: SearchService, operations: Operations) -> web.Application:
     # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
     app = web.Application(
         middlewares=[instrument, security_headers, audit, errors, admission],
@@ -388,6 +332,7 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     )
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
+    app[OPERATIONS_KEY] = operations
     app[AUTH_KEY] = Authenticator(settings.api, settings.oidc)
     app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops.window_s, settings.api.ops.scrape_timeout_s)
     limits = settings.api.limits
@@ -415,37 +360,13 @@ def build_app(settings: Settings, service: SearchService) -> web.Application:
     return app
 
 
-async def create_service(settings: Settings) -> tuple[SearchService, Callable[[], Awaitable[None]]]:
-    """A started search service with its own OpenSearch client, async engines and embedder, and what closes
-    them (the HTTP API and the MCP server each make one)."""
-    loop = asyncio.get_running_loop()
-    embedder = await loop.run_in_executor(None, create_embedder, settings)
-    # Read-only statements that each take their own snapshot anyway (READ COMMITTED): autocommit spares
-    # every connection checkout a BEGIN and a ROLLBACK round trip to PostgreSQL.
-    engine = make_async_engine(settings, isolation_level="AUTOCOMMIT")
-    # no ping before each re-verify (a round trip per search): `SearchService._verified_read` retries once
-    verify_engine = make_async_engine(settings, isolation_level="AUTOCOMMIT", generic_plans=True, pool_pre_ping=False)
-    client = make_client(settings)
-    service = SearchService(settings, engine, client, embedder, verify_engine=verify_engine)
-    service.start()
-    log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
-
-    async def close() -> None:
-        await service.close()
-        await client.close()
-        await engine.dispose()
-        await verify_engine.dispose()
-
-    return service, close
-
-
 async def create_app(settings: Settings) -> web.Application:
-    """The app with its own search service, closed on cleanup."""
-    service, close = await create_service(settings)
-    app = build_app(settings, service)
+    """The app with its own search service and operations service (search.compose), closed on cleanup."""
+    runtime = await start_search_runtime(settings)
+    app = build_app(settings, runtime.service, runtime.operations)
 
     async def cleanup(_: web.Application) -> None:
-        await close()
+        await runtime.close()
 
     app.on_cleanup.append(cleanup)
     return app

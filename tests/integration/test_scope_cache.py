@@ -36,6 +36,7 @@ from apps.dev.stack.http import request_json
 from ki.clients import make_async_engine, make_client, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings, with_environment
+from search.operations import scope_cache_state
 from search.request import parse_filter_request, parse_search_request
 from search.service import SearchService
 from search.web.auth import mint_token
@@ -188,7 +189,11 @@ def pair(scene: Scene, iso_settings: Settings) -> Iterator[Pair]:
     # again) would differ from the reference for that request; that refresh is tested by the trace test.
     p = Pair(with_environment(iso_settings, {"KI_API__CACHES__SCOPE_STALE_S": "0"}))
     try:
-        wait_for(lambda: p.cached.scope_cache_state()["usable"], timeout=60, what="the invalidation feed")
+        wait_for(
+            lambda: scope_cache_state(p.cached.scope_cache, p.cached.feed)["usable"],
+            timeout=60,
+            what="the invalidation feed",
+        )
         yield p
     finally:
         p.close()

@@ -45,6 +45,7 @@ from ki.clients import make_async_engine, make_client, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings
 from search.access.scope_cache import ScopeCache
+from search.operations import scope_cache_state
 from search.request import (
     parse_decision_request,
     parse_filter_request,
@@ -379,7 +380,11 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
         service = loop.run(build())
         tracer = Tracer(service)
         try:
-            wait_for(lambda: service.scope_cache_state()["usable"], timeout=60, what="the invalidation feed")
+            wait_for(
+                lambda: scope_cache_state(service.scope_cache, service.feed)["usable"],
+                timeout=60,
+                what="the invalidation feed",
+            )
             # W: every request once to warm the caches (a request's first look-ups are its own), then traced.
             for call in requests(scene, service, "w0").values():  # "w0": the cold name query stays cold for "w"
                 loop.run(call())
