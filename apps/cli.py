@@ -280,12 +280,25 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.what == "authz-timing":
         from pathlib import Path
 
+        from apps.dev.bench.authz_timing import CASES, AuthzOptions
         from apps.dev.bench.authz_timing import main as bench_authz_timing
 
-        if args.pairs < 1:
-            raise CliError("--pairs must be at least 1")
-        out = Path(args.out) if args.out else None
-        return bench_authz_timing(settings, args.pairs, args.seed, out, args.config, "ki " + " ".join(sys.argv[1:]))
+        if args.pairs < 1 or args.block < 1 or args.slow_pairs < 1 or args.warmup < 0:
+            raise CliError("--pairs, --block and --slow-pairs must be at least 1, --warmup at least 0")
+        if args.max_pairs < args.pairs or args.slow_max_pairs < args.slow_pairs:
+            raise CliError("--max-pairs must be at least --pairs, --slow-max-pairs at least --slow-pairs")
+        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip()) if args.cases else CASES
+        unknown = sorted(set(cases) - set(CASES))
+        if unknown or not cases:
+            raise CliError(f"--cases: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CASES)}")
+        authz_options = AuthzOptions(
+            pairs=args.pairs, max_pairs=args.max_pairs, block=args.block, slow_pairs=args.slow_pairs,
+            slow_max_pairs=args.slow_max_pairs, warmup=args.warmup, stop_outside=not args.run_to_max, cases=cases,
+            seed=args.seed,
+            out=Path(args.out) if args.out else None, raw=Path(args.raw) if args.raw else None, config=args.config,
+            command="ki " + " ".join(sys.argv[1:]),
+        )  # fmt: skip
+        return bench_authz_timing(settings, authz_options)
     if args.what == "freshness":
         from pathlib import Path
 
@@ -648,10 +661,24 @@ def build_parser() -> argparse.ArgumentParser:
                               help="visible-document counts for scope compilation ('' to skip)")  # fmt: skip
     search_bench.add_argument("--out", help="output folder (default build/bench)")
 
-    authz = kind("authz-timing", "whether a hidden document answers any faster or slower than a missing one")
-    authz.add_argument("--pairs", type=int, default=200, help="hidden/missing pairs per endpoint")
+    authz = kind("authz-timing", "whether something hidden answers any faster or slower than nothing: P(hidden "
+                 "slower) per case, 95 % interval within [0.45, 0.55]")  # fmt: skip
+    authz.add_argument("--pairs", type=int, default=1000, help="hidden/missing pairs per case at least")
+    authz.add_argument("--max-pairs", type=int, default=4000,
+                       help="pairs per case at most (more blocks while the interval misses the goal)")  # fmt: skip
+    authz.add_argument("--block", type=int, default=500, help="pairs per block after the first --pairs")
+    authz.add_argument("--slow-pairs", type=int, default=500,
+                       help="pairs at least of the slow case (invalidation: a change, the feed per pair)")  # fmt: skip
+    authz.add_argument("--slow-max-pairs", type=int, default=1000, help="pairs at most of the slow case")
+    authz.add_argument("--warmup", type=int, default=20, help="untimed pairs per case first")
+    authz.add_argument("--run-to-max", action="store_true",
+                       help="take more blocks also once a case's interval lies wholly beyond the goal")  # fmt: skip
+    authz.add_argument("--cases", default="", help="comma-separated cases (default all: documents, related, traverse, "
+                       "decisions, traverse-batch, related-incoming, related-kinds, names-cache, names-hidden, "
+                       "superset, invalidation)")  # fmt: skip
     authz.add_argument("--seed", type=int, default=7, help="the pairs' seed")
     authz.add_argument("--out", help="output file (default benchmarks/authz-timing.json)")
+    authz.add_argument("--raw", help="also write every pair's two timings per case to this file")
 
     embedder_bench = kind("embedder", "the local embedder's texts/s at ~256 and ~480 tokens, before and after")
     embedder_bench.add_argument("--texts", type=int, default=16, help="texts per length")

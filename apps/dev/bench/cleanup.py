@@ -35,6 +35,8 @@ from ki.settings import Settings
 LABEL_PREFIX = "ki-bench"
 #: Labels of runs before benchmarks cleaned up after themselves (`freshness 1a2b3c4d`, `bench 1a2b3c4d`).
 LEGACY_LABEL = r"^(freshness|bench) [0-9a-f]{8}$"
+#: The index aliases `ki bench authz-timing` creates for itself (physical indices `<alias>--...`).
+AUTHZ_INDEX_PREFIX = "ki-bench-authz-timing-"
 
 
 def bench_label(kind: str) -> str:
@@ -201,4 +203,12 @@ def clean(settings: Settings) -> int:
     for footprint in (Footprint(f"^{re.escape(LABEL_PREFIX)} "), Footprint(LEGACY_LABEL)):
         removal = remove_bench_rows(settings, footprint, what="bench clean")
         total += removal.index_rows_left
+    search = make_sync_client(settings, timeout_s=30)
+    try:  # the indices of a benchmark's own alias (never the configured one)
+        own = search.indices.get(index=f"{AUTHZ_INDEX_PREFIX}*--*", ignore_unavailable=True)
+        for index in [i for i in own if not i.startswith(f"{settings.retrieval.index_name}--")]:
+            search.indices.delete(index=index, ignore_unavailable=True)
+            _say(f"bench clean: removed the index {index}")
+    finally:
+        search.close()
     return 1 if total else 0
