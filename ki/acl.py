@@ -303,18 +303,21 @@ _NEIGHBOURS = (
     " AND CAST(:incoming AS boolean) AND (CAST(:kinds AS text[]) IS NULL OR r.kind = ANY(CAST(:kinds AS text[])))"
 )
 
-# The documents whose title, or one of whose identifiers, has one of the identity keys asked (one index probe
-# per key, as the identity preflight's look-up: the title's key has a hash index, which `= ANY` cannot use).
+# The documents whose title, or one of whose identifiers, has one of the identity keys asked: one probe per key
+# of the partial expression indexes of migration 0005 (hence `deleted_at IS NULL` in each probe: without it
+# neither index applies and every title is folded, 30-60 ms on 2,254 documents against 4-8 ms), evaluated once
+# as an array (the title's index is a hash index, which `= ANY` cannot use).
 _NAMED = (
     "SELECT n.id FROM unnest(CAST(:title_keys AS text[])) AS k(key)"
-    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE ki_identity_key(title) = k.key) n"
+    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE deleted_at IS NULL AND ki_identity_key(title) = k.key) n"
     " UNION ALL SELECT n.id FROM unnest(CAST(:identifier_keys AS text[])) AS k(key)"
-    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE ki_identity_keys(identifiers) @> ARRAY[k.key]) n"
+    " CROSS JOIN LATERAL (SELECT id FROM documents"
+    " WHERE deleted_at IS NULL AND ki_identity_keys(identifiers) @> ARRAY[k.key]) n"
 )
 
 _NARROWING = {
     "project_ids": "AND d.project_id = ANY(CAST(:project_ids AS bigint[]))",
-    "named": f"AND d.id IN ({_NAMED})",
+    "named": f"AND d.id = ANY(ARRAY({_NAMED}))",
     "neighbours_of": f"AND d.id IN ({_NEIGHBOURS})",
     # The documents condition repeats the narrowing as a semi-join on document ids, so the planner reaches
     # documents by primary key from the few versions instead of scanning every document (re-verifying
@@ -387,7 +390,7 @@ _ASKED_DOCUMENTS = {
     " WHERE v.id = ANY(CAST(:sibling_ids AS bigint[])))",
     "document_ids": "d.id = ANY(CAST(:document_ids AS bigint[]))",
     "neighbours_of": f"d.id IN ({_NEIGHBOURS})",
-    "named": f"d.id IN ({_NAMED})",
+    "named": f"d.id = ANY(ARRAY({_NAMED}))",
 }
 _GRANT_COLUMNS = "g.scope, g.effect, g.project_id, g.document_id, g.source_object_id, ki_principal(g.principal)"
 # The grants that can decide the asked documents: on their projects, on them, on the objects observing any of
