@@ -226,7 +226,9 @@ class GrantChanger:
                         ),
                         {"d": doc, "p": user, "e": effect},
                     )
-            self.changes += 1
+                # Counted under the lock, one per row event: a comparison that takes the lock between this
+                # commit and the count would wait for one event too few and compare before it arrived.
+                self.changes += gone or 1
 
     def __enter__(self) -> GrantChanger:
         self._thread.start()
