@@ -30,6 +30,7 @@ from search.access.invalidation import ChangeSubscriber, InvalidationFeed
 from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.access.scope_cache import ScopeCache
+from search.after_answer import start_after_answer
 from search.documents import read as documents
 from search.documents.decisions import DecisionPage, search_decisions
 from search.names.cache import NameCache
@@ -278,11 +279,17 @@ class SearchService:
         return scope
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` apart from the request that started it (a context of its own: nothing the request
-        carries, such as a trace, follows it), kept referenced until done."""
-        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Run `work` apart from the request that started it, once its answer has left (search.after_answer;
+        a context of its own: nothing the request carries, such as a trace, follows it), kept referenced
+        until done."""
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            task = loop.create_task(work, context=contextvars.Context())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        start_after_answer(start)  # not beside the request: its time would tell that something changed
 
     async def settled(self) -> None:
         """Until the background refreshes started so far are done (tests, benchmarks)."""

@@ -19,6 +19,7 @@ Transports:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
+from search import after_answer
 from search.compose import search_runtime
 from search.operations import Operations
 from search.request import (
@@ -184,8 +186,22 @@ def build_server(
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         spec = TOOL_BY_NAME.get(params.name)
         where = f"mcp {params.name}"
-        principals: list[str] = []
         endpoint = f"mcp:{spec.name if spec is not None else 'unknown'}"  # never the caller's text
+        with after_answer.collecting() as pending:
+            try:
+                return await answer_tool(spec, where, endpoint, ctx, params)
+            finally:
+                # After the tool call's task (which hands the result to the transport), not beside it.
+                task = asyncio.current_task()
+                if task is not None and pending:
+                    task.add_done_callback(lambda _: after_answer.release(pending))
+                else:
+                    after_answer.release(pending)
+
+    async def answer_tool(
+        spec: ToolSpec | None, where: str, endpoint: str, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        principals: list[str] = []
         try:
             if spec is None:
                 raise RequestInvalid("name", f"no tool {params.name!r}; tools: {', '.join(TOOL_BY_NAME)}")

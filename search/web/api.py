@@ -28,6 +28,7 @@ from aiohttp import web
 from ki.clients import as_ki_error
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
+from search import after_answer
 from search.compose import start_search_runtime
 from search.operations import Operations
 from search.rate_limit import RateLimited
@@ -298,6 +299,21 @@ def _route(request: web.Request) -> str:
 
 
 @web.middleware
+async def answer_first(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: the answer is sent before the work the request deferred starts (search.after_answer: the
+    refresh of a stale cache entry it was answered from), so that work never shows in the request's time."""
+    with after_answer.collecting() as pending:
+        try:
+            response = await handler(request)
+            if pending and not response.prepared:
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        finally:
+            after_answer.release(pending)
+
+
+@web.middleware
 async def instrument(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request count and latency by route, method and status (outermost, so it sees the final status)."""
     started = time.perf_counter()
@@ -325,9 +341,10 @@ def lane_metrics_urls(settings: Settings) -> dict[str, str]:
 
 
 def build_app(settings: Settings, service: SearchService, operations: Operations) -> web.Application:
-    # instrument sees the final status; errors turns Overloaded (raised by admission) into JSON.
+    # answer_first sends the answer before deferred work starts; instrument sees the final status; errors
+    # turns Overloaded (raised by admission) into JSON.
     app = web.Application(
-        middlewares=[instrument, security_headers, audit, errors, admission],
+        middlewares=[answer_first, instrument, security_headers, audit, errors, admission],
         client_max_size=settings.api.limits.max_body_bytes,
     )
     app[SETTINGS_KEY] = settings
