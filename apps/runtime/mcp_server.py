@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,7 +283,3 @@ def main(settings: Settings, *, stdio: bool, port: int | None = None) -> int:
     else:
         anyio.run(lambda: serve_http(settings, port=port))
     return 0
-
-
-def tool_names() -> Sequence[str]:
-    return [t.name for t in TOOLS]
