@@ -1,7 +1,8 @@
-"""The query path: scope -> embed -> one `_msearch` -> fuse -> boost -> SQL re-verify -> collapse ->
-optional rerank -> window.
+"""The query path: scope -> embed -> the legs in one `_msearch` (more rounds only when the scope's bounded
+filter is a superset and a leg lost hits to it, search.ranking.scoped) -> fuse -> boost -> SQL re-verify ->
+collapse -> optional rerank -> window.
 
-Every step from the `_msearch` on is sized for the whole window (offset + limit): collapse and the
+Every step from the legs on is sized for the whole window (offset + limit): collapse and the
 re-verify drop rows after ranking, so the offset cannot be pushed down into OpenSearch.
 """
 

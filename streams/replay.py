@@ -186,12 +186,11 @@ async def rebuild(
         content, access = await projector.resolve(keys)
         # Nobody searches the new index yet: no periodic refresh while it is loaded (each would write a
         # segment and build its HNSW graph); the sync's own refreshes still run where a read needs one.
-        await client.indices.put_settings(index=physical, body={"index": {"refresh_interval": "-1"}})
+        await writer.pause_refresh()
         try:
             stats = await project_in_batches(projector, content | access, on_progress)
         finally:
-            body = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
-            await client.indices.put_settings(index=physical, body=body)
+            await writer.resume_refresh()
         progress(
             f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
             f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
@@ -215,7 +214,7 @@ async def rebuild(
             await projector.apply(catch_up)
             progress(f"rebuild: caught up on {count} event(s) that arrived during the rebuild")
         for old in previous:
-            await client.indices.delete(index=old, ignore=(404,))
+            await writer.delete_index(old)
             progress(f"rebuild: deleted the previous index {old}")
         return physical
     finally:
@@ -251,12 +250,6 @@ class ReconcileReport:
     rows_repaired: int = 0
 
 
-async def _all_indexed_versions(writer: IndexWriter) -> set[int]:
-    body = {"size": 0, "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 1_000_000}}}}
-    response = await writer.client.search(index=writer.index, body=body)
-    return {int(b["key"]) for b in response["aggregations"]["versions"]["buckets"]}
-
-
 async def reconcile(
     settings: Settings, progress: Progress = _print_progress, on_progress: OnProgress = _no_progress
 ) -> ReconcileReport:
@@ -271,7 +264,7 @@ async def reconcile(
         await writer.ensure_index(embedder.signature)
         await writer.refresh()
         expected = await asyncio.to_thread(live_version_ids, engine)
-        indexed = await _all_indexed_versions(writer)
+        indexed = await writer.all_indexed_versions()
         missing, stale = expected - indexed, indexed - expected
         report.missing_versions, report.stale_versions = len(missing), len(stale)
         progress(

@@ -149,15 +149,6 @@ def consumer_lag(settings: Settings, lane: Lane) -> list[PartitionLag]:
         probe.close()
 
 
-def group_lag(settings: Settings, group: str, topics: list[str]) -> list[PartitionLag]:
-    """Any group over any topics, one-shot."""
-    probe = LagProbe(settings)
-    try:
-        return probe.read_group(group, topics)
-    finally:
-        probe.close()
-
-
 def synced(lanes: list[LaneLag]) -> bool:
     """Every lane a worker runs now has committed every partition to its end, and some lane runs (before
     that, nothing has started). A worker starts its lanes together, so a lane without members while

@@ -1,9 +1,13 @@
-"""The one OpenSearch writer: index lifecycle and the single `_bulk` code path.
+"""The one OpenSearch writer of the core: the chunk index's lifecycle and the single `_bulk` code path.
 
-Every write to the chunk index goes through `IndexWriter.bulk`. Writes are conditional
-(`if_seq_no`/`if_primary_term`, or `create` for new ids): the sync reads the index *before* it reads
-PostgreSQL, so a write based on an older read of PostgreSQL can never overwrite a newer one — it comes
-back as a version conflict and that version is simply projected again.
+Every row the sync worker, rebuild, backfill and reconcile write goes through `IndexWriter.bulk`, and every
+change they make to an index itself (create, mapping, alias swap, refresh interval, refresh, deleting a
+retired index) through the `IndexWriter` methods below; `streams.replay` holds no OpenSearch client calls
+of its own. Row writes are conditional (`if_seq_no`/`if_primary_term`, or `create` for new ids): the sync
+reads the index *before* it reads PostgreSQL, so a write based on an older read of PostgreSQL can never
+overwrite a newer one — it comes back as a version conflict and that version is simply projected again.
+(Developer tooling in `apps.dev` — benchmarks, `ki eval` — still deletes its own scratch indices and rows
+directly.)
 """
 
 from __future__ import annotations
@@ -284,6 +288,20 @@ class IndexWriter:
         await self.client.indices.update_aliases(body={"actions": actions})
         return [old for old in current if old != physical]
 
+    async def pause_refresh(self) -> None:
+        """No periodic refresh of the index written (for an index nobody searches yet, while it is loaded:
+        each refresh would write a segment and build its HNSW graph); `resume_refresh` undoes it."""
+        await self.client.indices.put_settings(index=self.index, body={"index": {"refresh_interval": "-1"}})
+
+    async def resume_refresh(self) -> None:
+        """The configured periodic refresh (`opensearch.refresh_interval`) on the index written again."""
+        body = {"index": {"refresh_interval": self.settings.opensearch.refresh_interval}}
+        await self.client.indices.put_settings(index=self.index, body=body)
+
+    async def delete_index(self, physical: str) -> None:
+        """Delete a physical index (one an alias swap retired); one already gone is fine."""
+        await self.client.indices.delete(index=physical, ignore=(404,))
+
     async def refresh(self) -> None:
         started = time.monotonic()
         await self.client.indices.refresh(index=self.index)
@@ -414,6 +432,12 @@ class IndexWriter:
         body = pending_vectors_query()
         response = await self._with_retries(lambda: self.client.search(index=self.index, body=body))
         return pending_vectors_of(response)
+
+    async def all_indexed_versions(self) -> set[int]:
+        """Every version id with rows in the index written (one aggregation, up to a million versions)."""
+        body = {"size": 0, "aggs": {"versions": {"terms": {"field": "document_version_id", "size": 1_000_000}}}}
+        response = await self.client.search(index=self.index, body=body)
+        return {int(b["key"]) for b in response["aggregations"]["versions"]["buckets"]}
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         """Version ids that have rows whose `field_name` is one of `values` (e.g. a deleted document). Asked

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,7 +299,3 @@ def main(settings: Settings, *, stdio: bool, port: int | None = None) -> int:
     else:
         anyio.run(lambda: serve_http(settings, port=port))
     return 0
-
-
-def tool_names() -> Sequence[str]:
-    return [t.name for t in TOOLS]

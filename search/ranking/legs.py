@@ -29,8 +29,9 @@ LegName = Literal["lexical", "semantic", "identifier"]
 LEGS: tuple[LegName, ...] = ("lexical", "semantic", "identifier")
 MAX_LEG_DEPTH = 2500
 # What fusion, re-verification, collapse and the response read from a hit. Everything else stays in
-# the index: the vector, and the principal projection (for inspection and export only, and ~40 % of a
-# row's `_source` on the demo corpus), which OpenSearch would otherwise fetch and we decode 150 times.
+# the index: the vector, and the principal projection (the scope filter matches its indexed terms and the
+# sync reads it back; no step after the legs needs it, and it is ~40 % of a row's `_source` on the demo
+# corpus), which OpenSearch would otherwise fetch and we decode 150 times.
 SOURCE_INCLUDES = [
     "document_id",
     "document_version_id",

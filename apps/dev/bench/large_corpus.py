@@ -293,7 +293,7 @@ async def build_index(
         physical = physical_index_name(settings, embedder.signature, generation=time.strftime("%Y%m%d%H%M%S"))
         writer = IndexWriter(client, settings, index=physical)
         await writer.create_physical(physical, embedder.signature)
-        await client.indices.put_settings(index=physical, body={"index": {"refresh_interval": "-1"}})
+        await writer.pause_refresh()
         clock.start("project_and_bulk")
         projector = Projector.on_postgres(settings, engine, writer, embedder)
         # A random sample of versions first: its inputs become the anchors, spread over the whole corpus.
@@ -303,8 +303,7 @@ async def build_index(
         with StepReport("  index") as steps:
             stats.add(await project_in_batches(projector, version_ids - sample, steps.advance))
         clock.stop()
-        body = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
-        await client.indices.put_settings(index=physical, body=body)
+        await writer.resume_refresh()
         clock.start("refresh")
         await client.indices.refresh(index=physical, request_timeout=3600)
         clock.stop()
@@ -315,7 +314,7 @@ async def build_index(
         clock.stop()
         previous = await writer.swap_alias(physical)
         for old in previous:
-            await client.indices.delete(index=old, ignore=(404,))
+            await writer.delete_index(old)
         _progress(f"corpus: alias {settings.retrieval.index_name} -> {physical}; snapshotting it")
         clock.start("snapshot")
         snapshot = await _snapshot(client, physical)

@@ -39,7 +39,7 @@ from sqlalchemy import text
 
 from apps.dev.eval import pseudo
 from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
-from apps.dev.eval.run import MemoClient, Mode, ModeRun, run_queries
+from apps.dev.eval.queries import MemoClient, Mode, ModeRun, run_queries
 from apps.dev.eval.significance import paired_comparison
 from ki.errors import PermanentError
 from ki.settings import Settings, with_overrides

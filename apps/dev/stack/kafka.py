@@ -31,11 +31,6 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
 def pem_tls(material: SecureMaterial, prefix: str = "") -> dict[str, object]:
     """A Kafka-family JVM's TLS from PEM files: its key and certificate, and the CA it trusts."""
     return {

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+from typing import Any, cast
 
 import pytest
+from opensearchpy import AsyncOpenSearch
 
-from streams.writer import BulkOp, interval_seconds, pending_vectors_of, pending_vectors_query, reuse_query
+from ki.settings import Settings
+from streams.writer import (
+    BulkOp,
+    IndexWriter,
+    interval_seconds,
+    pending_vectors_of,
+    pending_vectors_query,
+    reuse_query,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +57,46 @@ def test_vectors_are_reused_only_from_rows_that_have_one() -> None:
     query = reuse_query(["k1", "k2"])
     assert query["collapse"] == {"field": "embedding_key"} and query["size"] == 2
     assert query["query"]["bool"]["must_not"] == {"exists": {"field": "vector_pending"}}
+
+
+class _RecordingIndices:
+    def __init__(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        self.calls = calls
+
+    async def put_settings(self, **kwargs: Any) -> None:
+        self.calls.append(("put_settings", kwargs))
+
+    async def delete(self, **kwargs: Any) -> None:
+        self.calls.append(("delete", kwargs))
+
+
+class _RecordingClient:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.indices = _RecordingIndices(self.calls)
+
+    async def search(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("search", kwargs))
+        return {"aggregations": {"versions": {"buckets": [{"key": 7}, {"key": "12"}]}}}
+
+
+def test_the_writer_owns_the_index_level_writes_a_rebuild_makes() -> None:
+    """Rebuild and reconcile reach OpenSearch only through the writer: the refresh pause while loading, its
+    end, retiring an old index, and reading which versions are indexed, each against the index written."""
+    settings = Settings()
+    client = _RecordingClient()
+    writer = IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1")
+
+    async def steps() -> set[int]:
+        await writer.pause_refresh()
+        await writer.resume_refresh()
+        await writer.delete_index("phys--0")
+        return await writer.all_indexed_versions()
+
+    assert asyncio.run(steps()) == {7, 12}
+    assert [name for name, _ in client.calls] == ["put_settings", "put_settings", "delete", "search"]
+    assert client.calls[0][1] == {"index": "phys--1", "body": {"index": {"refresh_interval": "-1"}}}
+    restored = {"index": {"refresh_interval": settings.opensearch.refresh_interval}}
+    assert client.calls[1][1] == {"index": "phys--1", "body": restored}
+    assert client.calls[2][1] == {"index": "phys--0", "ignore": (404,)}
+    assert client.calls[3][1]["index"] == "phys--1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.dev.eval.pseudo import PseudoQuery
-from apps.dev.eval.run import ModeRun
+from apps.dev.eval.queries import ModeRun
 from apps.dev.eval.self_check import SelfEvalError, decision, summarise, waiting_reason
 
 
