@@ -5,7 +5,8 @@ Debezium and Kafka, which then stops (access changes are decided in SQL; the ind
 
 * **equivalence** (hypothesis): a service with the scope cache on (fed by its real CDC invalidation feed)
   and scope filter budgets so small that most scopes go out over the budget (an administrator's as a superset,
-  `projects` or `open`; anyone else's exact all the same) returns
+  `projects` or `open`; anyone else's exact all the same, or the principals filter where it fits, whose pages
+  are not compared: it reads the index's projection, which this still index does not update) returns
   exactly the page of a service without cache that sends the exact document-id filter -- same hits,
   same scores, same citations, same `has_more` -- for random callers, queries, modes, filters and
   windows, while a background thread keeps changing grants. Each comparison holds the changer off and
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
@@ -260,6 +261,7 @@ def test_bounded_cached_pages_equal_the_exact_uncached_path(engine: Engine, scen
     queries = [scene.word, f"{scene.word} Kündigung", "Miete Haftung", f"AZ 1-7 {scene.tag}", "Vertragsstrafe"]
     compared = 0
     grant_events = pair.cached.metrics.feed_events.labels("grants")
+    principals_filters = pair.cached.metrics.scope_filter.labels("principals")._value
     before = grant_events._value.get()
 
     with GrantChanger(engine, scene) as changer:
@@ -269,7 +271,11 @@ def test_bounded_cached_pages_equal_the_exact_uncached_path(engine: Engine, scen
             deadline=None,
             derandomize=True,
             database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.function_scoped_fixture,
+                HealthCheck.filter_too_much,
+            ],
         )
         # Always once with no room for any scope clause ("open": the metadata filters only; an administrator's,
         # as supersets are for administrators only), which the drawn examples reach only for some grant states.
@@ -305,6 +311,7 @@ def test_bounded_cached_pages_equal_the_exact_uncached_path(engine: Engine, scen
                     interval=0.05,
                     what="the invalidation feed to deliver the grant changes",
                 )
+                principals_sent = principals_filters.get()
                 if ranked:
                     request = parse_search_request(
                         {"query": query, "mode": mode, "limit": limit, "offset": offset, "filters": filters},
@@ -318,16 +325,21 @@ def test_bounded_cached_pages_equal_the_exact_uncached_path(engine: Engine, scen
                     )
                     got = pair.run(pair.cached.search_filter(users[user], listing))
                     want = pair.run(pair.reference.search_filter(users[user], listing))
+            # The principals filter reads the index's projection, frozen here while grants change (it is "the
+            # scope as far as the index has caught up"): such a page is not this comparison's to judge.
+            assume(principals_filters.get() == principals_sent)
             assert page(got) == page(want)
             compared += 1
 
         compare()
 
     metrics = pair.cached.metrics
-    sent = {kind: metrics.scope_filter.labels(kind)._value.get() for kind in ("exact", "projects", "open", "none")}
+    kinds = ("exact", "principals", "projects", "open", "none")
+    sent = {kind: metrics.scope_filter.labels(kind)._value.get() for kind in kinds}
     hits = metrics.scope_cache.labels("hit")._value.get()
     print(f"\ncompared {compared} pages under {changer.changes} grant changes; filters {sent}; cache hits {hits}")
     assert changer.changes > 10
+    assert compared >= 30, "most pages must be compared (pages through the principals filter are not)"
     assert sent["projects"] > 0 and sent["open"] > 0, "the superset filters were never exercised"
     assert hits > 0, "the scope cache was never used"
 
