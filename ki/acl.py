@@ -304,12 +304,17 @@ _NEIGHBOURS = (
 )
 
 # The documents whose title, or one of whose identifiers, has one of the identity keys asked: one probe per key
-# of the partial expression indexes of migration 0005 (hence `deleted_at IS NULL` in each probe: without it
-# neither index applies and every title is folded, 30-60 ms on 2,254 documents against 4-8 ms), evaluated once
-# as an array (the title's index is a hash index, which `= ANY` cannot use).
+# of the partial expression indexes of migrations 0005 and 0010 (hence `deleted_at IS NULL` in each probe:
+# without it neither index applies and every title is folded, 30-60 ms on 2,254 documents against 4-8 ms),
+# evaluated once as an array. The title's B-tree holds the key's first TITLE_KEY_PREFIX characters, so a row
+# found is not folded again (a hash index made every carrier found, hidden ones too, cost a fold); keys asked
+# are shorter than that (`visible_carriers`), so prefix equality is key equality.
+TITLE_KEY_PREFIX = 255
+_TITLE_KEY = f"left(ki_identity_key({{title}}), {TITLE_KEY_PREFIX})"
 _NAMED = (
     "SELECT n.id FROM unnest(CAST(:title_keys AS text[])) AS k(key)"
-    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE deleted_at IS NULL AND ki_identity_key(title) = k.key) n"
+    " CROSS JOIN LATERAL (SELECT id FROM documents WHERE deleted_at IS NULL"
+    f" AND {_TITLE_KEY.format(title='title')} = k.key) n"
     " UNION ALL SELECT n.id FROM unnest(CAST(:identifier_keys AS text[])) AS k(key)"
     " CROSS JOIN LATERAL (SELECT id FROM documents"
     " WHERE deleted_at IS NULL AND ki_identity_keys(identifiers) @> ARRAY[k.key]) n"
@@ -544,7 +549,7 @@ _NAMED_SELECT = """
     JOIN (SELECT k AS key, 'title' AS why FROM unnest(CAST(:title_keys AS text[])) AS k
           UNION ALL
           SELECT k, 'identifier' FROM unnest(CAST(:identifier_keys AS text[])) AS k) g
-      ON (g.why = 'title' AND ki_identity_key(d.title) = g.key)
+      ON (g.why = 'title' AND """ + _TITLE_KEY.format(title="d.title") + """ = g.key)
       OR (g.why = 'identifier' AND ki_identity_keys(d.identifiers) @> ARRAY[g.key])
 """
 _NAMED_SQL = {resolve: _visible_sql(("named",), _NAMED_SELECT, resolve=resolve) for resolve in get_args(Walk)}
@@ -571,9 +576,10 @@ def visible_carriers(
     """Per identity key asked (as a title, as an identifier), the documents carrying it that the caller may
     see: one statement, whose rows are only those documents (a name carried by hidden documents returns what a
     name carried by none does). Fails closed."""
+    title_keys = [k for k in title_keys if len(k) < TITLE_KEY_PREFIX]  # no title is named by longer ones
     if not caller.principals or not (title_keys or identifier_keys):
         return []
-    params = {**_unresolved_params(caller, security), "title_keys": list(title_keys),
+    params = {**_unresolved_params(caller, security), "title_keys": title_keys,
               "identifier_keys": list(identifier_keys)}  # fmt: skip
     rows = conn.execute(_NAMED_SQL[walk], params).all()
     return [NamedCarrier(str(r.key), str(r.why), int(r.document_id), int(r.project_id), str(r.title)) for r in rows]

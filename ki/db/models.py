@@ -200,11 +200,12 @@ class Document(Base):
             deferrable=True,
             initially="DEFERRED",
         ),
-        # The identity preflight's look-ups (search.names.keys, migration 0005): titles and identifiers by key.
+        # The identity preflight's look-ups (search.names.keys, migrations 0005 and 0010): titles (by the key's
+        # first 255 characters, in a B-tree: never recomputed for a row found) and identifiers by key.
         Index(
             "ix_documents_title_identity",
-            func.ki_identity_key(sql_text("title")),
-            postgresql_using="hash",
+            func.left(func.ki_identity_key(sql_text("title")), 255),
+            postgresql_using="btree",
             postgresql_where=sql_text("deleted_at IS NULL"),
         ),
         Index(
