@@ -270,7 +270,35 @@ def _bench_principals(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(exc)) from None
 
 
+def _bench_injection(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from apps.dev.bench.injection import ATTACKS, InjectionOptions, default_data
+    from apps.dev.bench.injection import main as bench_injection
+    from apps.dev.eval.beir import DataError
+
+    data = [Path(d) for d in args.data] if args.data else default_data()
+    if not data:
+        raise CliError("no data set to scan: none in the shared data folder; pass --data (a BEIR folder)")
+    for folder in data:
+        if not folder.is_dir():
+            raise CliError(f"--data {folder}: no such directory")
+    attacks = Path(args.attacks) if args.attacks else ATTACKS
+    if not attacks.is_file():
+        raise CliError(f"--attacks {attacks}: no such file")
+    options = InjectionOptions(
+        data=data, attacks=attacks, out=Path(args.out or "benchmarks/injection.json"),
+        command="ki " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        return bench_injection(settings, options)
+    except DataError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.what == "injection":
+        return _bench_injection(args, settings)
     if args.what == "search":
         return _bench_search(args, settings)
     if args.what == "clean":
@@ -687,6 +715,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     reuse_bench = kind("reuse", "the share of rows whose vector the store can share, as configured and per variant")
     reuse_bench.add_argument("--out", help="output file (default benchmarks/reuse-demo.json)")
+
+    injection = kind("injection", "the prompt-injection detector: recall on the committed attack corpus, and the "
+                     "chunks of German dev sets it flags (pure CPU, no services)")  # fmt: skip
+    injection.add_argument("--data", action="append", help="a BEIR folder to chunk and scan, repeatable (default: "
+                           "gesetze-headings-dev and xquad-de in the shared data folder `ki eval` reads)")  # fmt: skip
+    injection.add_argument("--attacks", help="the attack strings as JSON lines (default "
+                           "tests/data/injection/attacks.jsonl)")  # fmt: skip
+    injection.add_argument("--out", help="output file (default benchmarks/injection.json)")
 
     kind("clean", "remove what benchmark runs killed outright left in PostgreSQL and the index")
 
