@@ -578,6 +578,8 @@ class LimitsSettings(_Group):
     # exist, but PostgreSQL's own work below them is not (an index probe that finds a row and refuses it
     # against one that finds none): released on a fixed grid, the answers of both cases leave together.
     release_quantum_ms: float = Field(25.0, ge=0, le=1000)
+    # Reading (search.documents.text): at most this many characters of a version's text per request.
+    max_read_chars: int = Field(20_000, ge=100, le=1_000_000)
     # The scope clause each leg carries (search.access.scope): a larger scope is sent as its projects, or not
     # at all, and checked hit by hit. Three legs: a request's scope filters stay under 64 KiB.
     max_scope_filter_bytes: int = Field(16_384, ge=256, le=21_000)

@@ -260,6 +260,29 @@ class RelatedRequest(_Relations):
         return value
 
 
+class ReadRequest(BaseModel):
+    """`GET /v1/documents/{id}/versions/{version_id}/text?offset=0&length=2000`: a slice of a version's text
+    (characters of its NFC form)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    offset: int = Field(0, ge=0, le=2_000_000_000, description="the first character read (0: the start)")
+    length: int | None = Field(
+        None, ge=1, description="characters to read (default and maximum api.limits.max_read_chars)"
+    )
+
+    @field_validator("length")
+    @classmethod
+    def _length(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limit = _limits(info).max_read_chars
+        if value is not None and value > limit:
+            raise ValueError(f"must be at most {limit}")
+        return value
+
+    def characters(self, api: ApiSettings) -> int:
+        return self.length or api.limits.max_read_chars
+
+
 class TraverseRequest(_Relations):
     """`POST /v1/traverse`: the documents reachable from `start` over relations, every one access-checked."""
 
@@ -343,6 +366,19 @@ def parse_related_request(query: Mapping[str, str], api: ApiSettings) -> Related
         else:
             data[name] = value
     return validate_request(RelatedRequest, data, api)
+
+
+def parse_read_request(query: Mapping[str, str], api: ApiSettings) -> ReadRequest:
+    """From a query string: `offset` and `length`, whole numbers."""
+    data: dict[str, Any] = {}
+    for name, value in query.items():
+        if name in ("offset", "length"):
+            if not value.isascii() or not value.isdigit() or len(value) > 12:
+                raise RequestInvalid(name, f"must be a whole number, got {value[:40]!r}")
+            data[name] = int(value)
+        else:
+            data[name] = value
+    return validate_request(ReadRequest, data, api)
 
 
 def parse_search_request(data: Any, api: ApiSettings) -> SearchRequest:

@@ -34,6 +34,7 @@ from search.access.scope_cache import ScopeCache
 from search.after_answer import start_after_answer
 from search.documents import read as documents
 from search.documents.decisions import DecisionPage, search_decisions
+from search.documents.text import read_text
 from search.names.cache import NameCache
 from search.names.keys import (
     NONE,
@@ -73,6 +74,7 @@ from search.rate_limit import RateLimiter
 from search.request import (
     DecisionSearchRequest,
     FilterRequest,
+    ReadRequest,
     RelatedRequest,
     SearchRequest,
     TraverseRequest,
@@ -829,6 +831,17 @@ class SearchService:
         security = self.settings.security
         read = self._verified_read(lambda c: documents.get_document(c, principals, security, document_id))
         return await self._on_the_grid(read)
+
+    async def read_text(
+        self, principals: Sequence[str], document_id: int, version_id: int | None, request: ReadRequest
+    ) -> dict[str, Any] | None:
+        """A slice of a version's text the caller may see (None: not visible or not there; search.documents.text)."""
+        security, length = self.settings.security, request.characters(self.settings.api)
+
+        def run(conn: Connection) -> dict[str, Any] | None:
+            return read_text(conn, principals, security, document_id, version_id, request.offset, length)
+
+        return await self._on_the_grid(self._verified_read(run))
 
     async def related(
         self, principals: Sequence[str], document_id: int, request: RelatedRequest

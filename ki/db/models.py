@@ -468,8 +468,8 @@ class DebeziumHeartbeat(Base):
 
 
 class AccessAudit(Base):
-    """One API request: who asked, where, with what status, and the documents the answer named
-    (search.telemetry.audit; written by the API, not captured by CDC, read by administrators)."""
+    """One API request: who asked, where, with what status, the documents the answer named and the versions it
+    showed the text of (search.telemetry.audit; written by the API, not captured by CDC, read by administrators)."""
 
     __tablename__ = "ki_access_audit"
 
@@ -481,6 +481,10 @@ class AccessAudit(Base):
     endpoint: Mapped[str] = mapped_column(Text, nullable=False)
     status: Mapped[int] = mapped_column(Integer, nullable=False)
     document_ids: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), nullable=False, server_default=sql_text("'{}'::bigint[]")
+    )
+    # The versions whose text the answer showed (reading; migration 0011).
+    version_ids: Mapped[list[int]] = mapped_column(
         ARRAY(BigInteger), nullable=False, server_default=sql_text("'{}'::bigint[]")
     )
 

@@ -40,6 +40,11 @@ _DOCUMENTS_SQL = text(
     """
 ).bindparams(_IDS)
 
+# Characters of each version's text as `search.documents.text` reads it (NFC): what a reader pages through.
+_LENGTHS_SQL = text(
+    "SELECT id, char_length(normalize(text, NFC)) AS chars FROM document_versions WHERE id = ANY(:ids)"
+).bindparams(_IDS)
+
 # The frontier's edges (of the wanted kinds and directions) whose other end is among `ends`: documents the
 # caller may see.
 _EDGES_SQL = text(
@@ -149,6 +154,8 @@ def get_document(
     if seen is None:
         return None
     doc = conn.execute(_DOCUMENTS_SQL, {"ids": [document_id]}).one()
+    lengths = conn.execute(_LENGTHS_SQL, {"ids": [v.version_id for v in seen.versions]})
+    chars = {int(r.id): int(r.chars) for r in lengths}
     return {
         **_summary(doc, seen),
         "identifiers": list(doc.identifiers or []),
@@ -168,6 +175,7 @@ def get_document(
                 "language": v.language,
                 "latest_final": v.version_id == seen.latest_final_version_id,
                 "source_object_ids": list(v.source_object_ids),
+                "chars": chars[v.version_id],  # read on: GET .../versions/{version_id}/text
             }
             for v in seen.versions
         ],

@@ -29,6 +29,14 @@ class AccessRecord:
     endpoint: str
     status: int
     document_ids: tuple[int, ...]
+    version_ids: tuple[int, ...] = ()
+
+
+def read_versions(answer: Any) -> tuple[int, ...]:
+    """The version whose text an answer of ours showed (reading: `search.documents.text`)."""
+    if isinstance(answer, dict) and "text" in answer and isinstance(answer.get("version_id"), int):
+        return (answer["version_id"],)
+    return ()
 
 
 def named_documents(answer: Any) -> tuple[int, ...]:
@@ -37,7 +45,7 @@ def named_documents(answer: Any) -> tuple[int, ...]:
     found: set[int] = set()
     if not isinstance(answer, dict):
         return ()
-    if isinstance(answer.get("document_id"), int) and ("versions" in answer or "related" in answer):
+    if isinstance(answer.get("document_id"), int) and ("versions" in answer or "related" in answer or "text" in answer):
         found.add(answer["document_id"])
     for hit in answer.get("hits") or []:
         if isinstance(hit, dict) and isinstance(hit.get("document_id"), int):
@@ -54,8 +62,9 @@ def named_documents(answer: Any) -> tuple[int, ...]:
 
 _INSERT = text(
     """
-    INSERT INTO ki_access_audit (principals, endpoint, status, document_ids)
-    VALUES (CAST(:principals AS text[]), :endpoint, :status, CAST(:document_ids AS bigint[]))
+    INSERT INTO ki_access_audit (principals, endpoint, status, document_ids, version_ids)
+    VALUES (CAST(:principals AS text[]), :endpoint, :status, CAST(:document_ids AS bigint[]),
+            CAST(:version_ids AS bigint[]))
     """
 )
 _EXPIRE = text("DELETE FROM ki_access_audit WHERE at < now() - make_interval(days => :days)")
@@ -66,7 +75,7 @@ class AuditLog(BatchWriter[AccessRecord]):
         async def write(conn: AsyncConnection, rows: list[AccessRecord]) -> None:
             params = [
                 {"principals": list(r.principals), "endpoint": r.endpoint, "status": r.status,
-                 "document_ids": list(r.document_ids)}  # fmt: skip
+                 "document_ids": list(r.document_ids), "version_ids": list(r.version_ids)}  # fmt: skip
                 for r in rows
             ]
             await conn.execute(_INSERT, params)
@@ -77,7 +86,7 @@ class AuditLog(BatchWriter[AccessRecord]):
 
 _READ = text(
     """
-    SELECT at, principals, endpoint, status, document_ids FROM ki_access_audit
+    SELECT at, principals, endpoint, status, document_ids, version_ids FROM ki_access_audit
     WHERE at >= now() - make_interval(hours => :hours)
       AND (CAST(:principal AS text) IS NULL OR CAST(:principal AS text) = ANY(principals))
     ORDER BY at DESC, id DESC
@@ -96,11 +105,14 @@ def read_audit(conn: Connection, hours: int, principal: str | None, limit: int) 
             "endpoint": r.endpoint,
             "status": r.status,
             "document_ids": list(r.document_ids),
+            "version_ids": list(r.version_ids),
         }
         for r in rows
     ]
 
 
 def record_of(principals: Sequence[str], endpoint: str, status: int, answer: Any) -> AccessRecord:
-    return AccessRecord(tuple(principals), endpoint, status, named_documents(answer) if status == 200 else ())
+    if status != 200:
+        return AccessRecord(tuple(principals), endpoint, status, ())
+    return AccessRecord(tuple(principals), endpoint, status, named_documents(answer), read_versions(answer))
 

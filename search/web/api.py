@@ -1,9 +1,9 @@
 """The aiohttp search API: handlers parse and validate, call the service, answer JSON.
 
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/documents/{id}`,
-`GET /v1/documents/{id}/related`, `POST /v1/traverse`, `GET /v1/stats`, `GET /v1/me`, `GET /v1/ops/overview`,
-`GET /healthz`, `GET /readyz`, `GET /openapi.json`, `GET /metrics` (Prometheus), and the console under
-`/console` (search.web.console).
+`GET /v1/documents/{id}/related`, `GET /v1/documents/{id}/versions/{version_id}/text`, `POST /v1/traverse`,
+`GET /v1/stats`, `GET /v1/me`, `GET /v1/ops/overview`, `GET /healthz`, `GET /readyz`, `GET /openapi.json`,
+`GET /metrics` (Prometheus), and the console under `/console` (search.web.console).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
 (a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
@@ -36,6 +36,7 @@ from search.request import (
     MAX_ID,
     parse_decision_request,
     parse_filter_request,
+    parse_read_request,
     parse_related_request,
     parse_search_request,
     parse_traverse_request,
@@ -213,6 +214,25 @@ async def document_handler(request: web.Request) -> web.Response:
     return _answer(request, found)
 
 
+def _version_id(request: web.Request) -> int:
+    raw = request.match_info["version_id"]
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
+        raise RequestInvalid("version_id", f"must be a positive whole number, got {raw[:40]!r}")
+    return int(raw)
+
+
+async def text_handler(request: web.Request) -> web.Response:
+    """`GET /v1/documents/{id}/versions/{version_id}/text?offset=&length=`: 404 alike for a version that is not
+    there and one the caller may not see (search.documents.text)."""
+    principals = await _principals(request)
+    document_id, version_id = _document_id(request), _version_id(request)
+    parsed = parse_read_request(request.query, request.app[SETTINGS_KEY].api)
+    found = await request.app[SERVICE_KEY].read_text(principals, document_id, version_id, parsed)
+    if found is None:
+        raise NotFound("no such version")
+    return _answer(request, found)
+
+
 async def related_handler(request: web.Request) -> web.Response:
     principals = await _principals(request)
     document_id = _document_id(request)
@@ -366,6 +386,7 @@ def build_app(settings: Settings, service: SearchService, operations: Operations
     app.router.add_get("/v1/audit", audit_handler)
     app.router.add_get("/v1/documents/{document_id}", document_handler)
     app.router.add_get("/v1/documents/{document_id}/related", related_handler)
+    app.router.add_get("/v1/documents/{document_id}/versions/{version_id}/text", text_handler)
     app.router.add_post("/v1/traverse", traverse_handler)
     app.router.add_get("/v1/me", me_handler)
     app.router.add_get("/v1/ops/overview", ops_handler)

@@ -11,6 +11,7 @@ from search.request import (
     MAX_RANKED_WINDOW,
     DecisionSearchRequest,
     FilterRequest,
+    ReadRequest,
     RelatedRequest,
     SearchRequest,
     TraverseRequest,
@@ -69,7 +70,33 @@ _DOCUMENT = {
                     "language": {"type": "string"},
                     "latest_final": {"type": "boolean"},
                     "source_object_ids": {"type": "array", "items": {"type": "integer"}},
+                    "chars": {"type": "integer", "description": "characters of the version's text (NFC)"},
                 },
+            },
+        },
+    },
+}
+
+_TEXT = {
+    "type": "object",
+    "properties": {
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "version_no": {"type": "integer", "description": "among the caller's versions of the document"},
+        "status": {"type": "string"},
+        "latest_final": {"type": "boolean"},
+        "offset": {"type": "integer", "description": "the first character returned (of the NFC text)"},
+        "length": {"type": "integer", "description": "characters returned"},
+        "total_chars": {"type": "integer"},
+        "next_offset": {"type": "integer", "nullable": True, "description": "where to read on; null at the end"},
+        "text": {"type": "string"},
+        "evidence": {
+            "type": "object",
+            "properties": {
+                "sha256": {"type": "string", "description": "SHA-256 (hex) of `text` as UTF-8"},
+                "version_sha256": {"type": "string", "description": "SHA-256 (hex) of the version's whole NFC text"},
+                "permalink": {"type": "string", "description": "the path that reads this slice again"},
+                "source_object_ids": {"type": "array", "items": {"type": "integer"}},
             },
         },
     },
@@ -431,6 +458,7 @@ def openapi_document() -> dict[str, Any]:
         DocumentSummary=_DOCUMENT_SUMMARY,
         Document=_DOCUMENT,
         RelatedResponse=_RELATED,
+        TextResponse=_TEXT,
         TraverseResponse=_TRAVERSAL,
     )
     return {
@@ -458,6 +486,15 @@ def openapi_document() -> dict[str, Any]:
                 "The document's typed, directed relations whose other end the caller may also see",
                 "RelatedResponse",
                 _query_parameters(RelatedRequest),
+            ),
+            "/v1/documents/{document_id}/versions/{version_id}/text": _document_get(
+                "A slice of a version's text (NFC characters from `offset`), with hashes and a permalink; 404 alike "
+                "for a version that does not exist and one the caller may not see",
+                "TextResponse",
+                [
+                    {"name": "version_id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}},
+                    *_query_parameters(ReadRequest),
+                ],
             ),
             "/v1/traverse": _post(
                 "Documents reachable over relations, every one checked against the caller's access; documents "

@@ -1,7 +1,7 @@
 """Constant-shape authorisation: asking about a document the caller may not see runs the
-same SQL statements as asking about one that does not exist, for documents, related documents, traversal
-and decision search. The statements (text and parameter names, not values) are recorded from the real
-PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a missing
+same SQL statements as asking about one that does not exist, for documents, related documents, traversal,
+decision search and reading a version's text. The statements (text and parameter names, not values) are recorded
+from the real PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a missing
 one skipped (11.2 vs 6.8 ms: a timing oracle). The timings themselves are `ki bench authz-timing`'s.
 
 The world is written and read in one transaction that is rolled back: nothing reaches CDC or the index.
@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, event, text
 from ki.settings import Settings
 from search.documents.decisions import search_decisions
 from search.documents.read import get_document, related, run_traversal
+from search.documents.text import read_text
 from search.request import DecisionSearchRequest
 from tests.integration.world import World
 
@@ -94,6 +95,30 @@ def test_documents_related_and_traversal_run_the_same_statements_for_hidden_and_
 
     walked = _same_for_hidden_and_missing(recorder, walk, ids)
     assert [n["document_id"] for n in walked["nodes"]] == [ids["visible"]] and walked["edges"] == []
+
+
+def test_reading_runs_the_same_statements_for_a_hidden_and_a_missing_version(
+    world: tuple[World, dict[str, int], Recorder], settings: Settings
+) -> None:
+    w, ids, recorder = world
+    conn, who, security = recorder.conn, [f"user:probe-{w.tag}"], settings.security
+    read = read_text(conn, who, security, ids["visible"], None, 0, 100)
+    assert read is not None and read["text"] == "Offen." and read["next_offset"] is None
+    # A document the caller may not see, and its version asked for by id from the visible document.
+    hidden_version = int(
+        conn.execute(text("SELECT id FROM document_versions WHERE document_id = :d"), {"d": ids["hidden"]}).scalar_one()
+    )
+    missing_version = hidden_version + 1_000_000
+    assert (
+        _same_for_hidden_and_missing(recorder, lambda d: read_text(conn, who, security, d, None, 0, 100), ids) is None
+    )
+    versions = {"hidden": hidden_version, "missing": missing_version}
+    assert (
+        _same_for_hidden_and_missing(
+            recorder, lambda v: read_text(conn, who, security, ids["visible"], v, 0, 100), versions
+        )
+        is None
+    )
 
 
 def test_decision_search_runs_the_same_statements_for_a_hidden_decision_and_for_nothing(

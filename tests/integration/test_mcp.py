@@ -4,6 +4,7 @@ every tool answers what the HTTP endpoint answers, under the same authorization.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -124,8 +125,8 @@ def test_the_tools_and_their_schemas_are_the_http_apis(stack: tuple[Server, McpH
             return list((await client.list_tools()).tools)
 
     tools = {t.name: t for t in anyio.run(run)}
-    assert set(tools) == {"search", "search_filter", "search_decisions", "get_document", "related_documents",
-                          "traverse"}  # fmt: skip
+    assert set(tools) == {"search", "search_filter", "search_decisions", "get_document", "read_document",
+                          "related_documents", "traverse"}  # fmt: skip
     _, document = api.call("/openapi.json")
     schemas = document["components"]["schemas"]
     for name, request in (("search", "SearchRequest"), ("search_filter", "FilterRequest"),
@@ -175,6 +176,44 @@ def test_a_caller_sees_through_mcp_exactly_what_http_shows(stack: tuple[Server, 
         data.docs["vertrag"],
         data.docs["anlage"],
     }
+
+
+def test_a_version_is_read_in_pages_with_hashes_over_mcp_and_http_alike(
+    stack: tuple[Server, McpHttp], data: Data, settings: Settings
+) -> None:
+    api, mcp = stack
+    anna, ben = data.token(settings, "anna"), data.token(settings, "ben")
+    vertrag = data.docs["vertrag"]
+    status, document = api.call(f"/v1/documents/{vertrag}", token=anna)
+    assert status == 200
+    version = document["versions"][0]
+    want = f"mcpwort{data.tag} Text von vertrag. Die Miete ist gemindert."
+    assert version["chars"] == len(want)
+    # Pages of 7 characters, over MCP (the cited version by default) and HTTP (the version named): the same.
+    pages, offset = [], 0
+    while offset is not None:
+        error, page = call(mcp.url, anna, "read_document", {"document_id": vertrag, "offset": offset, "length": 7})
+        path = f"/v1/documents/{vertrag}/versions/{version['version_id']}/text?offset={offset}&length=7"
+        status, http = api.call(path, token=anna)
+        assert not error and status == 200 and page == http
+        assert page["evidence"]["sha256"] == hashlib.sha256(page["text"].encode()).hexdigest()
+        assert page["evidence"]["version_sha256"] == hashlib.sha256(want.encode()).hexdigest()
+        assert api.call(page["evidence"]["permalink"], token=anna) == (200, page)
+        pages.append(page["text"])
+        offset = page["next_offset"]
+    assert "".join(pages) == want and all(len(p) == 7 for p in pages[:-1])
+    # ben may see the opinion only: the contract's version is a 404 like a version that does not exist.
+    missing = version["version_id"] + 10_000_000
+    for token, path in ((ben, f"/v1/documents/{vertrag}/versions/{version['version_id']}/text"),
+                        (anna, f"/v1/documents/{vertrag}/versions/{missing}/text")):  # fmt: skip
+        assert api.call(path, token=token) == (404, {"error": "not_found", "message": "no such version"})
+    error, body = call(mcp.url, ben, "read_document", {"document_id": vertrag})
+    assert error and body["error"] == "not_found"
+    # Bad paging is a 400 naming the field.
+    status, body = api.call(f"/v1/documents/{vertrag}/versions/{version['version_id']}/text?length=0", token=anna)
+    assert status == 400 and body["field"] == "length"
+    error, body = call(mcp.url, anna, "read_document", {"document_id": vertrag, "offset": -1})
+    assert error and body["field"] == "offset"
 
 
 def test_bad_input_and_bad_tokens_are_refused(stack: tuple[Server, McpHttp], data: Data, settings: Settings) -> None:

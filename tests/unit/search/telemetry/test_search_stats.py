@@ -41,4 +41,8 @@ def test_the_audit_names_the_documents_of_every_answer_shape() -> None:
     assert named_documents({"principals": ["user:x"], "admin": False}) == ()
     assert named_documents(None) == ()
     refused = record_of(["user:x"], "/v1/documents/{document_id}", 404, {"document_id": 5, "versions": []})
-    assert refused.document_ids == ()
+    assert refused.document_ids == () and refused.version_ids == ()
+    # Reading names the document and the version whose text it showed; nothing else names a version.
+    read = record_of(["user:x"], "mcp:read_document", 200, {"document_id": 5, "version_id": 12, "text": "…"})
+    assert (read.document_ids, read.version_ids) == ((5,), (12,))
+    assert record_of(["user:x"], "mcp:get_document", 200, {"document_id": 5, "versions": []}).version_ids == ()
