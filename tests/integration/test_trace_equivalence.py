@@ -1,17 +1,17 @@
 """Trace equivalence: the service does the same backend work whether or not hidden rows exist.
 
-Random small worlds W (derandomised: a few seeds) are written to PostgreSQL and reach the index through the
-real CDC path (an isolated sync worker). An in-process `SearchService` (scope and name caches on, fed by its
-real invalidation feed; a scope filter budget so small that every scope is over it) answers a caller's
-requests -- ranked search (lexical, hybrid, an identifier, a word found only in hidden documents), the
-metadata listing, documents, related (both ways, one kind), traverse (a visible start and 100 more ids),
-decision search -- while every SQL statement (text, parameter names, rows returned) and every OpenSearch
-request (method, path, body; hits per response) it makes for the request is recorded. Then W' = W plus what
-the caller may not see: documents of another project (the asked words, the caller's identifier, titles the
-caller's queries name), 100 documents at exactly the ids W asked about as missing, a hidden version of a
-visible document, relations from and to hidden documents, decisions on hidden documents; and before the
-caller asks again, a colleague who may see the other project runs the caller's name queries. Each request
-must leave the same trace and get the same answer under W' as under W.
+Random small worlds W (derandomised: a few seeds) are written to PostgreSQL and reach the index through the real
+CDC path (an isolated sync worker). An in-process `SearchService` (scope and name caches on, fed by its real
+invalidation feed; a scope filter budget so small that every scope is over it) answers a caller's requests --
+ranked search (lexical, hybrid, an identifier, a word found only in hidden documents), the metadata listing,
+documents, reading a version's text, related (both ways, one kind), traverse (a visible start and 100 more ids),
+decision search -- while every SQL statement (text, parameter names, rows returned) and every OpenSearch request
+(method, path, body; hits per response) it makes for the request is recorded. Then W' = W plus what the caller
+may not see: documents of another project (the asked words, the caller's identifier, titles the caller's queries
+name), 100 documents at exactly the ids W asked about as missing, a hidden version of a visible document,
+relations from and to hidden documents, decisions on hidden documents; and before the caller asks again, a
+colleague who may see the other project runs the caller's name queries. Each request must leave the same trace
+and get the same answer under W' as under W.
 
 Which finding of the issue "Indistinguishable" each part catches on the code before it:
 * hidden neighbours (related/traverse read the edges to hidden documents, then asked about them) -- the
@@ -49,6 +49,7 @@ from search.operations import scope_cache_state
 from search.request import (
     parse_decision_request,
     parse_filter_request,
+    parse_read_request,
     parse_related_request,
     parse_search_request,
     parse_traverse_request,
@@ -294,6 +295,8 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
         "filter": lambda: service.search_filter(who, parse_filter_request({"limit": 10}, api)),
         "document": lambda: service.get_document(who, scene.documents[0]),
         "document hidden or missing": lambda: service.get_document(who, asked),
+        "read": lambda: service.read_text(who, scene.documents[0], None, parse_read_request({"length": "40"}, api)),
+        "read hidden or missing": lambda: service.read_text(who, asked, None, parse_read_request({}, api)),
         "related both": lambda: service.related(
             who, scene.documents[0], parse_related_request({"direction": "both"}, api)
         ),
@@ -314,7 +317,7 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
     }
 
 
-GRID = ("document", "related", "traverse", "decisions")
+GRID = ("document", "read", "related", "traverse", "decisions")
 
 
 def _normalised(value: Any, scene: Scene, phase: str) -> Any:
