@@ -10,8 +10,8 @@ hit count and the rest of the body) or the run fails.
 
 Cases (`CASES`):
 
-* `documents`, `related`, `traverse`, `decisions` -- a hidden document's id vs an id that does not exist
-  (decisions: the hidden decision's word vs a word found nowhere);
+* `documents`, `read`, `related`, `traverse`, `decisions` -- a hidden document's id (`read`: and its version's)
+  vs an id that does not exist (decisions: the hidden decision's word vs a word found nowhere);
 * `traverse-batch` -- `start` with 100 hidden ids vs 100 ids that do not exist;
 * `related-incoming` -- incoming relations of a visible document whose only edge comes from a hidden one vs
   of a visible document without edges; `related-kinds` -- `kinds=references` vs `kinds=thread` on a visible
@@ -76,7 +76,9 @@ from ki.settings import REPO_ROOT, Settings, with_overrides
 from search.web.auth import mint_token
 
 Side = Literal["hidden", "missing"]
-SQL_CASES = ("documents", "related", "traverse", "decisions", "traverse-batch", "related-incoming", "related-kinds")
+SQL_CASES = (
+    "documents", "read", "related", "traverse", "decisions", "traverse-batch", "related-incoming", "related-kinds",
+)  # fmt: skip
 SEARCH_CASES = ("names-cache", "names-hidden", "superset")
 SLOW_CASES = ("invalidation",)
 CASES = SQL_CASES + SEARCH_CASES + SLOW_CASES
@@ -281,6 +283,12 @@ def sql_cases(world: SqlWorld, client: Client, seed: int) -> dict[str, Case]:
         RequestCase("documents", "GET /v1/documents/{id}: a hidden id vs one that does not exist", client,
                     lambda i: ("GET", f"/v1/documents/{at(world.hidden, i)}", None),
                     lambda i: ("GET", f"/v1/documents/{gone(i)}", None)),
+        RequestCase("read", "GET /v1/documents/{id}/versions/{version_id}/text: a hidden document's version vs "
+                    "ids that do not exist", client,
+                    lambda i: ("GET", f"/v1/documents/{at(world.hidden, i)}/versions/"
+                               f"{at(world.hidden_versions, i)}/text", None),
+                    lambda i: ("GET", f"/v1/documents/{gone(i)}/versions/{world.first_missing_version + i}/text",
+                               None)),
         RequestCase("related", "GET /v1/documents/{id}/related: a hidden id vs one that does not exist", client,
                     lambda i: related(at(world.hidden, i)), lambda i: related(gone(i))),
         RequestCase("traverse", "POST /v1/traverse from one id: hidden vs does not exist", client,

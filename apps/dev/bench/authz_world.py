@@ -77,6 +77,8 @@ class SqlWorld:
     caller: str  # C, principal user:<caller>
     # Pools (pair i takes entry i mod POOL); ids that do not exist are fresh per pair.
     hidden: list[int]  # hidden documents (version, observation, relation from V, decision)
+    hidden_versions: list[int]  # each hidden document's version
+    first_missing_version: int  # per pair i: first_missing_version + i does not exist
     words: list[str]  # each hidden document's decision word
     first_missing: int  # per pair i: first_missing + i does not exist
     batch_missing: int  # per pair i: batch_missing + BATCH * i + k (k < BATCH) do not exist
@@ -186,7 +188,7 @@ def write_sql_world(engine: Engine, label: str, pairs: int) -> SqlWorld:
         mine, theirs = _project(conn, label), _project(conn, label)
         _, obj = _source(conn, label, tag)
         (visible,), _ = add_documents(conn, mine, [f"Akte {tag}"], ["Vermerk."], obj)
-        hidden, _ = add_documents(conn, theirs, [f"Akte {i} {tag}" for i in range(pool)],
+        hidden, hidden_versions = add_documents(conn, theirs, [f"Akte {i} {tag}" for i in range(pool)],
                                   [f"Vermerk {i}." for i in range(pool)], obj)  # fmt: skip
         words = [f"fristwort{i}x{tag}" for i in range(pool)]
         add_relations(conn, "references", [(visible, doc) for doc in hidden])
@@ -212,10 +214,13 @@ def write_sql_world(engine: Engine, label: str, pairs: int) -> SqlWorld:
         add_relations(conn, "references", [(v, h) if i % 2 == 0 else (h, v) for i, (v, h) in enumerate(edges)])
         _grant_project(conn, mine, f"user:{caller}")
         first_missing = _one(conn, "SELECT coalesce(max(id), 0) + 1000000 FROM documents")
+        first_missing_version = _one(conn, "SELECT coalesce(max(id), 0) + 1000000 FROM document_versions")
     return SqlWorld(
         tag=tag,
         caller=caller,
         hidden=hidden,
+        hidden_versions=hidden_versions,
+        first_missing_version=first_missing_version,
         words=words,
         first_missing=first_missing,
         batch_missing=first_missing + pairs + 1000,
