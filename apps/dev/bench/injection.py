@@ -8,6 +8,8 @@ every document of each BEIR data set is chunked as the sync chunks it (`projecti
 and which cuts no window of gesetze-headings-dev: the same 23,589 body chunks `ki eval` indexes) and each
 chunk's text is scanned; a flagged chunk is listed with its kinds, rules and an excerpt around the first
 finding. Issue 48's goals: recall at least 95 %, at most 0.5 % of gesetze-headings-dev's chunks flagged.
+Speed: the time `scan` takes on each chunk (the chunking and the word counts not included), median and 99th
+percentile in microseconds, per data set and over all of them (the search runs the detector per hit).
 Pure CPU, no service: writes `benchmarks/injection.json`.
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apps.dev.bench.stats import machine
+from apps.dev.bench.stats import machine, percentile
 from apps.dev.eval import beir
 from ki.settings import REPO_ROOT, Settings
 from projections.chunking import split_text
@@ -108,6 +110,17 @@ def excerpt(text: str, finding: Finding, limit: int = EXCERPT_CHARS) -> str:
     return text[start:end]
 
 
+def scan_time(nanoseconds: Sequence[int]) -> dict[str, Any]:
+    """How long `scan` took on one chunk: median and 99th percentile in microseconds, over how many chunks."""
+    if not nanoseconds:
+        return {"chunks": 0, "median_us": None, "p99_us": None}
+    return {
+        "chunks": len(nanoseconds),
+        "median_us": round(percentile(nanoseconds, 50) / 1000, 1),
+        "p99_us": round(percentile(nanoseconds, 99) / 1000, 1),
+    }
+
+
 @dataclass
 class DatasetScan:
     name: str
@@ -115,6 +128,7 @@ class DatasetScan:
     chunks: int = 0
     flagged: list[dict[str, Any]] = field(default_factory=list)
     with_risky_word: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RISKY_WORDS, 0))
+    scan_ns: list[int] = field(default_factory=list)  # the time `scan` took on each chunk
     seconds: float = 0.0
 
     def record(self) -> dict[str, Any]:
@@ -124,6 +138,7 @@ class DatasetScan:
             "chunks_flagged": len(self.flagged),
             "flagged_rate": round(len(self.flagged) / self.chunks, 6) if self.chunks else None,
             "chunks_with_risky_word": self.with_risky_word,
+            "scan_time_per_chunk": scan_time(self.scan_ns),
             "seconds": round(self.seconds, 1),
             "flagged": self.flagged,
         }
@@ -142,7 +157,9 @@ def scan_documents(
             lowered = chunk.text.lower()
             for word in RISKY_WORDS:
                 result.with_risky_word[word] += word in lowered
+            started = time.perf_counter_ns()
             findings = scan(chunk.text)
+            result.scan_ns.append(time.perf_counter_ns() - started)
             if findings:
                 result.flagged.append({
                     "id": f"{doc.id}#{chunk.ordinal}",
@@ -163,11 +180,20 @@ def summary_table(record: dict[str, Any]) -> str:
     rows += [(f"attacks: {k}", v) for k, v in recall["by_obfuscation"].items()]
     lines = [f"{'':34} {'found':>7} {'total':>7} {'recall':>8}"]
     lines += [f"{label:34} {v['found']:>7} {v['total']:>7} {v['recall']:>8.3f}" for label, v in rows]
-    lines.append(f"\n{'data set':34} {'chunks':>7} {'flagged':>7} {'rate':>8}")
+    lines.append(f"\n{'data set':34} {'chunks':>7} {'flagged':>7} {'rate':>8} {'scan µs median':>15} {'p99':>8}")
     for name, figures in record["datasets"].items():
         rate = figures["flagged_rate"] or 0.0
-        lines.append(f"{name:34} {figures['chunks_scanned']:>7} {figures['chunks_flagged']:>7} {rate:>8.2%}")
+        took = figures["scan_time_per_chunk"]
+        lines.append(f"{name:34} {figures['chunks_scanned']:>7} {figures['chunks_flagged']:>7} {rate:>8.2%} "
+                     f"{_us(took['median_us']):>15} {_us(took['p99_us']):>8}")  # fmt: skip
+    overall = record["scan_time_per_chunk"]
+    lines.append(f"{'all chunks':34} {overall['chunks']:>7} {'':>7} {'':>8} {_us(overall['median_us']):>15} "
+                 f"{_us(overall['p99_us']):>8}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def goals(record: dict[str, Any]) -> dict[str, Any]:
@@ -191,12 +217,14 @@ def main(settings: Settings, options: InjectionOptions) -> int:
     recall = recall_figures(attacks)
     retrieval = settings.retrieval
     datasets: dict[str, Any] = {}
+    scan_ns: list[int] = []
     for root in options.data:
         docs = beir.load_corpus(root)
         _say(f"{root.name}: {len(docs)} documents, chunks of {retrieval.chunk_chars} characters "
              f"({retrieval.chunk_overlap_chars} overlap)")  # fmt: skip
         scanned = scan_documents(root.name, docs, retrieval.chunk_chars, retrieval.chunk_overlap_chars)
         datasets[root.name] = scanned.record()
+        scan_ns += scanned.scan_ns
     record: dict[str, Any] = {
         "command": options.command,
         "detector": {"module": "search.evidence.injection", "rules": len(RULES)},
@@ -211,6 +239,7 @@ def main(settings: Settings, options: InjectionOptions) -> int:
         },
         "recall": recall,
         "datasets": datasets,
+        "scan_time_per_chunk": scan_time(scan_ns),
         "machine": machine(load_start),
         "seconds": round(time.monotonic() - began, 1),
     }

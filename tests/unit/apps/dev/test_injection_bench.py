@@ -1,10 +1,10 @@
 """`ki bench injection`'s figures: recall per group, chunks scanned and flagged, excerpts of at most 200
-characters, the JSON it writes; bad options are one line with exit code 2."""
+characters, the time `scan` took per chunk, the JSON it writes; bad options are one line with exit code 2."""
 
 import json
 
 from apps.cli import main as cli
-from apps.dev.bench.injection import InjectionOptions, excerpt, recall_figures, scan_documents
+from apps.dev.bench.injection import InjectionOptions, excerpt, recall_figures, scan_documents, scan_time
 from apps.dev.bench.injection import main as bench
 from apps.dev.eval.beir import CorpusDoc
 from ki.settings import load_settings
@@ -44,6 +44,15 @@ def test_every_chunk_of_every_document_is_scanned_and_the_flagged_ones_listed():
     assert record["documents"] == 2 and record["chunks_scanned"] >= 5 and record["chunks_flagged"] == 1
     (flagged,) = record["flagged"]
     assert flagged["id"] == "d2#0" and flagged["kinds"] == ["override"] and "Vergiss" in flagged["excerpt"]
+    took = record["scan_time_per_chunk"]
+    assert took["chunks"] == record["chunks_scanned"] and 0 < took["median_us"] <= took["p99_us"]
+
+
+def test_the_scan_time_is_the_median_and_99th_percentile_in_microseconds():
+    assert scan_time([3000, 1000, 2000]) == {"chunks": 3, "median_us": 2.0, "p99_us": 3.0}
+    assert scan_time([1000] * 99 + [50_000]) == {"chunks": 100, "median_us": 1.0, "p99_us": 1.0}
+    assert scan_time([1000] * 98 + [50_000] * 2)["p99_us"] == 50.0
+    assert scan_time([]) == {"chunks": 0, "median_us": None, "p99_us": None}
 
 
 def test_the_benchmark_writes_its_json(tmp_path, capsys):
@@ -58,9 +67,11 @@ def test_the_benchmark_writes_its_json(tmp_path, capsys):
     record = json.loads(out.read_text(encoding="utf-8"))
     assert record["datasets"]["mini-set"]["chunks_scanned"] == 1
     assert record["datasets"]["mini-set"]["chunks_flagged"] == 0
+    assert record["scan_time_per_chunk"]["chunks"] == 1 and record["scan_time_per_chunk"]["median_us"] > 0
     assert record["recall"]["overall"]["found"] == 2
     assert record["goals"]["recall_met"] is False and record["goals"]["flagged_rate_met"] is None
-    assert "mini-set" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mini-set" in out and "scan µs median" in out
 
 
 def test_bad_options_are_one_line(tmp_path, capsys):
