@@ -86,6 +86,10 @@ from search.telemetry.stats import StatsRecorder, query_stats
 
 log = logging.getLogger(__name__)
 
+# How long before a grid point a release stops sleeping and yields until the point (`_on_the_grid`): more than
+# the poll's whole-millisecond rounding.
+GRID_SPIN_S = 0.002
+
 T = TypeVar("T")
 
 
@@ -814,9 +818,18 @@ class SearchService:
         started = time.perf_counter()
 
         async def released() -> None:
-            if quantum > 0:
-                elapsed = time.perf_counter() - started
-                await asyncio.sleep(quantum * max(1, math.ceil(elapsed / quantum)) - elapsed)
+            if quantum <= 0:
+                return
+            elapsed = time.perf_counter() - started
+            release = started + quantum * max(1, math.ceil(elapsed / quantum))
+            # The event loop's poll sleeps whole milliseconds counted from when it went to sleep, so a timer
+            # alone would release at the grid point plus the work's own sub-millisecond remainder: sleep to
+            # just before the point, then yield until it.
+            coarse = release - time.perf_counter() - GRID_SPIN_S
+            if coarse > 0:
+                await asyncio.sleep(coarse)
+            while time.perf_counter() < release:
+                await asyncio.sleep(0)
 
         try:
             answer = await work
