@@ -635,6 +635,14 @@ class StatsSettings(_Group):
     flush_s: float = Field(1.0, gt=0, le=3600)
 
 
+class EvidenceSettings(_Group):
+    """Text handed out (search hits, their neighbouring chunks, reading a version): passages that read as
+    instructions to a model (search.evidence.injection) are flagged with their spans ("flag"), or replaced
+    ("redact")."""
+
+    injection: Literal["flag", "redact"] = "flag"
+
+
 class AuditSettings(_Group):
     """The access audit (search.telemetry.audit): one row per /v1 request and MCP tool call in ki_access_audit
     (who, which endpoint, status, the documents the answer named), kept retention_days, read by administrators
@@ -671,6 +679,7 @@ class ApiSettings(_Section):
     caches: CachesSettings = CachesSettings()
     stats: StatsSettings = StatsSettings()
     audit: AuditSettings = AuditSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
     ops: OpsSettings = OpsSettings()
 
 

@@ -56,7 +56,7 @@ from search.ranking import augment
 from search.ranking.budget import fit_budget
 from search.ranking.floor import apply_floor, floor_for
 from search.ranking.fusion import Candidate, apply_boost, apply_decay, collapse, fuse
-from search.ranking.hits import FusionParams, hit_json
+from search.ranking.hits import FusionParams, hit_json, mark_injections
 from search.ranking.legs import (
     SOURCE_INCLUDES,
     LegHit,
@@ -719,6 +719,7 @@ class SearchService:
             hits, use = fit_budget(hits, budget, request.offset)
             has_more = has_more or use.hits_dropped > 0
             evidence = use.to_json()
+        mark_injections(hits, self.settings.api.evidence.injection)  # last: its spans are into the text handed out
         reason = await self.scoped.empty_reason(request, scope) if not kept else None
         timings = timer.finish()
         mode_info = plan.mode_json()
@@ -807,6 +808,7 @@ class SearchService:
         page = survivors[request.offset : request.window]
         explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
         hits = [hit_json(c, verified[c.version_id], explain) for c in page]
+        mark_injections(hits, self.settings.api.evidence.injection)
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)
 
@@ -849,10 +851,11 @@ class SearchService:
         self, principals: Sequence[str], document_id: int, version_id: int | None, request: ReadRequest
     ) -> dict[str, Any] | None:
         """A slice of a version's text the caller may see (None: not visible or not there; search.documents.text)."""
-        security, length = self.settings.security, request.characters(self.settings.api)
+        security, api = self.settings.security, self.settings.api
+        length, injection = request.characters(api), api.evidence.injection
 
         def run(conn: Connection) -> dict[str, Any] | None:
-            return read_text(conn, principals, security, document_id, version_id, request.offset, length)
+            return read_text(conn, principals, security, document_id, version_id, request.offset, length, injection)
 
         return await self._on_the_grid(self._verified_read(run))
 

@@ -6,7 +6,9 @@ a version the caller may not see, of a document they may or may not see, is answ
 exist (None here, 404 over HTTP), by the same statements -- the text is read only once the version is known
 visible. The text is read in Unicode NFC, and offsets and lengths count its characters (code points), so a
 slice read twice is the same string, and its SHA-256 (over the slice's UTF-8) lets a citation be checked
-against the text that was read; the whole version's hash comes with every slice.
+against the text that was read; the whole version's hash comes with every slice. Passages that read as
+instructions to a model are flagged (`injection`, spans into `text`) or, with `api.evidence.injection`
+"redact", replaced in `text` -- the hashes and offsets stay those of the stored text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.types import BigInteger, Integer
 
 from ki.settings import SecuritySettings
 from search.documents.read import visible_versions_of
+from search.evidence.injection import Mode, marked
 
 _SLICE_SQL = text(
     """
@@ -54,6 +57,7 @@ def read_text(
     version_id: int | None,
     offset: int,
     length: int,
+    injection: Mode = "flag",
 ) -> dict[str, Any] | None:
     """`length` characters of the version's text from `offset` (None: no such version the caller may see).
     `version_id` None: the version the document is cited by (its latest final visible, else newest visible)."""
@@ -70,6 +74,7 @@ def read_text(
     ).one()
     slice_, total = str(row.slice), int(row.total)
     end = offset + len(slice_)
+    handed_out, checked = marked(slice_, injection)  # the hash and the offsets stay the stored text's
     return {
         "document_id": document_id,
         "version_id": version.version_id,
@@ -80,7 +85,8 @@ def read_text(
         "length": len(slice_),
         "total_chars": total,
         "next_offset": end if end < total else None,
-        "text": slice_,
+        "text": handed_out,
+        "injection": checked,
         "evidence": {
             "sha256": sha256_hex(slice_),
             "version_sha256": str(row.version_sha256),

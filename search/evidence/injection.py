@@ -715,3 +715,17 @@ def sanitise(text: str, mode: Mode = "flag", replacement: str = REDACTION) -> Sa
     findings = tuple(scan(text))
     handed_on = redact(text, findings, replacement) if mode == "redact" and findings else text
     return Sanitised(handed_on, findings)
+
+
+def marked(text: str, mode: Mode = "flag") -> tuple[str, dict[str, object]]:
+    """The text to hand out and its `injection` field: whether a passage reads as an instruction to a model,
+    and (mode "flag") where -- spans into the text handed out, each with its kind; (mode "redact") the kinds
+    found, the passages replaced by `REDACTION`."""
+    result = sanitise(text, mode)
+    if not result.findings:
+        return text, {"flagged": False}
+    if mode == "redact":
+        kinds = sorted({f.kind for f in result.findings})
+        return result.text, {"flagged": True, "redacted": True, "kinds": kinds}
+    spans = [{"start": f.start, "end": f.end, "kind": f.kind} for f in result.findings]
+    return result.text, {"flagged": True, "redacted": False, "spans": spans}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from search.access.reverify import VerifiedVersion
+from search.evidence.injection import Mode, marked
 from search.ranking.fusion import Candidate
 
 
@@ -71,3 +72,12 @@ def hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | No
     if explain is not None:
         hit["explain"] = explain_json(c, explain)
     return hit
+
+
+def mark_injections(hits: list[dict[str, Any]], mode: Mode) -> None:
+    """Each hit's text and its neighbours' (`context`) as handed out, with their `injection` field: passages
+    that read as instructions to a model flagged or replaced (search.evidence.injection)."""
+    for hit in hits:
+        hit["text"], hit["injection"] = marked(str(hit.get("text") or ""), mode)
+        for neighbour in hit.get("context") or []:
+            neighbour["text"], neighbour["injection"] = marked(str(neighbour.get("text") or ""), mode)
