@@ -198,11 +198,16 @@ async def audit_handler(request: web.Request) -> web.Response:
     return web.json_response(await operations.read_audit(hours, principal, limit))
 
 
-def _document_id(request: web.Request) -> int:
-    raw = request.match_info["document_id"]
+def _path_id(request: web.Request, name: str) -> int:
+    """An id in the path (`document_id`, `version_id`): a positive whole number, else a 400 naming it."""
+    raw = request.match_info[name]
     if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
-        raise RequestInvalid("document_id", f"must be a positive whole number, got {raw[:40]!r}")
+        raise RequestInvalid(name, f"must be a positive whole number, got {raw[:40]!r}")
     return int(raw)
+
+
+def _document_id(request: web.Request) -> int:
+    return _path_id(request, "document_id")
 
 
 async def document_handler(request: web.Request) -> web.Response:
@@ -214,18 +219,11 @@ async def document_handler(request: web.Request) -> web.Response:
     return _answer(request, found)
 
 
-def _version_id(request: web.Request) -> int:
-    raw = request.match_info["version_id"]
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
-        raise RequestInvalid("version_id", f"must be a positive whole number, got {raw[:40]!r}")
-    return int(raw)
-
-
 async def text_handler(request: web.Request) -> web.Response:
     """`GET /v1/documents/{id}/versions/{version_id}/text?offset=&length=`: 404 alike for a version that is not
     there and one the caller may not see (search.documents.text)."""
     principals = await _principals(request)
-    document_id, version_id = _document_id(request), _version_id(request)
+    document_id, version_id = _document_id(request), _path_id(request, "version_id")
     parsed = parse_read_request(request.query, request.app[SETTINGS_KEY].api)
     found = await request.app[SERVICE_KEY].read_text(principals, document_id, version_id, parsed)
     if found is None:
