@@ -282,6 +282,9 @@ class RetrievalSettings(_Section):
     # added for the lexical and semantic legs. None: the shipped German list (docs/search-api.md).
     synonyms_enabled: bool = False
     synonyms: list[list[str]] | None = None
+    # The query's own words (search.query_words): dates, ranges, comparison intent, provisions and file numbers
+    # read from the query into the plan; `explain` shows them. Not used for ranking yet (issue 49).
+    query_words_enabled: bool = True
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     neighbours_max_chunks_per_document: int = Field(3, ge=1, le=100)
     # Relevance floor of the semantic leg (search.ranking.floor): a kNN hit whose cosine similarity to the query is

@@ -1,5 +1,6 @@
-"""The plan of one ranked search, made once: mode, leg weights, the legs that run, the query's expansion, each
-leg's depth. Pure: built from the request, the retrieval settings and one reading of the mode gate.
+"""The plan of one ranked search, made once: mode, leg weights, the legs that run, the query's expansion, each leg's
+depth, what the query's own words say (search.query_words). Pure: built from the request, the retrieval settings
+and one reading of the mode gate.
 
 Every later step reads the plan; none resolves any of it again. The mode gate may change its default while a
 request runs (`SearchService.refresh_gate`, a new self-evaluation report): a plan made before that keeps the
@@ -16,6 +17,7 @@ from typing import Any
 
 from ki.errors import RequestInvalid
 from ki.settings import RetrievalSettings
+from search.query_words import ParsedQuery, parse_query
 from search.ranking.fusion import FusionMethod
 from search.ranking.legs import LegName, active_legs, leg_depth
 from search.ranking.mode_gate import GateDecision, Mode
@@ -43,6 +45,7 @@ class QueryPlan:
     depth: int  # hits per leg for the request's window
     fusion_method: FusionMethod
     fusion_rrf_k: int
+    words: ParsedQuery | None = None  # what the query's own words say (dates, comparison, provisions), if read
 
     @property
     def needs_vector(self) -> bool:
@@ -64,6 +67,7 @@ class QueryPlan:
             "synonyms_added": list(self.expansion.added),
             "leg_depth": self.depth,
             "fusion": {"method": self.fusion_method, "rrf_k": self.fusion_rrf_k},
+            "query_words": self.words.to_json() if self.words is not None else None,
         }
 
 
@@ -112,4 +116,5 @@ def plan_query(
         depth=leg_depth(request.window),
         fusion_method=retrieval.fusion_method,
         fusion_rrf_k=retrieval.fusion_rrf_k,
+        words=parse_query(request.query) if retrieval.query_words_enabled else None,
     )

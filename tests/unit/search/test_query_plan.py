@@ -98,3 +98,16 @@ def test_a_gate_flip_in_the_middle_of_a_request_does_not_change_its_plan() -> No
     later = asyncio.run(Probe().search(["user:anna"], SearchRequest(query="Kaution")))
     assert [p.mode for p in seen] == ["hybrid"] and embedded == ["Kaution"]
     assert later.mode == "lexical"  # the gate did flip; the request's own plan did not follow it
+
+
+def test_the_query_words_are_read_into_the_plan_and_shown_but_can_be_turned_off() -> None:
+    import datetime as dt
+
+    request = SearchRequest(query="Mietvertrag in der Fassung vom 1. März 2020 § 5 Abs. 2")
+    plan = plan_query(request, RETRIEVAL, LEXICAL, None)
+    assert plan.words is not None and plan.words.as_of == dt.date(2020, 3, 1)
+    shown = plan.to_json()["query_words"]
+    assert shown["as_of"] == "2020-03-01" and shown["provisions"]
+    off = plan_query(request, RETRIEVAL.model_copy(update={"query_words_enabled": False}), LEXICAL, None)
+    assert off.words is None and off.to_json()["query_words"] is None
+    assert off.expansion == plan.expansion  # not used for ranking yet: the legs search the same text
