@@ -33,6 +33,7 @@ from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_
 from search.access.scope_cache import ScopeCache
 from search.after_answer import start_after_answer
 from search.documents import read as documents
+from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import DecisionPage, search_decisions
 from search.documents.text import read_text
 from search.names.cache import NameCache
@@ -894,3 +895,15 @@ class SearchService:
                 return await conn.run_sync(lambda c: search_decisions(c, principals, security, request))
 
         return await self._on_the_grid(run())
+
+    async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
+        """A chunk by its id, its text from PostgreSQL where it is a span of the version's (None: not visible or
+        not there; search.documents.chunks)."""
+
+        async def index_row(row_id: str) -> dict[str, Any] | None:
+            found = await self.scoped.search(
+                {"size": 1, "query": {"ids": {"values": [row_id]}}, "_source": {"excludes": ["embedding"]}}
+            )
+            return found[0].get("_source") if found else None
+
+        return await self._on_the_grid(read_chunk(principals, self.settings, chunk, self._verified_read, index_row))
