@@ -77,7 +77,8 @@ from search.web.auth import mint_token
 
 Side = Literal["hidden", "missing"]
 SQL_CASES = (
-    "documents", "read", "related", "traverse", "decisions", "traverse-batch", "related-incoming", "related-kinds",
+    "documents", "read", "chunk", "related", "traverse", "decisions", "traverse-batch", "related-incoming",
+    "related-kinds",
 )  # fmt: skip
 SEARCH_CASES = ("names-cache", "names-hidden", "superset")
 SLOW_CASES = ("invalidation",)
@@ -289,6 +290,10 @@ def sql_cases(world: SqlWorld, client: Client, seed: int) -> dict[str, Case]:
                                f"{at(world.hidden_versions, i)}/text", None),
                     lambda i: ("GET", f"/v1/documents/{gone(i)}/versions/{world.first_missing_version + i}/text",
                                None)),
+        RequestCase("chunk", "GET /v1/chunks/{chunk_id}: a hidden version's first chunk vs a version that does not "
+                    "exist", client,
+                    lambda i: ("GET", f"/v1/chunks/{at(world.hidden_versions, i)}:chunk:0", None),
+                    lambda i: ("GET", f"/v1/chunks/{world.first_missing_version + i}:chunk:0", None)),
         RequestCase("related", "GET /v1/documents/{id}/related: a hidden id vs one that does not exist", client,
                     lambda i: related(at(world.hidden, i)), lambda i: related(gone(i))),
         RequestCase("traverse", "POST /v1/traverse from one id: hidden vs does not exist", client,
