@@ -795,15 +795,21 @@ def _markers(text: str, claims: _Claims) -> tuple[list[_SideAt], bool]:
     return sides, bool(sides) and len(taken) < len(sides)
 
 
-def _cue_spans(pattern: re.Pattern[str], text: str, claims: _Claims) -> list[tuple[int, int]]:
-    """The words of each match that are read: its head and tail if it has them, else all of it."""
+def _cue_spans(
+    pattern: re.Pattern[str], text: str, claims: _Claims, start: int = 0, end: int | None = None
+) -> list[tuple[int, int]]:
+    """The words of each match that are read: its head and tail if it has them, else all of it. The words between
+    a head and its tail are searched for cues too ("Was hat sich what changed geändert": both are cues), so what
+    is left of a query holds no cue a second reading would find."""
     spans: list[tuple[int, int]] = []
-    for match in pattern.finditer(text):
+    for match in pattern.finditer(text, start, len(text) if end is None else end):
         parts = [
             match.span(name)
             for name, value in match.groupdict().items()
             if value is not None and name.startswith(("head", "tail"))
         ]
+        if parts:
+            spans.extend(_cue_spans(pattern, text, claims, min(e for _, e in parts), max(s for s, _ in parts)))
         parts = parts or [match.span()]
         if all(claims.free(s, e) for s, e in parts):
             spans.extend(parts)
