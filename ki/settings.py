@@ -646,6 +646,16 @@ class EvidenceSettings(_Group):
     injection: Literal["flag", "redact"] = "flag"
 
 
+class ConsistencySettings(_Group):
+    """Writers that wait for their own writes (search.consistency): a search or filter request carrying a
+    `consistency_token` (the LSN its writer read after committing) waits until the access lane has applied
+    every change committed up to it, at most `max_wait_s`, polling Kafka every `poll_ms`; past that it is
+    answered `stale`."""
+
+    max_wait_s: float = Field(10.0, gt=0, le=120)
+    poll_ms: int = Field(20, ge=5, le=1000)
+
+
 class AuditSettings(_Group):
     """The access audit (search.telemetry.audit): one row per /v1 request and MCP tool call in ki_access_audit
     (who, which endpoint, status, the documents the answer named), kept retention_days, read by administrators
@@ -683,6 +693,7 @@ class ApiSettings(_Section):
     stats: StatsSettings = StatsSettings()
     audit: AuditSettings = AuditSettings()
     evidence: EvidenceSettings = EvidenceSettings()
+    consistency: ConsistencySettings = ConsistencySettings()
     ops: OpsSettings = OpsSettings()
 
 

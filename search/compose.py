@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ki.clients import make_async_engine, make_client
 from ki.embedding import create_embedder
 from ki.settings import Settings
+from search.consistency import ConsistencyGate, consistency_gate
 from search.operations import Operations
 from search.service import SearchService
 
@@ -28,6 +29,7 @@ class SearchRuntime:
 
     service: SearchService
     operations: Operations
+    consistency: ConsistencyGate  # waits for a writer's consistency token (search.consistency)
     close: Callable[[], Awaitable[None]]
 
 
@@ -53,6 +55,7 @@ async def start_search_runtime(settings: Settings) -> SearchRuntime:
         scope_cache=service.scope_cache,
         feed=service.feed,
     )
+    consistency = consistency_gate(settings, client)
     service.start()
     operations.start()
     log.info("default search mode: %s (%s)", service.gate.default_mode, service.gate.reason)
@@ -63,8 +66,9 @@ async def start_search_runtime(settings: Settings) -> SearchRuntime:
         await client.close()
         await engine.dispose()
         await verify_engine.dispose()
+        consistency.close()
 
-    return SearchRuntime(service, operations, close)
+    return SearchRuntime(service, operations, consistency, close)
 
 
 @contextlib.asynccontextmanager

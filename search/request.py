@@ -142,6 +142,13 @@ class _Window(BaseModel):
 class _Paged(_Window):
     filters: SearchFilters = Field(default_factory=lambda: SearchFilters())
     explain: bool = False
+    consistency_token: str | None = Field(
+        None,
+        pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        description="an LSN the writer read after its commit (`SELECT pg_current_wal_lsn()`): the answer waits "
+        "until the index has applied every change committed up to it (at most api.consistency.max_wait_s, else "
+        "a 503 `stale`) and says so in `consistency`",
+    )
 
 
 def _check_query(value: str, info: ValidationInfo, blank_hint: str) -> str:

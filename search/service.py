@@ -32,6 +32,7 @@ from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.access.scope_cache import ScopeCache
 from search.after_answer import start_after_answer
+from search.consistency import reading_fresh
 from search.documents import read as documents
 from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import DecisionPage, search_decisions
@@ -223,7 +224,7 @@ class SearchService:
 
     def usable_name_cache(self) -> NameCache | None:
         """The identity look-up cache, if its invalidation feed is current (else None: look up in SQL)."""
-        if self.name_cache is None or self.feed is None or not self.feed.health().usable:
+        if self.name_cache is None or self.feed is None or not self.feed.health().usable or reading_fresh():
             return None
         return self.name_cache
 
@@ -236,7 +237,7 @@ class SearchService:
         if health.lag_s is not None:
             self.metrics.feed_lag.set(health.lag_s)
         self.metrics.scope_cache_ids.set(self.scope_cache.ids_held)
-        return self.scope_cache if health.usable else None
+        return self.scope_cache if health.usable and not reading_fresh() else None
 
     async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
         """The caller's scope: from the cache when its feed is current and it holds it, else in SQL

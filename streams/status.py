@@ -4,30 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupState, TopicPartition
 from sqlalchemy import Engine, text
 
 from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
+from ki.kafka_offsets import PartitionLag, group_lag
 from ki.settings import Settings
 from streams.topics import LANES, Lane, consumer_group, lane_topics
 from streams.writer import pending_vectors_of, pending_vectors_query
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    topic: str
-    partition: int
-    committed: int  # -1: the group has committed nothing for this partition
-    end: int
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.end - max(self.committed, 0))
-
-    @property
-    def behind(self) -> bool:
-        """Events to go, or a partition with events the group has never committed (not even 0)."""
-        return self.lag > 0 or (self.committed < 0 and self.end > 0)
 
 
 @dataclass(frozen=True)
@@ -80,25 +64,7 @@ class LagProbe:
 
     def read_group(self, group: str, topics: list[str]) -> list[PartitionLag]:
         """Any group over any topics (only the topics that exist; their partitions as the broker has them)."""
-        metadata = self._admin.list_topics(timeout=10)
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in topics
-            if topic in metadata.topics
-            for p in metadata.topics[topic].partitions
-        ]
-        if not partitions:
-            return []
-        request = [ConsumerGroupTopicPartitions(group, partitions)]
-        committed = {
-            (tp.topic, tp.partition): tp.offset
-            for tp in self._admin.list_consumer_group_offsets(request)[group].result().topic_partitions
-        }
-        out = []
-        for tp in partitions:
-            _low, high = self._consumer.get_watermark_offsets(tp, timeout=10)
-            out.append(PartitionLag(tp.topic, tp.partition, committed.get((tp.topic, tp.partition), -1), high))
-        return out
+        return group_lag(self._admin, group, topics)
 
     def topic_records(self, topic: str) -> int | None:
         """Records a topic holds now (log end - log start over its partitions); None if it does not exist."""

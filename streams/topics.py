@@ -6,8 +6,6 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import NewTopic
 
@@ -16,28 +14,13 @@ from ki.db.models import CAPTURED_TABLES
 from ki.errors import AlreadyExists
 from ki.settings import Settings
 from projections.cdc import topic_name
-from projections.dirty import CONTENT_TABLES
+from projections.lanes import LANES, Lane, consumer_group, lane_topics
 
-#: The sync's two lanes, each a Faust app with its own consumer group, batching and commits
-#: (`streams.app`). The access lane reads every captured table and does all the work that needs no
-#: embedding, at once; the content lane reads the content tables and embeds.
-Lane = Literal["access", "content"]
-LANES: tuple[Lane, ...] = ("access", "content")
+__all__ = ["LANES", "Lane", "cdc_topics", "consumer_group", "ensure_topics", "lane_topics", "lane_web_port"]
 
 
 def cdc_topics(settings: Settings) -> list[str]:
     return [topic_name(settings.kafka.topic_prefix, table) for table in CAPTURED_TABLES]
-
-
-def lane_topics(settings: Settings, lane: Lane) -> list[str]:
-    tables = CAPTURED_TABLES if lane == "access" else CONTENT_TABLES
-    return [topic_name(settings.kafka.topic_prefix, table) for table in tables]
-
-
-def consumer_group(settings: Settings, lane: Lane) -> str:
-    """The content lane keeps the group the single worker had (`streams.app_id`), so an upgraded
-    deployment resumes its content where it was; the access lane starts its own group from the start."""
-    return settings.streams.app_id if lane == "content" else f"{settings.streams.app_id}-access"
 
 
 def lane_web_port(settings: Settings, lane: Lane) -> int:

@@ -36,6 +36,7 @@ from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search import after_answer
 from search.compose import search_runtime
+from search.consistency import ConsistencyGate, answer_consistent
 from search.operations import Operations
 from search.request import (
     DecisionSearchRequest,
@@ -196,10 +197,16 @@ PrincipalsOf = Callable[[Any], Awaitable[list[str]]]
 
 
 def build_server(
-    settings: Settings, service: SearchService, operations: Operations, principals_of: PrincipalsOf
+    settings: Settings,
+    service: SearchService,
+    operations: Operations,
+    principals_of: PrincipalsOf,
+    consistency: ConsistencyGate,
 ) -> Server[Any]:
     """The MCP server over `service` (its `operations` audit each call and say who sees timings);
-    `principals_of(ctx)` says who calls (raises `AuthError` if nobody)."""
+    `principals_of(ctx)` says who calls (raises `AuthError` if nobody); `consistency` waits for a call's
+    consistency token as over HTTP."""
+    gate = consistency
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(
@@ -231,7 +238,12 @@ def build_server(
             principals = await principals_of(ctx)
             service.limiter.take(principals)  # the same limit as over HTTP
             request = spec.parse(params.arguments or {}, settings.api)
-            answer = await spec.call(service, principals, request, operations.is_operator(principals))
+            timings, tool = operations.is_operator(principals), spec
+
+            async def call() -> Any:
+                return await tool.call(service, principals, request, timings)
+
+            answer = await answer_consistent(gate, request, call)
             operations.audit_request(principals, endpoint, 200, answer)  # as over HTTP (search.telemetry.audit)
             return tool_result(answer)
         except KiError as exc:
@@ -292,7 +304,7 @@ async def serve_http(settings: Settings, *, port: int | None = None) -> None:
 
     async with search_runtime(settings) as runtime:
         auth = Authenticator(settings.api, settings.oidc)  # one key cache for the gate and the tools
-        server = build_server(settings, runtime.service, runtime.operations, http_principals(auth))
+        server = build_server(settings, runtime.service, runtime.operations, http_principals(auth), runtime.consistency)
         app = server.streamable_http_app(
             streamable_http_path=settings.mcp.path, stateless_http=True, json_response=True, host=settings.mcp.host
         )
@@ -306,7 +318,9 @@ async def serve_stdio(settings: Settings) -> None:
     from mcp.server.stdio import stdio_server
 
     async with search_runtime(settings) as runtime:
-        server = build_server(settings, runtime.service, runtime.operations, stdio_principals(settings))
+        server = build_server(
+            settings, runtime.service, runtime.operations, stdio_principals(settings), runtime.consistency
+        )
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 

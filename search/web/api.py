@@ -30,6 +30,7 @@ from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search import after_answer
 from search.compose import start_search_runtime
+from search.consistency import ConsistencyGate, answer_consistent
 from search.documents.chunks import ChunkId
 from search.operations import Operations
 from search.rate_limit import RateLimited
@@ -59,6 +60,7 @@ SETTINGS_KEY = web.AppKey("settings", Settings)
 GATE_KEY = web.AppKey("gate", AdmissionGate)
 OPS_KEY = web.AppKey("ops", OpsReader)
 AUTH_KEY = web.AppKey("auth", Authenticator)
+CONSISTENCY_KEY = web.AppKey("consistency", ConsistencyGate)
 # Per request, for the access audit: who called (once authenticated) and the answer's JSON.
 PRINCIPALS_KEY = "ki_principals"
 ANSWER_KEY = "ki_answer"
@@ -144,8 +146,12 @@ def _endpoint(parse: Callable[[Any, ApiSettings], Any], call: Callable[..., Awai
     async def handler(request: web.Request) -> web.Response:
         principals = await _principals(request)
         parsed = parse(await _body(request), request.app[SETTINGS_KEY].api)
-        result = await call(request.app[SERVICE_KEY], principals, parsed)
-        return _answer(request, result.to_json(timings=request.app[OPERATIONS_KEY].is_operator(principals)))
+        timings = request.app[OPERATIONS_KEY].is_operator(principals)
+
+        async def answer() -> dict[str, Any]:
+            return (await call(request.app[SERVICE_KEY], principals, parsed)).to_json(timings=timings)
+
+        return _answer(request, await answer_consistent(request.app[CONSISTENCY_KEY], parsed, answer))
 
     return handler
 
@@ -375,7 +381,9 @@ def lane_metrics_urls(settings: Settings) -> dict[str, str]:
     return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in ("content", "access")}
 
 
-def build_app(settings: Settings, service: SearchService, operations: Operations) -> web.Application:
+def build_app(
+    settings: Settings, service: SearchService, operations: Operations, consistency: ConsistencyGate
+) -> web.Application:
     # answer_first sends the answer before deferred work starts; instrument sees the final status; errors
     # turns Overloaded (raised by admission) into JSON.
     app = web.Application(
@@ -385,6 +393,7 @@ def build_app(settings: Settings, service: SearchService, operations: Operations
     app[SETTINGS_KEY] = settings
     app[SERVICE_KEY] = service
     app[OPERATIONS_KEY] = operations
+    app[CONSISTENCY_KEY] = consistency
     app[AUTH_KEY] = Authenticator(settings.api, settings.oidc)
     app[OPS_KEY] = OpsReader(lane_metrics_urls(settings), settings.api.ops.window_s, settings.api.ops.scrape_timeout_s)
     limits = settings.api.limits
@@ -417,7 +426,7 @@ def build_app(settings: Settings, service: SearchService, operations: Operations
 async def create_app(settings: Settings) -> web.Application:
     """The app with its own search service and operations service (search.compose), closed on cleanup."""
     runtime = await start_search_runtime(settings)
-    app = build_app(settings, runtime.service, runtime.operations)
+    app = build_app(settings, runtime.service, runtime.operations, runtime.consistency)
 
     async def cleanup(_: web.Application) -> None:
         await runtime.close()

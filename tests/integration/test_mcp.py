@@ -237,7 +237,7 @@ def test_a_version_is_read_in_pages_with_hashes_over_mcp_and_http_alike(
 
 
 def test_a_hit_says_where_to_read_on_and_its_chunk_is_read_from_the_stored_text(
-    stack: tuple[Server, McpHttp], data: Data, settings: Settings
+    stack: tuple[Server, McpHttp], data: Data, settings: Settings, engine: Engine
 ) -> None:
     api, mcp = stack
     anna, ben = data.token(settings, "anna"), data.token(settings, "ben")
@@ -248,8 +248,12 @@ def test_a_hit_says_where_to_read_on_and_its_chunk_is_read_from_the_stored_text(
     stored = unicodedata.normalize("NFC", f"mcpwort{data.tag} {SOFT}")
     assert hit["span"] == {"start": 0, "end": len(stored)} and "\u00ad" not in hit["text"]
     assert hit["evidence"]["sha256"] == hashlib.sha256(hit["text"].encode()).hexdigest()
-    error, over_mcp = call(mcp.url, anna, "search", body)
-    assert not error and [(h["span"], h["evidence"]) for h in over_mcp["hits"]] == [
+    # A writer's consistency token is an argument of the tool as of the HTTP body (search.consistency).
+    with engine.connect() as conn:
+        token = str(conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one())
+    error, over_mcp = call(mcp.url, anna, "search", {**body, "consistency_token": token})
+    assert not error and over_mcp["consistency"]["consistent"] is True
+    assert [(h["span"], h["evidence"]) for h in over_mcp["hits"]] == [
         (h["span"], h["evidence"]) for h in found["hits"]
     ]
     # The span reads the stored text (soft hyphen and all); the chunk by its id is the same characters.

@@ -10,7 +10,8 @@ ACLs once Kafka answers). The roles, by what they touch (`kafka.topic_prefix` "k
 * `ki_worker` -- the sync worker: reads the CDC topics (and creates a missing one, compacted, before the
   lanes start), writes the dead-letter topic, and uses the lanes' groups (`streams.app_id*`).
 * `ki_api` -- the search API's invalidation feed: reads the access tables' topics and the heartbeat, with no
-  group (it assigns partitions and commits nothing).
+  group (it assigns partitions and commits nothing); for a consistency token's wait it may describe (not read)
+  every CDC topic and the lanes' groups.
 * `ki_operator` -- `ki stack`, `ki rebuild`, `ki sync status`, `ki eval`: every topic under the prefix, the
   eval's worlds (`ki_eval_*`) and the DLQ; the lanes' groups and the tools' own (`ki-replay-*`, `ki-eval-*`).
 
@@ -76,6 +77,9 @@ def grants(settings: Settings) -> list[Grant]:
             Grant("ki_api", topic, topic_name(prefix, table), literal, READ)
             for table in (*SCOPE_TABLES, HEARTBEAT_TABLE)
         ),
+        # A consistency token's wait (search.consistency): the lanes' log ends and committed offsets, no data.
+        Grant("ki_api", topic, cdc, prefixed, (AclOperation.DESCRIBE,)),
+        Grant("ki_api", group, app, prefixed, (AclOperation.DESCRIBE,)),
         Grant("ki_operator", topic, prefix, prefixed, OWN),
         Grant("ki_operator", topic, EVAL_TOPIC_PREFIX, prefixed, OWN),
         Grant("ki_operator", topic, settings.streams.dlq_topic, literal, OWN),

@@ -281,13 +281,17 @@ def opensearch_security_files(settings: Settings, material: SecureMaterial) -> d
         "ki_worker": writer,
         # The operator (`ki rebuild`, index lifecycle): the same on the ki indices, nothing else.
         "ki_operator": writer,
-        # The search API: reads the ki indices and their statistics.
+        # The search API: reads the ki indices and their statistics, and refreshes them for a consistency token
+        # (search.consistency: what the lanes acknowledged, searchable at once; a refresh changes no data).
         "ki_api": {
             "cluster_permissions": ["cluster_monitor", "cluster_composite_ops_ro"],
             "index_permissions": [
                 {
                     "index_patterns": ki_indices,
-                    "allowed_actions": ["read", "indices_monitor", "indices:admin/get", "indices:admin/aliases/get"],
+                    "allowed_actions": [
+                        "read", "indices_monitor", "indices:admin/get", "indices:admin/aliases/get",
+                        "indices:admin/refresh",
+                    ],
                 }
             ],
         },  # fmt: skip

@@ -16,13 +16,17 @@ def allowed(login: str) -> set[tuple[str, str, str, str]]:
     }
 
 
-def test_the_api_reads_the_access_topics_and_nothing_else() -> None:
+def test_the_api_reads_the_access_topics_and_only_describes_the_rest() -> None:
     api = allowed("ki_api")
     assert {op for _, _, _, op in api} == {"READ", "DESCRIBE"}
-    assert all(kind == "TOPIC" and pattern == "LITERAL" for kind, _, pattern, _ in api)
-    topics = {name for _, name, _, _ in api}
+    read = {(kind, name, pattern) for kind, name, pattern, op in api if op == "READ"}
+    assert all(kind == "TOPIC" and pattern == "LITERAL" for kind, _, pattern in read)
+    topics = {name for _, name, _ in read}
     assert {"ki.public.grants", "ki.public.group_memberships", "ki.public.debezium_heartbeat"} <= topics
     assert "ki.dlq" not in topics and not any(name.startswith("ki-connect") for name in topics)
+    # A consistency token's wait: the CDC topics' ends and the lanes' committed offsets, described only.
+    described = {(kind, name, pattern) for kind, name, pattern, op in api if op == "DESCRIBE"} - read
+    assert described == {("TOPIC", "ki.public.", "PREFIXED"), ("GROUP", "ki-sidecar", "PREFIXED")}
 
 
 def test_the_worker_reads_cdc_writes_only_the_dlq_and_uses_only_its_groups() -> None:
