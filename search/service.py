@@ -39,22 +39,13 @@ from search.request import (
     SearchRequest,
     TraverseRequest,
 )
-from search.stages.answer import answer_stages
-from search.stages.augment import GraphAugmenter
-from search.stages.authoritative import AuthoritativeFinder
+from search.stages.build import ranked_search
 from search.stages.embed import EmbedStage
 from search.stages.filtered import FilterSearch
-from search.stages.identity import Identities, IdentityWait
 from search.stages.legs import LegsStage
-from search.stages.rank import RankStage
-from search.stages.ranked import RankedSearch, post_ranking_stages
-from search.stages.rerank import RerankGateway
-from search.stages.reverify import ReverifyStage
 from search.stages.scope import ScopeStage, scope_caches
 from search.telemetry.metrics import SearchMetrics
 from search.telemetry.stats import StatsRecorder
-
-__all__ = ["SearchResult", "SearchService"]
 
 
 class SearchService:
@@ -95,23 +86,13 @@ class SearchService:
         self.embedding = EmbedStage(embedder, vectors, self.metrics)
         self.mode_gate = ModeGateReader(settings, engine, lambda: self.embedder.signature)
         self._gate_task: asyncio.Task[None] | None = None
-        # The stages.
+        # The stages (search.stages).
         self.scope = ScopeStage(settings, self.sql, self.metrics, self.background, self.scope_cache, self.feed)
         self.legs = LegsStage(self.scoped, r.hnsw_ef_search)
-        identities = Identities(settings, self.sql, self.scoped, self.metrics, self.background, self.name_cache,
-                                self.feed)  # fmt: skip
-        rerank = RerankGateway(self.reranker, self.metrics).rerank if self.reranker is not None else None
-        post_ranking = post_ranking_stages(
-            r, self.metrics, augment=GraphAugmenter(r, self.scoped, self.sql).augment,
-            authoritative=AuthoritativeFinder(r, self.scoped, self.sql).authoritative_hit, rerank=rerank,
-            identity_hit=identities.identity_hit,
-        )  # fmt: skip
-        self.ranked = RankedSearch(
-            settings, self.scoped, identities, self.metrics, self.stats,
-            head=[self.embedding, self.legs, IdentityWait()],
-            ranking=[RankStage(r, lambda: self.embedder.signature, self.metrics),
-                     ReverifyStage(self.sql.reverify, r, rerank=self.reranker is not None)],
-            post_ranking=post_ranking, answer=answer_stages(settings, self.scoped),
+        self.ranked = ranked_search(
+            settings, sql=self.sql, scoped=self.scoped, embedding=self.embedding, legs=self.legs,
+            signature=lambda: self.embedder.signature, reranker=self.reranker, metrics=self.metrics,
+            stats=self.stats, background=self.background, name_cache=self.name_cache, feed=self.feed,
         )  # fmt: skip
         self.filtered = FilterSearch(settings, self.scope, self.scoped, self.sql)
         self.reads = DocumentReads(settings, self.sql)
@@ -132,8 +113,6 @@ class SearchService:
             await self.stats.close()
         if self.reranker is not None:
             await self.reranker.close()
-
-    # --- the mode gate, the embedder and the caches ---------------------------------------------
 
     @property
     def gate(self) -> GateDecision:
@@ -173,8 +152,6 @@ class SearchService:
     async def settled(self) -> None:
         """Until the background refreshes started so far are done (tests, benchmarks)."""
         await self.background.settled()
-
-    # --- the stages, one at a time (the dev tools and tests) ------------------------------------
 
     async def compile_scope(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
         """The caller's scope (search.stages.scope)."""
@@ -244,26 +221,23 @@ class SearchService:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
         return await self.filtered.run(principals, request)
 
+    # The document reads (search.reads): in SQL, checked against the caller's principals, released on the grid.
+
     async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
-        """The document with the versions the caller may see (None: not visible or not there)."""
         return await self.reads.get_document(principals, document_id)
 
     async def read_text(
         self, principals: Sequence[str], document_id: int, version_id: int | None, request: ReadRequest
     ) -> dict[str, Any] | None:
-        """A slice of a version's text the caller may see (None: not visible or not there; search.documents.text)."""
         return await self.reads.read_text(principals, document_id, version_id, request)
 
     async def related(
         self, principals: Sequence[str], document_id: int, request: RelatedRequest
     ) -> dict[str, Any] | None:
-        """A visible document's relations whose other end the caller may see (None: not visible)."""
         return await self.reads.related(principals, document_id, request)
 
     async def traverse(self, principals: Sequence[str], request: TraverseRequest) -> dict[str, Any]:
-        """Documents reachable from the start documents, each one checked against the caller's access."""
         return await self.reads.traverse(principals, request)
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
-        """Decision records by token overlap, checked against the caller's principals (SQL only)."""
         return await self.reads.search_decisions(principals, request)
