@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from opensearchpy import AsyncOpenSearch
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.embedding import Embedder
@@ -47,6 +48,8 @@ from search.stages.scope import ScopeStage, scope_caches
 from search.telemetry.metrics import SearchMetrics
 from search.telemetry.stats import StatsRecorder
 
+T = TypeVar("T")
+
 
 class SearchService:
     def __init__(
@@ -76,9 +79,8 @@ class SearchService:
             self.stats = StatsRecorder(engine, settings.api, on_dropped=lambda n: self.metrics.stats_dropped.inc(n))
         # The scope and name caches and their feed; `start()` starts the feed.
         self.scope_cache, self.name_cache, self.feed = scope_caches(settings, self.metrics, scope_cache)
-        # The ports.
+        # The ports: SQL; every OpenSearch read of a search, through the caller's scope (search.ranking.scoped).
         self.sql = SqlReader(settings, engine, self.verify_engine)
-        # Every OpenSearch read of a search, through the caller's scope (search.ranking.scoped).
         self.scoped = ScopedIndex(client, self.index, settings.api.limits.max_scope_filter_bytes, self.metrics)
         self.background = Background()  # refreshes of stale cache entries, after the answer has left
         self.reranker = Reranker(r) if r.rerank_enabled else None
@@ -184,8 +186,6 @@ class SearchService:
         """Every leg's hits as the exact scope filter gives them, and the number of `_msearch` round trips."""
         return await self.legs.in_scope(request, scope, vector, plan or self.plan(request))
 
-    # --- public --------------------------------------------------------------------------------
-
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         plan = self.plan(request)  # once: every step below reads it
@@ -211,15 +211,22 @@ class SearchService:
         vector: Awaitable[list[float]] | None = None,
         plan: QueryPlan | None = None,
     ) -> SearchResult:
-        """The ranked search's stages for an already compiled scope (the re-verify still checks grants in SQL
-        afresh). `vector`: the query vector being computed (else embedded here); `plan`: the request's plan (else
-        made here). Timings: `embed` is the wait for the vector after the scope."""
-        plan = plan or self.plan(request)
-        return await self.ranked.run(principals, request, scope, plan, started=started, vector=vector)
+        """The ranked search's stages for an already compiled scope (the re-verify still checks grants in SQL afresh).
+        `vector`: the query vector being computed (else embedded); `plan`: the request's plan (else made here)."""
+        return await self.ranked.run(principals, request, scope, plan or self.plan(request), started=started,
+                                     vector=vector)  # fmt: skip
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
         """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
         return await self.filtered.run(principals, request)
+
+    # The SQL reader's helpers, for a facade method of its own (search.ports.SqlReader).
+
+    async def _verified_read(self, work: Callable[[Connection], T]) -> T:
+        return await self.sql.verified_read(work)
+
+    async def _on_the_grid(self, work: Awaitable[T]) -> T:
+        return await self.sql.on_the_grid(work)
 
     # The document reads (search.reads): in SQL, checked against the caller's principals, released on the grid.
 
