@@ -102,15 +102,20 @@ class RankedSearch:
         ctx.has_more = len(ctx.kept) > request.window
         await run_stages(self.answer, ctx)
         reason = await self.scoped.empty_reason(request, scope) if not ctx.kept else None
-        timings = timer.finish()
+        return self.result(ctx, page, reason, timer.finish())
+
+    def result(
+        self, ctx: QueryContext, page: Sequence[Candidate], reason: str | None, timings: dict[str, float]
+    ) -> SearchResult:
+        """The answer of a ranked search whose stages have run (and its retrieval statistics recorded)."""
+        request, plan, identity = ctx.request, ctx.plan, ctx.identity
         mode_info = plan.mode_json()
         pending = sum(1 for c in page if c.source.get(VECTOR_PENDING))  # the caller's own hits only
         if pending:
             mode_info["vectors_pending"] = pending
         if request.mode is None and plan.mode != "hybrid":
             ctx.fallbacks.append(f"default_mode_{plan.mode}")
-        self.record(request, plan.mode, page, ctx.legs, ctx.identity, reason, ctx.fallbacks, timings["total"])
-        identity = ctx.identity
+        self.record(request, plan.mode, page, ctx.legs, identity, reason, ctx.fallbacks, timings["total"])
         ambiguous = [s.to_json() for s in identity.subjects] if identity.outcome == "ambiguous" else None
         return SearchResult(
             ctx.hits,
