@@ -5,6 +5,9 @@ Pure: typed states in, OpenSearch `_source` bodies out. The content path of the 
 its rows here on every change, and then compares them with the stored rows to decide what to write;
 the writer adds `embedding`. Everything else a row carries is decided here.
 
+A body chunk's `meta` has `start` and `end`: where it sits in the version's text as a reader pages through it
+(`GET /v1/documents/{id}/versions/{version_id}/text`, PostgreSQL's NFC text), so a hit says where to read on.
+
 Row ids are `f"{version_id}:{chunk_kind}:{ordinal}"` (e.g. `42:chunk:0`, `42:profile:-1`,
 `42:clause:1000`). They depend only on the version and the row's position, so replays and
 re-syncs overwrite the same OpenSearch documents. The kind is part of the id because the spec's
@@ -21,7 +24,7 @@ from typing import Any, Literal
 
 from ki.settings import RetrievalSettings
 from projections.chunking import TokenBudget, split_text
-from projections.text import normalise_text
+from projections.text import normalise_text, reading_offsets
 
 VersionStatus = Literal["draft", "final", "executed", "unknown"]
 ChunkKind = Literal["chunk", "profile", "clause"]
@@ -203,6 +206,7 @@ def build_rows(
         raise ValueError(f"version {version.id} belongs to document {version.document_id}, not {document.id}")
     if document.deleted_at is not None:
         return []
+    offsets = reading_offsets(version.text)  # where each body chunk sits in the text a reader pages through
     document, version = _normalised(document), _normalised_version(version)
     doc_type_label = normalise_text(doc_type_label) if doc_type_label else doc_type_label
     matter_title = normalise_text(matter_title) if matter_title else matter_title
@@ -236,9 +240,12 @@ def build_rows(
         *,
         clause_type: str | None = None,
         locus: str | None = None,
+        span: tuple[int, int] | None = None,
     ) -> IndexRow:
         digest = content_hash(embed_input)
         meta: dict[str, Any] = {"kind": kind, "ordinal": ordinal, "content_hash": digest}
+        if span is not None:
+            meta["start"], meta["end"] = span
         if source_object_id is not None:
             meta["source_object_id"] = source_object_id
         if locus is not None:
@@ -268,7 +275,8 @@ def build_rows(
 
     fits = (lambda window: token_budget.fits(contextualized(window))) if token_budget is not None else None
     for chunk in split_text(version.text, settings.chunk_chars, settings.chunk_overlap_chars, fits):
-        rows.append(make_row("chunk", chunk.ordinal, chunk.text, contextualized(chunk.text)))
+        span = (offsets[chunk.start], offsets[chunk.end - 1] + 1) if offsets is not None and chunk.text else None
+        rows.append(make_row("chunk", chunk.ordinal, chunk.text, contextualized(chunk.text), span=span))
 
     if settings.clause_embeddings and version.status in CLAUSE_STATUSES:
         # Ordinal follows the clause's position in the artifact, so skipping an empty entry does

@@ -27,8 +27,9 @@ The result is idempotent (`normalise_text(normalise_text(s)) == normalise_text(s
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
-__all__ = ["normalise_text", "NORMALISATION_VERSION"]
+__all__ = ["normalise_text", "reading_offsets", "NORMALISATION_VERSION"]
 
 # Part of the index signature's inputs (via the analyzer definition hash): bump it when the rules
 # change, so no index built with other rules is reused.
@@ -70,3 +71,26 @@ def normalise_text(text: str) -> str:
     if text.isascii():
         return text  # the common case for identifiers and many queries: nothing to do
     return unicodedata.normalize("NFC", text.translate(_TABLE))
+
+
+def reading_offsets(raw: str) -> Sequence[int] | None:
+    """For each character of `normalise_text(raw)`, its position in `raw` in NFC -- the text a reader pages
+    through (`GET .../versions/{id}/text` counts characters of PostgreSQL's `normalize(text, NFC)`) -- plus
+    one entry for the end. A body chunk's `[start, end)` in the normalised text is then
+    `[offsets[start], offsets[end - 1] + 1)` there. None in the rare case the final composition joins
+    characters across a dropped one (no character maps to one position then)."""
+    nfc = unicodedata.normalize("NFC", raw)
+    normalised = normalise_text(raw)
+    if nfc == normalised:
+        return range(len(nfc) + 1)
+    offsets: list[int] = []
+    pieces: list[str] = []
+    for position, ch in enumerate(nfc):
+        replacement = _TABLE.get(ord(ch), ch)
+        if replacement:
+            pieces.append(replacement)
+            offsets.extend([position] * len(replacement))
+    if "".join(pieces) != normalised:
+        return None
+    offsets.append(len(nfc))
+    return offsets

@@ -21,7 +21,7 @@ from search.query_words import ParsedQuery, parse_query
 from search.ranking.fusion import FusionMethod
 from search.ranking.legs import REGISTRY, LegName, active_legs, leg_depth
 from search.ranking.mode_gate import GateDecision, Mode
-from search.ranking.synonyms import Expansion, expand_query
+from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 from search.request import SearchRequest
 
 
@@ -85,6 +85,13 @@ def resolve_mode(retrieval: RetrievalSettings, gate: GateDecision, requested: Mo
             f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
         )
     return requested
+
+
+def synonym_groups(retrieval: RetrievalSettings) -> list[list[str]] | None:
+    """The synonym groups the query's expansion uses: the configured ones, else the shipped list (None: off)."""
+    if not retrieval.synonyms_enabled:
+        return None
+    return retrieval.synonyms if retrieval.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
 
 
 def expansion_of(query: str, synonym_groups: Sequence[Sequence[str]] | None) -> Expansion:

@@ -1,4 +1,4 @@
-"""The document reads behind the service (documents, text slices, relations, traversals, decision records):
+"""The document reads behind the service (documents, text slices, relations, traversals, decision records, chunks):
 each in SQL on the re-verify's connections (search.ports.SqlReader.verified_read), checked against the caller's
 principals there, and released on the grid (`SqlReader.on_the_grid`) so that what PostgreSQL did below the same
 statements cannot show in when the answer leaves."""
@@ -12,15 +12,17 @@ from sqlalchemy import Connection
 
 from ki.settings import Settings
 from search.documents import read as documents
+from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import DecisionPage, search_decisions
 from search.documents.text import read_text
 from search.ports import SqlReader
+from search.ranking.scoped import ScopedIndex
 from search.request import DecisionSearchRequest, ReadRequest, RelatedRequest, TraverseRequest
 
 
 class DocumentReads:
-    def __init__(self, settings: Settings, sql: SqlReader) -> None:
-        self.settings, self.sql = settings, sql
+    def __init__(self, settings: Settings, sql: SqlReader, scoped: ScopedIndex) -> None:
+        self.settings, self.sql, self.scoped = settings, sql, scoped
 
     async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
         """The document with the versions the caller may see (None: not visible or not there)."""
@@ -70,3 +72,16 @@ class DocumentReads:
         """Decision records by token overlap, checked against the caller's principals (SQL only)."""
         security = self.settings.security
         return await self.sql.on_the_grid(self.sql.read(lambda c: search_decisions(c, principals, security, request)))
+
+    async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
+        """A chunk by its id, its text from PostgreSQL where it is a span of the version's (None: not visible or
+        not there; search.documents.chunks)."""
+
+        async def index_row(row_id: str) -> dict[str, Any] | None:
+            found = await self.scoped.search(
+                {"size": 1, "query": {"ids": {"values": [row_id]}}, "_source": {"excludes": ["embedding"]}}
+            )
+            return found[0].get("_source") if found else None
+
+        read = read_chunk(principals, self.settings, chunk, self.sql.verified_read, index_row)
+        return await self.sql.on_the_grid(read)

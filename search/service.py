@@ -20,16 +20,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ki.embedding import Embedder
 from ki.settings import Settings
 from search.access.scope import CompiledScope, ScopeFilter
+from search.documents.chunks import ChunkId
 from search.documents.decisions import DecisionPage
 from search.pipeline import SearchResult
-from search.plan import QueryPlan, plan_query
+from search.plan import QueryPlan, plan_query, synonym_groups
 from search.ports import Background, ModeGateReader, SqlReader
 from search.ranking.legs import LegName, LegRun
 from search.ranking.mode_gate import GateDecision
 from search.ranking.query_vectors import EmbeddingCache
 from search.ranking.rerank import Reranker
 from search.ranking.scoped import ScopedIndex
-from search.ranking.synonyms import DEFAULT_SYNONYMS
 from search.rate_limit import RateLimiter
 from search.reads import DocumentReads
 from search.request import (
@@ -70,9 +70,7 @@ class SearchService:
         self.limiter = RateLimiter(settings.api.limits.rate_per_s, settings.api.limits.rate_burst)
         self.metrics = metrics or SearchMetrics()
         self.index = r.index_name
-        self.synonym_groups: list[list[str]] | None = None
-        if r.synonyms_enabled:
-            self.synonym_groups = r.synonyms if r.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
+        self.synonym_groups = synonym_groups(r)
         # Retrieval statistics (search.telemetry.stats): buffered here, written by `start()`'s background task.
         self.stats: StatsRecorder | None = None
         if settings.api.stats.enabled:
@@ -97,7 +95,7 @@ class SearchService:
             stats=self.stats, background=self.background, name_cache=self.name_cache, feed=self.feed,
         )  # fmt: skip
         self.filtered = FilterSearch(settings, self.scope, self.scoped, self.sql)
-        self.reads = DocumentReads(settings, self.sql)
+        self.reads = DocumentReads(settings, self.sql, self.scoped)
 
     def start(self) -> None:
         self._gate_task = asyncio.get_running_loop().create_task(self.mode_gate.refresh_forever())
@@ -221,7 +219,6 @@ class SearchService:
         return await self.filtered.run(principals, request)
 
     # The SQL reader's helpers, for a facade method of its own (search.ports.SqlReader).
-
     async def _verified_read(self, work: Callable[[Connection], T]) -> T:
         return await self.sql.verified_read(work)
 
@@ -229,7 +226,6 @@ class SearchService:
         return await self.sql.on_the_grid(work)
 
     # The document reads (search.reads): in SQL, checked against the caller's principals, released on the grid.
-
     async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
         return await self.reads.get_document(principals, document_id)
 
@@ -248,3 +244,6 @@ class SearchService:
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
         return await self.reads.search_decisions(principals, request)
+
+    async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
+        return await self.reads.read_chunk(principals, chunk)

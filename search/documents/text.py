@@ -13,7 +13,6 @@ instructions to a model are flagged (`injection`, spans into `text`) or, with `a
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from sqlalchemy.types import BigInteger, Integer
 
 from ki.settings import SecuritySettings
 from search.documents.read import visible_versions_of
+from search.evidence.citations import sha256_hex, text_permalink
 from search.evidence.injection import Mode, marked
 
 _SLICE_SQL = text(
@@ -39,14 +39,13 @@ _SLICE_SQL = text(
 )
 
 
-def sha256_hex(value: str) -> str:
-    """The hash a reader checks a quoted passage against: SHA-256 over the text's UTF-8."""
-    return hashlib.sha256(value.encode("utf-8")).hexdigest()
-
-
-def permalink(document_id: int, version_id: int, offset: int, length: int) -> str:
-    """The path of this service that reads the same slice again (relative to the API's base URL)."""
-    return f"/v1/documents/{document_id}/versions/{version_id}/text?offset={offset}&length={length}"
+def stored_slice(conn: Connection, document_id: int, version_id: int, offset: int, length: int) -> tuple[str, int, str]:
+    """`length` characters of the stored version text (NFC) from `offset`, the text's length in characters and
+    the SHA-256 of the whole text. Only for a version the caller was found to see."""
+    row = conn.execute(
+        _SLICE_SQL, {"version_id": version_id, "document_id": document_id, "start": offset + 1, "length": length}
+    ).one()
+    return str(row.slice), int(row.total), str(row.version_sha256)
 
 
 def read_text(
@@ -68,11 +67,7 @@ def read_text(
     version = seen.cited if version_id is None else shown.get(version_id)
     if version is None:
         return None
-    row = conn.execute(
-        _SLICE_SQL,
-        {"version_id": version.version_id, "document_id": document_id, "start": offset + 1, "length": length},
-    ).one()
-    slice_, total = str(row.slice), int(row.total)
+    slice_, total, version_sha256 = stored_slice(conn, document_id, version.version_id, offset, length)
     end = offset + len(slice_)
     handed_out, checked = marked(slice_, injection)  # the hash and the offsets stay the stored text's
     return {
@@ -89,9 +84,8 @@ def read_text(
         "injection": checked,
         "evidence": {
             "sha256": sha256_hex(slice_),
-            "version_sha256": str(row.version_sha256),
-            "permalink": permalink(document_id, version.version_id, offset, len(slice_)),
+            "version_sha256": version_sha256,
+            "permalink": text_permalink(document_id, version.version_id, offset, len(slice_)),
             "source_object_ids": list(version.source_object_ids),
         },
     }
-

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from search.access.reverify import VerifiedVersion
+from search.evidence.citations import chunk_permalink, sha256_hex, stored_span, text_permalink
 from search.evidence.injection import Mode, marked
 from search.ranking.fusion import Candidate
 
@@ -66,6 +67,16 @@ def hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | No
             "source_object_ids": list(verified.source_object_ids),
             "chunk_id": c.chunk_id,
         },
+    }
+    # How to read on: the chunk by its id, and (a body chunk) the place in the version's text it came from.
+    span = stored_span(src)
+    hit["span"] = {"start": span[0], "end": span[1]} if span else None
+    hit["evidence"] = {
+        "sha256": sha256_hex(hit["text"]),  # of the text as indexed, before any redaction
+        "permalink": chunk_permalink(c.chunk_id),
+        "text_permalink": text_permalink(verified.document_id, verified.version_id, span[0], span[1] - span[0])
+        if span
+        else None,
     }
     if src.get("meta", {}).get("locus"):
         hit["locus"] = src["meta"]["locus"]

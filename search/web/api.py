@@ -30,6 +30,7 @@ from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search import after_answer
 from search.compose import start_search_runtime
+from search.documents.chunks import ChunkId
 from search.operations import Operations
 from search.rate_limit import RateLimited
 from search.request import (
@@ -231,6 +232,22 @@ async def text_handler(request: web.Request) -> web.Response:
     return _answer(request, found)
 
 
+async def chunk_handler(request: web.Request) -> web.Response:
+    """`GET /v1/chunks/{chunk_id}` (a hit's `chunk_id`): 404 alike for a chunk that is not there and one of a
+    version the caller may not see (search.documents.chunks)."""
+    principals = await _principals(request)
+    raw = request.match_info["chunk_id"]
+    chunk = ChunkId.parse(raw)
+    if chunk is None:
+        raise RequestInvalid(
+            "chunk_id", f"must be a hit's chunk_id ({{version_id}}:{{kind}}:{{ordinal}}), got {raw[:60]!r}"
+        )
+    found = await request.app[SERVICE_KEY].read_chunk(principals, chunk)
+    if found is None:
+        raise NotFound("no such chunk")
+    return _answer(request, found)
+
+
 async def related_handler(request: web.Request) -> web.Response:
     principals = await _principals(request)
     document_id = _document_id(request)
@@ -385,6 +402,7 @@ def build_app(settings: Settings, service: SearchService, operations: Operations
     app.router.add_get("/v1/documents/{document_id}", document_handler)
     app.router.add_get("/v1/documents/{document_id}/related", related_handler)
     app.router.add_get("/v1/documents/{document_id}/versions/{version_id}/text", text_handler)
+    app.router.add_get("/v1/chunks/{chunk_id}", chunk_handler)
     app.router.add_post("/v1/traverse", traverse_handler)
     app.router.add_get("/v1/me", me_handler)
     app.router.add_get("/v1/ops/overview", ops_handler)

@@ -103,6 +103,56 @@ _TEXT = {
     },
 }
 
+_SPAN = {
+    "type": "object",
+    "nullable": True,
+    "description": "where a body chunk sits in its version's text as `GET .../versions/{version_id}/text` counts "
+    "it (NFC characters, `end` exclusive); null for clause and profile rows, which are not spans of the text",
+    "properties": {"start": {"type": "integer"}, "end": {"type": "integer"}},
+}
+
+_HIT_EVIDENCE = {
+    "type": "object",
+    "properties": {
+        "sha256": {"type": "string", "description": "SHA-256 (hex) of the hit's `text` as indexed (before redaction)"},
+        "permalink": {"type": "string", "description": "`/v1/chunks/{chunk_id}`: reads this chunk again"},
+        "text_permalink": {
+            "type": "string",
+            "nullable": True,
+            "description": "the text slice at `span` (null without a span)",
+        },
+    },
+}
+
+_CHUNK = {
+    "type": "object",
+    "properties": {
+        "chunk_id": {"type": "string"},
+        "document_id": {"type": "integer"},
+        "version_id": {"type": "integer"},
+        "version_no": {"type": "integer", "description": "among the caller's versions of the document"},
+        "chunk_kind": {"type": "string", "enum": ["chunk", "clause", "profile"]},
+        "ordinal": {"type": "integer"},
+        "locus": {"type": "string"},
+        "span": {"$ref": "#/components/schemas/Span"},
+        "current": {
+            "type": "boolean",
+            "description": "the index row agrees with the stored text (false until the sync applies an edit)",
+        },
+        "text": {"type": "string", "description": "a body chunk: the stored text at `span`; else the row's text"},
+        "injection": {"$ref": "#/components/schemas/Injection"},
+        "evidence": {
+            "type": "object",
+            "properties": {
+                "sha256": {"type": "string", "description": "SHA-256 (hex) of `text` as UTF-8 (before redaction)"},
+                "permalink": {"type": "string"},
+                "text_permalink": {"type": "string", "nullable": True},
+                "source_object_ids": {"type": "array", "items": {"type": "integer"}},
+            },
+        },
+    },
+}
+
 _RELATED = {
     "type": "object",
     "properties": {
@@ -281,6 +331,8 @@ _HIT = {
             "`authoritative`: the best match of retrieval.authoritative_doc_type, kept on the first page",
         },
         "citation": {"$ref": "#/components/schemas/Citation"},
+        "span": {"$ref": "#/components/schemas/Span"},
+        "evidence": {"$ref": "#/components/schemas/HitEvidence"},
         "context": {
             "type": "array",
             "description": "with `expand`: neighbouring body chunks of the same version",
@@ -496,6 +548,9 @@ def openapi_document() -> dict[str, Any]:
         Document=_DOCUMENT,
         RelatedResponse=_RELATED,
         TextResponse=_TEXT,
+        Span=_SPAN,
+        HitEvidence=_HIT_EVIDENCE,
+        ChunkResponse=_CHUNK,
         TraverseResponse=_TRAVERSAL,
     )
     return {
@@ -533,6 +588,26 @@ def openapi_document() -> dict[str, Any]:
                     *_query_parameters(ReadRequest),
                 ],
             ),
+            "/v1/chunks/{chunk_id}": {
+                "get": {
+                    "summary": "A hit's chunk by its id: a body chunk's text from the stored version text at its span, "
+                    "with hashes and permalinks; 404 alike for a chunk that does not exist and one of a version the "
+                    "caller may not see",
+                    "security": [{"bearer": []}],
+                    "parameters": [
+                        {"name": "chunk_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "found",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChunkResponse"}}},
+                        },
+                        "400": _err("not a chunk id (`version_id:kind:ordinal`); `field` is `chunk_id`"),
+                        "401": _err("missing or invalid bearer token"),
+                        "404": _err("no chunk the caller may see has this id (whether one exists is not said)"),
+                    },
+                }
+            },
             "/v1/traverse": _post(
                 "Documents reachable over relations, every one checked against the caller's access; documents "
                 "the caller may not see are cut, not shown",

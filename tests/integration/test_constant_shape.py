@@ -1,14 +1,15 @@
-"""Constant-shape authorisation: asking about a document the caller may not see runs the
-same SQL statements as asking about one that does not exist, for documents, related documents, traversal,
-decision search and reading a version's text. The statements (text and parameter names, not values) are recorded
-from the real PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a missing
-one skipped (11.2 vs 6.8 ms: a timing oracle). The timings themselves are `ki bench authz-timing`'s.
+"""Constant-shape authorisation: asking about a document the caller may not see runs the same SQL statements as
+asking about one that does not exist, for documents, related documents, traversal, decision search, reading a
+version's text and reading a chunk by its id. The statements (text and parameter names, not values) are recorded
+from the real PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a
+missing one skipped (11.2 vs 6.8 ms: a timing oracle). The timings themselves are `ki bench authz-timing`'s.
 
 The world is written and read in one transaction that is rolled back: nothing reaches CDC or the index.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from sqlalchemy import Connection, Engine, event, text
 
 from ki.settings import Settings
+from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import search_decisions
 from search.documents.read import get_document, related, run_traversal
 from search.documents.text import read_text
@@ -119,6 +121,35 @@ def test_reading_runs_the_same_statements_for_a_hidden_and_a_missing_version(
         )
         is None
     )
+
+
+def test_reading_a_chunk_runs_the_same_statements_for_a_hidden_and_a_missing_version(
+    world: tuple[World, dict[str, int], Recorder], settings: Settings
+) -> None:
+    w, ids, recorder = world
+    conn, who = recorder.conn, [f"user:probe-{w.tag}"]
+    asked: list[str] = []
+
+    async def sql(work: Callable[[Connection], Any]) -> Any:
+        return work(conn)
+
+    async def index_row(row_id: str) -> dict[str, Any] | None:
+        asked.append(row_id)
+        return None  # nothing of this rolled-back world is indexed
+
+    def version_of(document_id: int) -> int:
+        statement = text("SELECT id FROM document_versions WHERE document_id = :d")
+        return int(conn.execute(statement, {"d": document_id}).scalar_one())
+
+    def read(version_id: int) -> Any:
+        return asyncio.run(read_chunk(who, settings, ChunkId(version_id, "chunk", 0), sql, index_row))
+
+    # The visible version's chunk is looked up in the index; the hidden and the missing one's never are.
+    assert read(version_of(ids["visible"])) is None and asked == [f"{version_of(ids['visible'])}:chunk:0"]
+    asked.clear()
+    hidden = version_of(ids["hidden"])
+    assert _same_for_hidden_and_missing(recorder, read, {"hidden": hidden, "missing": hidden + 1_000_000}) is None
+    assert asked == []
 
 
 def test_decision_search_runs_the_same_statements_for_a_hidden_decision_and_for_nothing(

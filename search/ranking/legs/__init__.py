@@ -47,6 +47,8 @@ SOURCE_INCLUDES = [
     "text",
     "identifiers",
     "meta.locus",
+    "meta.start",
+    "meta.end",
     "vector_pending",
 ]
 

@@ -7,7 +7,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.text import normalise_text
+from projections.text import normalise_text, reading_offsets
 
 
 def test_decomposed_umlauts_are_composed() -> None:
@@ -65,3 +65,26 @@ def test_idempotent_and_nfc(text: str) -> None:
 def test_no_format_character_or_space_variant_survives(text: str) -> None:
     out = normalise_text(text)
     assert not set(out) & set("\u00ad\u200b\u200c\u2060\ufeff\u00a0\u202f\u2009\u2011\u2028")
+
+
+@given(st.text(alphabet=st.sampled_from("ab Kü\u00ad\u00a0\ufb01\u2161\u0308\u200b\n§5a\u0301")))
+def test_reading_offsets_map_every_normalised_character_to_the_nfc_text(raw: str) -> None:
+    offsets = reading_offsets(raw)
+    normalised, nfc = normalise_text(raw), unicodedata.normalize("NFC", raw)
+    if offsets is None:  # the composition joined characters across a dropped one: no mapping claimed
+        return
+    assert len(offsets) == len(normalised) + 1 and offsets[-1] == len(nfc)
+    assert list(offsets) == sorted(offsets)
+    for i, ch in enumerate(normalised):
+        # The reader's character at the mapped position normalises to (a text containing) this character.
+        assert ch in normalise_text(nfc[offsets[i]]) or nfc[offsets[i]] == ch
+
+
+def test_reading_offsets_skip_what_normalisation_drops() -> None:
+    raw = "Kündi\u00adgung §\u00a0573 \ufb01nal"
+    offsets = reading_offsets(raw)
+    assert offsets is not None
+    normalised = normalise_text(raw)
+    start = normalised.index("gung")
+    assert raw[offsets[start] : offsets[start + 3] + 1] == "gung"
+    assert raw[offsets[normalised.index("final")] : offsets[len(normalised) - 1] + 1] == "\ufb01nal"

@@ -8,7 +8,8 @@ import pytest
 
 from ki.errors import RequestInvalid
 from ki.settings import ApiSettings
-from search.documents.text import permalink, sha256_hex
+from search.evidence.citations import sha256_hex
+from search.evidence.citations import text_permalink as permalink
 from search.request import parse_read_request
 
 
