@@ -41,7 +41,7 @@ async def start_search_runtime(settings: Settings) -> SearchRuntime:
     # Read-only statements that each take their own snapshot anyway (READ COMMITTED): autocommit spares
     # every connection checkout a BEGIN and a ROLLBACK round trip to PostgreSQL.
     engine = make_async_engine(settings, isolation_level="AUTOCOMMIT")
-    # no ping before each re-verify (a round trip per search): `SearchService._verified_read` retries once
+    # no ping before each re-verify (a round trip per search): `search.ports.SqlReader.verified_read` retries once
     verify_engine = make_async_engine(settings, isolation_level="AUTOCOMMIT", generic_plans=True, pool_pre_ping=False)
     client = make_client(settings)
     service = SearchService(settings, engine, client, embedder, verify_engine=verify_engine)

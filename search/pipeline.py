@@ -1,34 +1,32 @@
-"""A ranked search as a pipeline over one query context.
+"""A ranked search as stages over one query context (the stages: search.stages).
 
-The ranking (legs, relevance floor, fusion, status boost, decay, SQL re-verify and collapse) makes the
-context's `kept` list. What follows it are steps — graph augmentation, the authoritative document type,
-rerank, the named document first — run in that order. Each step says when it applies, does its work
-through the service's I/O (`StepServices`), and owns its failure policy: a step without a `fallback`
-lets its error answer the request (rerank: never a silent fallback); a step with one answers without
-its contribution and records the fallback. Every stage is timed by one `StageTimer` under its name; the
-operators' `timings_ms` is its record.
+Every stage implements `Stage`: it says when it applies, does its work through the narrow ports it was
+built with (the scoped index reader, the SQL reader, the embedder, the reranker; search.ports) — never
+through the service — and owns its failure policy: a stage without a `fallback` lets its error answer the
+request (rerank: never a silent fallback); a stage with one answers without its contribution and records the
+fallback. The ranking's stages (embed, legs, fuse, re-verify and collapse) make the context's `kept` list;
+the stages after it (graph augmentation, the authoritative document type, rerank, the named document first)
+change it; the answer's stages (expansion, the evidence budget, the injection marks) shape its hits. Every
+timed stage is timed by one `StageTimer` under its name; the operators' `timings_ms` is its record.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from ki.errors import KiError
-from ki.settings import RetrievalSettings
 from search.access.reverify import VerifiedVersion
 from search.access.scope import CompiledScope
-from search.names.keys import Identity, Subject
+from search.names.keys import NONE, Identity
 from search.plan import QueryPlan
-from search.ranking.fusion import Candidate, put_at, put_first
+from search.ranking.fusion import Candidate
+from search.ranking.legs import LegHit, LegRun
 from search.request import SearchRequest
-from search.telemetry.metrics import SearchMetrics
 
 log = logging.getLogger(__name__)
 
@@ -68,170 +66,103 @@ def matches(candidate: Candidate, verified: Verified) -> bool:
 
 
 @dataclass
+class SearchResult:
+    hits: list[dict[str, Any]]
+    offset: int
+    limit: int
+    has_more: bool
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    mode: dict[str, Any] | None = None  # ranked search: which legs ran and why
+    ambiguous: list[dict[str, Any]] | None = None  # the documents the query names, when it names several
+    identity: dict[str, Any] | None = None  # the identity preflight's outcome (with `explain`)
+    reason: str | None = None  # why a ranked answer is empty (`search.ranking.scoped.ScopedIndex.empty_reason`)
+    synonyms: list[str] | None = None  # phrases added to the query (with `explain`)
+    semantic_floor: dict[str, Any] | None = None  # the relevance floor and what it dropped (with `explain`)
+    evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
+    graph: dict[str, Any] | None = None  # graph augmentation's outcome, when it is on
+    plan: dict[str, Any] | None = None  # the request's plan (with `explain`)
+
+    def to_json(self, timings: bool = False) -> dict[str, Any]:
+        """The answer; `timings_ms` only for operators (`timings`): server-side times tell a caller about
+        caches and rows that other callers' requests and hidden documents shaped."""
+        out: dict[str, Any] = {"hits": self.hits, "offset": self.offset, "limit": self.limit, "has_more": self.has_more}
+        if timings:
+            out["timings_ms"] = self.timings_ms
+        optional = {
+            "mode": self.mode,
+            "ambiguous": self.ambiguous,
+            "identity": self.identity,
+            "reason": self.reason,
+            "synonyms_added": self.synonyms,
+            "semantic_floor": self.semantic_floor,
+            "evidence": self.evidence,
+            "graph": self.graph,
+            "plan": self.plan,
+        }
+        out.update({key: value for key, value in optional.items() if value is not None})
+        return out
+
+
+@dataclass
 class QueryContext:
-    """What the steps read and change: the ranked, verified, collapsed list and what explains it."""
+    """What the stages read and change: the ranking's inputs, the ranked, verified, collapsed list and what
+    explains it, and the answer's hits."""
 
     principals: Sequence[str]
     request: SearchRequest
-    plan: QueryPlan  # made once (search.plan): no step resolves mode, weights or expansion again
+    plan: QueryPlan  # made once (search.plan): no stage resolves mode, weights or expansion again
     scope: CompiledScope
-    fused: list[Candidate]  # the whole fused list, before the re-verify
-    kept: list[Candidate]  # verified and collapsed, in answer order
-    verified: Verified
-    identity: Identity
-    identity_verified: Verified
     timer: StageTimer
+    vector: Awaitable[list[float]] | None = None  # the query vector being computed (else the embed stage embeds)
+    preflight: asyncio.Future[tuple[Identity, Verified]] | None = None  # the identity preflight, beside the legs
+    query_vector: list[float] | None = None
+    run: LegRun | None = None  # the legs' hits as OpenSearch gave them
+    legs: dict[str, list[LegHit]] = field(default_factory=dict)  # the legs as fused (after the relevance floor)
+    floor: float | None = None  # the relevance floor on the semantic leg, and how many hits it dropped
+    below_floor: int = 0
+    fused: list[Candidate] = field(default_factory=list)  # the whole fused list, before the re-verify
+    kept: list[Candidate] = field(default_factory=list)  # verified and collapsed, in answer order
+    verified: Verified = field(default_factory=dict)
+    identity: Identity = NONE
+    identity_verified: Verified = field(default_factory=dict)
     fallbacks: list[str] = field(default_factory=list)
     graph: dict[str, Any] | None = None  # graph augmentation's outcome, when it ran
+    hits: list[dict[str, Any]] = field(default_factory=list)  # the page's hits as answered
+    has_more: bool = False
+    evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
 
     def admit(self, found: Verified) -> None:
         self.verified = {**self.verified, **found}
 
 
-class StepServices(Protocol):
-    """The service's I/O the steps use (OpenSearch, SQL, the rerank gateway)."""
-
-    settings: Any
-    metrics: SearchMetrics
-
-    async def augment(
-        self,
-        principals: Sequence[str],
-        request: SearchRequest,
-        scope: CompiledScope,
-        kept: list[Candidate],
-        verified: Verified,
-    ) -> tuple[list[Candidate], Verified, dict[str, Any]]: ...
-
-    async def authoritative_hit(
-        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
-    ) -> tuple[Candidate, VerifiedVersion] | None: ...
-
-    async def rerank(self, query: str, kept: list[Candidate], verified: Verified) -> list[Candidate]: ...
-
-    async def identity_hit(
-        self, request: SearchRequest, scope: CompiledScope, subject: Subject, fused: Sequence[Candidate]
-    ) -> Candidate | None: ...
-
-
-class Step:
-    """One feature after ranking. `fallback`: the failures it answers without (None: its errors answer
-    the request) and the name it records when it does."""
+class Stage(Protocol):
+    """One stage of a ranked search. `fallback`: the failures it answers without (None: its errors answer
+    the request) and the name it records when it does; `timed`: recorded in the timings under `name`."""
 
     name: ClassVar[str]
     fallback: ClassVar[str | None] = None
     recoverable: ClassVar[tuple[type[BaseException], ...]] = ()
+    timed: ClassVar[bool] = True
 
-    def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
-        raise NotImplementedError
+    def applies(self, ctx: QueryContext) -> bool:
+        return True
 
-    async def run(self, ctx: QueryContext, services: StepServices) -> None:
-        raise NotImplementedError
+    async def run(self, ctx: QueryContext) -> None: ...
 
-    def failed(self, ctx: QueryContext, services: StepServices, exc: BaseException) -> None:
-        """Answer without this step (called only for `recoverable` failures)."""
+    def failed(self, ctx: QueryContext, exc: BaseException) -> None:
+        """Answer without this stage (called only for `recoverable` failures)."""
+        return None
 
 
-async def run_steps(steps: Sequence[Step], ctx: QueryContext, services: StepServices) -> None:
-    r: RetrievalSettings = services.settings.retrieval
-    for step in steps:
-        if not step.applies(ctx, r):
+async def run_stages(stages: Sequence[Stage], ctx: QueryContext) -> None:
+    for stage in stages:
+        if not stage.applies(ctx):
             continue
-        with ctx.timer.stage(step.name):
+        with ctx.timer.stage(stage.name) if stage.timed else nullcontext():
             try:
-                await step.run(ctx, services)
-            except step.recoverable as exc:
-                log.warning("%s failed, answering without it: %s: %s", step.name, type(exc).__name__, exc)
-                step.failed(ctx, services, exc)
-                if step.fallback is not None:
-                    ctx.fallbacks.append(step.fallback)
-
-
-class GraphAugmentation(Step):
-    """The top seeds' cited documents join the pool (search.ranking.augment). Its own failure must not
-    take the ranked answer with it: answered without it, flagged and counted."""
-
-    name = "graph"
-    fallback = "graph_failed"
-    recoverable = (KiError, SQLAlchemyError)
-
-    def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
-        return r.graph_rag_enabled and bool(ctx.kept)
-
-    async def run(self, ctx: QueryContext, services: StepServices) -> None:
-        ctx.kept, ctx.verified, ctx.graph = await services.augment(
-            ctx.principals, ctx.request, ctx.scope, ctx.kept, ctx.verified
-        )
-        services.metrics.graph_augmentation.labels(ctx.graph["status"]).inc()
-
-    def failed(self, ctx: QueryContext, services: StepServices, exc: BaseException) -> None:
-        ctx.graph = {"status": "failed", "error": type(exc).__name__}
-        services.metrics.graph_augmentation.labels("failed").inc()
-
-
-class AuthoritativeType(Step):
-    """The authoritative document type's best match on the first page: at its end unless already on it."""
-
-    name = "authoritative"
-
-    def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
-        return r.authoritative_doc_type is not None and ctx.request.offset == 0
-
-    async def run(self, ctx: QueryContext, services: StepServices) -> None:
-        found = await services.authoritative_hit(ctx.principals, ctx.request, ctx.scope)
-        if found is None:
-            return
-        hit, version = found
-        window = ctx.request.window
-        if any(c.document_id == hit.document_id for c in ctx.kept[:window]):
-            return
-        r = services.settings.retrieval
-        ctx.kept = put_at(hit, ctx.kept, window - 1, per_document=r.collapse_per_document,
-                          max_chunks_per_document=r.max_chunks_per_document)  # fmt: skip
-        ctx.admit({hit.version_id: version})
-
-
-class Rerank(Step):
-    """The top collapsed hits through the rerank gateway; its failure answers the request (never a silent
-    fallback to the unreranked order)."""
-
-    name = "rerank"
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
-        return self.enabled and bool(ctx.kept)
-
-    async def run(self, ctx: QueryContext, services: StepServices) -> None:
-        ctx.kept = await services.rerank(ctx.request.query, ctx.kept, ctx.verified)
-
-
-class NamedDocumentFirst(Step):
-    """The document the query names first, whatever the ranking and the rerank said — if the request's
-    filters admit it and the caller may see the version chosen for it."""
-
-    name = "identity"
-    fallback = FILTERED_OUT = "identity_filtered_out"  # also recorded when the filters or the ACL drop it
-
-    def applies(self, ctx: QueryContext, r: RetrievalSettings) -> bool:
-        return ctx.identity.unique is not None
-
-    async def run(self, ctx: QueryContext, services: StepServices) -> None:
-        subject = ctx.identity.unique
-        assert subject is not None
-        hit = await services.identity_hit(ctx.request, ctx.scope, subject, ctx.fused)
-        if hit is None or not matches(hit, ctx.identity_verified):
-            ctx.identity = replace(ctx.identity, extra={"hit": "filtered_out"})
-            ctx.fallbacks.append(self.FILTERED_OUT)
-            return
-        ctx.admit(ctx.identity_verified)
-        r = services.settings.retrieval
-        ctx.kept = put_first(hit, ctx.kept, per_document=r.collapse_per_document,
-                             max_chunks_per_document=r.max_chunks_per_document)  # fmt: skip
-
-
-def post_ranking_steps(rerank: bool) -> list[Step]:
-    """The order matters: augmentation and the authoritative type widen the list the rerank orders; the
-    named document goes first after everything else."""
-    return [GraphAugmentation(), AuthoritativeType(), Rerank(rerank), NamedDocumentFirst()]
+                await stage.run(ctx)
+            except stage.recoverable as exc:
+                log.warning("%s failed, answering without it: %s: %s", stage.name, type(exc).__name__, exc)
+                stage.failed(ctx, exc)
+                if stage.fallback is not None:
+                    ctx.fallbacks.append(stage.fallback)

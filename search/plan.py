@@ -19,9 +19,9 @@ from ki.errors import RequestInvalid
 from ki.settings import RetrievalSettings
 from search.query_words import ParsedQuery, parse_query
 from search.ranking.fusion import FusionMethod
-from search.ranking.legs import LegName, active_legs, leg_depth
+from search.ranking.legs import REGISTRY, LegName, active_legs, leg_depth
 from search.ranking.mode_gate import GateDecision, Mode
-from search.ranking.synonyms import Expansion, expand_query
+from search.ranking.synonyms import DEFAULT_SYNONYMS, Expansion, expand_query
 from search.request import SearchRequest
 
 
@@ -72,13 +72,8 @@ class QueryPlan:
 
 
 def leg_weights(retrieval: RetrievalSettings, mode: Mode) -> dict[str, float]:
-    """Weights of the legs `mode` runs; a leg weighted 0 is not run."""
-    r = retrieval
-    if mode == "lexical":
-        return {"lexical": r.weight_lexical, "semantic": 0.0, "identifier": r.weight_identifier}
-    if mode == "semantic":
-        return {"lexical": 0.0, "semantic": r.weight_semantic, "identifier": 0.0}
-    return {"lexical": r.weight_lexical, "semantic": r.weight_semantic, "identifier": r.weight_identifier}
+    """Weights of the legs `mode` runs (each leg's `weight_key` setting); a leg weighted 0 is not run."""
+    return {leg.name: getattr(retrieval, leg.weight_key) if mode in leg.modes else 0.0 for leg in REGISTRY}
 
 
 def resolve_mode(retrieval: RetrievalSettings, gate: GateDecision, requested: Mode | None) -> Mode:
@@ -90,6 +85,13 @@ def resolve_mode(retrieval: RetrievalSettings, gate: GateDecision, requested: Mo
             f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
         )
     return requested
+
+
+def synonym_groups(retrieval: RetrievalSettings) -> list[list[str]] | None:
+    """The synonym groups the query's expansion uses: the configured ones, else the shipped list (None: off)."""
+    if not retrieval.synonyms_enabled:
+        return None
+    return retrieval.synonyms if retrieval.synonyms is not None else [list(g) for g in DEFAULT_SYNONYMS]
 
 
 def expansion_of(query: str, synonym_groups: Sequence[Sequence[str]] | None) -> Expansion:

@@ -14,12 +14,13 @@ from ki.settings import Settings, load_settings
 from search.access.reverify import VerifiedVersion
 from search.access.scope import CompiledScope
 from search.names.keys import NONE, Identity, Subject
-from search.pipeline import QueryContext, StageTimer, matches, post_ranking_steps, run_steps
+from search.pipeline import QueryContext, StageTimer, matches, run_stages
 from search.plan import plan_query
 from search.ranking.fusion import Candidate
 from search.ranking.mode_gate import GateDecision
 from search.ranking.rerank import RerankUnavailable
 from search.request import SearchRequest
+from search.stages.ranked import post_ranking_stages
 from search.telemetry.metrics import SearchMetrics
 
 METRICS = SearchMetrics()
@@ -92,7 +93,12 @@ def named(document: int, version_id: int) -> Identity:
 
 
 def run(ctx: QueryContext, services: Services, rerank: bool = False) -> None:
-    asyncio.run(run_steps(post_ranking_steps(rerank=rerank), ctx, services))
+    stages = post_ranking_stages(
+        services.settings.retrieval, services.metrics, augment=services.augment,
+        authoritative=services.authoritative_hit, rerank=services.rerank if rerank else None,
+        identity_hit=services.identity_hit,
+    )  # fmt: skip
+    asyncio.run(run_stages(stages, ctx))
 
 
 def test_steps_that_do_not_apply_neither_run_nor_show_in_the_timings() -> None:

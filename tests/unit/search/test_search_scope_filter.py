@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ki.settings import load_settings
+from search.access.reverify import VerifiedVersion
 from search.access.scope import MATCH_NONE, CompiledScope, strict_filter, terms_bytes
 from search.ranking.fusion import Candidate, collapse
 from search.ranking.legs import LEGS, LegHit, build_leg_bodies
 from search.ranking.scoped import admitted, prefix_end, resized
-from search.service import SearchService, VerifiedVersion
+from search.stages.reverify import verified_head
 
 BUDGET = load_settings(environ={}).api.limits.max_scope_filter_bytes
 REQUEST_LIMIT = 64 * 1024
@@ -139,17 +140,14 @@ def candidate(i: int, score: float, document: int, version: int) -> Candidate:
     return Candidate(f"c{i:03d}", score, {"document_id": document, "document_version_id": version, "project_id": 1})
 
 
-class _Verifier(SearchService):
-    """The service's prefix loop over an in-memory answer (the SQL statement itself is tested against
-    PostgreSQL in tests/integration)."""
+class _Verifier:
+    """The re-verify stage's prefix loop (search.stages.reverify) over an in-memory answer (the SQL statement
+    itself is tested against PostgreSQL in tests/integration)."""
 
     def __init__(self, visible: dict[int, VerifiedVersion], per_document: bool) -> None:
-        none: Any = None
         base = load_settings(environ={})
         retrieval = base.retrieval.model_copy(update={"collapse_per_document": per_document})
         self.settings = base.model_copy(update={"retrieval": retrieval})
-        self.engine = self.client = none
-        self.reranker = None
         self.visible, self.statements = visible, 0
 
     async def _reverify(
@@ -161,6 +159,11 @@ class _Verifier(SearchService):
     ) -> dict[int, VerifiedVersion]:
         self.statements += 1
         return {v: self.visible[v] for v in version_ids if v in self.visible}
+
+    async def verified_head(
+        self, principals: Sequence[str], scope: CompiledScope, fused: Sequence[Candidate], need: int
+    ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
+        return await verified_head(self._reverify, self.settings.retrieval, principals, scope, fused, need)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)

@@ -1,4 +1,4 @@
-"""The three ranked legs and their single `_msearch` round-trip.
+"""The ranked legs (one module each, registered in `REGISTRY`) and their `_msearch` round trip.
 
 Every leg carries the same strict filter (scope + metadata). The semantic leg passes it as the kNN
 `filter` (pre-filtered approximate kNN), never as a post-filter. Skip rules: lexical and identifier
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from opensearchpy import AsyncOpenSearch
 
@@ -24,10 +24,14 @@ from ki.errors import (
     error_types,
 )
 from search.access.scope import MATCH_NONE
+from search.ranking.legs.base import MAX_LEG_DEPTH, Leg, LegName, LegQuery, leg_depth
+from search.ranking.legs.identifier import Identifier
+from search.ranking.legs.lexical import Lexical
+from search.ranking.legs.semantic import Semantic, knn_clause
 
-LegName = Literal["lexical", "semantic", "identifier"]
-LEGS: tuple[LegName, ...] = ("lexical", "semantic", "identifier")
-MAX_LEG_DEPTH = 2500
+# The legs, in send order: a leg is one module of this package plus its line here.
+REGISTRY: tuple[Leg, ...] = (Lexical(), Semantic(), Identifier())
+LEGS: tuple[LegName, ...] = tuple(leg.name for leg in REGISTRY)
 # What fusion, re-verification, collapse and the response read from a hit. Everything else stays in
 # the index: the vector, and the principal projection (the scope filter matches its indexed terms and the
 # sync reads it back; no step after the legs needs it, and it is ~40 % of a row's `_source` on the demo
@@ -48,10 +52,9 @@ SOURCE_INCLUDES = [
     "vector_pending",
 ]
 
-
-def leg_depth(window: int) -> int:
-    """Hits per leg for a window of `window` (= offset + limit): min(max(n*5, 50), 2500)."""
-    return min(max(window * 5, 50), MAX_LEG_DEPTH)
+__all__ = [
+    "LEGS", "MAX_LEG_DEPTH", "REGISTRY", "SOURCE_INCLUDES", "Leg", "LegName", "LegQuery", "knn_clause", "leg_depth",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,23 +64,10 @@ class LegHit:
     source: dict[str, Any]
 
 
-def _with_filter(query: dict[str, Any], strict: dict[str, Any]) -> dict[str, Any]:
-    return {"bool": {"must": [query], "filter": [strict]}}
-
-
 def active_legs(weights: Mapping[str, float]) -> frozenset[LegName]:
     """Legs that can contribute to the fused score: a leg weighted 0 is not run at all (its hits would
     only add score-0 candidates)."""
     return frozenset(leg for leg in LEGS if float(weights.get(leg, 0.0)) > 0)
-
-
-def knn_clause(vector: list[float], k: int, strict: dict[str, Any], ef_search: int = 0) -> dict[str, Any]:
-    """The kNN leg's clause: `k` neighbours through the filter; with `ef_search`, that many candidates per
-    segment (at least `k`) where the engine's default would be fewer."""
-    clause: dict[str, Any] = {"vector": vector, "k": k, "filter": strict}
-    if ef_search:
-        clause["method_parameters"] = {"ef_search": max(k, ef_search)}
-    return clause
 
 
 def build_leg_bodies(
@@ -91,20 +81,15 @@ def build_leg_bodies(
 ) -> dict[LegName, dict[str, Any]]:
     """The request body of every leg that can match, keyed by leg name (insertion order = send order).
     `lexical_query`: what the lexical leg matches, if not `query` (the query with synonyms added)."""
-    depth = leg_depth(window)
-    common: dict[str, Any] = {"size": depth, "_source": {"includes": SOURCE_INCLUDES}, "track_total_hits": False}
+    q = LegQuery(query, lexical_query or query, vector, strict, strict == MATCH_NONE, ef_search)
     bodies: dict[LegName, dict[str, Any]] = {}
-    blocked = strict == MATCH_NONE
-    if not blocked and "lexical" in legs:
-        lexical = lexical_query or query
-        bodies["lexical"] = {**common, "query": _with_filter({"match": {"text": {"query": lexical}}}, strict)}
-    if vector is not None and "semantic" in legs:
-        bodies["semantic"] = {**common, "query": {"knn": {"embedding": knn_clause(vector, depth, strict, ef_search)}}}
-    if not blocked and query.strip() and "identifier" in legs:
-        bodies["identifier"] = {
-            **common,
-            "query": _with_filter({"match": {"identifiers_text": {"query": query}}}, strict),
-        }
+    for leg in REGISTRY:
+        if leg.name not in legs:
+            continue
+        clause = leg.query(q, depth := leg.depth(window))
+        if clause is not None:
+            bodies[leg.name] = {"size": depth, "_source": {"includes": SOURCE_INCLUDES}, "track_total_hits": False,
+                                "query": clause}  # fmt: skip
     return bodies
 
 

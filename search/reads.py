@@ -1,0 +1,87 @@
+"""The document reads behind the service (documents, text slices, relations, traversals, decision records, chunks):
+each in SQL on the re-verify's connections (search.ports.SqlReader.verified_read), checked against the caller's
+principals there, and released on the grid (`SqlReader.on_the_grid`) so that what PostgreSQL did below the same
+statements cannot show in when the answer leaves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from ki.settings import Settings
+from search.documents import read as documents
+from search.documents.chunks import ChunkId, read_chunk
+from search.documents.decisions import DecisionPage, search_decisions
+from search.documents.text import read_text
+from search.ports import SqlReader
+from search.ranking.scoped import ScopedIndex
+from search.request import DecisionSearchRequest, ReadRequest, RelatedRequest, TraverseRequest
+
+
+class DocumentReads:
+    def __init__(self, settings: Settings, sql: SqlReader, scoped: ScopedIndex) -> None:
+        self.settings, self.sql, self.scoped = settings, sql, scoped
+
+    async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
+        """The document with the versions the caller may see (None: not visible or not there)."""
+        security = self.settings.security
+        read = self.sql.verified_read(lambda c: documents.get_document(c, principals, security, document_id))
+        return await self.sql.on_the_grid(read)
+
+    async def read_text(
+        self, principals: Sequence[str], document_id: int, version_id: int | None, request: ReadRequest
+    ) -> dict[str, Any] | None:
+        """A slice of a version's text the caller may see (None: not visible or not there; search.documents.text)."""
+        security, api = self.settings.security, self.settings.api
+        length, injection = request.characters(api), api.evidence.injection
+
+        def run(conn: Connection) -> dict[str, Any] | None:
+            return read_text(conn, principals, security, document_id, version_id, request.offset, length, injection)
+
+        return await self.sql.on_the_grid(self.sql.verified_read(run))
+
+    async def related(
+        self, principals: Sequence[str], document_id: int, request: RelatedRequest
+    ) -> dict[str, Any] | None:
+        """A visible document's relations whose other end the caller may see (None: not visible)."""
+        security = self.settings.security
+
+        def run(conn: Connection) -> dict[str, Any] | None:
+            return documents.related(
+                conn, principals, security, document_id,
+                kinds=request.kinds, direction=request.direction, limit=request.limit,
+            )  # fmt: skip
+
+        return await self.sql.on_the_grid(self.sql.verified_read(run))
+
+    async def traverse(self, principals: Sequence[str], request: TraverseRequest) -> dict[str, Any]:
+        """Documents reachable from the start documents, each one checked against the caller's access."""
+        security, api = self.settings.security, self.settings.api
+
+        def run(conn: Connection) -> dict[str, Any]:
+            return documents.run_traversal(
+                conn, principals, security, request.start, kinds=request.kinds, direction=request.direction,
+                depth=request.depth, fanout=request.max_fanout or api.limits.max_traverse_fanout,
+            )  # fmt: skip
+
+        return await self.sql.on_the_grid(self.sql.verified_read(run))
+
+    async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
+        """Decision records by token overlap, checked against the caller's principals (SQL only)."""
+        security = self.settings.security
+        return await self.sql.on_the_grid(self.sql.read(lambda c: search_decisions(c, principals, security, request)))
+
+    async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
+        """A chunk by its id, its text from PostgreSQL where it is a span of the version's (None: not visible or
+        not there; search.documents.chunks)."""
+
+        async def index_row(row_id: str) -> dict[str, Any] | None:
+            found = await self.scoped.search(
+                {"size": 1, "query": {"ids": {"values": [row_id]}}, "_source": {"excludes": ["embedding"]}}
+            )
+            return found[0].get("_source") if found else None
+
+        read = read_chunk(principals, self.settings, chunk, self.sql.verified_read, index_row)
+        return await self.sql.on_the_grid(read)
