@@ -32,6 +32,7 @@ from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, compile_scope, strict_filter
 from search.access.scope_cache import ScopeCache
 from search.after_answer import start_after_answer
+from search.documents import lookup as lookups
 from search.documents import read as documents
 from search.documents.decisions import DecisionPage, search_decisions
 from search.documents.text import read_text
@@ -74,6 +75,7 @@ from search.rate_limit import RateLimiter
 from search.request import (
     DecisionSearchRequest,
     FilterRequest,
+    LookupRequest,
     ReadRequest,
     RelatedRequest,
     SearchRequest,
@@ -892,5 +894,19 @@ class SearchService:
         async def run() -> DecisionPage:
             async with self.engine.connect() as conn:
                 return await conn.run_sync(lambda c: search_decisions(c, principals, security, request))
+
+        return await self._on_the_grid(run())
+
+    async def lookup(self, principals: Sequence[str], request: LookupRequest) -> dict[str, Any]:
+        """Exactly one document and version by an identifier or an exact title, `ambiguous` or `not_found`,
+        never a ranking (search.documents.lookup); the chunk holding an asked provision's heading from the index."""
+        security = self.settings.security
+
+        async def run() -> dict[str, Any]:
+            found = await self._verified_read(lambda c: lookups.look_up(c, principals, security, request))
+            query = found.chunk_query()
+            if query is not None:
+                found = found.with_chunk_of(await self.scoped.search(query))
+            return found.to_json()
 
         return await self._on_the_grid(run())
