@@ -150,9 +150,10 @@ def ask_for(request: LookupRequest) -> Ask:
 
 def _read_whole(name: str) -> tuple[ParsedQuery, bool]:
     """The name as `search.query_words` reads it, and whether all of it is one provision or one identifier. Read
-    as given, else in capitals (`§ 535 bgb`, `viii zr 123/20`: the parser knows laws and registers by their
-    capitals; keys are casefolded anyway)."""
-    for text_read in (name, name.upper()):
+    as given, else in capitals (`viii zr 123/20`), else with its last word in capitals (`§ 535 Satz 1 bgb`): the
+    parser knows laws and registers by their capitals; keys are casefolded anyway."""
+    head, _, last = name.rstrip().rpartition(" ")
+    for text_read in (name, name.upper(), f"{head} {last.upper()}"):
         parsed = parse_query(text_read)
         spans = [s for s in parsed.spans if s.kind in ("provision", "identifier")]
         one = len(parsed.provisions) + len(parsed.identifiers) == 1

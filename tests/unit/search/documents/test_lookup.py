@@ -141,6 +141,8 @@ def test_an_ecli_ignores_case_and_separators() -> None:
         ("§ 535 bgb", "535 bgb"),
         ("§ 535 Abs. 1 BGB", "535 bgb"),
         ("§ 535 Absatz 1 Satz 2 BGB", "535 bgb"),
+        ("§ 535 Absatz 1 Satz 2 bgb", "535 bgb"),  # the law in lower case
+        ("§535 abs. 1 bgb", "535 bgb"),
         ("§ 573c BGB", "573 c bgb"),
         ("Art. 3 GG", "art 3 gg"),
         ("Artikel 3 GG", "art 3 gg"),
