@@ -61,7 +61,7 @@ Why = Literal["identifier", "title", "statute"]  # how a candidate carries the n
 
 #: Candidates listed in an `ambiguous` answer at most (the rest: `truncated`).
 MAX_CANDIDATES = 20
-#: Carriers whose versions are read at most (in document-id order); more carriers: `truncated`.
+#: Carriers whose versions are read at most (the first tiers' first, in document-id order); more: `truncated`.
 MAX_DOCUMENTS = 200
 POINT_IN_TIME_STATUSES = frozenset({"final", "executed"})
 
@@ -230,6 +230,33 @@ def version_in_force(seen: VisibleDocument, as_of: dt.date | None) -> VisibleVer
     return max(dated, key=lambda v: (v.doc_date or dt.date.min, v.version_no), default=None)
 
 
+Matched = dict[int, tuple[NamedCarrier, str]]  # per tier: document id -> its carrier row and the key it matched
+
+
+def by_tier(ask: Ask, carriers: Iterable[NamedCarrier], project_ids: Collection[int] | None = None) -> list[Matched]:
+    """Per tier of `ask`, the carriers it matches (of `project_ids` only, if given), in document-id order."""
+    by_key: dict[tuple[str, str], dict[int, NamedCarrier]] = {}
+    for c in carriers:
+        if project_ids is None or c.project_id in project_ids:
+            by_key.setdefault((c.why, c.key), {}).setdefault(c.document_id, c)
+    tiers: list[Matched] = []
+    for tier in ask.tiers:
+        whys = ("title", "identifier") if tier.why == "statute" else (tier.why,)
+        matched: Matched = {}
+        for key in tier.keys:
+            for why in whys:
+                for document_id, carrier in by_key.get((why, key), {}).items():
+                    matched.setdefault(document_id, (carrier, key))
+        tiers.append(dict(sorted(matched.items())))
+    return tiers
+
+
+def to_read(tiers: Sequence[Matched], most: int = MAX_DOCUMENTS) -> tuple[list[int], set[int]]:
+    """The documents whose versions are read (at most `most`, the first tiers' first) and those left unread."""
+    ordered = list(dict.fromkeys(d for matched in tiers for d in matched))
+    return ordered[:most], set(ordered[most:])
+
+
 def decide(
     ask: Ask,
     carriers: Iterable[NamedCarrier],
@@ -238,36 +265,26 @@ def decide(
     project_ids: Collection[int] | None = None,
     *,
     max_candidates: int = MAX_CANDIDATES,
-    more: bool = False,
+    unread: Collection[int] = (),
 ) -> Decision:
     """The outcome, from the carriers the caller may see (`carriers`, as `ki.acl.visible_carriers` answers them)
     and their versions the caller may see (`seen`). The first tier with a candidate decides; within it, one
-    candidate is `found`, several `ambiguous` (document-id order, at most `max_candidates`, `truncated` if more or
-    `more`: carriers whose versions were not read)."""
-    by_key: dict[tuple[str, str], dict[int, NamedCarrier]] = {}
-    for c in carriers:
-        by_key.setdefault((c.why, c.key), {}).setdefault(c.document_id, c)
-    for tier in ask.tiers:
-        whys = ("title", "identifier") if tier.why == "statute" else (tier.why,)
-        matched: dict[int, tuple[NamedCarrier, str]] = {}
-        for key in tier.keys:
-            for why in whys:
-                for document_id, carrier in by_key.get((why, key), {}).items():
-                    matched.setdefault(document_id, (carrier, key))
+    candidate is `found`, several `ambiguous` (document-id order, at most `max_candidates`; `truncated` if there
+    are more, or carriers whose versions were not read, `unread`: then never `found`)."""
+    for tier, matched in zip(ask.tiers, by_tier(ask, carriers, project_ids), strict=True):
         found: list[Candidate] = []
-        for document_id in sorted(matched):
-            carrier, key = matched[document_id]
-            if project_ids is not None and carrier.project_id not in project_ids:
-                continue
+        more = False
+        for document_id, (carrier, key) in matched.items():
             view = seen.get(document_id)
             version = version_in_force(view, as_of) if view is not None else None
+            more = more or document_id in unread
             if view is None or version is None:
                 continue
             latest = version.version_id == view.latest_final_version_id
             cited = version.version_id == view.cited.version_id
             found.append(Candidate(document_id, carrier.project_id, carrier.title, tier.why, key, version, latest,
                                    cited))  # fmt: skip
-        if found:
+        if found or more:
             outcome: Outcome = "found" if len(found) == 1 and not more else "ambiguous"
             return Decision(outcome, tuple(found[:max_candidates]), more or len(found) > max_candidates)
     return Decision("not_found")
@@ -416,9 +433,9 @@ def look_up(conn: Connection, principals: Sequence[str], security: SecuritySetti
     ask = ask_for(request)
     carriers = visible_carriers(conn, Unresolved.of(principals), security, ask.title_keys, ask.identifier_keys)
     projects = set(request.project_id) if request.project_id is not None else None
-    ids = sorted({c.document_id for c in carriers if projects is None or c.project_id in projects})
-    seen = visible_versions_of(conn, principals, security, ids[:MAX_DOCUMENTS])
-    decision = decide(ask, carriers, seen, request.as_of, projects, more=len(ids) > MAX_DOCUMENTS)
+    read, unread = to_read(by_tier(ask, carriers, projects))
+    seen = visible_versions_of(conn, principals, security, read)
+    decision = decide(ask, carriers, seen, request.as_of, projects, unread=unread)
     lookup = Lookup(ask, request.as_of, decision)
     found = decision.found
     if found is not None and ask.provision is not None and found.why in ("title", "statute"):

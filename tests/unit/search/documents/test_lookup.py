@@ -17,6 +17,7 @@ from search.documents.lookup import (
     Lookup,
     ProvisionSpan,
     ask_for,
+    by_tier,
     chunk_body,
     chunk_holding,
     decide,
@@ -24,6 +25,7 @@ from search.documents.lookup import (
     key_variants,
     provision_name,
     provision_span,
+    to_read,
     version_in_force,
 )
 from search.documents.read import VisibleDocument, VisibleVersionRow
@@ -313,9 +315,25 @@ def test_many_candidates_are_truncated() -> None:
     decision = decide(FILE, [carrier(d, KEY) for d in ids], seen, None)
     assert decision.outcome == "ambiguous" and decision.truncated
     assert [c.document_id for c in decision.candidates] == list(range(1, MAX_CANDIDATES + 1))
-    # Carriers whose versions were not read: one candidate is still not `found`.
-    one = decide(FILE, [carrier(1, KEY)], {1: seen[1]}, None, more=True)
-    assert one.outcome == "ambiguous" and one.truncated
+    # Carriers whose versions were not read: one candidate is still not `found`, nor is none `not_found`.
+    one = decide(FILE, [carrier(1, KEY), carrier(2, KEY)], {1: seen[1]}, None, unread={2})
+    assert one.outcome == "ambiguous" and one.truncated and [c.document_id for c in one.candidates] == [1]
+    none = decide(FILE, [carrier(2, KEY)], {}, None, unread={2})
+    assert none.outcome == "ambiguous" and none.truncated and none.candidates == ()
+
+
+def test_the_versions_read_are_the_first_tiers_first() -> None:
+    provision = ask(identifier="§ 535 BGB")
+    carriers = [carrier(d, "535 bgb") for d in range(1, 6)] + [carrier(9, "535 bgb", "title"), carrier(0, "bgb")]
+    tiers = by_tier(provision, carriers)
+    assert [list(t) for t in tiers] == [[9], [1, 2, 3, 4, 5], [0]]
+    assert to_read(tiers, 3) == ([9, 1, 2], {3, 4, 5, 0})
+    # The provision's own document is read and decides, however many documents cite it.
+    read, unread = to_read(tiers, 3)
+    seen = {d: view(version(d + 100), latest=d + 100) for d in read}
+    found = decide(provision, carriers, seen, None, unread=unread).found
+    assert found is not None and found.document_id == 9
+    assert [list(t) for t in by_tier(provision, carriers, project_ids={2})] == [[], [], []]
 
 
 def test_the_answer_shapes() -> None:
