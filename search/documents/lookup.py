@@ -309,12 +309,13 @@ def heading_patterns(provision: Provision) -> tuple[str, str]:
 
 _HEADING_SQL = text(
     """
-    SELECT h.start, char_length(t.body) AS total,
-           CASE WHEN h.start > 0 THEN regexp_instr(t.body, :any_heading, h.start + 1, 1, 0, 'in') ELSE 0 END AS next,
-           CASE WHEN h.start > 0 THEN regexp_substr(t.body, :heading, 1, 1, 'in') END AS line
+    SELECT h.head_pos, char_length(t.body) AS total,
+           CASE WHEN h.head_pos > 0
+                THEN regexp_instr(t.body, :any_heading, h.head_pos + 1, 1, 0, 'in') ELSE 0 END AS next_pos,
+           CASE WHEN h.head_pos > 0 THEN regexp_substr(t.body, :heading, 1, 1, 'in') END AS line
     FROM (SELECT normalize(text, NFC) AS body FROM document_versions
           WHERE id = :version_id AND document_id = :document_id) t
-    CROSS JOIN LATERAL (SELECT regexp_instr(t.body, :heading, 1, 1, 0, 'in') AS start) h
+    CROSS JOIN LATERAL (SELECT regexp_instr(t.body, :heading, 1, 1, 0, 'in') AS head_pos) h
     """
 ).bindparams(
     bindparam("version_id", type_=BigInteger),
@@ -444,5 +445,5 @@ def look_up(conn: Connection, principals: Sequence[str], security: SecuritySetti
                   "any_heading": any_heading}  # fmt: skip
         row = conn.execute(_HEADING_SQL, params).one_or_none()
         if row is not None:
-            lookup.provision = provision_span(int(row.start), int(row.total), int(row.next or 0), row.line)
+            lookup.provision = provision_span(int(row.head_pos), int(row.total), int(row.next_pos or 0), row.line)
     return lookup
