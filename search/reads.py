@@ -11,13 +11,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from ki.settings import Settings
+from search.documents import lookup as lookups
 from search.documents import read as documents
 from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import DecisionPage, search_decisions
 from search.documents.text import read_text
 from search.ports import SqlReader
 from search.ranking.scoped import ScopedIndex
-from search.request import DecisionSearchRequest, ReadRequest, RelatedRequest, TraverseRequest
+from search.request import DecisionSearchRequest, LookupRequest, ReadRequest, RelatedRequest, TraverseRequest
 
 
 class DocumentReads:
@@ -85,3 +86,17 @@ class DocumentReads:
 
         read = read_chunk(principals, self.settings, chunk, self.sql.verified_read, index_row)
         return await self.sql.on_the_grid(read)
+
+    async def lookup(self, principals: Sequence[str], request: LookupRequest) -> dict[str, Any]:
+        """Exactly one document and version by an identifier or an exact title, `ambiguous` or `not_found`,
+        never a ranking (search.documents.lookup); the chunk holding an asked provision's heading from the index."""
+        security = self.settings.security
+
+        async def run() -> dict[str, Any]:
+            found = await self.sql.verified_read(lambda c: lookups.look_up(c, principals, security, request))
+            query = found.chunk_query()
+            if query is not None:
+                found = found.with_chunk_of(await self.scoped.search(query))
+            return found.to_json()
+
+        return await self.sql.on_the_grid(run())

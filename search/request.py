@@ -290,6 +290,42 @@ class ReadRequest(BaseModel):
         return self.length or api.limits.max_read_chars
 
 
+class LookupRequest(BaseModel):
+    """`POST /v1/lookup`: exactly one document (and version) by an identifier or an exact title -- never a
+    ranking (search.documents.lookup). Give `identifier` or `title`, not both."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    identifier: str | None = Field(
+        None,
+        description="a court file number (`29 O 167/21`, `VIII ZR 123/20`), an ECLI, a statute provision "
+        "(`§ 535 BGB`, `Art. 3 GG`) or any other identifier a document carries (a contract number); spacing, "
+        "case, `§`/`Art.`/`Abs.` and Unicode forms do not matter",
+    )
+    title: str | None = Field(None, description="a document's exact title (spacing, case and punctuation aside)")
+    as_of: dt.date | None = Field(
+        None,
+        description="the version in force that day: the latest final or executed version dated on or before it "
+        "(default: the version the document is cited by, its latest final one)",
+    )
+    project_id: list[Id] | None = Field(None, description="only documents of these projects")
+
+    @field_validator("identifier", "title")
+    @classmethod
+    def _name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _check_query(value, info, "")
+
+    @field_validator("project_id", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("project_id")
+    @classmethod
+    def _bounded(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        return _bounded_list(value, info)
+
+
 class TraverseRequest(_Relations):
     """`POST /v1/traverse`: the documents reachable from `start` over relations, every one access-checked."""
 
@@ -386,6 +422,16 @@ def parse_read_request(query: Mapping[str, str], api: ApiSettings) -> ReadReques
         else:
             data[name] = value
     return validate_request(ReadRequest, data, api)
+
+
+def parse_lookup_request(data: Any, api: ApiSettings) -> LookupRequest:
+    """A lookup asks by exactly one of `identifier` and `title` (a 400 naming the field otherwise)."""
+    request = validate_request(LookupRequest, data, api)
+    if request.identifier is None and request.title is None:
+        raise RequestInvalid("identifier", "give `identifier` or `title`")
+    if request.identifier is not None and request.title is not None:
+        raise RequestInvalid("title", "give `identifier` or `title`, not both")
+    return request
 
 
 def parse_search_request(data: Any, api: ApiSettings) -> SearchRequest:

@@ -35,6 +35,7 @@ from search.reads import DocumentReads
 from search.request import (
     DecisionSearchRequest,
     FilterRequest,
+    LookupRequest,
     ReadRequest,
     RelatedRequest,
     SearchRequest,
@@ -247,3 +248,6 @@ class SearchService:
 
     async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
         return await self.reads.read_chunk(principals, chunk)
+
+    async def lookup(self, principals: Sequence[str], request: LookupRequest) -> dict[str, Any]:
+        return await self.reads.lookup(principals, request)

@@ -1,7 +1,7 @@
 """`ki mcp`: the search service as an MCP server, for agents (the official Python SDK, `mcp` on PyPI).
 
 Tools: `search`, `search_filter`, `search_decisions`, `get_document`, `read_document`, `related_documents`,
-`traverse`. Each
+`traverse`, `lookup_document`. Each
 tool's input schema is the JSON schema of the request model the HTTP API validates with
 (`search.request`), and each call is parsed by the same parser under the same `api.*` limits, answered by
 the same `SearchService` method and the same authorization: a tool answer is what the HTTP endpoint
@@ -42,12 +42,14 @@ from search.request import (
     DecisionSearchRequest,
     FilterRequest,
     Id,
+    LookupRequest,
     ReadRequest,
     RelatedRequest,
     SearchRequest,
     TraverseRequest,
     parse_decision_request,
     parse_filter_request,
+    parse_lookup_request,
     parse_search_request,
     parse_traverse_request,
     validate_request,
@@ -138,6 +140,10 @@ async def _traverse(service: SearchService, principals: list[str], request: Trav
     return await service.traverse(principals, request)
 
 
+async def _lookup(service: SearchService, principals: list[str], request: LookupRequest, timings: bool) -> Any:
+    return await service.lookup(principals, request)
+
+
 def _parser(model: type[BaseModel]) -> Callable[[Any, ApiSettings], Any]:
     return lambda data, api: validate_request(model, data, api)
 
@@ -168,6 +174,12 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("traverse", "Documents reachable over relations from the start documents, breadth-first, every "
              "one checked against the caller's access (hidden ones are cut, not shown).",
              TraverseRequest, parse_traverse_request, _traverse, "POST /v1/traverse"),  # fmt: skip
+    ToolSpec("lookup_document", "Exactly one document by an identifier (court file number such as 29 O 167/21 or "
+             "VIII ZR 123/20, ECLI, statute provision such as § 535 BGB, contract number) or its exact title, "
+             "optionally the version in force on `as_of`: outcome `found` (the document, its version and citation; "
+             "for a provision, its heading's span in the statute), `ambiguous` (the candidates, never ranked) or "
+             "`not_found`. Not a search: no similarity, no ranking.",
+             LookupRequest, parse_lookup_request, _lookup, "POST /v1/lookup"),  # fmt: skip
 )
 TOOL_BY_NAME = {t.name: t for t in TOOLS}
 

@@ -41,7 +41,7 @@ def read_versions(answer: Any) -> tuple[int, ...]:
 
 def named_documents(answer: Any) -> tuple[int, ...]:
     """The ids of the documents an answer of ours names: search and decision hits, a document, its related
-    documents, a traversal's nodes (sorted, distinct)."""
+    documents, a traversal's nodes, a lookup's document or candidates (sorted, distinct)."""
     found: set[int] = set()
     if not isinstance(answer, dict):
         return ()
@@ -54,6 +54,11 @@ def named_documents(answer: Any) -> tuple[int, ...]:
         document = item.get("document") if isinstance(item, dict) else None
         if isinstance(document, dict) and isinstance(document.get("document_id"), int):
             found.add(document["document_id"])
+    for candidate in answer.get("candidates") or []:  # a lookup's `ambiguous` answer
+        if isinstance(candidate, dict) and isinstance(candidate.get("document_id"), int):
+            found.add(candidate["document_id"])
+    if answer.get("outcome") == "found" and isinstance(answer.get("document_id"), int):  # a lookup's one document
+        found.add(answer["document_id"])
     for node in answer.get("nodes") or []:
         if isinstance(node, dict) and isinstance(node.get("document_id"), int):
             found.add(node["document_id"])

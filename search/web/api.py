@@ -2,6 +2,7 @@
 
 `POST /v1/search`, `POST /v1/search/filter`, `POST /v1/decisions/search`, `GET /v1/documents/{id}`,
 `GET /v1/documents/{id}/related`, `GET /v1/documents/{id}/versions/{version_id}/text`, `POST /v1/traverse`,
+`POST /v1/lookup`,
 `GET /v1/stats`, `GET /v1/me`, `GET /v1/ops/overview`, `GET /healthz`, `GET /readyz`, `GET /openapi.json`,
 `GET /metrics` (Prometheus), and the console under `/console` (search.web.console).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
@@ -38,6 +39,7 @@ from search.request import (
     MAX_ID,
     parse_decision_request,
     parse_filter_request,
+    parse_lookup_request,
     parse_read_request,
     parse_related_request,
     parse_search_request,
@@ -270,6 +272,14 @@ async def traverse_handler(request: web.Request) -> web.Response:
     return _answer(request, await request.app[SERVICE_KEY].traverse(principals, parsed))
 
 
+async def lookup_handler(request: web.Request) -> web.Response:
+    """`POST /v1/lookup`: exactly one document by identifier or title, `ambiguous` or `not_found` (a 200 each: a
+    typed answer, the same for a hidden document as for a missing one; search.documents.lookup)."""
+    principals = await _principals(request)
+    parsed = parse_lookup_request(await _body(request), request.app[SETTINGS_KEY].api)
+    return _answer(request, await request.app[SERVICE_KEY].lookup(principals, parsed))
+
+
 async def me_handler(request: web.Request) -> web.Response:
     """`GET /v1/me`: the principals the token names and whether they make an administrator (the console
     asks this after sign-in: a bad token is a 401 here, before any search)."""
@@ -413,6 +423,7 @@ def build_app(
     app.router.add_get("/v1/documents/{document_id}/versions/{version_id}/text", text_handler)
     app.router.add_get("/v1/chunks/{chunk_id}", chunk_handler)
     app.router.add_post("/v1/traverse", traverse_handler)
+    app.router.add_post("/v1/lookup", lookup_handler)
     app.router.add_get("/v1/me", me_handler)
     app.router.add_get("/v1/ops/overview", ops_handler)
     Console(settings, service.engine, _body).add_routes(app)

@@ -11,6 +11,7 @@ from search.request import (
     MAX_RANKED_WINDOW,
     DecisionSearchRequest,
     FilterRequest,
+    LookupRequest,
     ReadRequest,
     RelatedRequest,
     SearchRequest,
@@ -22,6 +23,7 @@ _REQUESTS: dict[str, type[BaseModel]] = {
     "FilterRequest": FilterRequest,
     "DecisionSearchRequest": DecisionSearchRequest,
     "TraverseRequest": TraverseRequest,
+    "LookupRequest": LookupRequest,
 }
 
 _DOCUMENT_CITATION = {
@@ -204,6 +206,76 @@ _TRAVERSAL = {
             "description": "start documents the caller may not see or that do not exist (not told apart)",
         },
         "truncated": {"type": "boolean", "description": "some document had more edges than `max_fanout`"},
+    },
+}
+
+
+_LOOKUP_VERSION = {
+    "type": "object",
+    "description": "the version shown: in force at `as_of`, else the one the document is cited by",
+    "properties": {
+        "version_id": {"type": "integer"},
+        "version_no": {"type": "integer", "description": "among the caller's versions of the document"},
+        "status": {"type": "string"},
+        "doc_date": {"type": "string", "format": "date", "nullable": True},
+        "language": {"type": "string"},
+        "latest_final": {"type": "boolean"},
+    },
+}
+
+_LOOKUP_DOCUMENT: dict[str, Any] = {
+    "document_id": {"type": "integer"},
+    "project_id": {"type": "integer"},
+    "title": {"type": "string"},
+    "matched": {
+        "type": "object",
+        "description": "how it carries the name: `identifier`, `title`, or `statute` (the law a provision belongs "
+        "to); `key` is the identity key matched",
+        "properties": {
+            "why": {"type": "string", "enum": ["identifier", "title", "statute"]},
+            "key": {"type": "string"},
+        },
+    },
+    "version": _LOOKUP_VERSION,
+    "citation": {"$ref": "#/components/schemas/DocumentCitation"},
+}
+
+_LOOKUP = {
+    "type": "object",
+    "description": "`found`: exactly one document (its fields at the top level); `ambiguous`: `candidates` in "
+    "document-id order, never ranked; `not_found`: no document the caller may see carries the name (the same "
+    "answer for a hidden document as for a missing one)",
+    "properties": {
+        "outcome": {"type": "string", "enum": ["found", "ambiguous", "not_found"]},
+        "asked": {
+            "type": "object",
+            "description": "the name as read: `by` (identifier or title), `text`, `kind` (file_number, ecli, "
+            "provision, identifier, title), `provision` (canonical, with its parts), `as_of`",
+            "properties": {
+                "by": {"type": "string"},
+                "text": {"type": "string"},
+                "kind": {"type": "string", "enum": ["file_number", "ecli", "provision", "identifier", "title"]},
+                "provision": {"type": "string"},
+                "as_of": {"type": "string", "format": "date", "nullable": True},
+            },
+        },
+        **_LOOKUP_DOCUMENT,
+        "provision": {
+            "type": "object",
+            "nullable": True,
+            "description": "a provision asked for, found in the statute's text: its heading line, its span (NFC "
+            "characters, from the heading to the next heading of its kind), the body chunk holding the heading "
+            "(null until indexed) and the path that reads the span",
+            "properties": {
+                "heading": {"type": "string"},
+                "start": {"type": "integer"},
+                "end": {"type": "integer"},
+                "chunk_id": {"type": "string", "nullable": True},
+                "permalink": {"type": "string"},
+            },
+        },
+        "candidates": {"type": "array", "items": {"type": "object", "properties": _LOOKUP_DOCUMENT}},
+        "truncated": {"type": "boolean", "description": "more candidates than listed"},
     },
 }
 
@@ -551,6 +623,7 @@ def openapi_document() -> dict[str, Any]:
         Span=_SPAN,
         HitEvidence=_HIT_EVIDENCE,
         ChunkResponse=_CHUNK,
+        LookupResponse=_LOOKUP,
         TraverseResponse=_TRAVERSAL,
     )
     return {
@@ -613,6 +686,12 @@ def openapi_document() -> dict[str, Any]:
                 "the caller may not see are cut, not shown",
                 "TraverseRequest",
                 "TraverseResponse",
+            ),
+            "/v1/lookup": _post(
+                "Exactly one document and version by an identifier (file number, ECLI, statute provision) or an "
+                "exact title, or `ambiguous` with the candidates, or `not_found` -- never a ranking",
+                "LookupRequest",
+                "LookupResponse",
             ),
             "/v1/stats": {
                 "get": {

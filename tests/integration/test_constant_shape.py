@@ -1,8 +1,9 @@
 """Constant-shape authorisation: asking about a document the caller may not see runs the same SQL statements as
 asking about one that does not exist, for documents, related documents, traversal, decision search, reading a
-version's text and reading a chunk by its id. The statements (text and parameter names, not values) are recorded
-from the real PostgreSQL driver and compared; on the code before, a hidden id ran a second ACL statement that a
-missing one skipped (11.2 vs 6.8 ms: a timing oracle). The timings themselves are `ki bench authz-timing`'s.
+version's text, reading a chunk by its id and looking a document up by its name (with the same rows too). The
+statements (text and parameter names, not values) are recorded from the real PostgreSQL driver and compared; on
+the code before, a hidden id ran a second ACL statement that a missing one skipped (11.2 vs 6.8 ms: a timing
+oracle). The timings themselves are `ki bench authz-timing`'s.
 
 The world is written and read in one transaction that is rolled back: nothing reaches CDC or the index.
 """
@@ -16,12 +17,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, event, text
 
-from ki.settings import Settings
+from ki.settings import ApiSettings, Settings
 from search.documents.chunks import ChunkId, read_chunk
 from search.documents.decisions import search_decisions
+from search.documents.lookup import look_up
 from search.documents.read import get_document, related, run_traversal
 from search.documents.text import read_text
-from search.request import DecisionSearchRequest
+from search.request import DecisionSearchRequest, parse_lookup_request
 from tests.integration.world import World
 
 pytestmark = pytest.mark.stack
@@ -165,3 +167,50 @@ def test_decision_search_runs_the_same_statements_for_a_hidden_decision_and_for_
     nothing, nothing_sql = recorder.run(ask(f"Nirgendwo{w.tag}"))
     assert hidden == nothing and hidden["hits"] == []
     assert hidden_sql == nothing_sql
+
+
+def test_lookup_runs_the_same_statements_with_the_same_rows_for_a_hidden_and_a_missing_name(
+    world: tuple[World, dict[str, int], Recorder], settings: Settings
+) -> None:
+    w, ids, recorder = world
+    conn, who, security = recorder.conn, [f"user:probe-{w.tag}"], settings.security
+    rows: list[int] = []
+
+    def count(_conn: Any, cursor: Any, *_: Any) -> None:
+        rows.append(cursor.rowcount)
+
+    def ask(body: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        """The answer without what was asked (the names differ), and each statement with its parameter names and
+        the rows it returned."""
+        rows.clear()
+        request = parse_lookup_request(body, ApiSettings())
+        answer, statements = recorder.run(lambda: look_up(conn, who, security, request).to_json())
+        return {k: v for k, v in answer.items() if k != "asked"}, list(zip(statements, rows, strict=True))
+
+    event.listen(conn, "after_cursor_execute", count)
+    try:
+        found, found_trace = ask({"title": f"Sichtbar {w.tag}"})  # the caller sees something
+        assert found["outcome"] == "found" and found["document_id"] == ids["visible"] and len(found_trace) == 2
+        # A title only a hidden document carries, and one nobody carries.
+        hidden, hidden_trace = ask({"title": f"Verborgen {w.tag}"})
+        missing, missing_trace = ask({"title": f"Fehlt {w.tag}"})
+        assert hidden == missing == {"outcome": "not_found"}
+        assert hidden_trace == missing_trace and hidden_trace, (hidden_trace, missing_trace)
+        # An identifier the visible document carries: a hidden second carrier changes no statement, row or answer.
+        name = f"AZ-{w.tag}"
+        add = text("UPDATE documents SET identifiers = CAST(:a AS text[]) WHERE id = :d")
+        conn.execute(add, {"a": [name], "d": ids["visible"]})
+        for body in ({"identifier": name}, {"identifier": name, "as_of": "2030-01-01"}):
+            alone = ask(body)
+            conn.execute(add, {"a": [name], "d": ids["hidden"]})
+            beside_hidden = ask(body)
+            conn.execute(add, {"a": [], "d": ids["hidden"]})
+            assert alone == beside_hidden and alone[0]["outcome"] == "found", (alone, beside_hidden)
+        # The name only on the hidden document, and on none.
+        conn.execute(add, {"a": [], "d": ids["visible"]})
+        conn.execute(add, {"a": [name], "d": ids["hidden"]})
+        hidden_name = ask({"identifier": name})
+        conn.execute(add, {"a": [], "d": ids["hidden"]})
+        assert hidden_name == ask({"identifier": name}) and hidden_name[0] == {"outcome": "not_found"}
+    finally:
+        event.remove(conn, "after_cursor_execute", count)

@@ -136,11 +136,12 @@ def test_the_tools_and_their_schemas_are_the_http_apis(stack: tuple[Server, McpH
 
     tools = {t.name: t for t in anyio.run(run)}
     assert set(tools) == {"search", "search_filter", "search_decisions", "get_document", "read_document",
-                          "related_documents", "traverse"}  # fmt: skip
+                          "related_documents", "traverse", "lookup_document"}  # fmt: skip
     _, document = api.call("/openapi.json")
     schemas = document["components"]["schemas"]
     for name, request in (("search", "SearchRequest"), ("search_filter", "FilterRequest"),
-                          ("search_decisions", "DecisionSearchRequest"), ("traverse", "TraverseRequest")):  # fmt: skip
+                          ("search_decisions", "DecisionSearchRequest"), ("traverse", "TraverseRequest"),
+                          ("lookup_document", "LookupRequest")):  # fmt: skip
         got = tools[name].input_schema
         want = schemas[request]
         assert got["properties"].keys() == want["properties"].keys(), name
@@ -270,6 +271,34 @@ def test_a_hit_says_where_to_read_on_and_its_chunk_is_read_from_the_stored_text(
         assert api.call(f"/v1/chunks/{chunk_id}", token=token) == gone
     status, refused = api.call("/v1/chunks/7-chunk-0", token=anna)
     assert status == 400 and refused["field"] == "chunk_id"
+
+
+def test_a_document_is_looked_up_over_mcp_and_http_alike(
+    stack: tuple[Server, McpHttp], data: Data, settings: Settings
+) -> None:
+    api, mcp = stack
+    anna, ben = data.token(settings, "anna"), data.token(settings, "ben")
+    identifier = f"AZ-vertrag-{data.tag}"
+    for token, body in ((anna, {"identifier": identifier}), (anna, {"title": f"mietvertrag lindenallee {data.tag}"}),
+                        (ben, {"identifier": f"az vertrag {data.tag}"})):  # fmt: skip
+        error, found = call(mcp.url, token, "lookup_document", body)
+        status, http = api.call("/v1/lookup", body, token)
+        assert not error and status == 200 and found == http, (body, found, http)
+    error, found = call(mcp.url, anna, "lookup_document", {"identifier": identifier})
+    assert found["outcome"] == "found" and found["document_id"] == data.docs["vertrag"]
+    assert found["citation"]["document_id"] == data.docs["vertrag"] and "hits" not in found
+    # ben may see the opinion only: the contract's identifier is not_found, like one nobody carries.
+    hidden = call(mcp.url, ben, "lookup_document", {"identifier": identifier})
+    missing = call(mcp.url, ben, "lookup_document", {"identifier": f"AZ-nirgends-{data.tag}"})
+    assert hidden[1]["outcome"] == missing[1]["outcome"] == "not_found"
+    assert {k: v for k, v in hidden[1].items() if k != "asked"} == {k: v for k, v in missing[1].items() if k != "asked"}
+    error, found = call(mcp.url, ben, "lookup_document", {"identifier": f"AZ-gutachten-{data.tag}"})
+    assert not error and found["document_id"] == data.docs["gutachten"]
+    # A bad call names its field, as over HTTP.
+    error, body = call(mcp.url, anna, "lookup_document", {"as_of": "2020-01-01"})
+    assert error and body["status"] == 400 and body["field"] == "identifier"
+    assert api.call("/v1/lookup", {"as_of": "2020-01-01"}, anna) == (400, {k: v for k, v in body.items()
+                                                                          if k != "status"})  # fmt: skip
 
 
 def test_bad_input_and_bad_tokens_are_refused(stack: tuple[Server, McpHttp], data: Data, settings: Settings) -> None:

@@ -269,7 +269,7 @@ def assert_no_server_error(case: Any, token: str) -> None:
 # callers meet), with ids the caller sees mixed in so the paths past the 404 (versions, relations, the walk)
 # are fuzzed too.
 READER_OPERATIONS = ["/v1/documents/{document_id}", "/v1/documents/{document_id}/related", "/v1/traverse",
-                     "/v1/decisions/search"]  # fmt: skip
+                     "/v1/decisions/search", "/v1/lookup"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -307,6 +307,6 @@ reader_fuzz = schemathesis.pytest.from_fixture("reader_fuzz_schema").include(pat
     derandomize=False,
 )
 def test_fuzzing_the_document_endpoints_as_an_ordinary_caller(case: Any, reader: Reader) -> None:
-    """Documents, related, traverse and decision search: no 5xx for any generated input of a caller who sees
-    some documents and is no administrator; every 4xx is a JSON error."""
+    """Documents, related, traverse, decision search and lookup: no 5xx for any generated input of a caller who
+    sees some documents and is no administrator; every 4xx is a JSON error."""
     assert_no_server_error(case, reader.token)

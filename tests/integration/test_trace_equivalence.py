@@ -5,8 +5,9 @@ CDC path (an isolated sync worker). An in-process `SearchService` (scope and nam
 invalidation feed; a scope filter budget so small that every scope is over it) answers a caller's requests --
 ranked search (lexical, hybrid, an identifier, a word found only in hidden documents), the metadata listing,
 documents, reading a version's text, related (both ways, one kind), traverse (a visible start and 100 more ids),
-decision search -- while every SQL statement (text, parameter names, rows returned) and every OpenSearch request
-(method, path, body; hits per response) it makes for the request is recorded. Then W' = W plus what the caller
+decision search, lookup (the caller's identifier and title, a title only hidden documents carry) -- while every SQL
+statement (text, parameter names, rows returned) and every OpenSearch request (method, path, body; hits per
+response) it makes for the request is recorded. Then W' = W plus what the caller
 may not see: documents of another project (the asked words, the caller's identifier, titles the caller's queries
 name), 100 documents at exactly the ids W asked about as missing, a hidden version of a visible document,
 relations from and to hidden documents, decisions on hidden documents; and before the caller asks again, a
@@ -49,6 +50,7 @@ from search.operations import scope_cache_state
 from search.request import (
     parse_decision_request,
     parse_filter_request,
+    parse_lookup_request,
     parse_read_request,
     parse_related_request,
     parse_search_request,
@@ -314,10 +316,16 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
         ),
         "decisions": lambda: service.search_decisions(who, parse_decision_request({"query": "Kündigungsfrist"}, api)),
         "decisions hidden word": lambda: service.search_decisions(who, parse_decision_request({"query": SECRET}, api)),
+        # W': three hidden documents and 100 without a version carry the identifier, one hidden the title.
+        "lookup identifier": lambda: service.lookup(who, parse_lookup_request({"identifier": scene.identifier}, api)),
+        "lookup title": lambda: service.lookup(who, parse_lookup_request({"title": scene.title}, api)),
+        "lookup hidden or missing": lambda: service.lookup(
+            who, parse_lookup_request({"title": f"Geheim 1 {scene.tag}"}, api)
+        ),
     }
 
 
-GRID = ("document", "read", "related", "traverse", "decisions")
+GRID = ("document", "read", "related", "traverse", "decisions", "lookup")
 
 
 def _normalised(value: Any, scene: Scene, phase: str) -> Any:

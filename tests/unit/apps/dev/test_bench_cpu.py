@@ -61,4 +61,7 @@ def test_a_phase_clock_times_each_phase_and_its_cores() -> None:
         pass
     clock.stop()
     assert clock.seconds["busy_s"] >= 0.3
-    assert set(clock.cores["busy"]) == {"benchmark", "machine"} and clock.cores["busy"]["benchmark"] > 0.5
+    assert set(clock.cores["busy"]) == {"benchmark", "machine"}
+    # At least the 0.3 s of CPU it burnt over the phase's wall time (a busy machine stretches the wall time, so
+    # no fixed share holds; 0.02 s: the kernel's accounting ticks).
+    assert clock.cores["busy"]["benchmark"] >= (0.3 - 0.02) / clock.seconds["busy_s"]
