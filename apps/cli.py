@@ -113,7 +113,12 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         if args.lane == "content" and settings.streams.content_embed_threads:
             threads = settings.streams.content_embed_threads
             settings = with_overrides(settings, {"embedding": {"threads": threads}})
-        app = create_app(settings, args.lane)  # this process's settings (--config, $KI_CONFIG, KI_* overrides)
+        from ki.embedding import create_embedder
+
+        # The model first: loading it holds the GIL for seconds (minutes at a low priority on a busy machine),
+        # which would stall a joined worker's heartbeats until the group drops it.
+        embedder = create_embedder(settings)
+        app = create_app(settings, args.lane, embedder)  # this process's settings (--config, $KI_CONFIG, KI_*)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]
         app.main()

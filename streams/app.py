@@ -35,7 +35,7 @@ import faust
 from prometheus_client import generate_latest
 
 from ki.clients import kafka_ssl_context, make_client, make_engine
-from ki.embedding import create_embedder
+from ki.embedding import Embedder, create_embedder
 from ki.errors import IndexSchemaError, KiError
 from ki.settings import Settings
 from projections.dirty import DirtyKeys
@@ -68,9 +68,10 @@ def broker_credentials(settings: Settings) -> faust.auth.Credentials | None:
     return None
 
 
-def create_app(settings: Settings, lane: Lane) -> faust.App:
+def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None) -> faust.App:
     """One lane's app, built from the settings of the process that runs it (`ki --config X sync run`,
     `$KI_CONFIG`, `KI_*` overrides): app id / consumer group, brokers, topics, DLQ, web port, index.
+    `embedder`: loaded before the worker joins its group (`ki sync run` does); None loads it on the first batch.
 
     There is deliberately no module-level app: one built at import time would use the default
     settings whatever `--config` said."""
@@ -113,17 +114,18 @@ def create_app(settings: Settings, lane: Lane) -> faust.App:
     async def projector() -> Projector:
         async with building:
             if "projector" not in state:
-                # Loading the model takes seconds (more on a busy machine): off the event loop, so the
-                # worker's /metrics and its broker heartbeats keep answering meanwhile.
-                embedder = await asyncio.to_thread(create_embedder, settings)
+                # Loading the model takes seconds (more on a busy machine), mostly holding the GIL, so a thread
+                # does not keep the event loop -- and the group's heartbeats -- going: `ki sync run` loads it
+                # before the worker joins its group. Here only for callers that did not.
+                loaded = embedder if embedder is not None else await asyncio.to_thread(create_embedder, settings)
                 client = make_client(settings)
-                sources = await indices_with_signature(client, settings.streams.vector_sources, embedder.signature)
+                sources = await indices_with_signature(client, settings.streams.vector_sources, loaded.signature)
                 if sources:
                     log.info("stored vectors of identical strings are also taken from %s", ", ".join(sources))
                 writer = IndexWriter(client, settings, vector_sources=sources)
-                await writer.ensure_index(embedder.signature)
+                await writer.ensure_index(loaded.signature)
                 state["writer"] = writer
-                state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, embedder)
+                state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, loaded)
         projector_: Projector = state["projector"]
         return projector_
 

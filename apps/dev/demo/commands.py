@@ -95,7 +95,10 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, 
                 # index too, unless the count stands still for `settle_s` (rows the sync skips by design).
                 if indexed != last_indexed:
                     last_indexed, last_change = indexed, time.monotonic()
-                if synced(lanes) and (indexed >= total or time.monotonic() - last_change > settle_s):
+                # The demo's worker runs both lanes: one without members (still loading, or dropped by its
+                # group) is not a lane this deployment does without, as `synced` would take it.
+                both = all(lane.running for lane in lanes)
+                if both and synced(lanes) and (indexed >= total or time.monotonic() - last_change > settle_s):
                     if indexed < total:
                         report.message(f"ki demo: {total - indexed} version(s) not in the index; serving anyway")
                     break
