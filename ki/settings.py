@@ -17,7 +17,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from ki.analysis import ANALYSIS_KINDS, check_analysis
@@ -644,6 +653,18 @@ class EvidenceSettings(_Group):
     ("redact")."""
 
     injection: Literal["flag", "redact"] = "flag"
+    # Where a lawyer opens a cited source object, per source kind: a URL template with `{external_ref}` (the
+    # object's ref, percent-encoded, `/` kept), e.g. {"sharepoint": "https://dms.example/open?id={external_ref}"}.
+    # A kind without one links to its raw ref (search.documents.sources).
+    source_urls: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("source_urls")
+    @classmethod
+    def _templates(cls, value: dict[str, str]) -> dict[str, str]:
+        for kind, template in value.items():
+            if "{external_ref}" not in template:
+                raise ValueError(f"the template for {kind!r} has no {{external_ref}}: {template!r}")
+        return value
 
 
 class ConsistencySettings(_Group):

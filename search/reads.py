@@ -39,7 +39,10 @@ class DocumentReads:
         length, injection = request.characters(api), api.evidence.injection
 
         def run(conn: Connection) -> dict[str, Any] | None:
-            return read_text(conn, principals, security, document_id, version_id, request.offset, length, injection)
+            return read_text(
+                conn, principals, security, document_id, version_id, request.offset, length, injection,
+                api.evidence.source_urls,
+            )  # fmt: skip
 
         return await self.sql.on_the_grid(self.sql.verified_read(run))
 

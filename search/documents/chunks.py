@@ -23,6 +23,7 @@ from sqlalchemy import Connection
 from ki.settings import Settings
 from projections.text import normalise_text
 from search.access.reverify import VerifiedVersion, reverify
+from search.documents.sources import source_refs, sources_json
 from search.documents.text import stored_slice
 from search.evidence.citations import chunk_permalink, sha256_hex, stored_span, text_permalink
 from search.evidence.injection import Mode, marked
@@ -67,6 +68,7 @@ def chunk_json(
     source: dict[str, Any],
     stored_text: str | None,
     injection: Mode,
+    sources: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The answer for a visible chunk: `stored_text` is the version's text at the row's span (None: the row is
     not a span of the version's text; its indexed text is answered)."""
@@ -92,6 +94,7 @@ def chunk_json(
             if span
             else None,
             "source_object_ids": list(version.source_object_ids),
+            "sources": sources or [],
         },
     }
     locus = (source.get("meta") or {}).get("locus")
@@ -122,4 +125,6 @@ async def read_chunk(
         stored_text, _, _ = await sql(
             lambda conn: stored_slice(conn, version.document_id, version.version_id, start, end - start)
         )
-    return chunk_json(chunk, version, source, stored_text, settings.api.evidence.injection)
+    refs = await sql(lambda conn: source_refs(conn, version.source_object_ids))
+    sources = sources_json(version.source_object_ids, refs, settings.api.evidence.source_urls)
+    return chunk_json(chunk, version, source, stored_text, settings.api.evidence.injection, sources)

@@ -13,7 +13,7 @@ instructions to a model are flagged (`injection`, spans into `text`) or, with `a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
@@ -21,6 +21,7 @@ from sqlalchemy.types import BigInteger, Integer
 
 from ki.settings import SecuritySettings
 from search.documents.read import visible_versions_of
+from search.documents.sources import source_refs, sources_json
 from search.evidence.citations import sha256_hex, text_permalink
 from search.evidence.injection import Mode, marked
 
@@ -57,6 +58,7 @@ def read_text(
     offset: int,
     length: int,
     injection: Mode = "flag",
+    source_urls: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """`length` characters of the version's text from `offset` (None: no such version the caller may see).
     `version_id` None: the version the document is cited by (its latest final visible, else newest visible)."""
@@ -68,6 +70,7 @@ def read_text(
     if version is None:
         return None
     slice_, total, version_sha256 = stored_slice(conn, document_id, version.version_id, offset, length)
+    refs = source_refs(conn, version.source_object_ids)
     end = offset + len(slice_)
     handed_out, checked = marked(slice_, injection)  # the hash and the offsets stay the stored text's
     return {
@@ -87,5 +90,6 @@ def read_text(
             "version_sha256": version_sha256,
             "permalink": text_permalink(document_id, version.version_id, offset, len(slice_)),
             "source_object_ids": list(version.source_object_ids),
+            "sources": sources_json(version.source_object_ids, refs, source_urls or {}),
         },
     }

@@ -1,11 +1,16 @@
 """The answer's stages, over the page's hits: the neighbours of each hit (`expand` in the timings), the evidence
-budget (search.ranking.budget) and, last, the injection marks (search.evidence.injection: its spans are into the
-text handed out)."""
+budget (search.ranking.budget), the links of the source objects each hit may be cited at (search.documents.sources)
+and, last, the injection marks (search.evidence.injection: its spans are into the text handed out)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ki.settings import Settings
+from search.documents.sources import source_refs, sources_json
 from search.pipeline import QueryContext, Stage
+from search.ports import SqlReader
 from search.ranking.budget import fit_budget
 from search.ranking.hits import mark_injections
 from search.ranking.scoped import ScopedIndex
@@ -42,6 +47,26 @@ class EvidenceBudget(Stage):
         ctx.evidence = use.to_json()
 
 
+async def link_sources(sql: SqlReader, hits: list[dict[str, Any]], templates: Mapping[str, str]) -> None:
+    """Each hit's `citation.sources`: its citable source objects with their kind, ref and link (one statement for
+    the page, none for an empty one)."""
+    ids = {i for hit in hits for i in hit["citation"]["source_object_ids"]}
+    refs = await sql.read(lambda conn: source_refs(conn, ids)) if ids else {}
+    for hit in hits:
+        hit["citation"]["sources"] = sources_json(hit["citation"]["source_object_ids"], refs, templates)
+
+
+class SourceLinks(Stage):
+    name = "sources"
+    timed = False
+
+    def __init__(self, sql: SqlReader, templates: Mapping[str, str]) -> None:
+        self.sql, self.templates = sql, templates
+
+    async def run(self, ctx: QueryContext) -> None:
+        await link_sources(self.sql, ctx.hits, self.templates)
+
+
 class InjectionMarks(Stage):
     name = "injections"
     timed = False
@@ -53,7 +78,7 @@ class InjectionMarks(Stage):
         mark_injections(ctx.hits, self.policy)
 
 
-def answer_stages(settings: Settings, scoped: ScopedIndex) -> list[Stage]:
+def answer_stages(settings: Settings, scoped: ScopedIndex, sql: SqlReader) -> list[Stage]:
     r = settings.retrieval
     return [Neighbours(scoped, r.neighbours_max_chunks_per_document), EvidenceBudget(r.evidence_budget_chars),
-            InjectionMarks(settings)]  # fmt: skip
+            SourceLinks(sql, settings.api.evidence.source_urls), InjectionMarks(settings)]  # fmt: skip

@@ -13,6 +13,7 @@ from search.ranking.hits import FusionParams, hit_json, mark_injections
 from search.ranking.legs import leg_depth
 from search.ranking.scoped import ScopedIndex
 from search.request import FilterRequest
+from search.stages.answer import link_sources
 from search.stages.scope import ScopeStage
 
 
@@ -34,6 +35,7 @@ class FilterSearch:
         page = survivors[request.offset : request.window]
         explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
         hits = [hit_json(c, verified[c.version_id], explain) for c in page]
+        await link_sources(self.sql, hits, self.settings.api.evidence.source_urls)
         mark_injections(hits, self.settings.api.evidence.injection)
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)

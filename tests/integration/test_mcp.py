@@ -37,10 +37,14 @@ from tests.integration.world import World
 pytestmark = pytest.mark.stack
 
 
+#: A link template for the world's source kind (search.documents.sources), in the API and the MCP server alike.
+SOURCE_URLS = {"local_fs": "file:///srv/akten/{external_ref}"}
+
+
 @pytest.fixture(scope="module")
 def isolation(settings: Settings) -> Iterator[dict[str, str]]:
     with isolated(settings, prefix="ki-mcp-test") as env:
-        yield env
+        yield {**env, "KI_API__EVIDENCE__SOURCE_URLS": json.dumps(SOURCE_URLS)}
 
 
 @dataclass
@@ -264,6 +268,11 @@ def test_a_hit_says_where_to_read_on_and_its_chunk_is_read_from_the_stored_text(
     assert status == 200 and chunk["chunk_id"] == hit["chunk_id"] and chunk["span"] == hit["span"]
     assert chunk["text"] == page["text"] and chunk["evidence"]["sha256"] == page["evidence"]["sha256"]
     assert chunk["current"] and chunk["version_id"] == hit["version_id"] and chunk["evidence"]["source_object_ids"]
+    # The source objects the caller may cite the version at, each with its link through the kind's template.
+    sources = hit["citation"]["sources"]
+    assert [s["source_object_id"] for s in sources] == hit["citation"]["source_object_ids"]
+    assert all(s["kind"] == "local_fs" and s["link"] == f"file:///srv/akten/{s['external_ref']}" for s in sources)
+    assert chunk["evidence"]["sources"] == sources == page["evidence"]["sources"]
     # ben may not see the version: its chunk is the 404 of one that does not exist.
     gone = (404, {"error": "not_found", "message": "no such chunk"})
     for token, chunk_id in ((ben, hit["chunk_id"]), (anna, f"{hit['version_id'] + 10_000_000}:chunk:0"),

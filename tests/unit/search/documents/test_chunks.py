@@ -57,6 +57,7 @@ def test_a_body_chunk_answers_the_stored_text_at_its_span_with_hash_and_permalin
         "permalink": "/v1/chunks/9:chunk:0",
         "text_permalink": "/v1/documents/3/versions/9/text?offset=4&length=10",
         "source_object_ids": [5, 6],
+        "sources": [],
     }
 
 
@@ -70,3 +71,12 @@ def test_a_clause_row_is_not_a_span_and_answers_its_indexed_text() -> None:
     answer = chunk_json(ChunkId(9, "clause", 1000), VERSION, source, None, "flag")
     assert answer["text"] == "Gerichtsstand ist Berlin." and answer["span"] is None and answer["locus"] == "§ 9"
     assert answer["evidence"]["text_permalink"] is None and answer["current"]
+
+
+def test_source_links_follow_their_kinds_template_and_are_the_raw_ref_without_one() -> None:
+    from search.documents.sources import SourceRef, sources_json
+
+    refs = {5: SourceRef(5, "sharepoint", "Mandate/Müller & Co/Vertrag.docx"), 6: SourceRef(6, "local_fs", "/a.pdf")}
+    templates = {"sharepoint": "https://dms.example/open?path={external_ref}"}
+    links = [s["link"] for s in sources_json([6, 5, 7], refs, templates)]  # 7: not among the refs asked for
+    assert links == ["https://dms.example/open?path=Mandate/M%C3%BCller%20%26%20Co/Vertrag.docx", "/a.pdf"]
