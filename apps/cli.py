@@ -360,6 +360,21 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             command="ki " + " ".join(sys.argv[1:]),
         )
         return bench_freshness(settings, options, Path(args.out) if args.out else None)
+    if args.what == "consistency":
+        from pathlib import Path
+
+        from apps.dev.bench.consistency import ConsistencyOptions
+        from apps.dev.bench.consistency import main as bench_consistency
+
+        for flag, value in (("--docs", args.docs), ("--pairs", args.pairs), ("--trials", args.trials),
+                            ("--rate", args.rate)):  # fmt: skip
+            if value < 1:
+                raise CliError(f"{flag} must be at least 1")
+        consistency_options = ConsistencyOptions(
+            docs=args.docs, read_pairs=args.pairs, trials=args.trials, rate=args.rate, config=args.config,
+            command="ki " + " ".join(sys.argv[1:]),
+        )  # fmt: skip
+        return bench_consistency(settings, consistency_options, Path(args.out) if args.out else None)
     if args.what == "reuse":
         from pathlib import Path
 
@@ -627,6 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
     sync_bench.add_argument(
         "--compare-max-tokens", type=int, default=256, help="token window of --compare-model (default 256)"
     )
+
+    consistent = kind("consistency", "reading a 2,000-character slice, and a writer's consistency token under load")
+    consistent.add_argument("--docs", type=int, default=40, help="documents of about 10,000 characters each")
+    consistent.add_argument("--pairs", type=int, default=400, help="interleaved reading pairs (slice, metadata)")
+    consistent.add_argument("--trials", type=int, default=100, help="write-then-search trials with a token")
+    consistent.add_argument("--rate", type=int, default=200, help="access changes per second during the trials")
+    consistent.add_argument("--out", default="benchmarks", help="folder for consistency.json")
 
     fresh = kind("freshness", "commit-to-searchable lag under a sustained change rate")
     fresh.add_argument("--rate", type=int, default=200, help="row changes per second")

@@ -97,7 +97,7 @@ def _pcts(values: list[float]) -> dict[str, float] | None:
 # --------------------------------------------------------------------------------------------------
 
 
-class _Load(threading.Thread):
+class AccessLoad(threading.Thread):
     """Commits `rate` row changes per second in small transactions (one every 50 ms) until stopped."""
 
     def __init__(self, engine: Engine, doc_ids: list[int], rate: int, tag: str) -> None:
@@ -360,7 +360,7 @@ class _Run:
         GRACE_S for the last probes."""
         result = _Phase(name, rate)
         before, _ = _scrape_freshness(self.settings)
-        load = _Load(self.engine, doc_ids, rate, f"{self.tag}-{name}")
+        load = AccessLoad(self.engine, doc_ids, rate, f"{self.tag}-{name}")
         load.start()
         cpu_start, cpu_end = cpu.sample(self.processes), None
         outstanding: list[_Probe] = []
@@ -552,7 +552,7 @@ def _count(search: OpenSearch, alias: str, query: dict[str, Any]) -> int:
     return int(search.count(index=alias, body={"query": query})["count"])
 
 
-def _wait_indexed(search: OpenSearch, alias: str, version_ids: list[int], rows: int | None, timeout: float) -> None:
+def wait_indexed(search: OpenSearch, alias: str, version_ids: list[int], rows: int | None, timeout: float) -> None:
     """Until every version has its rows with their vectors (or, with `rows`, that many rows are searchable):
     a phase that starts while the content lane still embeds the load's documents measures the two lanes
     racing for the same rows, not access changes."""
@@ -755,7 +755,7 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
         )
         doc_ids, probe_doc = corpus.document_ids[:-1], corpus.document_ids[-1]
         result["postgres"] = {"project": corpus.project, "version_ids": corpus.version_ids}
-        _wait_indexed(search, alias, corpus.version_ids, None, 600)
+        wait_indexed(search, alias, corpus.version_ids, None, 600)
 
         backlog: _Backlog | None = None
         standalone: dict[str, Any] | None = None
