@@ -46,6 +46,7 @@ from ki.clients import make_async_engine, make_client, make_sync_client
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings
 from search.access.scope_cache import ScopeCache
+from search.documents.chunks import ChunkId
 from search.operations import scope_cache_state
 from search.request import (
     parse_decision_request,
@@ -299,6 +300,7 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
         "document hidden or missing": lambda: service.get_document(who, asked),
         "read": lambda: service.read_text(who, scene.documents[0], None, parse_read_request({"length": "40"}, api)),
         "read hidden or missing": lambda: service.read_text(who, asked, None, parse_read_request({}, api)),
+        "chunk": lambda: service.read_chunk(who, ChunkId(scene.versions[0], "chunk", 0)),
         "related both": lambda: service.related(
             who, scene.documents[0], parse_related_request({"direction": "both"}, api)
         ),
@@ -325,7 +327,7 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
     }
 
 
-GRID = ("document", "read", "related", "traverse", "decisions", "lookup")
+GRID = ("document", "read", "chunk", "related", "traverse", "decisions", "lookup")
 
 
 def _normalised(value: Any, scene: Scene, phase: str) -> Any:
