@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -212,3 +214,34 @@ def test_the_mcp_tools_answer_the_same(scene: tuple[Scene, Server, Server], sett
         assert shown == [(h["version_id"], h["version_no"], h["score"], h["explain"]["ranks"]) for h in http["hits"]]
         if query == "Quittung":
             assert [ranks["lexical"] for *_, ranks in shown] == [0, 2]
+
+
+def test_a_hidden_versions_text_hash_length_and_existence_show_nowhere(
+    scene: tuple[Scene, Server, Server], settings: Settings
+) -> None:
+    """Reading (issue 48): v2's text, its hash, its length and whether it exists are answered nowhere -- not by
+    the text endpoint, a chunk id, `get_document`'s lengths, the MCP reader or the lookup of the document."""
+    data, server, _ = scene
+    alice = mint_token(settings.api, data.alice)
+    missing_version = data.v3 + 10**9
+    gone_text = server.call(f"/v1/documents/{data.doc}/versions/{missing_version}/text", token=alice)
+    assert gone_text[0] == 404
+    assert server.call(f"/v1/documents/{data.doc}/versions/{data.v2}/text", token=alice) == gone_text
+    gone_chunk = server.call(f"/v1/chunks/{missing_version}:chunk:0", token=alice)
+    assert gone_chunk[0] == 404 and server.call(f"/v1/chunks/{data.v2}:chunk:0", token=alice) == gone_chunk
+    status, doc = server.call(f"/v1/documents/{data.doc}", token=alice)
+    assert status == 200 and [v["chars"] for v in doc["versions"]] == [
+        len("Die Kaution beträgt drei Monatsmieten. Quittung folgt."),
+        len("Entwurf einer Staffelmiete."),
+    ]
+    # The version read by default is the caller's latest final, v1, with v1's own hash.
+    error, read = call_tool(data.mcp_url, alice, "read_document", {"document_id": data.doc})
+    assert not error and read["version_id"] == data.v1
+    assert read["evidence"]["version_sha256"] == hashlib.sha256(read["text"].encode()).hexdigest()
+    hidden = call_tool(data.mcp_url, alice, "read_document", {"document_id": data.doc, "version_id": data.v2})
+    missing = call_tool(data.mcp_url, alice, "read_document", {"document_id": data.doc, "version_id": missing_version})
+    assert hidden[0] and hidden == missing
+    # The lookup answers the caller's version; v2 is named nowhere in it.
+    status, found = server.call("/v1/lookup", {"title": f"Mietvertrag {data.tag}"}, alice)
+    assert status == 200 and found["outcome"] == "found" and found["version"]["version_id"] == data.v1
+    assert f'"version_id": {data.v2}' not in json.dumps(found)
