@@ -343,6 +343,21 @@ function permalink(path, target) {
     el("a", { href: path, class: "open-json", onclick: open, text: "open the JSON" }));
 }
 
+// Where the file is opened: each citable source object's kind and ref, a link only when the API's link (the
+// ref through its kind's URL template, `api.evidence.source_urls`) is a web address; else the ref as text.
+function sourceList(evidence) {
+  const sources = evidence.sources || evidence.source_object_ids.map((id) => ({ source_object_id: id }));
+  if (!sources.length) return el("span", { id: "text-sources", text: "none" });
+  return el("ul", { id: "text-sources", class: "sources" }, sources.map((o) => {
+    const ref = o.external_ref || "";
+    const web = typeof o.link === "string" && /^https?:\/\//i.test(o.link);
+    return el("li", { class: "source", "data-source-object-id": o.source_object_id },
+      `object ${o.source_object_id}${o.kind ? ` · ${o.kind}` : ""}${ref || web ? " · " : ""}`,
+      web ? el("a", { href: o.link, target: "_blank", rel: "noopener noreferrer", title: o.link, text: ref || o.link })
+        : (ref ? el("code", { text: ref }) : null));
+  }));
+}
+
 function textSection(doc, wanted) {
   const visible = new Map(doc.versions.map((v) => [v.version_id, v]));
   const named = wanted.version !== null;
@@ -413,14 +428,11 @@ function textSection(doc, wanted) {
     }
     notes.replaceChildren(...said);
     const v = visible.get(version);
-    const sources = slice.evidence.source_object_ids;
     const rows = [
       ["SHA-256 of this page", el("code", { id: "text-sha256", text: slice.evidence.sha256 })],
       ["SHA-256 of the whole version", el("code", { id: "text-version-sha256", text: slice.evidence.version_sha256 })],
       ["Permalink", permalink(slice.evidence.permalink, json)],
-      // Source objects are ids: the API gives no URL for them (yet), so nothing here is a link.
-      ["Source objects you may cite it at", el("span", { id: "text-sources",
-        text: sources.length ? sources.join(", ") : "none" })],
+      ["Source objects you may cite it at", sourceList(slice.evidence)],
       ["Version", `${v ? v.version_no : "?"} (id ${version}, ${slice.status}${slice.latest_final ? ", latest final" : ""})`],
     ];
     if (version === hitVersion && wanted.chunk) rows.push(["The hit's chunk", permalink(`/v1/chunks/${wanted.chunk}`, json)]);
