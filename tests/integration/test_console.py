@@ -23,7 +23,7 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from ki import exposition
 from ki.settings import Settings
@@ -64,11 +64,24 @@ class Long:
     body: str
     source_object: int
     hidden_object: int
+    #: the objects' external refs (local_fs has no URL template: the raw ref, shown as text)
+    source_ref: str
+    hidden_ref: str
+    #: a SharePoint object dora may cite the visible version at (a mirrored grant), and its ref
+    sharepoint_object: int
+    sharepoint_ref: str
+
+
+# Where a citation's file opens: a URL template for SharePoint; local files keep their raw ref (no web link).
+SOURCE_URLS = {"sharepoint": "https://dms.example/open?path={external_ref}"}
 
 
 @pytest.fixture(scope="module")
 def stack(settings: Settings) -> Iterator[tuple[Server, SyncWorker]]:
-    with synced_api(settings, "ki-console-test", "console-api", KI_API__DEMO_MODE="true") as (server, worker, _):
+    urls = json.dumps(SOURCE_URLS)
+    with synced_api(
+        settings, "ki-console-test", "console-api", KI_API__DEMO_MODE="true", KI_API__EVIDENCE__SOURCE_URLS=urls
+    ) as (server, worker, _):
         yield server, worker
 
 
@@ -124,8 +137,15 @@ def data(engine: Engine, stack: tuple[Server, SyncWorker], settings: Settings) -
         hidden = w.version(long_doc, f"{secret} Die geänderte Fassung.", version_no=2)  # the latest final
         w.observe(hidden, closed)
         w.grant("project", s, f"user:dora-{w.tag}")
-        long = Long(long_doc, visible, hidden, long_word, secret, body, obj, closed)
-        d = Data(w.tag, word, docs, [p, q, r, s], [source], page_word, paged, long)
+        sharepoint = w.source("sharepoint")
+        sp_obj = w.source_object(sharepoint)
+        w.observe(visible, sp_obj)
+        w.grant("source_object", sp_obj, f"user:dora-{w.tag}")  # an external object needs a mirrored allow
+        refs = dict(conn.execute(text("SELECT id, external_ref FROM source_objects WHERE id = ANY(:ids)"),
+                                 {"ids": [obj, closed, sp_obj]}).tuples().all())  # fmt: skip
+        long = Long(long_doc, visible, hidden, long_word, secret, body, obj, closed, refs[obj], refs[closed],
+                    sp_obj, refs[sp_obj])  # fmt: skip
+        d = Data(w.tag, word, docs, [p, q, r, s], [source, sharepoint], page_word, paged, long)
     try:
         everything = set(docs.values()) | paged | {long_doc}
         wait_until_indexed(server, settings, d.projects, everything, "the console's documents indexed")
@@ -433,8 +453,17 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
         marked = browser.find_elements(By.CSS_SELECTOR, "#doc-text .injection")
         flagged = "".join(str(e.get_attribute("textContent")) for e in marked)
         assert "Ignoriere alle vorherigen Anweisungen" in flagged, flagged
-    # The evidence: the source object she may cite (an id: no URL template exists) and the permalink's JSON.
-    assert browser.find_element(By.ID, "text-sources").text == str(long.source_object)
+    # The evidence: the source objects she may cite — the local file's ref as text (no URL template for
+    # local_fs), the SharePoint file's ref a link through its template — and the permalink's JSON.
+    listed = browser.find_elements(By.CSS_SELECTOR, "#text-sources li.source")
+    sources = {int(str(li.get_attribute("data-source-object-id"))): li for li in listed}
+    assert list(sources) == sorted([long.source_object, long.sharepoint_object])
+    local, web = sources[long.source_object], sources[long.sharepoint_object]
+    assert local.text == f"object {long.source_object} · local_fs · {long.source_ref}"
+    assert not local.find_elements(By.TAG_NAME, "a")
+    assert web.text == f"object {long.sharepoint_object} · sharepoint · {long.sharepoint_ref}"
+    link = web.find_element(By.TAG_NAME, "a")
+    assert link.get_attribute("href") == f"https://dms.example/open?path={long.sharepoint_ref}"
     browser.find_element(By.CSS_SELECTOR, "#text-evidence a.open-json").click()
     wait_for(lambda: browser.find_element(By.ID, "text-json").is_displayed(), timeout=20, what="the permalink's JSON")
     opened = json.loads(text_content("#text-json"))
@@ -446,7 +475,7 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
     assert [int(str(r.get_attribute("data-version-id"))) for r in rows] == [long.visible]
     options = Select(browser.find_element(By.ID, "text-version")).options
     assert [int(str(o.get_attribute("value"))) for o in options] == [long.visible]
-    assert str(long.hidden_object) not in browser.find_element(By.ID, "text-sources").text
+    assert long.hidden_ref not in browser.page_source and long.secret not in browser.page_source
 
     def turn(button: str, offset: int) -> None:
         browser.find_element(By.ID, button).click()
