@@ -212,13 +212,21 @@ function explainPanel(hit, answer) {
     identity);
 }
 
+// The document view opened at the hit: its version, its passage (a body chunk's span) and its chunk.
+function hitLink(hit) {
+  const at = new URLSearchParams({ version: hit.version_id });
+  if (hit.span) { at.set("start", hit.span.start); at.set("end", hit.span.end); }
+  if (hit.chunk_id) at.set("chunk", hit.chunk_id);
+  return `#/doc/${hit.document_id}?${at}`;
+}
+
 function renderHit(hit, answer, query) {
   const panel = explainPanel(hit, answer);
   const toggle = el("button", { type: "button", class: "link explain-toggle", text: "Explain",
     onclick: () => { panel.hidden = !panel.hidden; toggle.textContent = panel.hidden ? "Explain" : "Hide explain"; } });
   const c = hit.citation;
   return el("li", { class: "hit", "data-document-id": hit.document_id },
-    el("h3", {}, el("a", { href: `#/doc/${hit.document_id}`, text: hit.title })),
+    el("h3", {}, el("a", { href: hitLink(hit), text: hit.title })),
     el("div", { class: "meta" },
       el("span", { class: `badge ${hit.version_status}`, text: hit.version_status || "?" }),
       `${hit.doc_date || "undated"} · version ${hit.version_no} · ${hit.chunk_kind}` +
@@ -244,7 +252,8 @@ function renderResults(answer) {
 
 // ---- document view ---------------------------------------------------------------------------------------
 
-async function renderDocument(id) {
+// `wanted`: what the route names (the hit's version, passage and chunk), each null when not named.
+async function renderDocument(id, wanted) {
   const box = $("doc");
   box.replaceChildren(el("p", { class: "hint", text: "loading…" }));
   let doc, related;
@@ -258,19 +267,195 @@ async function renderDocument(id) {
   const versions = doc.versions.map((v) => el("tr", { class: "version", "data-version-id": v.version_id },
     el("td", { text: v.version_no }), el("td", {}, el("span", { class: `badge ${v.status}`, text: v.status })),
     el("td", { text: v.doc_date || "—" }), el("td", { text: v.language }), el("td", { text: v.latest_final ? "yes" : "" }),
-    el("td", { text: v.source_object_ids.join(", ") })));
+    el("td", { text: count(v.chars) }), el("td", { text: v.source_object_ids.join(", ") })));
   const links = related.related.map((r) => el("li", { class: "related" },
     `${r.kind} (${r.direction}) `, el("a", { href: `#/doc/${r.document.document_id}`, text: r.document.title })));
+  const reader = textSection(doc, wanted);
   box.replaceChildren(
     el("h1", { text: doc.title }),
     el("p", { class: "meta", text: [doc.identifiers.join(", "), doc.matter && doc.matter.title,
       doc.doc_type && doc.doc_type.label].filter(Boolean).join(" · ") }),
     el("h2", { text: "Versions you may see" }),
     el("table", { class: "doc" }, el("thead", {}, el("tr", {},
-      ["no.", "status", "date", "language", "latest final", "source objects"].map((h) => el("th", { text: h })))),
+      ["no.", "status", "date", "language", "latest final", "characters", "source objects"]
+        .map((h) => el("th", { text: h })))),
     el("tbody", {}, versions)),
+    reader.section,
     el("h2", { text: "Related documents" }),
     links.length ? el("ul", {}, links) : el("p", { class: "hint", text: "none you may see" }));
+  reader.start();
+}
+
+// ---- a version's text ------------------------------------------------------------------------------------
+
+const PAGE_CHARS = 2000;
+
+// The page's text cut where the hit's passage and the instruction-like passages begin and end. Offsets count
+// characters (code points) as the API does; a JavaScript string counts UTF-16 units, hence Array.from.
+// `passage`: {start, end} into the whole version's text, or null; `flagged`: spans into the page's text. Pure.
+function textSegments(text, offset, passage, flagged) {
+  const chars = Array.from(text);
+  const clip = (at) => Math.max(0, Math.min(chars.length, at));
+  const hit = passage ? [clip(passage.start - offset), clip(passage.end - offset)] : [0, 0];
+  const marks = (flagged || []).map((s) => [clip(s.start), clip(s.end), s.kind]).filter(([a, b]) => b > a);
+  const cuts = new Set([0, chars.length, ...hit, ...marks.flatMap(([a, b]) => [a, b])]);
+  const points = [...cuts].sort((a, b) => a - b);
+  const segments = [];
+  for (let i = 0; i + 1 < points.length; i += 1) {
+    const [a, b] = [points[i], points[i + 1]];
+    segments.push({ text: chars.slice(a, b).join(""), passage: hit[0] <= a && b <= hit[1],
+      kinds: marks.filter(([s, e]) => s <= a && b <= e).map(([, , kind]) => kind) });
+  }
+  return segments;
+}
+
+// Document text is untrusted: it goes in as text nodes only. The hit's passage (its part on this page) is one
+// <mark class="passage">; instruction-like passages are <span class="injection"> inside or around it.
+function renderSegments(segments) {
+  const nodes = [];
+  let passage = null;
+  for (const s of segments) {
+    const node = s.kinds.length
+      ? el("span", { class: "injection", title: `reads as an instruction to a language model: ${s.kinds.join(", ")}`,
+        text: s.text })
+      : document.createTextNode(s.text);
+    if (!s.passage) { passage = null; nodes.push(node); continue; }
+    if (!passage) { passage = el("mark", { class: "passage", title: "the hit's passage" }); nodes.push(passage); }
+    passage.append(node);
+  }
+  return nodes;
+}
+
+// A path of this API (a permalink) as text, and a link that opens its JSON with the caller's token, here.
+function permalink(path, target) {
+  if (typeof path !== "string" || !path.startsWith("/v1/")) return el("span", { text: "—" });
+  const open = async (event) => {
+    event.preventDefault();
+    try {
+      target.textContent = JSON.stringify(await api(path), null, 2);
+      target.hidden = false;
+      showError("");
+    } catch (err) {
+      showError(explainError(err));
+    }
+  };
+  return el("span", {}, el("code", { class: "permalink", text: path }), " ",
+    el("a", { href: path, class: "open-json", onclick: open, text: "open the JSON" }));
+}
+
+// Where the file is opened: each citable source object's kind and ref, a link only when the API's link (the
+// ref through its kind's URL template, `api.evidence.source_urls`) is a web address; else the ref as text.
+function sourceList(evidence) {
+  const sources = evidence.sources || evidence.source_object_ids.map((id) => ({ source_object_id: id }));
+  if (!sources.length) return el("span", { id: "text-sources", text: "none" });
+  return el("ul", { id: "text-sources", class: "sources" }, sources.map((o) => {
+    const ref = o.external_ref || "";
+    const web = typeof o.link === "string" && /^https?:\/\//i.test(o.link);
+    return el("li", { class: "source", "data-source-object-id": o.source_object_id },
+      `object ${o.source_object_id}${o.kind ? ` · ${o.kind}` : ""}${ref || web ? " · " : ""}`,
+      web ? el("a", { href: o.link, target: "_blank", rel: "noopener noreferrer", title: o.link, text: ref || o.link })
+        : (ref ? el("code", { text: ref }) : null));
+  }));
+}
+
+function textSection(doc, wanted) {
+  const visible = new Map(doc.versions.map((v) => [v.version_id, v]));
+  const named = wanted.version !== null;
+  const fromHit = named && visible.has(wanted.version);
+  const hitVersion = fromHit ? wanted.version : null;
+  const passage = fromHit && wanted.start !== null && wanted.end !== null && wanted.end > wanted.start
+    ? { start: wanted.start, end: wanted.end } : null;
+  const select = el("select", { id: "text-version" }, doc.versions.map((v) => el("option",
+    { value: v.version_id, text: `version ${v.version_no} · ${v.status} · ${count(v.chars)} characters` })));
+  select.value = String(fromHit ? hitVersion : doc.citation.version_id);
+  const prev = el("button", { type: "button", id: "text-prev", "aria-label": "previous page of the text",
+    text: "← Previous", disabled: true });
+  const next = el("button", { type: "button", id: "text-next", "aria-label": "next page of the text",
+    text: "Next →", disabled: true });
+  const range = el("span", { id: "text-range", class: "hint", "aria-live": "polite" });
+  const notes = el("div", { id: "text-notes" });
+  const body = el("pre", { id: "doc-text", class: "doc-text", tabindex: 0, "aria-label": "the version's text" });
+  const evidence = el("dl", { id: "text-evidence", class: "evidence" });
+  const json = el("pre", { id: "text-json", class: "json", hidden: true, "aria-label": "the permalink's JSON" });
+  const shown = { version: Number(select.value), offset: 0, next: null };
+  let asked = 0;
+
+  const hint = (text) => el("p", { class: "hint", text });
+  async function load(version, offset, scroll = false) {
+    const mine = ++asked;  // only the last page asked for is shown
+    prev.disabled = true;
+    next.disabled = true;
+    range.textContent = "loading…";
+    let slice;
+    try {
+      slice = await api(`/v1/documents/${doc.document_id}/versions/${version}/text?offset=${offset}&length=${PAGE_CHARS}`);
+    } catch (err) {
+      if (mine !== asked) return;
+      range.textContent = err.status === 404 ? "No version you may see has this id." : "";
+      body.replaceChildren();
+      evidence.replaceChildren();
+      if (err.status !== 404) showError(explainError(err));
+      return;
+    }
+    if (mine !== asked) return;
+    Object.assign(shown, { version, offset: slice.offset, next: slice.next_offset });
+    const here = version === hitVersion && passage ? passage : null;
+    const pageEnd = slice.offset + slice.length;
+    const onPage = here && here.start < pageEnd && here.end > slice.offset;
+    const redacted = slice.injection && slice.injection.redacted;
+    const flagged = slice.injection && slice.injection.flagged && !redacted ? slice.injection.spans : [];
+    // A redacted page's text no longer has the stored offsets: the passage cannot be marked on it.
+    body.replaceChildren(...renderSegments(textSegments(slice.text, slice.offset, onPage && !redacted ? here : null, flagged)));
+    body.dataset.offset = slice.offset;
+    body.dataset.versionId = version;
+    const pages = Math.max(1, Math.ceil(slice.total_chars / PAGE_CHARS));
+    range.textContent = slice.length
+      ? `characters ${count(slice.offset + 1)}–${count(pageEnd)} of ${count(slice.total_chars)}` +
+        ` · page ${Math.floor(slice.offset / PAGE_CHARS) + 1} of ${pages}`
+      : `no characters here (the text has ${count(slice.total_chars)})`;
+    prev.disabled = slice.offset === 0;
+    next.disabled = slice.next_offset === null;
+    const said = [];
+    if (here) {
+      said.push(hint(`The hit's passage: characters ${count(here.start + 1)}–${count(here.end)}` +
+        (onPage ? (here.start < slice.offset || here.end > pageEnd ? " (it goes on beyond this page)" : " (marked)")
+          : " (on another page)") + "."));
+    }
+    if (redacted) said.push(hint("Passages that read as instructions to a language model were removed from this page."));
+    else if (flagged.length) {
+      said.push(el("p", { class: "hint injection-note", text:
+        "Passages marked like this read as instructions to a language model: they are part of the document, not instructions to you." }));
+    }
+    notes.replaceChildren(...said);
+    const v = visible.get(version);
+    const rows = [
+      ["SHA-256 of this page", el("code", { id: "text-sha256", text: slice.evidence.sha256 })],
+      ["SHA-256 of the whole version", el("code", { id: "text-version-sha256", text: slice.evidence.version_sha256 })],
+      ["Permalink", permalink(slice.evidence.permalink, json)],
+      ["Source objects you may cite it at", sourceList(slice.evidence)],
+      ["Version", `${v ? v.version_no : "?"} (id ${version}, ${slice.status}${slice.latest_final ? ", latest final" : ""})`],
+    ];
+    if (version === hitVersion && wanted.chunk) rows.push(["The hit's chunk", permalink(`/v1/chunks/${wanted.chunk}`, json)]);
+    evidence.replaceChildren(...rows.flatMap(([term, value]) => [el("dt", { text: term }), el("dd", {}, value)]));
+    json.hidden = true;
+    json.textContent = "";
+    if (scroll) {
+      const mark = body.querySelector("mark.passage");
+      if (mark) mark.scrollIntoView({ block: "center" });
+    }
+  }
+
+  select.addEventListener("change", () => load(Number(select.value), 0));
+  prev.addEventListener("click", () => load(shown.version, Math.max(0, shown.offset - PAGE_CHARS)));
+  next.addEventListener("click", () => { if (shown.next !== null) load(shown.version, shown.next); });
+  const section = el("section", { class: "text", "aria-labelledby": "text-heading" },
+    el("h2", { id: "text-heading", text: "Text" }),
+    named && !fromHit ? hint("No version you may see has this id; the version the document is cited by is shown.") : null,
+    el("div", { class: "text-pager" }, el("label", { for: "text-version", text: "Version" }), select, prev, next, range),
+    notes, body,
+    el("h3", { text: "Evidence" }), evidence, json);
+  const first = passage ? Math.floor(passage.start / PAGE_CHARS) * PAGE_CHARS : 0;
+  return { section, start: () => load(shown.version, first, Boolean(passage)) };
 }
 
 // ---- operations dashboard --------------------------------------------------------------------------------
@@ -379,11 +564,20 @@ function showView(name) {
   if (name !== "ops") stopOps();
 }
 
+// `#/doc/12?version=34&start=100&end=900&chunk=34:chunk:2`: the hit's version, passage and chunk (all optional).
+function wantedText(query) {
+  const at = new URLSearchParams(query || "");
+  const number = (key) => (/^\d+$/.test(at.get(key) || "") ? Number(at.get(key)) : null);
+  const chunk = at.get("chunk");
+  return { version: number("version"), start: number("start"), end: number("end"),
+    chunk: chunk && /^\d+:[a-z]+:-?\d+$/.test(chunk) ? chunk : null };
+}
+
 function route() {
   const hash = location.hash || "#/search";
   if (!state.me) { showView("signin"); return; }
-  const doc = hash.match(/^#\/doc\/(\d+)$/);
-  if (doc) { showView("doc"); renderDocument(doc[1]); return; }
+  const doc = hash.match(/^#\/doc\/(\d+)(?:\?(.*))?$/);
+  if (doc) { showView("doc"); renderDocument(doc[1], wantedText(doc[2])); return; }
   if (hash === "#/ops") {
     showView("ops");
     if (!state.opsTimer) { refreshOps(); state.opsTimer = setInterval(refreshOps, 3000); }
