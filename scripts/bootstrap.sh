@@ -20,6 +20,8 @@ if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null || need_test_apt+=("chromium=$chromium_version")
   command -v chromedriver >/dev/null || need_test_apt+=("chromium-driver=$chromium_version")
   command -v promtool >/dev/null || need_test_apt+=(prometheus=2.42.0+ds-5+deb12u1)
+  # The console script's text cutting is unit-tested under Node.js (tests/unit/search/web/test_console_assets.py).
+  command -v node >/dev/null || need_test_apt+=(nodejs)
 fi
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
