@@ -4,11 +4,13 @@ A writer that wants its next search to reflect what it just committed reads `SEL
 after its commit and passes the answer (`0/16B3748`) as the request's `consistency_token`. The request then
 waits, at most `api.consistency.max_wait_s`, until the access lane -- which writes the keyword rows and the
 principal projection -- has applied every change committed up to that position, and is answered with
-`consistency: {"consistent": true, ...}`; past the bound it is answered `stale` (503), never silently older.
+`consistency: {"consistent": true, ...}`; past the bound it is answered `stale` (412: the caller's precondition
+does not hold yet; retry), never silently older.
 
 How "applied up to the token" is known, without trusting clocks or per-partition LSN order:
 1. Debezium writes its heartbeat row (`debezium_heartbeat`) every `connect.heartbeat_interval_ms` and streams
-   it like any change. A heartbeat whose change LSN is past the token was written after the writer's commit,
+   it like any change. A heartbeat whose change LSN is at or past the token (the WAL position read after the
+   writer's commit, where the next record starts) was written after that commit,
    so Debezium (which emits transactions in commit order) had already handed the writer's changes to Kafka.
 2. The lanes' topics' log ends, read after that heartbeat was seen, therefore cover those changes.
 3. Once the lane's consumer group has committed up to those ends, every one of them is applied: a lane
@@ -137,7 +139,7 @@ class ConsistencyGate:
     ) -> None:
         self.positions, self.refresh = positions, refresh
         self.max_wait_s, self.poll_s, self.clock = max_wait_s, poll_s, clock
-        # Per lane: every change committed before this heartbeat LSN is applied.
+        # Per lane: every change committed before this heartbeat LSN is applied (a token at or below it holds).
         self.proven: dict[Lane, int] = {"access": 0, "content": 0}
         self._lock = asyncio.Lock()
 
@@ -149,19 +151,19 @@ class ConsistencyGate:
     async def wait(self, token: int) -> Consistency:
         deadline = self.clock() + self.max_wait_s
         started = self.clock()
-        while self.proven["access"] <= token:
+        while self.proven["access"] < token:
             if self.clock() >= deadline:
                 raise Stale(self.clock() - started)
             async with self._lock:
-                if self.proven["access"] <= token:
+                if self.proven["access"] < token:
                     await self._prove(token, deadline)
-        return Consistency(("access",), "current" if self.proven["content"] > token else "pending")
+        return Consistency(("access",), "current" if self.proven["content"] >= token else "pending")
 
     async def _prove(self, token: int, deadline: float) -> None:
         """Advance `proven` past `token` if the lanes get there before `deadline` (else leave it)."""
         while True:
             beat = await asyncio.to_thread(self.positions.heartbeat_lsn)
-            if beat is not None and beat > token:
+            if beat is not None and beat >= token:
                 break
             if self.clock() >= deadline:
                 return

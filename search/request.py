@@ -147,7 +147,7 @@ class _Paged(_Window):
         pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
         description="an LSN the writer read after its commit (`SELECT pg_current_wal_lsn()`): the answer waits "
         "until the index has applied every change committed up to it (at most api.consistency.max_wait_s, else "
-        "a 503 `stale`) and says so in `consistency`",
+        "a 412 `stale`) and says so in `consistency`",
     )
 
 

@@ -64,8 +64,8 @@ def error_body(exc: KiError, where: str = "") -> tuple[int, dict[str, Any]]:
         return body(422, "window_too_deep", exc.message, field=exc.field, max_window=exc.max_window)
     if isinstance(exc, RequestInvalid):
         return body(400, "invalid_request", exc.message, field=exc.field)
-    if isinstance(exc, Stale):  # never an older answer instead: the writer retries or gives up
-        return body(503, "stale", str(exc), waited_s=round(exc.waited_s, 3))
+    if isinstance(exc, Stale):  # the caller's precondition (its token) does not hold yet; never an older answer
+        return body(412, "stale", str(exc), waited_s=round(exc.waited_s, 3))
     if isinstance(exc, Unavailable):
         log.warning("%s: %s unavailable: %s", where, exc.service, exc)
         code, message = next((c, m) for kind, c, m in _UNAVAILABLE if isinstance(exc, kind))

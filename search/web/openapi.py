@@ -577,6 +577,7 @@ def _post(summary: str, request: str, response: str, extra: dict[str, Any] | Non
         "400": _err("invalid input; `field` names the offending field"),
         "401": _err("missing or invalid bearer token"),
         "409": _err("`mode` needs the semantic leg, which is switched off on this service"),
+        "412": _err("`stale`: the index had not applied the changes up to `consistency_token` in time; retry"),
         "413": _err("request body too large"),
         "422": _err(f"offset + limit exceeds {MAX_RANKED_WINDOW}"),
         "429": _err("at capacity: too many requests in flight and waiting; retry later"),

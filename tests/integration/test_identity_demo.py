@@ -119,6 +119,8 @@ def _wait_until_indexed(stack: Stack, settings: Settings, projects: list[int], v
     }
 
     def indexed() -> bool:
+        if not client.indices.exists_alias(name=stack.index):  # the worker makes the index with its first batch
+            return False
         found = client.search(index=stack.index, body=body)
         return int(found["aggregations"]["v"]["value"]) >= versions
 

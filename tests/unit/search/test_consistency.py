@@ -70,10 +70,10 @@ def test_caught_up_needs_every_partition_at_its_end() -> None:
 
 
 def test_the_wait_ends_only_after_a_later_heartbeat_and_the_access_lane_at_the_ends_read_after_it() -> None:
-    script = Script(heartbeats=[None, 90, 100, 120], access=[{P0: 4, P1: 3}, {P0: 5, P1: 3}], content=[{P0: 1}])
+    script = Script(heartbeats=[None, 90, 99, 120], access=[{P0: 4, P1: 3}, {P0: 5, P1: 3}], content=[{P0: 1}])
     answer = asyncio.run(gate(script).wait(100))
     assert answer == Consistency(("access",), "pending")
-    # Heartbeats at or before the token prove nothing; the ends are read only after one past it.
+    # Heartbeats before the token prove nothing; the ends are read only after one at or past it.
     first_end = script.reads.index("ends:access")
     assert script.reads[:first_end] == ["heartbeat"] * 4
     assert script.reads.count("committed:access") == 2 and script.reads[-1] == "committed:content"
@@ -86,9 +86,13 @@ def test_a_token_below_a_proven_heartbeat_is_answered_without_reading_kafka() ->
     g = gate(script)
     assert asyncio.run(g.wait(100)) == Consistency(("access",), "current")
     reads = len(script.reads)
-    assert asyncio.run(g.wait(149)) == Consistency(("access",), "current") and len(script.reads) == reads
-    asyncio.run(g.wait(150))  # not below the proven heartbeat: read again, until the next one
+    assert asyncio.run(g.wait(150)) == Consistency(("access",), "current") and len(script.reads) == reads
+    asyncio.run(g.wait(151))  # past the proven heartbeat: read again, until the next one
     assert len(script.reads) > reads and g.proven["access"] == 200
+    # Nothing committed comes before the WAL's start: a token of 0/0 holds at once.
+    fresh = Script(heartbeats=[None], access=[{}], content=[{}])
+    assert asyncio.run(gate(fresh).wait(parse_token("0/0"))) == Consistency(("access",), "current")
+    assert fresh.reads == []
 
 
 def test_a_lane_that_does_not_get_there_in_time_is_stale_never_an_older_answer() -> None:
