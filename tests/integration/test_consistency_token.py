@@ -2,7 +2,7 @@
 `pg_current_wal_lsn()`, and its next search with that token finds what it wrote -- a new document with a new
 grant, or a new grant on a document already indexed -- on the first request, every time, although the same
 caller searched (and the API cached its empty scope and its name look-ups) just before the write. Trials run
-forty at a time, so commits, lanes and searches overlap. A token the lanes cannot reach in time is a 412
+twenty at a time, so commits, lanes and searches overlap. A token the lanes cannot reach in time is a 412
 `stale`, never an older answer; a malformed one a 400 naming the field.
 """
 
@@ -25,7 +25,9 @@ from tests.integration.world import World
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(600)]
 
-TRIALS, AT_ONCE = 200, 40
+TRIALS, AT_ONCE = 200, 20
+#: The module's index and consumer group (the API over them with a tight bound reads the same lanes).
+ISOLATION: dict[str, str] = {}
 
 
 @dataclass
@@ -40,8 +42,11 @@ class Trial:
 
 @pytest.fixture(scope="module")
 def api(settings: Settings) -> Iterator[Server]:
-    wait = {"KI_API__CONSISTENCY__MAX_WAIT_S": "10"}
-    with synced_api(settings, "ki-consistency-test", "consistency-api", **wait) as (server, _, _):
+    # The bound is generous: CI runs other stacks beside this one, and the trials judge answers, not their speed
+    # (`ki bench consistency` measures the wait).
+    wait = {"KI_API__CONSISTENCY__MAX_WAIT_S": "30"}
+    with synced_api(settings, "ki-consistency-test", "consistency-api", **wait) as (server, _, env):
+        ISOLATION.update(env)
         yield server
 
 
@@ -129,7 +134,12 @@ def test_a_token_the_lanes_cannot_reach_is_stale_and_a_malformed_one_is_refused(
     api: Server, settings: Settings, trials: list[Trial]
 ) -> None:
     bearer = mint_token(settings.api, trials[0].user)
-    status, body = api.call("/v1/search", {"query": "egal", "consistency_token": "FF/FFFFFFFF"}, bearer)
-    assert status == 412 and body["error"] == "stale" and body["waited_s"] >= 10
+    tight = Server("consistency-api-tight", **ISOLATION, KI_API__CONSISTENCY__MAX_WAIT_S="1")
+    tight.start()
+    try:
+        status, body = tight.call("/v1/search", {"query": "egal", "consistency_token": "FF/FFFFFFFF"}, bearer)
+    finally:
+        tight.stop()
+    assert status == 412 and body["error"] == "stale" and body["waited_s"] >= 1
     status, body = api.call("/v1/search", {"query": "egal", "consistency_token": "gestern"}, bearer)
     assert status == 400 and body["field"] == "consistency_token"
