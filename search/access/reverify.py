@@ -10,6 +10,7 @@ from sqlalchemy import Connection
 
 from ki.acl import Unresolved, VisibleObservation, Walk, visible_observations
 from ki.settings import Settings
+from search.access.sources import SourceRef, source_refs
 from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
 
 
@@ -22,6 +23,7 @@ class VerifiedVersion:
     version_no: int
     latest_final_version_id: int | None
     source_object_ids: tuple[int, ...]
+    sources: tuple[SourceRef, ...] = ()  # the citable objects' kinds and refs (search.access.sources)
 
 
 def reverify(
@@ -56,10 +58,13 @@ def reverify(
     numbers = shown_numbers(view)
     latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
     wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
+    answered = {v: o for v, o in first.items() if v in wanted}
+    # Where the citable objects live, on this connection right after the ACL statement (none: no statement).
+    refs = source_refs(conn, {i for v in answered for i in objects[v]})
     return {
         v: VerifiedVersion(
-            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v]))
-        )
-        for v, o in first.items()
-        if v in wanted
+            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v])),
+            tuple(refs[i] for i in sorted(objects[v]) if i in refs),
+        )  # fmt: skip
+        for v, o in answered.items()
     }

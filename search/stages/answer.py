@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ki.settings import Settings
-from search.documents.sources import source_refs, sources_json
+from search.access.reverify import VerifiedVersion
+from search.documents.sources import refs_json
 from search.pipeline import QueryContext, Stage
-from search.ports import SqlReader
 from search.ranking.budget import fit_budget
 from search.ranking.hits import mark_injections
 from search.ranking.scoped import ScopedIndex
@@ -47,24 +47,25 @@ class EvidenceBudget(Stage):
         ctx.evidence = use.to_json()
 
 
-async def link_sources(sql: SqlReader, hits: list[dict[str, Any]], templates: Mapping[str, str]) -> None:
-    """Each hit's `citation.sources`: its citable source objects with their kind, ref and link (one statement for
-    the page, none for an empty one)."""
-    ids = {i for hit in hits for i in hit["citation"]["source_object_ids"]}
-    refs = await sql.read(lambda conn: source_refs(conn, ids)) if ids else {}
+def link_sources(
+    hits: list[dict[str, Any]], verified: Mapping[int, VerifiedVersion], templates: Mapping[str, str]
+) -> None:
+    """Each hit's `citation.sources`: its citable source objects with their kind, ref and link, as the re-verify
+    read them (no statement of its own)."""
     for hit in hits:
-        hit["citation"]["sources"] = sources_json(hit["citation"]["source_object_ids"], refs, templates)
+        found = verified.get(hit["version_id"])
+        hit["citation"]["sources"] = refs_json(found.sources if found is not None else (), templates)
 
 
 class SourceLinks(Stage):
     name = "sources"
     timed = False
 
-    def __init__(self, sql: SqlReader, templates: Mapping[str, str]) -> None:
-        self.sql, self.templates = sql, templates
+    def __init__(self, templates: Mapping[str, str]) -> None:
+        self.templates = templates
 
     async def run(self, ctx: QueryContext) -> None:
-        await link_sources(self.sql, ctx.hits, self.templates)
+        link_sources(ctx.hits, ctx.verified, self.templates)
 
 
 class InjectionMarks(Stage):
@@ -78,7 +79,7 @@ class InjectionMarks(Stage):
         mark_injections(ctx.hits, self.policy)
 
 
-def answer_stages(settings: Settings, scoped: ScopedIndex, sql: SqlReader) -> list[Stage]:
+def answer_stages(settings: Settings, scoped: ScopedIndex) -> list[Stage]:
     r = settings.retrieval
     return [Neighbours(scoped, r.neighbours_max_chunks_per_document), EvidenceBudget(r.evidence_budget_chars),
-            SourceLinks(sql, settings.api.evidence.source_urls), InjectionMarks(settings)]  # fmt: skip
+            SourceLinks(settings.api.evidence.source_urls), InjectionMarks(settings)]  # fmt: skip

@@ -60,5 +60,5 @@ def ranked_search(
         head=[embedding, legs, IdentityWait()],
         ranking=[RankStage(r, signature, metrics), ReverifyStage(sql.reverify, r, rerank=reranker is not None)],
         post_ranking=post_ranking,
-        answer=answer_stages(settings, scoped, sql),
+        answer=answer_stages(settings, scoped),
     )

@@ -35,7 +35,7 @@ class FilterSearch:
         page = survivors[request.offset : request.window]
         explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
         hits = [hit_json(c, verified[c.version_id], explain) for c in page]
-        await link_sources(self.sql, hits, self.settings.api.evidence.source_urls)
+        link_sources(hits, verified, self.settings.api.evidence.source_urls)
         mark_injections(hits, self.settings.api.evidence.injection)
         timings = {"total": (time.perf_counter() - t0) * 1000}
         return SearchResult(hits, request.offset, request.limit, len(survivors) > request.window, timings)

@@ -1,0 +1,33 @@
+"""The source objects a caller may cite, by id: their kind and `external_ref` (where the file lives). Read only
+for objects the one ACL statement answered as citable, in the re-verify's own connection right after it (no
+statement for none), so it names nothing the caller may not cite and costs one round trip per page."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import BigInteger
+
+_SOURCES_SQL = text(
+    "SELECT o.id, o.external_ref, s.kind FROM source_objects o JOIN sources s ON s.id = o.source_id"
+    " WHERE o.id = ANY(:ids)"
+).bindparams(bindparam("ids", type_=ARRAY(BigInteger)))
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    source_object_id: int
+    kind: str
+    external_ref: str
+
+
+def source_refs(conn: Connection, ids: Collection[int]) -> dict[int, SourceRef]:
+    """The source objects `ids` (objects the caller may cite), by id."""
+    wanted = sorted({int(i) for i in ids})
+    if not wanted:
+        return {}
+    rows = conn.execute(_SOURCES_SQL, {"ids": wanted}).all()
+    return {int(r.id): SourceRef(int(r.id), str(r.kind), str(r.external_ref)) for r in rows}
