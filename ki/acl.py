@@ -226,13 +226,16 @@ _DIRECT_DRIVER = """FROM documents d
 _VISIBLE_SELECT = "SELECT version_id, document_id, project_id FROM verdicts"
 
 # Citable observations: active and accessible, of a visible version (admins: every active observation).
-# With what a citation shows of its version, so re-verification is one round trip.
+# With what a citation shows of its version and where its objects live, so re-verification is one round trip.
 _OBSERVATIONS_SELECT = """
     SELECT c.version_id, c.document_id, c.project_id, c.observation_id, c.source_object_id,
-           d.title, dv.version_no, d.latest_final_version_id, dv.status, dv.doc_date, dv.language
+           d.title, dv.version_no, d.latest_final_version_id, dv.status, dv.doc_date, dv.language,
+           so.external_ref, s.kind AS source_kind
     FROM candidates c
     JOIN document_versions dv ON dv.id = c.version_id
     JOIN documents d ON d.id = c.document_id
+    JOIN source_objects so ON so.id = c.source_object_id
+    JOIN sources s ON s.id = so.source_id
     WHERE (CAST(:is_admin AS boolean) OR c.accessible)
       AND c.version_id IN (SELECT version_id FROM verdicts)
 """
@@ -764,6 +767,8 @@ class VisibleObservation:
     status: str = ""
     doc_date: dt.date | None = None
     language: str = ""
+    external_ref: str = ""  # where the cited object lives, and its source's kind (a citation's link)
+    source_kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -829,6 +834,8 @@ def visible_observations(
             r.status,
             r.doc_date,
             r.language,
+            r.external_ref,
+            r.source_kind,
         )
         for r in rows
     ]

@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 
 from ki.acl import Unresolved, VisibleObservation, Walk, visible_observations
 from ki.settings import Settings
-from search.access.sources import SourceRef, source_refs
+from search.access.sources import SourceRef
 from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
 
 
@@ -51,16 +51,16 @@ def reverify(
     first: dict[int, VisibleObservation] = {}
     objects: dict[int, set[int]] = {}  # version -> citable source objects
     caller = Unresolved.of(raw_principals)
+    refs: dict[int, SourceRef] = {}  # where each citable object lives, from the same statement
     for o in visible_observations(conn, caller, settings.security, ids, of="siblings", walk=walk):
         first.setdefault(o.version_id, o)
         objects.setdefault(o.version_id, set()).add(o.source_object_id)
+        refs[o.source_object_id] = SourceRef(o.source_object_id, o.source_kind, o.external_ref)
     view = [VersionFacts(v, o.document_id, o.version_no, o.status, o.doc_date) for v, o in first.items()]
     numbers = shown_numbers(view)
     latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
     wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
     answered = {v: o for v, o in first.items() if v in wanted}
-    # Where the citable objects live, on this connection right after the ACL statement (none: no statement).
-    refs = source_refs(conn, {i for v in answered for i in objects[v]})
     return {
         v: VerifiedVersion(
             v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v])),

@@ -1,6 +1,7 @@
-"""The source objects a caller may cite, by id: their kind and `external_ref` (where the file lives). Read only
-for objects the one ACL statement answered as citable, in the re-verify's own connection right after it (no
-statement for none), so it names nothing the caller may not cite and costs one round trip per page."""
+"""The source objects a caller may cite, by id: their kind and `external_ref` (where the file lives). The
+re-verify reads them in the one ACL statement itself (`ki.acl.visible_observations`); reading a version looks
+up the objects that statement answered as citable (`source_refs`, no statement for none), so nothing here names
+an object the caller may not cite."""
 
 from __future__ import annotations
 
