@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -30,7 +31,20 @@ def _worker_answers(settings: Settings) -> bool:
         return False
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def test_demo_serves_example_requests_with_hits_and_stops_cleanly(settings: Settings) -> None:
+    # The demo's worker takes the configured lane ports; a worker an earlier module stopped may still be releasing
+    # one (a lane that cannot bind its port exits, and the demo with it).
+    lanes = (settings.streams.lane_web_port("content"), settings.streams.lane_web_port("access"))
+    wait_for(lambda: all(_bindable(p) for p in lanes), timeout=120, what=f"the lane ports {lanes} to be free")
     assert not _worker_answers(settings), "another sync worker is running; the demo would reuse it"
     port = free_port()
     log_path = REPO_ROOT / "build" / "demo-command.log"

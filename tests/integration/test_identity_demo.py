@@ -31,6 +31,7 @@ from sqlalchemy import Engine, text
 from apps.dev.demo.generator import generate, users
 from ki.clients import make_sync_client
 from ki.settings import REPO_ROOT, Settings
+from search.query_words import parse_query
 from search.web.auth import mint_token
 from tests import acl_reference as ref
 from tests.conftest import wait_for
@@ -240,3 +241,44 @@ def test_every_demo_name_finds_its_document_and_nothing_outside_the_scope(
     # The set must exercise every outcome, or it proves less than it claims.
     assert min(outcomes["unique"], outcomes["ambiguous"], outcomes["none"]) > 0, outcomes
     assert not failures, failures[:20]
+
+
+def test_every_demo_name_is_looked_up_exactly_and_only_in_the_callers_scope(
+    stack: Stack, corpus: Corpus, settings: Settings
+) -> None:
+    """Lookup (issue 49): every title and identifier of the run's documents, asked by every caller, answers
+    exactly the documents of the caller's scope that carry it -- the one (`found`), all of them (`ambiguous`) or
+    none (`not_found`, also when only hidden documents carry it); never a ranking, never a document outside."""
+    runs = {d: (title, ids) for d, (title, ids) in corpus.documents.items()}
+    names = [n for n in corpus.names if n.document_id in runs and not parse_query(n.text).provisions]
+
+    def carriers(key: str, why: str, seen: frozenset[int]) -> set[int]:
+        return {n.document_id for n in names if n.why == why and n.document_id in seen and name_key(n.text) == key}
+
+    def ask(item: tuple[str, Name]) -> str | None:
+        caller, name = item
+        seen = corpus.views[caller]
+        key = name_key(name.text)
+        want = carriers(key, name.why, seen)
+        if not want and name.why == "identifier":  # the identifier tier is empty: titles carrying it decide
+            want = carriers(key, "title", seen)
+        field = "identifier" if name.why == "identifier" else "title"
+        token = mint_token(settings.api, caller.removeprefix("user:"))
+        status, answer = stack.server.call("/v1/lookup", {field: name.text, "project_id": corpus.projects}, token)
+        if status != 200:
+            return f"{caller} {field} {name.text!r}: HTTP {status} {answer}"
+        outcome = answer["outcome"]
+        named = {c["document_id"] for c in answer.get("candidates") or []}
+        if outcome == "found":
+            named = {answer["document_id"]}
+        if named - seen:
+            return f"{caller} {field} {name.text!r}: outside the scope {sorted(named - seen)}"
+        expected = "not_found" if not want else "found" if len(want) == 1 else "ambiguous"
+        if outcome != expected or (len(want) <= 20 and named != want):
+            return f"{caller} {field} {name.text!r}: {outcome} {sorted(named)}, expected {expected} {sorted(want)}"
+        return None
+
+    plan = [(caller, name) for caller in corpus.views for name in names]
+    with ThreadPoolExecutor(4) as pool:
+        problems = [p for p in pool.map(ask, plan) if p is not None]
+    assert len(plan) > 100 and not problems, (len(plan), problems[:10])

@@ -197,6 +197,7 @@ def run_consistency_bench(settings: Settings, options: ConsistencyOptions) -> di
         if api is not None:
             api.stop()
         result["cleanup"] = remove_bench_rows(settings, Footprint.of_label(label), what="consistency").as_dict()
+        worker.stop()  # only the one started here: a worker that was already running keeps running
         search.close()
         engine.dispose()
     result["machine"] = machine(load_start)
