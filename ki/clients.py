@@ -164,7 +164,7 @@ def kafka_config(settings: Settings, **options: Any) -> dict[str, Any]:
 _KAFKA_REFUSED = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED})
 
 
-def kafka_refusal(settings: Settings, timeout_s: float = 3.0) -> str | None:
+def kafka_refusal(settings: Settings, timeout_s: float = 10.0) -> str | None:
     """Why the brokers refuse this configuration (SASL authentication, the TLS handshake), or None.
 
     A client's request only times out when a broker refuses its credentials or certificate; the reason

@@ -87,6 +87,7 @@ wait "$main_pid" || main_status=$?
 faults_status=0
 wait "$faults_pid" || faults_status=$?
 echo "test: fault-injection lane (build/test-faults.log):"
+grep -E "^(FAILED|ERROR) " build/test-faults.log || true
 tail -n 25 build/test-faults.log
 echo "test: lanes finished: main exit $main_status, faults exit $faults_status"
 [ "$main_status" -eq 0 ] && [ "$faults_status" -eq 0 ]
