@@ -292,7 +292,8 @@ class RetrievalSettings(_Section):
     synonyms_enabled: bool = False
     synonyms: list[list[str]] | None = None
     # The query's own words (search.query_words): dates, ranges, comparison intent, provisions and file numbers
-    # read from the query into the plan; `explain` shows them. Not used for ranking yet (issue 49).
+    # read from the query into the plan (a date asked for becomes `as_of`, a range the date filters, a comparison
+    # labels each hit with the earlier version; the text legs search the rest); `explain` shows them.
     query_words_enabled: bool = True
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     neighbours_max_chunks_per_document: int = Field(3, ge=1, le=100)

@@ -2,6 +2,11 @@
 depth, what the query's own words say (search.query_words). Pure: built from the request, the retrieval settings
 and one reading of the mode gate.
 
+What the query's own words say applies where the request is silent (`QueryPlan.applied`): a date asked for
+("in der Fassung vom 1. März 2020") becomes `as_of`, a range the date filters, a comparison ("Unterschied
+zur vorherigen Fassung") searches the later side and labels each hit with the caller's version of the earlier
+one; the text legs search the query without those phrases. An explicit `as_of` or date filter always wins.
+
 Every later step reads the plan; none resolves any of it again. The mode gate may change its default while a
 request runs (`SearchService.refresh_gate`, a new self-evaluation report): a plan made before that keeps the
 mode it was made with, so one request never sees two modes (a semantic leg asked for with no vector embedded,
@@ -10,6 +15,7 @@ or a vector embedded for a lexical search). `explain` shows the plan.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -17,7 +23,7 @@ from typing import Any
 
 from ki.errors import RequestInvalid
 from ki.settings import RetrievalSettings
-from search.query_words import ParsedQuery, parse_query
+from search.query_words import ParsedQuery, Side, parse_query
 from search.ranking.fusion import FusionMethod
 from search.ranking.legs import REGISTRY, LegName, active_legs, leg_depth
 from search.ranking.mode_gate import GateDecision, Mode
@@ -46,6 +52,20 @@ class QueryPlan:
     fusion_method: FusionMethod
     fusion_rrf_k: int
     words: ParsedQuery | None = None  # what the query's own words say (dates, comparison, provisions), if read
+    # What the words decided where the request was silent (None: the request's own fields apply).
+    as_of: dt.date | None = None
+    date_range: tuple[dt.date, dt.date] | None = None
+    compare_with: Side | None = None  # a comparison's earlier side, each hit labelled with it
+
+    def applied(self, request: SearchRequest) -> SearchRequest:
+        """`request` with what its words asked for where it named nothing itself."""
+        update: dict[str, Any] = {}
+        if self.as_of is not None:
+            update["as_of"] = self.as_of
+        if self.date_range is not None:
+            start, end = self.date_range
+            update["filters"] = request.filters.model_copy(update={"date_from": start, "date_to": end})
+        return request.model_copy(update=update) if update else request
 
     @property
     def needs_vector(self) -> bool:
@@ -68,7 +88,34 @@ class QueryPlan:
             "leg_depth": self.depth,
             "fusion": {"method": self.fusion_method, "rrf_k": self.fusion_rrf_k},
             "query_words": self.words.to_json() if self.words is not None else None,
+            "from_query_words": {
+                "as_of": self.as_of.isoformat() if self.as_of else None,
+                "date_range": [d.isoformat() for d in self.date_range] if self.date_range else None,
+                "compare_with": _side_json(self.compare_with),
+            },
         }
+
+
+def _side_json(side: Side | None) -> str | None:
+    return side.isoformat() if isinstance(side, dt.date) else side
+
+
+def words_decide(request: SearchRequest, words: ParsedQuery | None) -> dict[str, Any]:
+    """What the query's words decide for the plan where the request names nothing itself: `as_of` (a comparison
+    searches its later side), `date_range` (when the request has no date filter) and `compare_with`."""
+    if words is None:
+        return {}
+    decided: dict[str, Any] = {}
+    if request.as_of is None:
+        if words.compare is not None:
+            later = words.compare.later
+            decided["as_of"] = later if isinstance(later, dt.date) else None
+            decided["compare_with"] = words.compare.earlier
+        else:
+            decided["as_of"] = words.as_of
+    if words.date_range is not None and request.filters.date_from is None and request.filters.date_to is None:
+        decided["date_range"] = words.date_range
+    return {k: v for k, v in decided.items() if v is not None}
 
 
 def leg_weights(retrieval: RetrievalSettings, mode: Mode) -> dict[str, float]:
@@ -108,15 +155,19 @@ def plan_query(
     """The plan of `request` under these settings and this reading of the mode gate."""
     mode = resolve_mode(retrieval, gate, request.mode)
     weights = leg_weights(retrieval, mode)
+    words = parse_query(request.query) if retrieval.query_words_enabled else None
+    # The text legs search the query without the phrases that asked for a date or a comparison.
+    text = words.remaining if words is not None and words.remaining.strip() else request.query
     return QueryPlan(
         mode=mode,
         requested=request.mode,
         reason=gate.reason if request.mode is None else f"requested {request.mode!r}",
         weights=MappingProxyType(weights),
         legs=active_legs(weights),
-        expansion=expansion_of(request.query, synonym_groups),
+        expansion=expansion_of(text, synonym_groups),
         depth=leg_depth(request.window),
         fusion_method=retrieval.fusion_method,
         fusion_rrf_k=retrieval.fusion_rrf_k,
-        words=parse_query(request.query) if retrieval.query_words_enabled else None,
+        words=words,
+        **words_decide(request, words),
     )

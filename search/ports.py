@@ -66,11 +66,14 @@ class SqlReader:
         version_ids: Sequence[int],
         scope: CompiledScope,
         as_of: dt.date | None = None,
+        compare_with: dt.date | str | None = None,
     ) -> dict[int, VerifiedVersion]:
         """`reverify` on the re-verify's connections: with `as_of` only the versions in force that day; the
-        caller's groups walked as the scope found cheaper."""
+        caller's groups walked as the scope found cheaper; `compare_with`: a comparison's earlier side."""
         walk = scope.reverify_walk
-        return await self.verified_read(lambda c: reverify(c, principals, self.settings, version_ids, as_of, walk))
+        return await self.verified_read(
+            lambda c: reverify(c, principals, self.settings, version_ids, as_of, walk, compare_with)
+        )
 
     async def on_the_grid(self, work: Awaitable[T]) -> T:
         """`work`'s answer (or its error), released at the next multiple of `api.limits.release_quantum_ms` from

@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 from ki.acl import Unresolved, VisibleObservation, Walk, visible_observations
 from ki.settings import Settings
 from search.access.sources import SourceRef
-from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
+from search.access.version_view import VersionFacts, by_document, compared_with, in_force, latest_final, shown_numbers
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,17 @@ class VerifiedVersion:
     latest_final_version_id: int | None
     source_object_ids: tuple[int, ...]
     sources: tuple[SourceRef, ...] = ()  # the citable objects' kinds and refs (search.access.sources)
+    compared: ComparedVersion | None = None  # a comparison's earlier side (the query asked for one)
+
+
+@dataclass(frozen=True)
+class ComparedVersion:
+    """The caller's own version a hit is compared with (`version_id` None: they see none on that side)."""
+
+    side: str  # "previous", "current" or the day (ISO)
+    version_id: int | None
+    version_no: int | None
+    doc_date: dt.date | None
 
 
 def reverify(
@@ -33,6 +44,7 @@ def reverify(
     version_ids: Sequence[int],
     as_of: dt.date | None = None,
     walk: Walk = "from_caller",
+    compare_with: dt.date | str | None = None,
 ) -> dict[int, VerifiedVersion]:
     """The candidates' versions the caller may see *now*, with citation data (ACL via ki.acl only): one
     statement that resolves the caller's aliases and groups and reads the grants, observations and rows
@@ -44,7 +56,8 @@ def reverify(
     latest final version and (with `as_of`) which version is in force are those of the caller's own view
     (`search.access.version_view`): nothing shown depends on a version the caller may not see. With `as_of`, only
     the versions in force that day are answered. `walk`: how the caller's groups are found (`ki.acl.Walk`;
-    the compiled scope says which is cheaper for this caller), never what is answered."""
+    the compiled scope says which is cheaper for this caller), never what is answered. `compare_with`: each
+    answered version also names the caller's version it is compared with (`version_view.compared_with`)."""
     ids = sorted(set(version_ids))
     if not ids:
         return {}
@@ -61,10 +74,22 @@ def reverify(
     latest = latest_final(view, {o.document_id: o.latest_final_version_id for o in first.values()})
     wanted = set(ids) if as_of is None else set(ids) & set(in_force(view, as_of).values())
     answered = {v: o for v, o in first.items() if v in wanted}
+    documents = by_document(view) if compare_with is not None else {}
+    facts = {f.version_id: f for f in view}
+
+    def compared(v: int, document_id: int) -> ComparedVersion | None:
+        if compare_with is None:
+            return None
+        other = compared_with(documents[document_id], v, compare_with)
+        side = compare_with.isoformat() if isinstance(compare_with, dt.date) else compare_with
+        if other is None:
+            return ComparedVersion(side, None, None, None)
+        return ComparedVersion(side, other, numbers[other], facts[other].doc_date)
+
     return {
         v: VerifiedVersion(
             v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v])),
-            tuple(refs[i] for i in sorted(objects[v]) if i in refs),
+            tuple(refs[i] for i in sorted(objects[v]) if i in refs), compared(v, o.document_id),
         )  # fmt: skip
         for v, o in answered.items()
     }

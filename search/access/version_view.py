@@ -11,12 +11,14 @@ one they may see. Nothing shown then depends on a version the caller may not see
   else none. A pointer to a hidden version and no pointer at all read the same.
 * **In force on a day** (`as_of`): the visible final or executed version dated on or before it, latest
   date first, then highest number.
+* **Compared with** (a query that asks for a comparison): the version in force on the earlier side's day, or
+  for "previous" the last visible final or executed version before the one shown.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 FINAL_STATUSES = frozenset({"final", "executed"})
@@ -71,3 +73,16 @@ def in_force(visible: Iterable[VersionFacts], as_of: dt.date) -> dict[int, int]:
         if dated:
             out[document_id] = max(dated, key=lambda v: (v.doc_date, v.version_no)).version_id
     return out
+
+
+def compared_with(versions: Sequence[VersionFacts], shown: int, side: dt.date | str) -> int | None:
+    """The version `shown` is compared with, of its document's visible `versions` in upstream order
+    (`by_document`): the one in force on `side` (a day), the last final one before `shown` ("previous"), or the
+    latest final one ("current"). None: the caller sees no such version."""
+    if isinstance(side, dt.date):
+        return next(iter(in_force(versions, side).values()), None)
+    finals = [v for v in versions if v.status in FINAL_STATUSES]
+    if side == "previous":
+        at = next(v for v in versions if v.version_id == shown)
+        finals = [v for v in finals if (v.version_no, v.version_id) < (at.version_no, at.version_id)]
+    return finals[-1].version_id if finals else None

@@ -80,6 +80,21 @@ def hit_json(c: Candidate, verified: VerifiedVersion, explain: FusionParams | No
     }
     if src.get("meta", {}).get("locus"):
         hit["locus"] = src["meta"]["locus"]
+    if verified.compared is not None:  # the query asked for a comparison: both sides, the caller's versions
+        other = verified.compared
+        hit["compare"] = {
+            "earlier": {
+                "side": other.side,
+                "version_id": other.version_id,
+                "version_no": other.version_no,
+                "doc_date": other.doc_date.isoformat() if other.doc_date else None,
+            },
+            "later": {
+                "version_id": verified.version_id,
+                "version_no": verified.version_no,
+                "doc_date": src.get("doc_date"),
+            },
+        }
     if explain is not None:
         hit["explain"] = explain_json(c, explain)
     return hit

@@ -82,6 +82,7 @@ class RankedSearch:
     ) -> SearchResult:
         timer = StageTimer(started)
         timer.mark("scope", timer.started)
+        request = plan.applied(request)  # the dates the query's words asked for, where the request named none
         ctx = QueryContext(principals, request, plan, scope, timer, vector=vector)
         # The identity preflight runs beside the legs (it needs the scope, not their hits).
         ctx.preflight = asyncio.ensure_future(self.identities.identify(principals, request, scope))

@@ -20,7 +20,12 @@ class Reverify(Protocol):
     """The re-verify port (search.ports.SqlReader.reverify)."""
 
     def __call__(
-        self, principals: Sequence[str], version_ids: Sequence[int], scope: CompiledScope, as_of: dt.date | None = None
+        self,
+        principals: Sequence[str],
+        version_ids: Sequence[int],
+        scope: CompiledScope,
+        as_of: dt.date | None = None,
+        compare_with: dt.date | str | None = None,
     ) -> Awaitable[dict[int, VerifiedVersion]]: ...
 
 
@@ -32,6 +37,7 @@ async def verified_head(
     fused: Sequence[Candidate],
     need: int,
     as_of: dt.date | None = None,
+    compare_with: dt.date | str | None = None,
 ) -> tuple[list[Candidate], dict[int, VerifiedVersion]]:
     """Re-verify in fused order only as far as the page needs: the collapsed survivors of a prefix
     (cut between different scores) begin exactly like those of the whole list once they number
@@ -45,7 +51,7 @@ async def verified_head(
         end = prefix_end(fused, n + batch)
         ids = {c.version_id for c in fused[n:end]} - checked
         if ids:
-            verified.update(await reverify(principals, sorted(ids), scope, as_of))
+            verified.update(await reverify(principals, sorted(ids), scope, as_of, compare_with))
             checked |= ids
         n, batch = end, batch * FILL_GROWTH
         survivors = [c for c in fused[:n] if matches(c, verified)]
@@ -71,5 +77,6 @@ class ReverifyStage(Stage):
         need = max(ctx.request.window, RERANK_TOP_N if self.rerank else 0) + 1
         need += ctx.identity.unique is not None
         ctx.kept, ctx.verified = await verified_head(
-            self.reverify, self.retrieval, ctx.principals, ctx.scope, ctx.fused, need, ctx.request.as_of
+            self.reverify, self.retrieval, ctx.principals, ctx.scope, ctx.fused, need, ctx.request.as_of,
+            ctx.plan.compare_with,
         )

@@ -422,6 +422,31 @@ _HIT = {
             "type": "boolean",
             "description": "present (true) when the evidence budget cut the first hit's text to fit",
         },
+        "compare": {
+            "type": "object",
+            "description": "present when the query asks for a comparison (\"vorherige Fassung\", "
+            "\"seit 2019 geändert\"): this hit's version (`later`) and the caller's own version it is compared "
+            "with (`earlier`; `version_id` null when they see none on that side)",
+            "properties": {
+                "earlier": {
+                    "type": "object",
+                    "properties": {
+                        "side": {"type": "string", "description": "`previous`, `current` or a day (ISO)"},
+                        "version_id": {"type": "integer", "nullable": True},
+                        "version_no": {"type": "integer", "nullable": True},
+                        "doc_date": {"type": "string", "format": "date", "nullable": True},
+                    },
+                },
+                "later": {
+                    "type": "object",
+                    "properties": {
+                        "version_id": {"type": "integer"},
+                        "version_no": {"type": "integer"},
+                        "doc_date": {"type": "string", "format": "date", "nullable": True},
+                    },
+                },
+            },
+        },
         "explain": {"$ref": "#/components/schemas/Explain"},
     },
 }

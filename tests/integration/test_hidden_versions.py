@@ -150,6 +150,28 @@ def test_as_of_and_version_numbers_are_the_callers_own(scene: tuple[Scene, Serve
     assert [(h["version_id"], h["version_no"]) for h in draft] == [(data.v3, 2)]
 
 
+def test_a_date_or_comparison_in_the_query_words_uses_the_callers_own_versions(
+    scene: tuple[Scene, Server, Server], settings: Settings
+) -> None:
+    data, server, _ = scene
+    # "in der Fassung vom 1. Juli 2024" asks for the version in force that day: the caller's is v1 (v2 hidden).
+    body = search(server, settings, data.alice, "Kaution in der Fassung vom 1. Juli 2024", mode="lexical")
+    assert [h["version_id"] for h in body["hits"]] == [data.v1]
+    assert body["plan"]["from_query_words"]["as_of"] == "2024-07-01"
+    # A comparison with the previous version: the draft v3 against the caller's last final before it, v1 (their
+    # version 1) -- never the hidden v2, though it is final and dated between them.
+    hits = search(server, settings, data.alice, "Staffelmiete: Unterschied zur vorherigen Fassung", mode="lexical")
+    assert [(h["version_id"], h["compare"]) for h in hits["hits"]] == [
+        (
+            data.v3,
+            {
+                "earlier": {"side": "previous", "version_id": data.v1, "version_no": 1, "doc_date": "2024-01-10"},
+                "later": {"version_id": data.v3, "version_no": 2, "doc_date": "2024-09-01"},
+            },
+        )
+    ]
+
+
 def test_a_document_shows_the_callers_versions_only(scene: tuple[Scene, Server, Server], settings: Settings) -> None:
     """`GET /v1/documents/{id}` numbered v1 and v3 "1" and "3" and said the latest final
     version was null (the pointer names the hidden v2); now they are the caller's 1 and 2 and the latest

@@ -110,4 +110,37 @@ def test_the_query_words_are_read_into_the_plan_and_shown_but_can_be_turned_off(
     assert shown["as_of"] == "2020-03-01" and shown["provisions"]
     off = plan_query(request, RETRIEVAL.model_copy(update={"query_words_enabled": False}), LEXICAL, None)
     assert off.words is None and off.to_json()["query_words"] is None
-    assert off.expansion == plan.expansion  # not used for ranking yet: the legs search the same text
+    # The text legs search the query without the phrase that asked for the date; turned off, the whole query.
+    assert plan.expansion.text == "Mietvertrag § 5 Abs. 2" and off.expansion.text == request.query
+    assert plan.as_of == dt.date(2020, 3, 1) and off.as_of is None
+    assert plan.applied(request).as_of == dt.date(2020, 3, 1) and off.applied(request) is request
+
+
+def test_an_explicit_as_of_or_date_filter_wins_over_the_query_words() -> None:
+    import datetime as dt
+
+    dated = SearchRequest(query="Mietvertrag Stand 2019", as_of="2021-06-30")
+    plan = plan_query(dated, RETRIEVAL, LEXICAL, None)
+    assert plan.words is not None and plan.words.as_of == dt.date(2019, 12, 31)  # read, shown
+    assert plan.as_of is None and plan.applied(dated) is dated  # and the request's own day kept
+
+    ranged = SearchRequest(query="Verträge vom 1.3.2020 bis 31.12.2020")
+    applied = plan_query(ranged, RETRIEVAL, LEXICAL, None).applied(ranged)
+    assert (applied.filters.date_from, applied.filters.date_to) == (dt.date(2020, 3, 1), dt.date(2020, 12, 31))
+    own = SearchRequest(query="Verträge vom 1.3.2020 bis 31.12.2020", filters={"date_to": "2020-06-30"})
+    assert plan_query(own, RETRIEVAL, LEXICAL, None).applied(own).filters.date_from is None
+
+
+def test_a_comparison_searches_its_later_side_and_labels_the_earlier_one() -> None:
+    import datetime as dt
+
+    previous = plan_query(SearchRequest(query="Unterschied zur vorherigen Fassung des Mietvertrags"),
+                          RETRIEVAL, LEXICAL, None)  # fmt: skip
+    assert (previous.as_of, previous.compare_with) == (None, "previous")  # the current version, and its predecessor
+    assert previous.to_json()["from_query_words"]["compare_with"] == "previous"
+    since = plan_query(SearchRequest(query="Was hat sich seit 2019 geändert am Arbeitsvertrag"), RETRIEVAL, LEXICAL, None)
+    assert (since.as_of, since.compare_with) == (None, dt.date(2019, 1, 1))
+    assert since.expansion.text == "am Arbeitsvertrag"
+    plain = plan_query(SearchRequest(query="Unterschied zwischen Kündigung und Aufhebungsvertrag"),
+                       RETRIEVAL, LEXICAL, None)  # fmt: skip
+    assert plain.compare_with is None and plain.as_of is None  # two things compared, no versions

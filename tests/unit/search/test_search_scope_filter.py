@@ -156,6 +156,7 @@ class _Verifier:
         version_ids: Sequence[int],
         scope: CompiledScope,
         as_of: dt.date | None = None,
+        compare_with: dt.date | str | None = None,
     ) -> dict[int, VerifiedVersion]:
         self.statements += 1
         return {v: self.visible[v] for v in version_ids if v in self.visible}

@@ -8,7 +8,7 @@ import datetime as dt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.access.version_view import VersionFacts, in_force, latest_final, shown_numbers
+from search.access.version_view import VersionFacts, compared_with, in_force, latest_final, shown_numbers
 
 D = dt.date
 
@@ -38,6 +38,15 @@ def test_the_version_in_force_is_the_latest_dated_visible_final_one() -> None:
     assert in_force(seen, D(2024, 1, 31)) == {1: 11}
     assert in_force(seen, D(2024, 6, 1)) == {1: 14}
     assert in_force(seen, D(2023, 1, 1)) == {}
+
+
+def test_a_version_is_compared_with_the_callers_own_previous_or_dated_one() -> None:
+    seen = [v(11, 1, day=D(2020, 1, 1)), v(12, 2, "draft", D(2020, 6, 1)), v(14, 4, day=D(2022, 1, 1))]
+    assert compared_with(seen, 14, "previous") == 11  # the draft is no "Fassung"; 13 is hidden: never named
+    assert compared_with(seen, 11, "previous") is None  # nothing before the first
+    assert compared_with(seen, 11, "current") == 14
+    assert compared_with(seen, 14, D(2021, 1, 1)) == 11
+    assert compared_with(seen, 14, D(2019, 1, 1)) is None
 
 
 versions = st.lists(
