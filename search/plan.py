@@ -2,10 +2,13 @@
 depth, what the query's own words say (search.query_words). Pure: built from the request, the retrieval settings
 and one reading of the mode gate.
 
-What the query's own words say applies where the request is silent (`QueryPlan.applied`): a date asked for
-("in der Fassung vom 1. März 2020") becomes `as_of`, a range the date filters, a comparison ("Unterschied
-zur vorherigen Fassung") searches the later side and labels each hit with the caller's version of the earlier
-one; the text legs search the query without those phrases. An explicit `as_of` or date filter always wins.
+What the query's own words say applies where the request is silent (`QueryPlan.applied`): a version asked for
+by its day ("in der Fassung vom 1. März 2020", "Stand 2019") becomes `as_of`; a comparison of versions
+("Unterschied zur vorherigen Fassung", "seit 2019 geändert") searches the later side and labels each hit with
+the caller's version of the earlier one; the text legs search the query without those phrases. A day or a range
+without a word that names a version ("Gesetz ... vom 6. Juli 2009", "zwischen 1980 und 1984") is shown in
+`explain` but stays a searchable word: on the dev sets every such phrase was a title's date or the question's
+subject. An explicit `as_of` always wins.
 
 Every later step reads the plan; none resolves any of it again. The mode gate may change its default while a
 request runs (`SearchService.refresh_gate`, a new self-evaluation report): a plan made before that keeps the
@@ -23,7 +26,7 @@ from typing import Any
 
 from ki.errors import RequestInvalid
 from ki.settings import RetrievalSettings
-from search.query_words import ParsedQuery, Side, parse_query
+from search.query_words import ParsedQuery, Side, parse_query, version_cued, without_spans
 from search.ranking.fusion import FusionMethod
 from search.ranking.legs import REGISTRY, LegName, active_legs, leg_depth
 from search.ranking.mode_gate import GateDecision, Mode
@@ -54,18 +57,11 @@ class QueryPlan:
     words: ParsedQuery | None = None  # what the query's own words say (dates, comparison, provisions), if read
     # What the words decided where the request was silent (None: the request's own fields apply).
     as_of: dt.date | None = None
-    date_range: tuple[dt.date, dt.date] | None = None
     compare_with: Side | None = None  # a comparison's earlier side, each hit labelled with it
 
     def applied(self, request: SearchRequest) -> SearchRequest:
-        """`request` with what its words asked for where it named nothing itself."""
-        update: dict[str, Any] = {}
-        if self.as_of is not None:
-            update["as_of"] = self.as_of
-        if self.date_range is not None:
-            start, end = self.date_range
-            update["filters"] = request.filters.model_copy(update={"date_from": start, "date_to": end})
-        return request.model_copy(update=update) if update else request
+        """`request` with the day its words asked for where it named none itself."""
+        return request.model_copy(update={"as_of": self.as_of}) if self.as_of is not None else request
 
     @property
     def needs_vector(self) -> bool:
@@ -90,7 +86,6 @@ class QueryPlan:
             "query_words": self.words.to_json() if self.words is not None else None,
             "from_query_words": {
                 "as_of": self.as_of.isoformat() if self.as_of else None,
-                "date_range": [d.isoformat() for d in self.date_range] if self.date_range else None,
                 "compare_with": _side_json(self.compare_with),
             },
         }
@@ -101,21 +96,25 @@ def _side_json(side: Side | None) -> str | None:
 
 
 def words_decide(request: SearchRequest, words: ParsedQuery | None) -> dict[str, Any]:
-    """What the query's words decide for the plan where the request names nothing itself: `as_of` (a comparison
-    searches its later side), `date_range` (when the request has no date filter) and `compare_with`."""
-    if words is None:
+    """What the query's words decide for the plan where the request names no `as_of` itself: the day a version
+    is asked for, or a comparison's later side (`as_of`; the current version: none) and its earlier one."""
+    if words is None or request.as_of is not None:
         return {}
-    decided: dict[str, Any] = {}
-    if request.as_of is None:
-        if words.compare is not None:
-            later = words.compare.later
-            decided["as_of"] = later if isinstance(later, dt.date) else None
-            decided["compare_with"] = words.compare.earlier
-        else:
-            decided["as_of"] = words.as_of
-    if words.date_range is not None and request.filters.date_from is None and request.filters.date_to is None:
-        decided["date_range"] = words.date_range
-    return {k: v for k, v in decided.items() if v is not None}
+    if words.compare is not None and version_cued(words, "compare"):
+        later = words.compare.later
+        return {"as_of": later if isinstance(later, dt.date) else None, "compare_with": words.compare.earlier}
+    if words.as_of is not None and version_cued(words, "as_of"):
+        return {"as_of": words.as_of}
+    return {}
+
+
+def leg_text(query: str, words: ParsedQuery | None, decided: Mapping[str, Any]) -> str:
+    """What the text legs search: the query without the phrases whose date or comparison the plan applies."""
+    if words is None or not decided:
+        return query
+    kinds = {"compare"} if "compare_with" in decided else {"as_of"}
+    text = without_spans(query, [s for s in words.spans if s.kind in kinds])
+    return text if text.strip() else query
 
 
 def leg_weights(retrieval: RetrievalSettings, mode: Mode) -> dict[str, float]:
@@ -156,18 +155,17 @@ def plan_query(
     mode = resolve_mode(retrieval, gate, request.mode)
     weights = leg_weights(retrieval, mode)
     words = parse_query(request.query) if retrieval.query_words_enabled else None
-    # The text legs search the query without the phrases that asked for a date or a comparison.
-    text = words.remaining if words is not None and words.remaining.strip() else request.query
+    decided = words_decide(request, words)
     return QueryPlan(
         mode=mode,
         requested=request.mode,
         reason=gate.reason if request.mode is None else f"requested {request.mode!r}",
         weights=MappingProxyType(weights),
         legs=active_legs(weights),
-        expansion=expansion_of(text, synonym_groups),
+        expansion=expansion_of(leg_text(request.query, words, decided), synonym_groups),
         depth=leg_depth(request.window),
         fusion_method=retrieval.fusion_method,
         fusion_rrf_k=retrieval.fusion_rrf_k,
         words=words,
-        **words_decide(request, words),
+        **{k: v for k, v in decided.items() if v is not None},
     )

@@ -116,19 +116,26 @@ def test_the_query_words_are_read_into_the_plan_and_shown_but_can_be_turned_off(
     assert plan.applied(request).as_of == dt.date(2020, 3, 1) and off.applied(request) is request
 
 
-def test_an_explicit_as_of_or_date_filter_wins_over_the_query_words() -> None:
+def test_an_explicit_as_of_wins_and_a_day_without_a_version_word_stays_a_word() -> None:
     import datetime as dt
 
     dated = SearchRequest(query="Mietvertrag Stand 2019", as_of="2021-06-30")
     plan = plan_query(dated, RETRIEVAL, LEXICAL, None)
     assert plan.words is not None and plan.words.as_of == dt.date(2019, 12, 31)  # read, shown
     assert plan.as_of is None and plan.applied(dated) is dated  # and the request's own day kept
+    assert plan.expansion.text == dated.query
 
-    ranged = SearchRequest(query="Verträge vom 1.3.2020 bis 31.12.2020")
-    applied = plan_query(ranged, RETRIEVAL, LEXICAL, None).applied(ranged)
-    assert (applied.filters.date_from, applied.filters.date_to) == (dt.date(2020, 3, 1), dt.date(2020, 12, 31))
-    own = SearchRequest(query="Verträge vom 1.3.2020 bis 31.12.2020", filters={"date_to": "2020-06-30"})
-    assert plan_query(own, RETRIEVAL, LEXICAL, None).applied(own).filters.date_from is None
+    # A statute's title date, a question's range: read and shown, but searched as words and applied to nothing.
+    for query in (
+        "Übergangsvorschrift zum Gesetz zur Änderung des Zugewinnausgleichs- und Vormundschaftsrechts vom 6. Juli 2009",
+        "In wie vielen Phasen wurde die Metro zwischen 1980 und 1984 eröffnet?",
+        "Wie viel höher war die Abholzungsrate von 2000 bis 2005 im Vergleich zu 1995 bis 2000?",
+    ):
+        request = SearchRequest(query=query)
+        plan = plan_query(request, RETRIEVAL, LEXICAL, None)
+        assert plan.words is not None and plan.words.spans, query
+        assert (plan.as_of, plan.compare_with, plan.expansion.text) == (None, None, query)
+        assert plan.applied(request) is request
 
 
 def test_a_comparison_searches_its_later_side_and_labels_the_earlier_one() -> None:
@@ -138,7 +145,9 @@ def test_a_comparison_searches_its_later_side_and_labels_the_earlier_one() -> No
                           RETRIEVAL, LEXICAL, None)  # fmt: skip
     assert (previous.as_of, previous.compare_with) == (None, "previous")  # the current version, and its predecessor
     assert previous.to_json()["from_query_words"]["compare_with"] == "previous"
-    since = plan_query(SearchRequest(query="Was hat sich seit 2019 geändert am Arbeitsvertrag"), RETRIEVAL, LEXICAL, None)
+    since = plan_query(
+        SearchRequest(query="Was hat sich seit 2019 geändert am Arbeitsvertrag"), RETRIEVAL, LEXICAL, None
+    )
     assert (since.as_of, since.compare_with) == (None, dt.date(2019, 1, 1))
     assert since.expansion.text == "am Arbeitsvertrag"
     plain = plan_query(SearchRequest(query="Unterschied zwischen Kündigung und Aufhebungsvertrag"),
