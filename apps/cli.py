@@ -101,7 +101,7 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         ensure_topics(settings)  # once, before the lanes race to it
         from apps.runtime.sync_lanes import run_lanes
 
-        return run_lanes(config=args.config, loglevel=args.loglevel)
+        return run_lanes(settings, config=args.config, loglevel=args.loglevel)
     if args.action == "run":
         from streams.topics import ensure_topics
 

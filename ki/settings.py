@@ -292,8 +292,8 @@ class RetrievalSettings(_Section):
     synonyms_enabled: bool = False
     synonyms: list[list[str]] | None = None
     # The query's own words (search.query_words): dates, ranges, comparison intent, provisions and file numbers
-    # read from the query into the plan (a date asked for becomes `as_of`, a range the date filters, a comparison
-    # labels each hit with the earlier version; the text legs search the rest); `explain` shows them.
+    # read from the query into the plan (a version asked for by its day becomes `as_of`, a comparison of versions
+    # labels each hit with the earlier one; the text legs search the rest); `explain` shows them.
     query_words_enabled: bool = True
     # `expand: true` requests: chunks per document in all (its hits on the page + neighbours)
     neighbours_max_chunks_per_document: int = Field(3, ge=1, le=100)
@@ -528,6 +528,11 @@ class StreamsSettings(_Section):
     # How long the broker waits for a silent (crashed) worker before handing its partitions to the others
     # or to its restarted self; the Faust default (60 s) stalled the sync for a minute after every crash.
     session_timeout_s: float = Field(10.0, ge=3.0, le=300.0)
+    # A lane with lag that has neither received nor resolved a batch for this long is stalled (streams.liveness):
+    # its /healthz answers 503 and `ki sync run` restarts it, as it does a lane that stopped answering.
+    stall_after_s: float = Field(300.0, ge=2.0, le=86_400.0)
+    # How often `ki sync run` asks each lane's /healthz.
+    liveness_interval_s: float = Field(10.0, ge=0.2, le=3600.0)
     # Further indices (names or patterns) whose stored vectors the content lane takes for an identical
     # embedded string, besides its own index: only those built with the same embedding signature, resolved
     # when the lane starts; only vectors are read from them, never rows (`ki eval` worlds share theirs).

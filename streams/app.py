@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from projections.dirty import DirtyKeys
 from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint, FaustAcks, faust_commit_settings
+from streams.liveness import LaneProgress, Liveness
 from streams.sync import Projector
 from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
 from streams.writer import IndexWriter, indices_with_signature
@@ -141,6 +143,8 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         max_attempts=settings.streams.max_attempts,
     )
 
+    progress = LaneProgress(lane, time.monotonic())
+
     @app.agent(source, name=f"cdc-{lane}")
     async def cdc(stream: faust.StreamT) -> None:
         if lane == "content":
@@ -152,8 +156,10 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         async for events in stream.take_events(max_events, within=linger):  # type: ignore[attr-defined]
             # The handler's checkpoint holds the batch's offsets from here until each record is applied or
             # dead-lettered (take_events' own acknowledgement alone commits nothing: `FaustAcks`).
+            progress.fetched(time.monotonic())
             try:
                 await handler.handle([event.message for event in events])
+                progress.applied(time.monotonic())
             except IndexSchemaError as exc:
                 # The settings do not fit the live index (dimension, embedder, analyzer): no batch can ever
                 # apply, and dead-lettering them all would empty the stream. Stop hard, acking nothing, so
@@ -163,14 +169,27 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
                 sys.stderr.flush()
                 os._exit(EXIT_INDEX_MISMATCH)
 
-    @app.page("/metrics")
-    async def metrics_page(self: Any, request: Any) -> Any:
+    async def read_lag() -> Liveness:
         # Reading the lag asks the broker, which can take many seconds while a group rebalances: wait for
         # it a moment, then answer with the values as they are (the reading lands for the next scrape), so
         # a scrape never hangs on Kafka.
         reading = asyncio.ensure_future(asyncio.to_thread(metrics.update_lag, settings))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reading), timeout=LAG_READ_WAIT_S)
+        verdict = progress.verdict(metrics.LANE_LAG.get(lane), time.monotonic(), settings.streams.stall_after_s)
+        metrics.SECONDS_IDLE.labels(lane=lane).set(verdict.idle_s)
+        metrics.LANE_STALLED.labels(lane=lane).set(int(verdict.stalled))
+        return verdict
+
+    @app.page("/healthz")
+    async def health_page(self: Any, request: Any) -> Any:
+        """Liveness that means progress (streams.liveness): 503 when the lane has lag and did nothing."""
+        verdict = await read_lag()
+        return self.json(verdict.to_json(), status=503 if verdict.stalled else 200)
+
+    @app.page("/metrics")
+    async def metrics_page(self: Any, request: Any) -> Any:
+        await read_lag()
         if lane == "content" and "writer" in state:  # rows the access lane wrote text first
             with contextlib.suppress(TimeoutError, KiError):  # a scrape answers what it has
                 waiting, oldest_s = await asyncio.wait_for(state["writer"].pending_vectors(), LAG_READ_WAIT_S)

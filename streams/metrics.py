@@ -44,6 +44,12 @@ VECTORS_PENDING = Gauge("ki_sync_rows_vector_pending", "index rows written text 
 OLDEST_PENDING = Gauge(
     "ki_sync_oldest_vector_pending_seconds", "how long the oldest row waiting for its vector has waited (0: none)"
 )
+SECONDS_IDLE = Gauge(
+    "ki_sync_lane_seconds_idle", "since the lane last received or resolved a batch (streams.liveness)", ["lane"]
+)
+LANE_STALLED = Gauge(
+    "ki_sync_lane_stalled", "1: the lane has lag and made no progress for streams.stall_after_s", ["lane"]
+)
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 UNDER_REPLICATED = Gauge(
     "ki_kafka_under_replicated_partitions", "partitions of the sidecar's topics with fewer in-sync than replicas"
@@ -79,6 +85,10 @@ _reader: _LagReader | None = None
 _reader_lock = threading.Lock()
 
 
+#: Each lane's total lag at the last reading (absent: never read): what the lane's liveness verdict reads.
+LANE_LAG: dict[str, int] = {}
+
+
 def update_lag(settings: Settings) -> None:
     """Consumer lag per lane and partition as the broker sees it (log end - committed offset of the lane's
     group), the records in the dead-letter topic, under-replicated partitions, and the WAL the replication
@@ -93,6 +103,7 @@ def update_lag(settings: Settings) -> None:
         for lane in reader.probe.read_all():
             for p in lane.partitions:
                 CONSUMER_LAG.labels(lane=lane.lane, topic=p.topic, partition=str(p.partition)).set(p.lag)
+            LANE_LAG[lane.lane] = lane.total
         dlq = reader.probe.topic_records(settings.streams.dlq_topic)
         if dlq is not None:
             DLQ_RECORDS.set(dlq)

@@ -9,6 +9,7 @@ import sys
 import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
@@ -44,6 +45,7 @@ class Worker:
         web_port: int | None = None,
         access_web_port: int | None = None,
         lane: Lane | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.web_port = web_port or free_port()
@@ -58,6 +60,7 @@ class Worker:
                 "PYTHONUNBUFFERED": "1",
                 "KI_STREAMS__WEB_PORT": str(self.web_port),
                 "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_web_port),
+                **(env or {}),
             },
         )
 
@@ -104,6 +107,18 @@ class Worker:
         return sum(
             exposition.total(exposition.scrape(self._metrics_url(lane), timeout_s=30), name) for lane in self.lanes
         )
+
+    def lane_pid(self, lane: Lane) -> int | None:
+        """The process of one lane under `ki sync run`'s supervisor (None: none runs now)."""
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            if ppid == self.child.pid and b"--lane" in command and lane.encode() in command:
+                return int(stat.parent.name)
+        return None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""

@@ -1,0 +1,70 @@
+"""Whether a sync lane makes progress, not only whether its process answers.
+
+A lane is *stalled* when records wait for it (its consumer group's lag is above 0) and it has neither received
+a batch nor resolved one (applied, dead-lettered or skipped: what the checkpoint may then commit) for
+`streams.stall_after_s`. A worker stopped for longer than its session timeout and resumed may stay out of its
+group without a word: alive, answering, fetching nothing. An idle lane (no lag) is never stalled; a lag that
+cannot be read (the broker away) says nothing either way, so it is not stalled -- restarting the lanes would not
+bring the broker back.
+
+The lane's `/healthz` answers the verdict (503 when stalled) and `ki sync run`'s supervisor restarts a lane
+that is stalled, or that answered once and then stopped answering (`apps.runtime.supervisor`). Pure: the
+caller passes the clock's readings and the lag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Liveness:
+    lane: str
+    stalled: bool
+    lag: int | None  # records behind the log end (None: not read)
+    since_fetch_s: float | None  # since the last batch received (None: none yet)
+    since_applied_s: float | None  # since the last batch resolved (None: none yet)
+    idle_s: float  # since the last of both, or since the lane started
+
+    def to_json(self) -> dict[str, Any]:
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+
+        return {
+            "lane": self.lane,
+            "status": "stalled" if self.stalled else "ok",
+            "lag": self.lag,
+            "seconds_since_fetch": rounded(self.since_fetch_s),
+            "seconds_since_applied": rounded(self.since_applied_s),
+            "seconds_idle": rounded(self.idle_s),
+        }
+
+
+class LaneProgress:
+    """The last moments a lane received and resolved a batch (monotonic clock readings)."""
+
+    def __init__(self, lane: str, started: float) -> None:
+        self.lane, self.started = lane, started
+        self.last_fetch: float | None = None
+        self.last_applied: float | None = None
+
+    def fetched(self, now: float) -> None:
+        self.last_fetch = now
+
+    def applied(self, now: float) -> None:
+        self.last_applied = now
+
+    def idle_s(self, now: float) -> float:
+        return now - max(self.started, self.last_fetch or self.started, self.last_applied or self.started)
+
+    def verdict(self, lag: int | None, now: float, stall_after_s: float) -> Liveness:
+        idle = self.idle_s(now)
+        return Liveness(
+            self.lane,
+            stalled=lag is not None and lag > 0 and idle > stall_after_s,
+            lag=lag,
+            since_fetch_s=None if self.last_fetch is None else now - self.last_fetch,
+            since_applied_s=None if self.last_applied is None else now - self.last_applied,
+            idle_s=idle,
+        )

@@ -1,0 +1,30 @@
+"""A lane's liveness (streams.liveness): stalled only when records wait and it did nothing for the bound."""
+
+from __future__ import annotations
+
+from streams.liveness import LaneProgress
+
+
+def test_a_lane_with_lag_and_no_progress_past_the_bound_is_stalled() -> None:
+    lane = LaneProgress("access", started=100.0)
+    assert not lane.verdict(5, now=150.0, stall_after_s=60).stalled  # young: still within the bound
+    stalled = lane.verdict(5, now=161.0, stall_after_s=60)
+    assert stalled.stalled and stalled.idle_s == 61.0 and stalled.since_fetch_s is None
+    assert stalled.to_json()["status"] == "stalled"
+
+
+def test_an_idle_lane_or_an_unread_lag_is_never_stalled() -> None:
+    lane = LaneProgress("content", started=0.0)
+    assert not lane.verdict(0, now=10_000.0, stall_after_s=60).stalled  # nothing waits for it
+    assert not lane.verdict(None, now=10_000.0, stall_after_s=60).stalled  # the broker away: restarting won't help
+
+
+def test_receiving_or_resolving_a_batch_is_progress() -> None:
+    lane = LaneProgress("access", started=0.0)
+    lane.fetched(100.0)
+    assert not lane.verdict(3, now=150.0, stall_after_s=60).stalled
+    verdict = lane.verdict(3, now=200.0, stall_after_s=60)
+    assert verdict.stalled and verdict.since_fetch_s == 100.0 and verdict.since_applied_s is None
+    lane.applied(190.0)  # a long batch resolved: progress again
+    verdict = lane.verdict(3, now=200.0, stall_after_s=60)
+    assert not verdict.stalled and verdict.idle_s == 10.0 and verdict.to_json()["seconds_since_applied"] == 10.0
