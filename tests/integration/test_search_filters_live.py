@@ -1,7 +1,7 @@
 """Every metadata filter of the search API proven on a real index (issue 50, item 4).
 
 `tests/unit/search/test_search_filters.py` checks the OpenSearch clauses as JSON; this module checks what they
-select. One world of ten documents and fifteen versions is written to PostgreSQL, synced by a real `ki sync run`
+select. One world of ten documents and fourteen versions is written to PostgreSQL, synced by a real `ki sync run`
 worker into an index of its own and asked through a real `ki serve`: for each filter (and some combinations) the
 hits of `POST /v1/search` in `lexical`, `semantic` and `hybrid` mode and of `POST /v1/search/filter` are compared
 with a reference computed here from the rows written -- the exact set, never "contains".
@@ -20,7 +20,7 @@ What the reference models (projections.rows, search.request.metadata_clauses):
   keeps ids as keywords).
 
 The query word is in every row's text (body, profile, clause), the page (50) is larger than the world and the
-legs' depth (5 x 50 = 250) larger than its rows (~35), so every leg's candidate set is every row the filters admit:
+legs' depth (5 x 50 = 250) larger than its 28 rows, so every leg's candidate set is every row the filters admit:
 a hit missing or too many is the filter's doing. The semantic floor is off on this server (it is a relevance cut
 of its own, tested in test_identity.py); every row has its vector before the first test.
 """
@@ -28,14 +28,16 @@ of its own, tested in test_identity.py); every row has its vector before the fir
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from opensearchpy import OpenSearch
 from sqlalchemy import Connection, Engine, text
 
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import Server, remove_world, synced_api, wait_until_indexed
 from tests.integration.world import World
@@ -345,6 +347,23 @@ def test_the_world_gives_every_case_hits_and_non_hits(stack: Server, scene: Scen
             assert kept == set(), name
         else:
             assert kept and kept != everything, name
+
+
+def test_the_index_holds_exactly_the_rows_the_reference_models(stack: Server, scene: Scene, search: OpenSearch) -> None:
+    """Body chunk, profile only on the latest final version, clauses only on final and executed ones: the
+    reference's rows are the index's, kind and clause type."""
+    index = load_settings(environ={**os.environ, **stack.process.env}).retrieval.index_name
+    query = {"terms": {"document_id": [str(d) for d in scene.docs.values()]}}
+    body = {"size": 1000, "query": query, "_source": ["document_version_id", "chunk_kind", "clause_type"]}
+    found = search.search(index=index, body=body)["hits"]["hits"]
+    indexed = sorted(
+        (int(h["_source"]["document_version_id"]), h["_source"]["chunk_kind"], h["_source"].get("clause_type"))
+        for h in found
+    )
+    modelled = sorted(
+        (v.id, r.kind, None if r.clause_type is None else str(r.clause_type)) for v in scene.versions for r in v.rows()
+    )
+    assert indexed == modelled and len(indexed) == 28
 
 
 @pytest.mark.parametrize("mode", MODES)
