@@ -54,7 +54,7 @@ class World:
         status: str = "final",
         clauses: list[dict] | None = None,
         latest: bool = True,
-        doc_date: dt.date = dt.date(2024, 5, 17),
+        doc_date: dt.date | None = dt.date(2024, 5, 17),
     ) -> int:
         version_id = _one(
             self.conn,
