@@ -18,11 +18,12 @@ from typing import Any
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import Child as Process
 from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
 
