@@ -302,6 +302,10 @@ def _bench_injection(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
+    from apps.dev.checkout import require_checkout
+
+    if args.what != "clean":  # the others read the repository's data or write its build/ and benchmarks/
+        require_checkout(f"ki bench {args.what}")
     if args.what == "injection":
         return _bench_injection(args, settings)
     if args.what == "search":
@@ -415,11 +419,13 @@ def _config(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from ki.exposure import exposure_problem
-    from ki.settings import changed_names, deviations, reference
+    from ki.settings import changed_names, deviations, find_config, reference
 
     if args.what == "print":
         print("\n".join(reference(settings)))
         return 0
+    found = find_config(args.config)
+    print(f"config file: {found.absolute() if found is not None else 'none (the built-in defaults)'}")
     changed = deviations(settings)
     names = changed_names(changed)
     problems = [p for p in (exposure_problem(settings, "api"), exposure_problem(settings, "mcp")) if p]
@@ -455,6 +461,9 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("--self-documents must be at least 20 (each half needs queries to test)")
     if args.self_check and data is None:  # the live deployment, not a labelled data set
         return _self_eval(args, settings)
+    from apps.dev.checkout import require_checkout
+
+    require_checkout("ki eval on a labelled data set")  # its data, test data and build/ are the repository's
     defaults = EvalOptions()
     if args.identity_reach:  # offline: no services, no index
         from apps.dev.eval.beir import DataError
@@ -534,7 +543,8 @@ def _self_eval(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ki", description="ki-sidecar: CDC-driven search over PostgreSQL")
-    parser.add_argument("--config", help="path to config.json (default: $KI_CONFIG or the repo's config.json)")
+    parser.add_argument("--config", help="path to a config file (default: $KI_CONFIG, else ./config.json, else "
+                        "/etc/ki-sidecar/config.json, else the built-in defaults)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
     stack = sub.add_parser("stack", help="run the local stack (PostgreSQL, Kafka, Connect+Debezium, OpenSearch)")

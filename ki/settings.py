@@ -1,8 +1,10 @@
 """The one settings object.
 
-The classes below hold every setting with its default; `config.json` at the repository root holds only
-the deliberate deviations from them (`ki config print` shows every setting, its value and its default;
-`ki config check` validates a configuration). Environment variables `KI_<SECTION>__<FIELD>` override
+The classes below hold every setting with its default; a config file holds only the deliberate deviations
+from them (the repository's `config.json` those of the shipped set-up; `ki config print` shows every setting,
+its value and its default; `ki config check` validates a configuration). The file is the one `--config` or
+`$KI_CONFIG` names (missing: an error), else the first of `CONFIG_SEARCH_PATH` that exists; none: the
+defaults alone. Environment variables `KI_<SECTION>__<FIELD>` override
 single fields (JSON for maps and lists). Anything unknown, mistyped or out of range stops start-up with
 one line naming the key and the problem (`SettingsError`); a retired setting is ignored with a one-line
 warning, so an older configuration keeps starting.
@@ -33,8 +35,9 @@ from ki.analysis import ANALYSIS_KINDS, check_analysis
 from ki.errors import SettingsError
 from ki.principals import check_principal
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG_PATH = REPO_ROOT / "config.json"
+#: Where a config file is looked up when neither `--config` nor `$KI_CONFIG` names one, in this order: the
+#: working folder's (a checkout's, run from its root; a folder of a deployment's own) before the machine's.
+CONFIG_SEARCH_PATH: tuple[Path, ...] = (Path("config.json"), Path("/etc/ki-sidecar/config.json"))
 ENV_PREFIX = "KI_"
 REDACT_MIN_CHARS = 6
 
@@ -227,8 +230,9 @@ class ModeGateSettings(_Group):
     """Which mode a request without one gets (search.ranking.mode_gate): the semantic leg is on by default
     only where a `ki eval` report matching these settings shows hybrid >= lexical."""
 
-    # The reports read at start-up; a relative path starts at the repository root.
-    reports_dir: str = Field("benchmarks", min_length=1)
+    # The folder of reports read at start-up (a relative path starts at the working folder); None: the reports
+    # shipped in the package (search/ranking/gate_reports/, copies of the committed benchmarks/ reports).
+    reports_dir: str | None = Field(None, min_length=1)
     # A report where hybrid is below lexical turns the semantic leg off only if the per-query paired test of
     # the report (`hybrid_vs_lexical`) finds the difference significant at this level; reports without that
     # test count every difference.
@@ -995,19 +999,37 @@ def _one_line(exc: ValidationError) -> str:
     return f"config error: {key}: {msg}{more}"
 
 
+def find_config(path: Path | str | None = None, environ: dict[str, str] | None = None) -> Path | None:
+    """The config file in effect: `path` (`--config`), else `$KI_CONFIG`, else the first of
+    `CONFIG_SEARCH_PATH` that exists (absolute, so a child process started elsewhere reads the same one);
+    None: no file, the defaults alone. A named file is answered whether it exists or not."""
+    named = path or (os.environ if environ is None else environ).get("KI_CONFIG")
+    if named:
+        return Path(named)
+    return next((candidate.absolute() for candidate in CONFIG_SEARCH_PATH if candidate.is_file()), None)
+
+
 def load_settings(path: Path | str | None = None, environ: dict[str, str] | None = None) -> Settings:
-    """Read config.json (or `path`, or $KI_CONFIG), apply env overrides, validate."""
+    """Read the config file in effect (`find_config`: `path`, $KI_CONFIG, the search path; none: the
+    defaults), apply env overrides, validate. A named file that is missing is an error."""
     environ = dict(os.environ if environ is None else environ)
-    config_path = Path(path or environ.get("KI_CONFIG") or DEFAULT_CONFIG_PATH)
+    config_path = find_config(path, environ)
+    environ.pop("KI_CONFIG", None)
+    if config_path is None:
+        return _validated({}, environ)
     try:
         data = json.loads(config_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SettingsError(f"config error: {config_path}: file not found") from None
+    except IsADirectoryError:
+        raise SettingsError(f"config error: {config_path}: a folder, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"config error: {config_path}: cannot read: {reason}") from None
     except json.JSONDecodeError as exc:
         raise SettingsError(f"config error: {config_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config error: {config_path}: top level must be an object")
-    environ.pop("KI_CONFIG", None)
     _migrate(data, str(config_path))
     return _validated(data, environ)
 

@@ -21,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_sync_client
-from ki.settings import REPO_ROOT, load_settings
+from ki.settings import load_settings
 
 _COUNT = re.compile(r"indexing: (\d+)/(\d+)")
 

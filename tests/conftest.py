@@ -17,9 +17,14 @@ from typing import TypeVar
 
 import pytest
 
+from apps.dev.checkout import REPO_ROOT
 from ki.settings import Settings, load_settings
 
 T = TypeVar("T")
+
+# The tests run in the checkout's root, where the settings find its config.json (ki.settings.CONFIG_SEARCH_PATH)
+# and where the children they start run, whichever folder pytest was started from.
+os.chdir(REPO_ROOT)
 
 collect_ignore = [] if os.environ.get("KI_TEST_IDP") == "1" else ["idp"]
 if os.environ.get("KI_TEST_SECURE") != "1":

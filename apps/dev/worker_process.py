@@ -7,7 +7,7 @@ from pathlib import Path
 
 from apps.runtime.processes import Child
 from ki import exposition
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings, find_config
 from streams.topics import LANES, lane_web_port
 
 
@@ -18,7 +18,10 @@ class SyncWorker:
         # Both lanes' /metrics: the worker is ready when each lane answers.
         self.urls = [f"http://127.0.0.1:{lane_web_port(settings, lane)}/metrics" for lane in LANES]
         self.log_path = log_path
-        self.config = config  # the --config the parent was given, passed on as $KI_CONFIG
+        # The parent's config file (its --config, $KI_CONFIG or the one found on the search path), passed on as
+        # $KI_CONFIG: the child reads the same one wherever it runs.
+        found = find_config(config)
+        self.config = str(found.absolute()) if found is not None else None
         self.child: Child | None = None
 
     def answers(self) -> bool:
@@ -31,7 +34,6 @@ class SyncWorker:
         self.child = Child(
             [sys.executable, "-m", "apps.cli", "sync", "run"],
             self.log_path,
-            cwd=REPO_ROOT,
             env={"PYTHONUNBUFFERED": "1", **({"KI_CONFIG": self.config} if self.config else {})},
         ).start()
         why = self.child.wait_ready(self.answers, timeout, interval_s=0.5)

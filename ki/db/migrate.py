@@ -6,6 +6,7 @@ The publication the migrations create is named by `settings.connect.publication_
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -15,7 +16,8 @@ from alembic.runtime.migration import MigrationContext
 from ki.clients import make_engine
 from ki.settings import Settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+#: The Alembic scripts: package data of `ki.migrations`, wherever the package is installed.
+MIGRATIONS_DIR = Path(str(files("ki.migrations")))
 
 
 def alembic_config(settings: Settings, publication_name: str | None = None) -> Config:

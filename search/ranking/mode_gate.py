@@ -10,8 +10,9 @@ reports, each bound by hashes to what it measured —
 * `ranking_hash`: fusion weights, `rrf_k`, status boosts, chunking and collapse settings (what turns
   the legs into a ranking) —
 
-and the service loads the reports from `retrieval.mode_gate.reports_dir` at start-up. Semantic is on by default
-only when at least one report matches the service's own embedding signature, analyzer and ranking
+and the service loads the reports from `retrieval.mode_gate.reports_dir` at start-up (default: the reports shipped
+in this package, `gate_reports/`: copies of the committed `benchmarks/` reports the gate reads). Semantic is on
+by default only when at least one report matches the service's own embedding signature, analyzer and ranking
 hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
 is keyword-only and every response says why. A request's explicit `mode` is always honoured.
 
@@ -29,12 +30,13 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
 from ki.analysis import canonical, used_analysis
 from ki.errors import PermanentError
-from ki.settings import REPO_ROOT, RetrievalSettings, Settings
+from ki.settings import RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
 from search.ranking.synonyms import DEFAULT_SYNONYMS
 
@@ -221,13 +223,20 @@ def parse_report(path: str, data: Any) -> EvidenceReport | None:
     )
 
 
-def resolve_dir(directory: str) -> Path:
-    path = Path(directory).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
+#: The reports shipped in the package: package data, wherever the package is installed.
+SHIPPED_REPORTS = "gate_reports"
 
 
-def load_reports(directory: str) -> list[EvidenceReport]:
-    """Every usable report in `directory` (`*.json`, not recursive); unusable ones are logged and skipped."""
+def resolve_dir(directory: str | None) -> Path:
+    """The reports folder: `directory` (relative: from the working folder), or None: the shipped reports."""
+    if directory is None:
+        return Path(str(files(__package__) / SHIPPED_REPORTS))
+    return Path(directory).expanduser()
+
+
+def load_reports(directory: str | None) -> list[EvidenceReport]:
+    """Every usable report in `directory` (`*.json`, not recursive; None: the shipped ones); unusable ones are
+    logged and skipped."""
     folder = resolve_dir(directory)
     if not folder.is_dir():
         return []

@@ -33,6 +33,7 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.connect import Connect
 from apps.dev.stack.kafka import Kafka
 from apps.dev.stack.manager import build_services
@@ -40,7 +41,7 @@ from apps.dev.stack.opensearch import OpenSearch as OpenSearchNode
 from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.service import Service
 from ki.clients import make_kafka_admin
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from projections.cdc import topic_name
 from search.web.auth import mint_token
 from streams.status import LagProbe

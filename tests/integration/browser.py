@@ -15,7 +15,7 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 
 CHROMIUM = os.environ.get("KI_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("KI_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")

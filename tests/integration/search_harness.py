@@ -13,30 +13,41 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import Child as Process
 from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
 
 
 class Child:
-    """A `ki ...` child process with extra environment, logging to build/<name>.log."""
+    """A `ki ...` child process with extra environment, logging to build/<name>.log: this checkout's code run
+    in its root, or `command` (e.g. an installed `ki`) in `cwd`."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        command: list[str] | None = None,
+        cwd: Path = REPO_ROOT,
+    ) -> None:
         self.name = name
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
         self.process = Process(
-            [sys.executable, "-m", "apps.cli", *args],
+            [*(command or [sys.executable, "-m", "apps.cli"]), *args],
             self.log_path,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             env={"PYTHONUNBUFFERED": "1", **env},
         )
 
@@ -79,13 +90,16 @@ class McpHttp(Child):
 
 
 class SyncWorker(Child):
-    def __init__(self, env: dict[str, str], lane: str | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], lane: str | None = None, *, command: list[str] | None = None, cwd: Path = REPO_ROOT
+    ) -> None:
         # Ports of its own: another module's worker may still hold settings.streams.web_port.
         self.port, self.access_port = free_port(), free_port()
         ports = {"KI_STREAMS__WEB_PORT": str(self.port), "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_port)}
         self.lane = lane  # None: both lanes
         args = ["sync", "run", *(["--lane", lane] if lane else [])]
-        super().__init__("search-sync-worker" + (f"-{lane}" if lane else ""), args, {**env, **ports})
+        name = "search-sync-worker" + (f"-{lane}" if lane else "")
+        super().__init__(name, args, {**env, **ports}, command=command, cwd=cwd)
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         self.process.start()
@@ -96,12 +110,14 @@ class SyncWorker(Child):
 
 
 class Server(Child):
-    def __init__(self, name: str = "search-api", **env: str) -> None:
+    def __init__(
+        self, name: str = "search-api", *, command: list[str] | None = None, cwd: Path = REPO_ROOT, **env: str
+    ) -> None:
         self.port = free_port()
         # No per-caller rate limit unless a test asks for one: tests that fire requests as fast as they can
         # must not race it (test_search_hardening's tight server tests it).
         env = {"KI_API__LIMITS__RATE_PER_S": "0", **env}
-        super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env})
+        super().__init__(name, ["serve"], {"KI_API__PORT": str(self.port), **env}, command=command, cwd=cwd)
         self.base = f"http://127.0.0.1:{self.port}"
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:

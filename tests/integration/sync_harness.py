@@ -15,12 +15,13 @@ from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.manager import start_service, stop_service
 from apps.runtime.processes import Child, free_port
 from ki import exposition
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from streams.replay import read_topics
 from streams.status import PartitionLag, consumer_lag
 from streams.sync import Projector

@@ -15,8 +15,9 @@ import pytest
 from sqlalchemy import Engine, text
 
 from apps.dev.bench.authz_timing import CASES, SLOW_CASES
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.second_lane, pytest.mark.timeout(600)]
 

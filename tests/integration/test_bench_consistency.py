@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.second_lane, pytest.mark.timeout(600)]
 

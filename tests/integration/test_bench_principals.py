@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_engine, make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.second_lane, pytest.mark.timeout(900)]
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_sync_client
-from ki.settings import REPO_ROOT, Settings, with_overrides
+from ki.settings import Settings, with_overrides
 
 pytestmark = [pytest.mark.stack, pytest.mark.second_lane, pytest.mark.timeout(1200)]
 

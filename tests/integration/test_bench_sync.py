@@ -14,7 +14,8 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from ki.settings import REPO_ROOT, Settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import Settings
 
 pytestmark = [pytest.mark.stack, pytest.mark.second_lane]
 

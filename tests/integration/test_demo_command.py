@@ -16,8 +16,9 @@ import urllib.request
 
 import pytest
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import free_port
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack

@@ -27,6 +27,7 @@ import pytest
 from opensearchpy import OpenSearch
 from sqlalchemy import text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval import beir
 from apps.dev.eval.fusion_choice import setting_label
 from apps.dev.eval.run import FUSIONS, load_into_postgres
@@ -34,7 +35,7 @@ from apps.dev.stack.http import request_json
 from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_engine, make_kafka_admin
-from ki.settings import REPO_ROOT, Settings, load_settings, with_overrides
+from ki.settings import Settings, load_settings, with_overrides
 from search.ranking.mode_gate import parse_report, parse_reports
 from tests.conftest import wait_for
 

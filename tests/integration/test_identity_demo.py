@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.demo.generator import generate, users
 from ki.clients import make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.query_words import parse_query
 from search.web.auth import mint_token
 from tests import acl_reference as ref

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import free_port
 from ki.clients import make_client, make_engine, make_sync_client
 from ki.errors import IndexSchemaError
-from ki.settings import REPO_ROOT, Settings, with_overrides
+from ki.settings import Settings, with_overrides
 from projections.mapping import index_body, physical_index_name
 from streams.app import EXIT_INDEX_MISMATCH
 from streams.status import consumer_lag

@@ -12,10 +12,11 @@ import pytest
 from psycopg import errors
 from sqlalchemy import Engine
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.postgres import Postgres
 from ki.db.models import HEARTBEAT_ACTION_QUERY
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World

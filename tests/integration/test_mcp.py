@@ -21,8 +21,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import Engine, text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.mcp_server import TOOLS
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import (
     McpHttp,

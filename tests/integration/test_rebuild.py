@@ -13,9 +13,10 @@ from confluent_kafka import Consumer, TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_client
 from ki.embedding import create_embedder
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from projections.cdc import PoisonEvent, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams.replay import read_topics

@@ -19,10 +19,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
+from apps.dev.checkout import REPO_ROOT
 from ki.clients import make_engine
 from ki.db import models
 from ki.db.migrate import current_revision, downgrade, upgrade
-from ki.settings import REPO_ROOT, Settings, with_overrides
+from ki.settings import Settings, with_overrides
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.stack

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from ki.settings import REPO_ROOT, load_settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
 from tests.integration.search_harness import Server

@@ -18,7 +18,8 @@ import sys
 import pytest
 from sqlalchemy import Engine, text
 
-from ki.settings import REPO_ROOT, Settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import Settings
 from tests.conftest import wait_for
 from tests.integration.sync_harness import Worker, current_wal_lsn, end_offsets, slot_confirmed_past
 

@@ -13,7 +13,8 @@ from confluent_kafka import Consumer, Producer
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
-from ki.settings import REPO_ROOT, Settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import Settings
 from streams.topics import consumer_group, lane_topics
 from streams.writer import reuse_query
 from tests.conftest import wait_for

@@ -17,9 +17,10 @@ from confluent_kafka import TopicPartition
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import Child, free_port
 from ki.clients import make_kafka_consumer
-from ki.settings import DEFAULT_CONFIG_PATH, REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 from streams.status import consumer_lag
 from streams.topics import LANES, consumer_group, lane_topics
 from tests.conftest import wait_for
@@ -48,7 +49,7 @@ def start_at_the_end(settings: Settings) -> None:
 @pytest.fixture
 def other_config(tmp_path: Path, settings: Settings, search: OpenSearch) -> Iterator[Path]:
     tag = uuid.uuid4().hex[:8]
-    data = json.loads(DEFAULT_CONFIG_PATH.read_text(encoding="utf-8"))
+    data = json.loads((REPO_ROOT / "config.json").read_text(encoding="utf-8"))
     data.setdefault("retrieval", {})["index_name"] = f"config-test-{tag}"
     ports = {"web_port": free_port(), "access_web_port": free_port()}
     data.setdefault("streams", {}).update({"app_id": f"ki-config-test-{tag}", **ports})

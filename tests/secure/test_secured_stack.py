@@ -16,10 +16,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.http import Auth, HttpError, request_json
 from apps.dev.stack.kafka import kafka_metadata_probe
 from apps.dev.stack.secure import SecureMaterial, issue_certificate, pem_cert, read_env_file
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
 from tests.integration.world import World

@@ -70,9 +70,10 @@ from apps.dev.bench.cleanup import AUTHZ_INDEX_PREFIX, Footprint, bench_label, r
 from apps.dev.bench.pair_stats import GOAL, PairPlan, PairSeries
 from apps.dev.bench.search import BenchError, ServeChild
 from apps.dev.bench.stats import machine
+from apps.dev.checkout import REPO_ROOT
 from ki import exposition
 from ki.clients import make_engine, make_sync_client
-from ki.settings import REPO_ROOT, Settings, with_overrides
+from ki.settings import Settings, with_overrides
 from search.web.auth import mint_token
 
 Side = Literal["hidden", "missing"]

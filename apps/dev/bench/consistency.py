@@ -34,9 +34,10 @@ from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.freshness import AccessLoad, wait_indexed
 from apps.dev.bench.search import ServeChild
 from apps.dev.bench.stats import machine, percentile
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.web.auth import mint_token
 
 SLICE_CHARS = 2_000

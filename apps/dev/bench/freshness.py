@@ -52,12 +52,13 @@ from apps.dev.bench.cleanup import Footprint, Removal, bench_label, remove_bench
 from apps.dev.bench.corpus import write_corpus
 from apps.dev.bench.search import ServeChild
 from apps.dev.bench.stats import machine, percentile
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.plotting import pyplot, save_figure
 from apps.dev.worker_process import SyncWorker
 from ki import exposition
 from ki.clients import make_engine, make_kafka_consumer, make_sync_client
 from ki.embedding import Embedder, create_embedder
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from projections.cdc import topic_name
 from projections.chunking import TokenBudget
 from projections.plan import VECTOR_PENDING

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from apps.dev.bench.stats import machine, percentile
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval import beir
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from projections.chunking import split_text
 from search.evidence.injection import RULES, Finding, scan
 

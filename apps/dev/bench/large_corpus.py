@@ -48,13 +48,14 @@ import numpy as np
 
 from apps.dev.bench import cpu
 from apps.dev.bench.search import find_corpus
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.demo.generator import generate
 from apps.dev.stack.connector import Connector
 from apps.runtime.progress import StepReport
 from ki.clients import make_client, make_engine
 from ki.embedding import Embedder, EmbedStats, create_embedder
 from ki.errors import PermanentError
-from ki.settings import REPO_ROOT, Settings, StackSettings
+from ki.settings import Settings, StackSettings
 from projections.mapping import physical_index_name
 from streams.replay import live_version_ids, project_in_batches
 from streams.sync import Projector, SyncStats

@@ -51,10 +51,11 @@ from apps.dev.bench.search import (
     with_generated_corpus_removed,
 )
 from apps.dev.bench.stats import machine
+from apps.dev.checkout import REPO_ROOT
 from ki.acl import Caller, Walk, resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import create_embedder
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.access.reverify import reverify
 from search.access.scope import CompiledScope, compile_scope, strict_filter
 from search.service import SearchService

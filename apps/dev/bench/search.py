@@ -53,6 +53,7 @@ from sqlalchemy.types import BigInteger
 
 from apps.dev.bench.cleanup import Footprint, Removal, remove_bench_rows
 from apps.dev.bench.stats import machine, percentile
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.demo.generator import (
     ADJ,
     CLAUSE_SENTENCES,
@@ -74,7 +75,7 @@ from ki.acl import resolve_caller
 from ki.clients import make_async_engine, make_client, make_engine
 from ki.embedding import Embedder, create_embedder
 from ki.errors import PermanentError
-from ki.settings import REPO_ROOT, Settings
+from ki.settings import Settings
 from search.access.scope import CompiledScope, compile_scope, strict_filter
 from search.plan import expansion_of
 from search.ranking.legs import LegRun, leg_depth, msearch_lines

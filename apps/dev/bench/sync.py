@@ -28,10 +28,11 @@ from sqlalchemy import text
 
 from apps.dev.bench.cleanup import Footprint, bench_label, remove_bench_rows
 from apps.dev.bench.corpus import write_corpus
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.plotting import pyplot, save_figure
 from ki.clients import make_client, make_engine
 from ki.embedding import create_embedder
-from ki.settings import REPO_ROOT, Settings, with_overrides
+from ki.settings import Settings, with_overrides
 from streams.replay import REBUILD_IN_FLIGHT, project_in_batches
 from streams.sync import Projector, SyncStats
 from streams.writer import BulkOp, IndexWriter

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval.metrics import Qrels
 from ki.errors import PermanentError
 from ki.files import file_sha256
-from ki.settings import REPO_ROOT
 
 
 def shared_data_dir() -> Path:

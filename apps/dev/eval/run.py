@@ -38,6 +38,7 @@ from typing import Any, Literal, cast
 from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval import beir, citations, features, isolation, report, tuning
 from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
 from apps.dev.eval.queries import EvalError, MemoClient, Mode, Progress, run_queries
@@ -49,7 +50,7 @@ from ki import exposition
 from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
 from ki.errors import Unavailable
-from ki.settings import REPO_ROOT, Settings, SettingsError, with_overrides
+from ki.settings import Settings, SettingsError, with_overrides
 from projections.mapping import text_analysis
 from projections.plan import VECTOR_PENDING
 

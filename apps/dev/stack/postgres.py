@@ -15,12 +15,12 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from apps.dev.checkout import REPO_ROOT, require_checkout
 from apps.dev.stack import process
 from apps.dev.stack.errors import StackError
 from apps.dev.stack.process import Launch
 from apps.dev.stack.secure import POSTGRES_ROLES, SecureMaterial
 from apps.dev.stack.service import Runtime, Service
-from ki.settings import REPO_ROOT
 
 SUPERUSER = "postgres"
 BIN_GLOB = "/usr/lib/postgresql/*/bin"  # Debian / Ubuntu layout
@@ -120,6 +120,7 @@ class Postgres(Service):
     def apply_roles(self) -> None:
         """The least-privilege roles (deploy/postgres/roles.sql, after the migrations) with the secured
         profile's passwords as logins."""
+        require_checkout("`ki stack up --secure` (its roles are the repository's deploy/postgres/roles.sql)")
         material = SecureMaterial.of(self.settings)
         with self.superuser(self.settings.database.name) as conn:
             conn.execute(ROLES_SQL.read_text())

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from apps.dev.checkout import REPO_ROOT
 from apps.runtime.processes import free_port
 from ki.exposure import PUBLISHED_JWT_SECRET, exposure_problem, is_loopback
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 
 OWN_SECRET = "a-secret-of-our-own-0123456789abcdef"
 LOOPBACK = ["127.0.0.1", "127.8.9.10", "::1", "localhost", "LocalHost", "::ffff:127.0.0.1"]

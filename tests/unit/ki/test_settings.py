@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from apps.dev.checkout import REPO_ROOT
 from ki.settings import (
-    DEFAULT_CONFIG_PATH,
     RENAMED,
     Settings,
     SettingsError,
@@ -45,7 +45,7 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 def test_config_json_holds_only_deliberate_deviations() -> None:
-    on_disk = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    on_disk = json.loads((REPO_ROOT / "config.json").read_text())
     shipped = load_settings(environ={})
     assert on_disk == deviations(shipped)  # nothing that repeats a default, nothing unknown
     assert sorted(f"{s}.{f}" for s, fields in on_disk.items() for f in fields) == [
@@ -181,7 +181,7 @@ def test_bad_values_fail_with_one_line_naming_the_key(environ: dict, needle: str
 
 
 def test_unknown_key_in_file_is_rejected(tmp_path: Path) -> None:
-    data = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    data = json.loads((REPO_ROOT / "config.json").read_text())
     data.setdefault("opensearch", {})["urll"] = "x"
     with pytest.raises(SettingsError, match=r"opensearch\.urll"):
         load_settings(_write(tmp_path, data), environ={})
@@ -197,7 +197,7 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
 
 
 def test_ki_config_env_selects_the_file(tmp_path: Path) -> None:
-    data = json.loads(DEFAULT_CONFIG_PATH.read_text())
+    data = json.loads((REPO_ROOT / "config.json").read_text())
     data.setdefault("api", {})["port"] = 9999
     path = _write(tmp_path, data)
     assert load_settings(environ={"KI_CONFIG": str(path)}).api.port == 9999

@@ -15,6 +15,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.connect import BASIC_AUTH_EXTENSION, PROPERTY_FILE_LOGIN, Connect
 from apps.dev.stack.kafka import Kafka
 from apps.dev.stack.kafka_acls import acl_arguments, bindings, grants
@@ -34,7 +35,7 @@ from apps.dev.stack.secure import (
 )
 from apps.dev.stack.secure import main as secure_main
 from apps.dev.stack.service import Runtime, java_properties
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 
 
 def _compose() -> dict:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 
 
 @pytest.mark.parametrize(("action", "service"), [("stop", "bogus"), ("start", None), ("stop", "")])

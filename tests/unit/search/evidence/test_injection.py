@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 from search.evidence.injection import REDACTION, RULES, Finding, normalise, redact, sanitise, scan
 
 DATA = REPO_ROOT / "tests" / "data" / "injection"

@@ -13,7 +13,7 @@ from re import _parser as sre_parse
 
 import pytest
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 from search.evidence import injection
 from search.evidence.injection import RULES, Normalised, normalise, scan
 

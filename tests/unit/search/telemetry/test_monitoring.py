@@ -14,7 +14,8 @@ import yaml
 from prometheus_client import REGISTRY
 
 import streams.metrics  # noqa: F401 - registers the worker's metrics in the default registry
-from ki.settings import REPO_ROOT, load_settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import load_settings
 from search.telemetry.metrics import SearchMetrics
 
 MONITORING = REPO_ROOT / "monitoring"
