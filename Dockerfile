@@ -41,11 +41,13 @@ RUN /opt/ki/bin/pip install --no-deps --no-build-isolation . \
  && /opt/ki/bin/pip uninstall --yes setuptools wheel
 
 # The e5 conversion, once, into the cache directory the runtime stage copies; the build fails unless the model
-# embeds (384 dimensions, as retrieval.embedding_dimensions says).
+# embeds (384 dimensions, as retrieval.embedding_dimensions says). The cache writes its digest file 0600: readable
+# for all, so the runtime user (read-only there) finds the model valid instead of converting again.
 ENV KI_CONFIG=/src/config.json \
     KI_EMBEDDING__MODEL_CACHE_DIR=/opt/ki-models
 RUN /opt/ki/bin/python -c "from ki.embedding import create_embedder; from ki.settings import load_settings; \
-e = create_embedder(load_settings()); assert len(e.embed(['ready'])[0]) == 384, 'unexpected dimensions'"
+e = create_embedder(load_settings()); assert len(e.embed(['ready'])[0]) == 384, 'unexpected dimensions'" \
+ && chmod -R a+rX /opt/ki-models
 
 FROM python:3.11.13-slim-bookworm
 
