@@ -8,7 +8,7 @@ from contextlib import redirect_stderr
 from io import StringIO
 
 from apps.cli import build_parser
-from ki.settings import REPO_ROOT
+from ki.settings import REPO_ROOT, Settings
 
 IMAGE_NAME = "ki-sidecar"
 PROBE = ["python", "-m", "apps.runtime.probe"]
@@ -44,3 +44,13 @@ def assert_ki_command(args: list[str], where: str) -> None:
             build_parser().parse_args(args)
     except SystemExit:
         raise AssertionError(f"{where}: `ki {' '.join(args)}` is refused: {stderr.getvalue().strip()}") from None
+
+
+def setting_exists(variable: str) -> bool:
+    """`KI_<SECTION>__<FIELD>` names a setting of ki/settings.py."""
+    target: object = Settings()
+    for part in variable.removeprefix("KI_").lower().split("__"):
+        if not hasattr(target, part):
+            return False
+        target = getattr(target, part)
+    return variable.startswith("KI_")

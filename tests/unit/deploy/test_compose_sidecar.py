@@ -12,7 +12,7 @@ import yaml
 from apps.dev.stack.cluster import cluster_env
 from apps.dev.stack.secure import SecureMaterial, client_env
 from ki.settings import REPO_ROOT, Settings, load_settings
-from tests.unit.deploy.helpers import PROBE, assert_ki_command, image
+from tests.unit.deploy.helpers import PROBE, assert_ki_command, image, setting_exists
 
 FILES = ("docker-compose.yml", "docker-compose.secure.yml", "docker-compose.cluster.yml")
 SIDECAR = {"ki-migrate", "ki-sync-access", "ki-sync-content", "ki-api", "ki-mcp"}
@@ -28,22 +28,13 @@ def _env(service: dict) -> dict[str, str]:
     return {key: str(value) for key, value in (service.get("environment") or {}).items()}
 
 
-def _setting_exists(key: str) -> bool:
-    target: object = Settings()
-    for part in key.removeprefix("KI_").lower().split("__"):
-        if not hasattr(target, part):
-            return False
-        target = getattr(target, part)
-    return True
-
-
 def _settings(service: dict) -> Settings:
     """The settings a service's process has: the image's config.json plus its KI_* variables. A secret's file
     (`<secret>_FILE`, read as the settings load) is not on this machine: a stand-in takes its content."""
     env = _env(service)
     for key in env:
-        assert key.startswith("KI_") and _setting_exists(key), f"{key}: no such setting"
-    secrets = {key for key in env if key.endswith("_FILE") and _setting_exists(key.removesuffix("_FILE"))}
+        assert key.startswith("KI_") and setting_exists(key), f"{key}: no such setting"
+    secrets = {key for key in env if key.endswith("_FILE") and setting_exists(key.removesuffix("_FILE"))}
     stand_ins = {key.removesuffix("_FILE"): "a-stand-in-for-the-file-content" for key in secrets}
     return load_settings(environ={**{k: v for k, v in env.items() if k not in secrets}, **stand_ins})
 
