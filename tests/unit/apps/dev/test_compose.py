@@ -43,13 +43,18 @@ def _compose() -> dict:
 
 
 def _host_ports(service: dict) -> set[int]:
-    return {int(mapping.split(":")[-2]) for mapping in service.get("ports", [])}
+    """Each published port (a range's first: replicas take the next ones)."""
+    return {int(mapping.split(":")[-2].split("-")[0]) for mapping in service.get("ports", [])}
+
+
+#: The sidecar's own services (the Dockerfile's image; tests/unit/deploy/test_compose_sidecar.py checks them).
+SIDECAR = {"ki-migrate", "ki-sync-access", "ki-sync-content", "ki-api", "ki-mcp"}
 
 
 def test_compose_has_the_four_services_on_the_configured_ports() -> None:
     settings = load_settings(environ={})
     services = _compose()["services"]
-    assert set(services) == {"postgres", "kafka", "connect", "opensearch", "prometheus", "grafana"}
+    assert set(services) == {"postgres", "kafka", "connect", "opensearch", "prometheus", "grafana"} | SIDECAR
     assert settings.database.port in _host_ports(services["postgres"])
     assert int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1]) in _host_ports(services["kafka"])
     assert urlparse(settings.connect.url).port in _host_ports(services["connect"])
@@ -190,8 +195,9 @@ def test_the_secure_variant_publishes_docker_compose_ymls_ports_on_one_loopback(
         assert mapping.split(":")[-2] == mapping.split(":")[-1], "inside, each service listens on its native port"
     native = {settings.database.port, urlparse(settings.connect.url).port, urlparse(settings.opensearch.url).port,
               int(settings.kafka.bootstrap_servers.rsplit(":", 1)[1])}  # fmt: skip
+    native |= {settings.api.port, settings.mcp.port}  # the sidecar's servers listen in the same namespace
     assert {int(m.split(":")[-1]) for m in published} == native
-    for name in ("kafka", "kafka-acls", "connect", "opensearch"):
+    for name in ("kafka", "kafka-acls", "connect", "opensearch", *SIDECAR):
         assert secure[name]["network_mode"] == "service:postgres", name
     assert secure["secure-files"]["network_mode"] == secure["postgres-roles"]["network_mode"] == "none"
 
@@ -356,7 +362,7 @@ def test_every_secret_a_service_reads_is_staged_from_what_the_material_command_w
     root = Path(capsys.readouterr().out.strip())
     compose = _secure()
     stages = _staged(compose)
-    assert set(stages) == {"postgres", "kafka", "connect", "opensearch"}
+    assert set(stages) == {"postgres", "kafka", "connect", "opensearch", "ki"}
     files: dict[str, set[str]] = {}
     for directory, (_, *patterns) in stages.items():
         files[directory] = set()
