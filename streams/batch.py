@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ki.backoff import Backoff
 from ki.clients import as_ki_error
-from ki.errors import IndexSchemaError, TransientError
+from ki.errors import IndexSchemaError, PermanentError, TransientError
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
@@ -53,7 +53,7 @@ Apply = Callable[[DirtyKeys], Awaitable[Any]]
 DeadLetter = Callable[[Message, Failure], Awaitable[None]]
 
 
-class GaveUp(Exception):
+class GaveUp(PermanentError):
     """`apply_until_done` stopped trying: `cause` failed the last of `attempts` attempts."""
 
     def __init__(self, cause: Exception, attempts: int) -> None:

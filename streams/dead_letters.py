@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ki.errors import PermanentError
 from projections.cdc import PoisonEvent, decode
 from projections.dirty import DirtyKeys, dirty_keys
 
@@ -202,7 +203,7 @@ def backlog(letters: Sequence[DeadLetter], now_s: float) -> Backlog:
     return Backlog(len(letters), max(0.0, now_s - min(d.at_ms for d in letters) / 1000))
 
 
-class SelectionError(ValueError):
+class SelectionError(PermanentError):
     """A `--key` / `--all` choice that selects nothing `ki dlq` can act on (one readable line)."""
 
 

@@ -723,7 +723,8 @@ def openapi_document() -> dict[str, Any]:
             ),
             "/v1/ops/overview": _get(
                 "The operations dashboard's figures (administrators only): lag per lane and topic, commit -> "
-                "indexed p50/p99, slot WAL retained, DLQ records and those waiting to be handled, rows waiting for a vector, index size and alias "
+                "indexed p50/p99, slot WAL retained, DLQ records (and those waiting to be handled), rows waiting for a "
+                "vector, index size and alias "
                 "target, request rate and latency over api.ops.window_s; from the same sources as the API's and "
                 "the lanes' /metrics",
                 {

@@ -59,7 +59,8 @@ def test_a_dead_letter_is_sent_only_once_the_broker_acknowledged_it() -> None:
 def test_a_dead_letter_the_broker_refuses_raises() -> None:
     async def scenario() -> None:
         topic = Topic()
-        sending = asyncio.ensure_future(DeadLetters(topic, "access").send(Record(), Failure("cannot be applied", "X", 2)))
+        failure = Failure("cannot be applied", "X", 2)
+        sending = asyncio.ensure_future(DeadLetters(topic, "access").send(Record(), failure))
         for _ in range(5):
             await asyncio.sleep(0)
         topic.deliveries[0].set_exception(RuntimeError("MessageSizeTooLarge"))
