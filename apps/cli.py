@@ -128,6 +128,52 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
     return print_status(settings)
 
 
+def _dlq(args: argparse.Namespace, settings: Settings) -> int:
+    """`ki dlq list | replay | drop`: the dead letters waiting, and each replay or drop logged in ki_dlq_operations."""
+    import asyncio
+    import getpass
+    import json
+    import time
+
+    from ki.clients import make_engine
+    from streams import dlq
+    from streams.dead_letters import SelectionError, by_key, select, summary_line, table_lines
+
+    operator = (args.by or "").strip() if args.by is not None else getpass.getuser()
+    if not operator:
+        raise CliError("dlq: --by must name who acts")
+    if args.action == "drop" and not (args.reason or "").strip():
+        raise CliError('dlq drop: --reason "..." is required: say why these dead letters are dropped')
+    if args.action == "list" and (args.key or args.all):
+        raise CliError("dlq list: --key and --all select for replay and drop; list shows every waiting dead letter")
+    engine = make_engine(settings, pooled=False)
+    try:
+        waiting = dlq.read_waiting(settings, engine)
+        if args.action == "list":
+            summaries = by_key(waiting)
+            if args.json:
+                print(json.dumps([s.as_json() for s in summaries], indent=2))
+            elif not summaries:
+                print(f"no dead letter waits on {settings.streams.dlq_topic}")
+            else:
+                print("\n".join(table_lines(summaries, time.time())))
+            return 0
+        try:
+            chosen = select(waiting, args.key or [], args.all, args.action)
+        except SelectionError as exc:
+            raise CliError(str(exc)) from None
+        if args.action == "drop":
+            op = dlq.drop(engine, settings.streams.dlq_topic, chosen, operator, args.reason.strip())
+        else:
+            op = asyncio.run(dlq.replay(settings, engine, chosen, operator, (args.reason or "").strip() or None))
+    finally:
+        engine.dispose()
+    print(f"{summary_line(args.action, op.counts())} ({', '.join(dict.fromkeys(d.key for d, _, _ in op.outcomes))})")
+    for letter, detail in op.failed:
+        print(f"ki: dlq replay: {letter.key} still waits: {detail}", file=sys.stderr)
+    return 1 if op.failed else 0
+
+
 def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
@@ -613,6 +659,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sync.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
     sync.set_defaults(handler=_sync)
+
+    dlq = sub.add_parser(
+        "dlq", help="the dead-letter topic: list what waits, replay it through the projector, or drop it with a reason"
+    )
+    dlq.add_argument(
+        "action", choices=["list", "replay", "drop"],
+        help="list: the waiting dead letters by key; replay: project what they dirtied again (after the cause is "
+        "fixed); drop: mark them handled without replaying. Each replay and drop is logged in ki_dlq_operations",
+    )  # fmt: skip
+    dlq.add_argument("--key", action="append", metavar="KEY",
+                     help="a key as `ki dlq list` shows it (table/id); repeatable")  # fmt: skip
+    dlq.add_argument("--all", action="store_true", help="every waiting dead letter")
+    dlq.add_argument("--reason", help="why (required for drop; kept in the operations log)")
+    dlq.add_argument("--by", help="who acts, for the operations log (default: the OS user)")
+    dlq.add_argument("--json", action="store_true", help="for list: JSON instead of a table")
+    dlq.set_defaults(handler=_dlq)
 
     rebuild = sub.add_parser("rebuild", help="replay the CDC topics into a fresh index, verify, swap the alias")
     rebuild.set_defaults(handler=_rebuild)

@@ -22,6 +22,8 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
         ├── IndexSchemaError    the live index cannot hold what we write (dimension, analyzer, embedding)
         ├── BulkRejected        bulk items the index refused, e.g. 400 mapper_parsing_exception (also a BulkError)
         ├── PoisonEvent         a change event that can never be applied: dead-lettered (projections/cdc.py)
+        ├── GaveUp              a lane stopped retrying a batch: it is dead-lettered with `.attempts` (streams/batch.py)
+        ├── SelectionError      a `ki dlq` --key / --all that selects nothing to act on (streams/dead_letters.py)
         ├── EmbeddingError      the embedder cannot give a valid vector (ki/embedding); E5FormatError
         ├── ReportInvalid       an eval report that cannot serve as evidence (search/ranking/mode_gate.py)
         └── the applications' one-line errors: CliError, StackError, EvalError, BenchError, DataError,

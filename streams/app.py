@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -43,6 +42,7 @@ from projections.dirty import DirtyKeys
 from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint, FaustAcks, faust_commit_settings
+from streams.dead_letters import Failure, letter_value
 from streams.liveness import LaneProgress, Liveness
 from streams.sync import Projector
 from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
@@ -201,26 +201,28 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
 
 
 class DeadLetters:
-    """One lane's side of the dead-letter topic: a record that can never be applied, with its reason.
-    `send` returns once the broker acknowledged the dead letter, and raises if it refused it."""
+    """One lane's side of the dead-letter topic: a record that can never be applied, with why (its value:
+    `streams.dead_letters.letter_value`). `send` returns once the broker acknowledged the dead letter, and
+    raises if it refused it."""
 
     def __init__(self, topic: Any, lane: Lane) -> None:
         self.topic, self.lane = topic, lane
 
-    async def send(self, message: Any, reason: str) -> None:
-        payload = {
-            "lane": self.lane,
-            "reason": reason,
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "key": message.key.decode("utf-8", "replace") if message.key else None,
-            "value": message.value.decode("utf-8", "replace") if message.value else None,
-        }
+    async def send(self, message: Any, failure: Failure) -> None:
+        value = letter_value(
+            self.lane,
+            failure,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+            at_ms=int(time.time() * 1000),
+        )
         # Faust's `send` only queues the record: its result is the delivery. Until the broker acknowledged it,
         # the record is not handled (its offset must not be committed), and a refused delivery must raise,
         # not pass as a warning in Faust's log.
-        delivery = await self.topic.send(key=message.key, value=json.dumps(payload).encode())
+        delivery = await self.topic.send(key=message.key, value=value)
         await delivery
         metrics.DLQ_EVENTS.labels(lane=self.lane, table=message.topic.rsplit(".", 1)[-1]).inc()
-        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
+        log.warning("dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, failure.reason)

@@ -24,11 +24,12 @@ from typing import Any, Protocol
 
 from ki.backoff import Backoff
 from ki.clients import as_ki_error
-from ki.errors import IndexSchemaError, TransientError
+from ki.errors import IndexSchemaError, PermanentError, TransientError
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.checkpoint import Checkpoint
+from streams.dead_letters import Failure
 from streams.topics import Lane
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,16 @@ class Message(Protocol):
 
 
 Apply = Callable[[DirtyKeys], Awaitable[Any]]
-# Sends a record to the dead-letter topic with its reason; returns once the broker acknowledged it.
-DeadLetter = Callable[[Message, str], Awaitable[None]]
+# Sends a record to the dead-letter topic with why it failed; returns once the broker acknowledged it.
+DeadLetter = Callable[[Message, Failure], Awaitable[None]]
+
+
+class GaveUp(PermanentError):
+    """`apply_until_done` stopped trying: `cause` failed the last of `attempts` attempts."""
+
+    def __init__(self, cause: Exception, attempts: int) -> None:
+        super().__init__(str(cause))
+        self.cause, self.attempts = cause, attempts
 
 
 class BatchHandler:
@@ -89,7 +98,7 @@ class BatchHandler:
                 event_keys = dirty_keys(decoded)
             except (PoisonEvent, ValueError, TypeError) as exc:
                 if self.lane == "content" or message.topic not in self.content_topics:
-                    await self.dead_letter(message, f"undecodable: {exc}")
+                    await self.dead_letter(message, Failure.undecodable(exc))
                     self.checkpoint.dead_lettered(message)
                 else:
                     self.checkpoint.skipped(message)  # the content lane dead-letters it
@@ -104,11 +113,10 @@ class BatchHandler:
             to_apply.append(message)
         try:
             await self.apply_until_done(keys)
-        except IndexSchemaError:
-            raise
-        except Exception as exc:
+        except GaveUp as gave_up:
+            failure = Failure.not_applied(gave_up.cause, gave_up.attempts)
             for message in to_apply:
-                await self.dead_letter(message, f"cannot be applied: {type(exc).__name__}: {exc}")
+                await self.dead_letter(message, failure)
                 self.checkpoint.dead_lettered(message)
         else:
             self.checkpoint.applied(to_apply)
@@ -116,7 +124,8 @@ class BatchHandler:
             metrics.FRESHNESS.labels(lane=self.lane).observe(max(0.0, self.clock() - newest_commit_ms / 1000))
 
     async def apply_until_done(self, keys: DirtyKeys) -> None:
-        """Retry transient failures forever; give up on anything else after `max_attempts`."""
+        """Retry transient failures forever; give up on anything else after `max_attempts` (`GaveUp`, with the
+        attempts made in all)."""
         attempt = 0
         while True:
             try:
@@ -133,7 +142,7 @@ class BatchHandler:
                 # exception is read once, in ki.clients, and anything unknown counts as permanent.
                 transient = isinstance(as_ki_error(exc), TransientError)
                 if not transient and attempt >= self.max_attempts:
-                    raise
+                    raise GaveUp(exc, attempt) from exc
                 metrics.SYNC_RETRIES.inc()
                 delay = self.backoff.delay(attempt - 1)
                 log.warning(

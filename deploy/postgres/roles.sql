@@ -7,7 +7,8 @@
 --   ki_api       the search API and the MCP server: reads what search, documents, relations and decisions
 --                need; writes only its own statistics and access audit (ki_search_stats, ki_access_audit:
 --                insert, and delete for retention).
---   ki_worker    the sync worker, `ki backfill`, `ki reconcile`: reads the structured layer, writes nothing.
+--   ki_worker    the sync worker, `ki backfill`, `ki reconcile`: reads the structured layer, writes nothing;
+--                reads the DLQ operations log (ki_dlq_operations) for its gauges of dead letters waiting.
 --   ki_debezium  Debezium: logical replication, the published tables, and its heartbeat row.
 --   The operator role (the schema's owner, `database.user` of `ki migrate` and `ki rebuild`) keeps ownership.
 
@@ -34,6 +35,8 @@ GRANT SELECT, INSERT, DELETE ON ki_search_stats TO ki_api;
 -- The access audit (who saw which documents), read back by administrators through the API.
 GRANT SELECT, INSERT, DELETE ON ki_access_audit TO ki_api;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ki_api;
+-- The DLQ operations log (`ki dlq`, written by the operator): which dead letters are handled, for the lanes' gauges.
+GRANT SELECT ON ki_dlq_operations TO ki_worker;
 
 -- Debezium: the publication's tables (snapshot and schema reads) and its heartbeat upsert.
 GRANT SELECT ON

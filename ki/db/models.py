@@ -525,3 +525,41 @@ class SelfEvalReport(Base):
     binding_hash: Mapped[str] = mapped_column(Text, nullable=False)
     decision: Mapped[str] = mapped_column(Text, nullable=False)
     report: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+
+
+DLQ_ACTIONS: tuple[str, ...] = ("replay", "drop")
+DLQ_OUTCOMES: tuple[str, ...] = ("replayed", "dropped", "failed")
+
+
+class DlqOperation(Base):
+    """One dead letter handled (or not) by `ki dlq replay` / `ki dlq drop` (streams.dlq; written by the operator's
+    command, read by the lanes' DLQ gauges, not captured by CDC): who, when, which dead letter (its place on the DLQ
+    topic and the key `ki dlq list` shows), why, and what came of it. A dead letter with a `replayed` or `dropped`
+    row is handled (at most one such row: `ix_ki_dlq_operations_handled`); a `failed` replay leaves it waiting."""
+
+    __tablename__ = "ki_dlq_operations"
+    __table_args__ = (
+        CheckConstraint(_in_list("action", DLQ_ACTIONS), name="action"),
+        CheckConstraint(_in_list("outcome", DLQ_OUTCOMES), name="outcome"),
+        CheckConstraint("action <> 'drop' OR btrim(coalesce(reason, '')) <> ''", name="drop_has_reason"),
+        Index(
+            "ix_ki_dlq_operations_handled",
+            "dlq_topic",
+            "dlq_partition",
+            "dlq_offset",
+            unique=True,
+            postgresql_where=sql_text("outcome IN ('replayed', 'dropped')"),
+        ),
+    )
+
+    id: Mapped[int] = _pk()
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    operator: Mapped[str] = mapped_column(Text, nullable=False)
+    action: Mapped[str] = mapped_column(Text, nullable=False)
+    dlq_topic: Mapped[str] = mapped_column(Text, nullable=False)
+    dlq_partition: Mapped[int] = mapped_column(Integer, nullable=False)
+    dlq_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    record_key: Mapped[str] = mapped_column(Text, nullable=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[str] = mapped_column(Text, nullable=False)
+    detail: Mapped[str | None] = mapped_column(Text)

@@ -160,8 +160,10 @@ def overview(
     slot = next((v for v in (first(s, "ki_sync_replication_slot_retained_bytes") for s in answering) if v is not None),
                 None)  # fmt: skip
     dlq = next((v for v in (first(s, "ki_sync_dlq_records") for s in answering) if v is not None), None)
+    # Dead letters no `ki dlq replay` / `drop` has handled yet, and the oldest one's wait: every lane reads them.
+    waiting = next((s for s in answering if first(s, "ki_sync_dlq_waiting_records") is not None), None)
     # Rows written text first that wait for their vector: the content lane (which adds them) reports it.
-    waiting = next((s for s in answering if first(s, "ki_sync_rows_vector_pending") is not None), None)
+    pending = next((s for s in answering if first(s, "ki_sync_rows_vector_pending") is not None), None)
     return {
         "at": round(reading.at, 3),
         "window_s": window_s,
@@ -176,11 +178,17 @@ def overview(
         "lanes": lane_out,
         "slot_retained_bytes": None if slot is None else int(slot),
         "dlq_records": None if dlq is None else int(dlq),
-        "vectors_pending": None
+        "dlq_waiting": None
         if waiting is None
         else {
-            "rows": int(first(waiting, "ki_sync_rows_vector_pending") or 0),
-            "oldest_s": _rounded(first(waiting, "ki_sync_oldest_vector_pending_seconds"), 3),
+            "records": int(first(waiting, "ki_sync_dlq_waiting_records") or 0),
+            "oldest_s": _rounded(first(waiting, "ki_sync_dlq_oldest_waiting_seconds"), 3),
+        },
+        "vectors_pending": None
+        if pending is None
+        else {
+            "rows": int(first(pending, "ki_sync_rows_vector_pending") or 0),
+            "oldest_s": _rounded(first(pending, "ki_sync_oldest_vector_pending_seconds"), 3),
         },
         "index": {**index_state(api), "error": index_error},
     }

@@ -748,7 +748,8 @@ def openapi_document() -> dict[str, Any]:
             ),
             "/v1/ops/overview": _get(
                 "The operations dashboard's figures (administrators only): lag per lane and topic, commit -> "
-                "indexed p50/p99, slot WAL retained, DLQ records, rows waiting for a vector, index size and alias "
+                "indexed p50/p99, slot WAL retained, DLQ records (and those waiting to be handled), rows waiting for a "
+                "vector, index size and alias "
                 "target, request rate and latency over api.ops.window_s; from the same sources as the API's and "
                 "the lanes' /metrics",
                 {
@@ -756,6 +757,13 @@ def openapi_document() -> dict[str, Any]:
                     "lanes": {"type": "object"},
                     "index": {"type": "object"},
                     "dlq_records": {"type": "integer", "nullable": True},
+                    "dlq_waiting": {
+                        "type": "object",
+                        "nullable": True,
+                        "description": "dead letters no `ki dlq replay` or `ki dlq drop` has handled yet, and the "
+                        "oldest one's wait (null when no lane answers)",
+                        "properties": {"records": {"type": "integer"}, "oldest_s": {"type": "number"}},
+                    },
                     "slot_retained_bytes": {"type": "integer", "nullable": True},
                     "vectors_pending": {
                         "type": "object",

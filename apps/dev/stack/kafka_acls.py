@@ -8,7 +8,8 @@ ACLs once Kafka answers). The roles, by what they touch (`kafka.topic_prefix` "k
   `ki eval`'s connectors) and Debezium's heartbeat topics (`__debezium-heartbeat.*`), owns its own config,
   offset and status topics (`ki-connect-*`) and its worker group.
 * `ki_worker` -- the sync worker: reads the CDC topics (and creates a missing one, compacted, before the
-  lanes start), writes the dead-letter topic, and uses the lanes' groups (`streams.app_id*`).
+  lanes start), writes the dead-letter topic (and reads it for the waiting dead letters' gauges), and uses the
+  lanes' groups (`streams.app_id*`).
 * `ki_api` -- the search API's invalidation feed: reads the access tables' topics and the heartbeat, with no
   group (it assigns partitions and commits nothing); for a consistency token's wait it may describe (not read)
   every CDC topic and the lanes' groups.
@@ -72,6 +73,8 @@ def grants(settings: Settings) -> list[Grant]:
         Grant("connect", group, f"{prefix}-connect", literal, READ),
         Grant("ki_worker", topic, cdc, prefixed, (*READ, AclOperation.CREATE)),
         Grant("ki_worker", topic, settings.streams.dlq_topic, literal, WRITE),
+        # The lanes' DLQ gauges read the dead letters' times (assigned, no group, nothing committed).
+        Grant("ki_worker", topic, settings.streams.dlq_topic, literal, READ),
         Grant("ki_worker", group, app, prefixed, READ),
         *(
             Grant("ki_api", topic, topic_name(prefix, table), literal, READ)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from streams.app import DeadLetters
+from streams.dead_letters import Failure, parse
 
 
 @dataclass
@@ -38,10 +39,16 @@ class Topic:
 def test_a_dead_letter_is_sent_only_once_the_broker_acknowledged_it() -> None:
     async def scenario() -> None:
         topic = Topic()
-        sending = asyncio.ensure_future(DeadLetters(topic, "content").send(Record(), "undecodable: x"))
+        sending = asyncio.ensure_future(
+            DeadLetters(topic, "content").send(Record(), Failure("undecodable: x", "undecodable", 1))
+        )
         for _ in range(5):
             await asyncio.sleep(0)
         assert topic.sent[0]["offset"] == 7 and topic.sent[0]["reason"] == "undecodable: x"
+        # It reads back as what `ki dlq list` shows.
+        back = parse(0, 3, 1, json.dumps(topic.sent[0]).encode())
+        assert (back.key, back.error_class, back.attempts, back.lane) == ("document_versions/42", "undecodable", 1,
+                                                                          "content")  # fmt: skip
         assert not sending.done(), "returned before the broker acknowledged the dead letter"
         topic.deliveries[0].set_result("metadata")
         await asyncio.wait_for(sending, 1)
@@ -52,7 +59,8 @@ def test_a_dead_letter_is_sent_only_once_the_broker_acknowledged_it() -> None:
 def test_a_dead_letter_the_broker_refuses_raises() -> None:
     async def scenario() -> None:
         topic = Topic()
-        sending = asyncio.ensure_future(DeadLetters(topic, "access").send(Record(), "cannot be applied"))
+        failure = Failure("cannot be applied", "X", 2)
+        sending = asyncio.ensure_future(DeadLetters(topic, "access").send(Record(), failure))
         for _ in range(5):
             await asyncio.sleep(0)
         topic.deliveries[0].set_exception(RuntimeError("MessageSizeTooLarge"))

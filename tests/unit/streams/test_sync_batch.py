@@ -14,6 +14,7 @@ from ki.errors import IndexSchemaError, PermanentError, TransientError
 from projections.dirty import DirtyKeys
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint
+from streams.dead_letters import Failure
 from streams.sync import SyncStats
 from tests.unit.projections.test_cdc import KEY, TOPIC, VERSION_ROW, envelope
 
@@ -57,6 +58,7 @@ class Lane:
     ):
         self.applied: list[DirtyKeys] = []
         self.dead: list[tuple[Record, str]] = []
+        self.failures_sent: list[Failure] = []
         self.waits: list[float] = []
         self.failures = list(failures or [])
         self.dead_letter_failures = list(dead_letter_failures or [])
@@ -71,11 +73,12 @@ class Lane:
             self.applied.append(keys)
             return SyncStats()
 
-        async def dead_letter(message: Record, reason: str) -> None:
+        async def dead_letter(message: Record, failure: Failure) -> None:
             self.released_at.append((f"dead letter {message.offset}", list(self.released.offsets)))
             if self.dead_letter_failures:
                 raise self.dead_letter_failures.pop(0)
-            self.dead.append((message, reason))
+            self.dead.append((message, failure.reason))
+            self.failures_sent.append(failure)
 
         async def sleep(seconds: float) -> None:
             self.released_at.append(("wait", list(self.released.offsets)))
@@ -132,6 +135,14 @@ def test_a_permanent_failure_dead_letters_the_whole_batch_after_the_last_attempt
     assert lane.applied == [] and len(lane.waits) == 2
     assert [m.offset for m, _ in lane.dead] == [1, 9]
     assert all(why.startswith("cannot be applied: PermanentError") for _, why in lane.dead)
+    # Each dead letter says what failed and how often the lane tried, for `ki dlq list`.
+    assert {(f.error_class, f.attempts) for f in lane.failures_sent} == {("PermanentError", 3)}
+
+
+def test_transient_attempts_before_a_permanent_failure_count_as_attempts() -> None:
+    lane = Lane(failures=[TransientError("opensearch away"), *[PermanentError("refused")] * 2], max_attempts=2)
+    lane.handle(GOOD)
+    assert [(f.error_class, f.attempts) for f in lane.failures_sent] == [("PermanentError", 2)]
 
 
 def test_an_index_that_does_not_fit_the_settings_is_neither_retried_nor_dead_lettered() -> None:
@@ -146,6 +157,7 @@ def test_a_failing_batch_dead_letters_each_record_once_and_leaves_the_other_lane
     content.handle(GOOD, POISON)
     # The poison record was dead-lettered for what it is; the batch's failure does not send it a second time.
     assert [(m.offset, why.split(":")[0]) for m, why in content.dead] == [(2, "undecodable"), (1, "cannot be applied")]
+    assert [(f.error_class, f.attempts) for f in content.failures_sent] == [("undecodable", 1), ("PermanentError", 3)]
     access = Lane("access", failures=[PermanentError("mapping rejects the row")] * 3)
     access.handle(GOOD, POISON)
     # The undecodable content record is the content lane's to dead-letter, whatever happens to this batch.

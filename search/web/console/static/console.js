@@ -504,6 +504,11 @@ function renderOps(o) {
   figures.push(figure("index-size", "index size", idx.size_bytes, bytes(idx.size_bytes), `${count(idx.size_bytes)} bytes`));
   figures.push(figure("index-rows", "index rows (chunks)", idx.rows, count(idx.rows)));
   figures.push(figure("dlq-records", "dead-letter records", o.dlq_records, count(o.dlq_records)));
+  const dlq = o.dlq_waiting;
+  figures.push(figure("dlq-waiting", "dead letters waiting (ki dlq list)", dlq ? dlq.records : null,
+    dlq ? count(dlq.records) : "—",
+    dlq ? (dlq.records ? `oldest waiting ${dlq.oldest_s} s: replay or drop it` : "every dead letter handled")
+      : "no lane answered", Boolean(dlq && dlq.records)));
   figures.push(figure("slot-retained", "replication slot WAL retained", o.slot_retained_bytes, bytes(o.slot_retained_bytes)));
   const pending = o.vectors_pending;
   figures.push(figure("vectors-pending", "rows waiting for their vector", pending ? pending.rows : null,

@@ -33,6 +33,8 @@ def test_the_worker_reads_cdc_writes_only_the_dlq_and_uses_only_its_groups() -> 
     worker = allowed("ki_worker")
     writes = {name for kind, name, _, op in worker if op == "WRITE"}
     assert writes == {"ki.dlq"}
+    reads = {name for kind, name, _, op in worker if kind == "TOPIC" and op == "READ"}
+    assert reads == {"ki.public.", "ki.dlq"}  # the CDC topics, and the dead letters for the DLQ gauges
     groups = {(name, pattern) for kind, name, pattern, _ in worker if kind == "GROUP"}
     assert groups == {("ki-sidecar", "PREFIXED")}  # the content lane's group and `ki-sidecar-access`
     assert not any(name.startswith("ki-connect") for _, name, _, _ in worker)

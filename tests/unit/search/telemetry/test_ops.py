@@ -53,6 +53,10 @@ ki_sync_freshness_seconds_sum{lane="content"} 80
 ki_sync_dlq_events_total{lane="content",table="documents"} 2
 # TYPE ki_sync_dlq_records gauge
 ki_sync_dlq_records 5
+# TYPE ki_sync_dlq_waiting_records gauge
+ki_sync_dlq_waiting_records 2
+# TYPE ki_sync_dlq_oldest_waiting_seconds gauge
+ki_sync_dlq_oldest_waiting_seconds 61.5
 # TYPE ki_sync_replication_slot_retained_bytes gauge
 ki_sync_replication_slot_retained_bytes 4096
 # TYPE ki_sync_rows_vector_pending gauge
@@ -103,6 +107,7 @@ def test_overview_counts_the_apis_work_not_the_dashboards_polling() -> None:
     assert lane["dlq_events"] == 2
     assert out["lanes"]["access"] == {"up": False, "error": "http://x/metrics: refused"}
     assert out["dlq_records"] == 5 and out["slot_retained_bytes"] == 4096
+    assert out["dlq_waiting"] == {"records": 2, "oldest_s": 61.5}  # not replayed or dropped yet
     assert out["vectors_pending"] == {"rows": 12, "oldest_s": 3.25}
 
 
@@ -120,3 +125,4 @@ def test_overview_over_a_window_uses_only_what_happened_in_it() -> None:
     # Without any lane: no DLQ or slot figure rather than a made-up zero.
     none = overview(api, {"content": "down"}, reading, earlier, window_s=300)
     assert none["dlq_records"] is None and none["slot_retained_bytes"] is None and none["vectors_pending"] is None
+    assert none["dlq_waiting"] is None
