@@ -506,6 +506,9 @@ class StreamsSettings(_Section):
     # lane's port defaults to web_port + 1, so overriding web_port alone moves both.
     web_port: int = Field(56066, ge=1, le=65535)
     access_web_port: int | None = Field(None, ge=1, le=65535)
+    # The address the lanes' /metrics and /healthz listen on: loopback unless a scraper in another container
+    # or pod must reach them (they say nothing about documents: counts, lag, timings).
+    web_bind: str = Field("127.0.0.1", min_length=1)
     dlq_topic: str = "ki.dlq"
     # Access lane: grants, memberships, aliases, observations, soft deletes, text-first rows -- nothing it
     # does embeds, so it takes big batches and commits after each. Big enough that a bulk import's events
@@ -1009,14 +1012,26 @@ def find_config(path: Path | str | None = None, environ: dict[str, str] | None =
     return next((candidate.absolute() for candidate in CONFIG_SEARCH_PATH if candidate.is_file()), None)
 
 
+def tuned_config() -> dict[str, Any]:
+    """The project's tuned settings (`ki/tuned_config.json`, the repository's config.json shipped in the package:
+    the local model's 384 dimensions, the German analyzer, the fusion chosen on the train splits), under every
+    config file: the class defaults are the reference spec's, which a deployment should not start from."""
+    from importlib import resources
+
+    data: dict[str, Any] = json.loads((resources.files("ki") / "tuned_config.json").read_text(encoding="utf-8"))
+    return data
+
+
 def load_settings(path: Path | str | None = None, environ: dict[str, str] | None = None) -> Settings:
-    """Read the config file in effect (`find_config`: `path`, $KI_CONFIG, the search path; none: the
-    defaults), apply env overrides, validate. A named file that is missing is an error."""
+    """Read the config file in effect (`find_config`: `path`, $KI_CONFIG, the search path; none: the tuned
+    defaults alone) over the tuned defaults (`tuned_config`), apply env overrides, validate. A named file that is
+    missing is an error."""
     environ = dict(os.environ if environ is None else environ)
     config_path = find_config(path, environ)
     environ.pop("KI_CONFIG", None)
+    base = tuned_config()
     if config_path is None:
-        return _validated({}, environ)
+        return _validated(base, environ)
     try:
         data = json.loads(config_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -1031,7 +1046,13 @@ def load_settings(path: Path | str | None = None, environ: dict[str, str] | None
     if not isinstance(data, dict):
         raise SettingsError(f"config error: {config_path}: top level must be an object")
     _migrate(data, str(config_path))
-    return _validated(data, environ)
+    try:
+        settings_in_file = _override_paths(data)
+    except SettingsError:
+        return _validated(data, environ)  # the file's own mistake, worded as validating it says it
+    for setting, value in settings_in_file:  # each setting the file names replaces the tuned one whole
+        _place(base, setting, value)
+    return _validated(base, environ)
 
 
 def _validated(data: dict[str, Any], environ: dict[str, str]) -> Settings:

@@ -91,7 +91,7 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         store="memory://",
         datadir=str(datadir),
         web_port=lane_web_port(settings, lane),
-        web_bind="127.0.0.1",
+        web_bind=settings.streams.web_bind,
         web_transport="tcp://",
         consumer_auto_offset_reset="earliest",
         # CDC topics are created compacted by `ki stack` / Debezium; never let Faust declare them.

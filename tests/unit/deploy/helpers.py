@@ -8,7 +8,8 @@ from contextlib import redirect_stderr
 from io import StringIO
 
 from apps.cli import build_parser
-from ki.settings import REPO_ROOT, Settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import Settings
 
 IMAGE_NAME = "ki-sidecar"
 PROBE = ["python", "-m", "apps.runtime.probe"]

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.cluster import cluster_env
 from apps.dev.stack.secure import SecureMaterial, client_env
-from ki.settings import REPO_ROOT, Settings, load_settings
+from ki.settings import Settings, load_settings
 from tests.unit.deploy.helpers import PROBE, assert_ki_command, image, setting_exists
 
 FILES = ("docker-compose.yml", "docker-compose.secure.yml", "docker-compose.cluster.yml")
@@ -78,7 +79,7 @@ def test_the_migration_runs_once_before_the_others_and_every_wait_is_on_a_health
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_health_checks_probe_the_api_readyz_each_lanes_metrics_and_the_mcp_port(name: str) -> None:
+def test_health_checks_probe_the_api_readyz_each_lanes_healthz_and_the_mcp_port(name: str) -> None:
     services = _services(name)
     for service_name in LONG_RUNNING:
         service = services[service_name]
@@ -93,7 +94,7 @@ def test_health_checks_probe_the_api_readyz_each_lanes_metrics_and_the_mcp_port(
         else:
             lane = service["command"][service["command"].index("--lane") + 1]
             assert service_name == f"ki-sync-{lane}"
-            expected = [f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics"]
+            expected = [f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/healthz"]
         assert targets == expected, service_name
         assert service["healthcheck"]["start_period"], f"{service_name}: loading the model takes seconds"
 

@@ -13,7 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 from tests.unit.deploy.helpers import dockerfile_version, project_version
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"

@@ -11,7 +11,8 @@ import kubernetes_validate  # the pinned dev extra: `pip install -e '.[dev]'`
 import pytest
 import yaml
 
-from ki.settings import REPO_ROOT, Settings
+from apps.dev.checkout import REPO_ROOT
+from ki.settings import Settings
 from tests.unit.deploy.helpers import PROBE, assert_ki_command, image, setting_exists
 
 KUBERNETES = REPO_ROOT / "deploy" / "kubernetes"
@@ -98,7 +99,7 @@ def test_probes_reach_the_endpoints_the_servers_have() -> None:
     for lane in ("access", "content"):
         container = _container(workloads[f"ki-sync-{lane}"])
         assert container["args"] == ["sync", "run", "--lane", lane]
-        url = f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics"  # loopback: only an exec probe
+        url = f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/healthz"  # loopback: only an exec probe
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             assert container[probe]["exec"]["command"] == [*PROBE, url], (lane, probe)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ki.settings import REPO_ROOT
+from apps.dev.checkout import REPO_ROOT
 from tests.unit.deploy.helpers import assert_ki_command, setting_exists
 
 SYSTEMD = REPO_ROOT / "deploy" / "systemd"

@@ -11,7 +11,7 @@ import pytest
 
 from apps.cli import main
 from ki import settings as settings_module
-from ki.settings import CONFIG_SEARCH_PATH, Settings, SettingsError, find_config, load_settings
+from ki.settings import CONFIG_SEARCH_PATH, Settings, SettingsError, find_config, load_settings, tuned_config
 
 
 @pytest.fixture
@@ -34,10 +34,30 @@ def test_the_search_path_is_the_working_folder_then_the_machine() -> None:
     assert list(CONFIG_SEARCH_PATH) == [Path("config.json"), Path("/etc/ki-sidecar/config.json")]
 
 
-def test_no_file_anywhere_gives_the_defaults_without_an_error(nowhere: Path) -> None:
+def test_no_file_anywhere_gives_the_tuned_defaults_without_an_error(nowhere: Path) -> None:
     assert find_config(environ={}) is None
-    assert load_settings(environ={}) == Settings()
+    tuned = load_settings(environ={})
+    assert tuned == Settings.model_validate(tuned_config())  # the shipped tuning over the spec's class defaults
+    assert tuned.retrieval.embedding_dimensions == 384 != Settings().retrieval.embedding_dimensions  # the local model's
+    assert tuned.retrieval.text_analyzer == "german_text"
     assert load_settings(environ={"KI_API__PORT": "9191"}).api.port == 9191  # KI_* still apply
+
+
+def test_the_shipped_tuning_is_the_repositorys_config() -> None:
+    from apps.dev.checkout import REPO_ROOT
+
+    assert tuned_config() == json.loads((REPO_ROOT / "config.json").read_text(encoding="utf-8"))
+
+
+def test_a_file_replaces_the_settings_it_names_and_keeps_the_rest_tuned(nowhere: Path) -> None:
+    mine = _write(nowhere / "mine.json", {"database": {"host": "db.internal"}, "retrieval": {"fusion_method": "rrf",
+                  "semantic_floor": {"other-model": 0.5}}})  # fmt: skip
+    settings = load_settings(mine, environ={})
+    assert settings.database.host == "db.internal" and settings.retrieval.fusion_method == "rrf"
+    assert settings.retrieval.semantic_floor == {"other-model": 0.5}  # a map setting is replaced whole
+    assert (settings.retrieval.embedding_dimensions, settings.retrieval.weight_semantic) == (384, 0.5)  # tuned
+    with pytest.raises(SettingsError, match="retrieval.fusion_methd"):  # a typo: named, as validation words it
+        load_settings(_write(nowhere / "typo.json", {"retrieval": {"fusion_methd": "rrf"}}), environ={})
 
 
 def test_ki_config_names_the_file(nowhere: Path) -> None:
@@ -82,10 +102,13 @@ def test_ki_config_check_names_the_file_or_the_defaults(
 ) -> None:
     for name in [n for n in os.environ if n.startswith("KI_")]:
         monkeypatch.delenv(name)
+    tuned = [
+        f"{section}.{name}" for section, fields in tuned_config().items() for name in fields
+    ]  # the shipped tuning, against the spec's class defaults
     assert main(["config", "check"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "config file: none (the built-in defaults)",
-        "config ok: 0 setting(s) differ from the defaults",
+        f"config ok: {len(tuned)} setting(s) differ from the defaults: {', '.join(tuned)}",
     ]
     assert main(["--config", str(nowhere / "absent.json"), "config", "check"]) == 2
     captured = capsys.readouterr()
