@@ -58,6 +58,10 @@ class RateWindow:
             return None
         return max(0.0, (d1 - d0) / (t1 - t0))  # a count going down (an index replaced) is no progress
 
+    def span(self) -> float:
+        """Seconds the samples in the window cover (less than `window_s` early in a run)."""
+        return self.points[-1][0] - self.points[0][0] if len(self.points) >= 2 else 0.0
+
     def eta(self, done: int, total: int | None) -> float | None:
         """Seconds to `total` at the recent rate; 0 when there; None without a total or when stalled."""
         if total is None:
@@ -78,12 +82,16 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def rate_text(window: RateWindow, unit: str) -> str:
+def rate_text(window: RateWindow, unit: str, done: int | None = None) -> str:
+    """The recent rate; before anything is done "waiting for the first" (nothing could have moved yet, which is
+    not a stall), and a stall names the time it was measured over, not more than has passed."""
     rate = window.rate()
+    if not rate and done == 0:
+        return f"waiting for the first {unit}"
     if rate is None:
         return "rate: measuring"
     if rate == 0:
-        return f"stalled (nothing in the last {duration(window.window_s)})"
+        return f"stalled (nothing in the last {duration(min(window.window_s, window.span()))})"
     return f"{rate:.1f} {unit}/s"
 
 
@@ -100,7 +108,7 @@ def plain_line(
         count = f"{done} {unit}"
     else:
         count = f"{done}/{total} {unit}" + (f" ({done / total:.0%})" if total else "")
-    parts = [count, rate_text(window, unit), eta_text(window, done, total), f"{duration(elapsed)} elapsed"]
+    parts = [count, rate_text(window, unit, done), eta_text(window, done, total), f"{duration(elapsed)} elapsed"]
     line = f"{label}: " + ", ".join(p for p in parts if p)
     return f"{line}; {note}" if note else line
 
@@ -184,7 +192,7 @@ class ProgressReport:
     def _draw(self) -> None:
         figures = [
             f"{self.done}/{self.total} {self.unit}" if self.total is not None else f"{self.done} {self.unit}",
-            rate_text(self.window, self.unit),
+            rate_text(self.window, self.unit, self.done),
             eta_text(self.window, self.done, self.total),
         ]
         status = ", ".join(f for f in figures if f) + (f"; {self.note}" if self.note else "")

@@ -71,8 +71,14 @@ def test_demo_serves_example_requests_with_hits_and_stops_cleanly(settings: Sett
             assert all(status == "200" and int(hits) > 0 for status, hits in answers), answers
             assert "Bearer ey" in output  # the printed requests carry a minted token
             # Not a terminal: plain progress lines with count/total, rate and the lag per lane.
-            progress = re.findall(r"^ki demo: indexing: \d+/\d+ versions \(\d+%\), .*; Kafka lag: (.*)$", output, re.M)
+            # Two phases, each with its own count, rate and ETA: versions keyword-searchable, then rows vectored.
+            progress = re.findall(
+                r"^ki demo: keyword-searchable: \d+/\d+ versions \(\d+%\), .*; Kafka lag: (.*)$", output, re.M
+            )
             assert progress and all("content " in lag and "access " in lag for lag in progress), output[-2000:]
+            vectors = re.findall(r"^ki demo: vectors: (\d+)/(\d+) rows", output, re.M)
+            assert vectors and output.index("ki demo: vectors:") > output.index("ki demo: keyword-searchable:")
+            assert int(vectors[-1][0]) <= int(vectors[-1][1])
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
                 assert response.status == 200
             assert _worker_answers(settings)

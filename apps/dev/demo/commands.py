@@ -23,6 +23,7 @@ from ki.exposure import refuse_exposure
 from ki.settings import Settings
 from search.web.auth import mint_token
 from streams.status import LagProbe, lag_summary, synced
+from streams.writer import pending_vectors_of, pending_vectors_query
 
 
 def _progress(line: str) -> None:
@@ -63,11 +64,21 @@ def _indexed_versions(search: OpenSearch, alias: str) -> int:
     return int(search.search(index=alias, body=body)["aggregations"]["versions"]["value"])
 
 
+def _vector_rows(search: OpenSearch, alias: str) -> tuple[int, int]:
+    """(rows in the index, rows of them that have their vector)."""
+    if not search.indices.exists_alias(name=alias):
+        return 0, 0
+    rows = int(search.count(index=alias)["count"])
+    waiting, _ = pending_vectors_of(search.search(index=alias, body=pending_vectors_query()))
+    return rows, rows - waiting
+
+
 def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, settle_s: float = 60.0) -> None:
-    """Versions indexed against the versions to index (a bar on a terminal, plain lines otherwise) until
-    every lane has applied every CDC event (lag 0 on every partition of each lane a worker has joined) and
-    every version is in the index. Rows are written text first, so the count reaches the total when every
-    version is keyword-searchable (said once); the vectors follow as the content lane embeds."""
+    """Two phases, each a bar on a terminal and plain lines otherwise, with its own rate and ETA: versions in
+    the index against the versions to index (rows are written text first, so this is "keyword-searchable"),
+    then rows with their vector against the rows in the index as the content lane embeds -- until every lane
+    has applied every CDC event (lag 0 on every partition of each lane a worker has joined) and every version
+    is in the index."""
     with engine.connect() as conn:
         total = conn.execute(
             text(
@@ -79,17 +90,24 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, 
     probe = LagProbe(settings)
     started = time.monotonic()
     try:
-        keyword_searchable = False
+        alias = settings.retrieval.index_name
         last_indexed, last_change = -1, time.monotonic()
-        with ProgressReport("ki demo: indexing", "versions", total, stream=sys.stdout) as report:
+        report = ProgressReport("ki demo: keyword-searchable", "versions", total, stream=sys.stdout)
+        vectors: ProgressReport | None = None  # the second phase, once every version is keyword-searchable
+        try:
             while True:
                 lanes = probe.read_all()
-                indexed = _indexed_versions(search, settings.retrieval.index_name)
-                report.update(indexed, note=lag_summary(lanes))
-                if indexed >= total and not keyword_searchable:
-                    keyword_searchable = True
+                indexed = _indexed_versions(search, alias)
+                if vectors is None:
+                    report.update(indexed, note=lag_summary(lanes))
+                if indexed >= total and vectors is None:
+                    report.close()
                     elapsed = time.monotonic() - started
-                    report.message(f"ki demo: every version keyword-searchable ({elapsed:.0f}s); vectors follow")
+                    print(f"ki demo: every version keyword-searchable ({elapsed:.0f}s); vectors follow", flush=True)
+                    vectors = report = ProgressReport("ki demo: vectors", "rows", stream=sys.stdout)
+                if vectors is not None:
+                    rows, embedded = _vector_rows(search, alias)
+                    vectors.update(embedded, total=rows, note=lag_summary(lanes))
                 # Lag 0 alone is not enough: Debezium may not have read the newest rows from the WAL yet, so
                 # the lanes can be caught up with topics that are still growing. Every version must be in the
                 # index too, unless the count stands still for `settle_s` (rows the sync skips by design).
@@ -103,6 +121,8 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, 
                         report.message(f"ki demo: {total - indexed} version(s) not in the index; serving anyway")
                     break
                 time.sleep(poll_s)
+        finally:
+            report.close()
     finally:
         probe.close()
     print(f"ki demo: synced, every vector in place ({time.monotonic() - started:.0f}s)", flush=True)

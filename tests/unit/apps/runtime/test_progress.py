@@ -113,6 +113,22 @@ def test_a_plain_line_says_when_it_is_stalled_and_carries_the_note() -> None:
     assert "ETA" not in last and last.endswith("; Kafka lag: content 9, access 0")
 
 
+def test_before_the_first_unit_it_waits_and_a_stall_names_only_the_time_measured() -> None:
+    clock, out = Clock(), io.StringIO()
+    with ProgressReport("ki demo: keyword-searchable", "versions", 200, stream=out, live=False, interval_s=1,
+                        clock=clock) as report:  # fmt: skip
+        for _ in range(6):
+            report.update(0)
+            clock.now += 1
+        assert "0/200 versions (0%), waiting for the first versions, 5s elapsed" in out.getvalue().splitlines()[-1]
+    clock, out = Clock(), io.StringIO()  # a resumed run: ten done from its start, none since
+    with ProgressReport("ki demo: keyword-searchable", "versions", 200, stream=out, live=False, clock=clock) as report:
+        for _ in range(7):
+            report.update(10)
+            clock.now += 1
+    assert "10/200 versions (5%), stalled (nothing in the last 6s)" in out.getvalue().splitlines()[-1]
+
+
 def test_a_terminal_gets_a_bar_with_the_same_rate_and_eta() -> None:
     clock, out = Clock(), io.StringIO()
     with ProgressReport("ki demo: indexing", "versions", 200, stream=out, live=True, clock=clock) as report:
