@@ -244,6 +244,12 @@ class ModeGateSettings(_Group):
     # its pseudo-queries are the documents' own words, where lexical is near its ceiling and a small loss of
     # hybrid says nothing about users' questions (apps.dev.eval.self_check).
     self_eval_margin: float = Field(0.02, ge=0, le=1)
+    # A request that names `mode` hybrid or semantic where the evidence says keyword-only (no report matches these
+    # settings, or hybrid measured worse): "refuse" answers 409 `mode_unavailable` with the gate's reason, never a
+    # silent substitution; "honour" runs it anyway (an operator's choice; `ki eval` and the benches, which
+    # measure every mode, do). A default pinned by the operator (`retrieval.default_mode`) is not evidence either
+    # way: explicit modes are honoured under a pin.
+    explicit_without_evidence: Literal["refuse", "honour"] = "refuse"
 
 
 class RetrievalSettings(_Section):

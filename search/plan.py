@@ -41,6 +41,15 @@ class SemanticUnavailable(RequestInvalid):
         super().__init__("mode", message)
 
 
+class ModeUnavailable(RequestInvalid):
+    """The request asked for hybrid or semantic where the evidence says keyword-only: a typed refusal with the
+    gate's reason, not a silent substitution (`retrieval.mode_gate.explicit_without_evidence`)."""
+
+    def __init__(self, mode: str, reason: str) -> None:
+        self.mode, self.reason = mode, reason
+        super().__init__("mode", f"{mode!r} is unavailable here: {reason}")
+
+
 @dataclass(frozen=True)
 class QueryPlan:
     """What one ranked search does, decided before any of it runs (immutable)."""
@@ -123,13 +132,17 @@ def leg_weights(retrieval: RetrievalSettings, mode: Mode) -> dict[str, float]:
 
 
 def resolve_mode(retrieval: RetrievalSettings, gate: GateDecision, requested: Mode | None) -> Mode:
-    """The request's mode if it names one (always honoured), else the evidence gate's default."""
+    """The request's mode if it names one, else the evidence gate's default. A mode with the semantic leg is
+    refused where that leg is off, and where the evidence says keyword-only unless the operator honours it."""
     if requested is None:
         return gate.default_mode
     if requested != "lexical" and retrieval.weight_semantic <= 0:
         raise SemanticUnavailable(
             f"mode {requested!r} needs the semantic leg, which is off here (retrieval.weight_semantic is 0)"
         )
+    refuse = retrieval.mode_gate.explicit_without_evidence == "refuse"
+    if requested != "lexical" and gate.vectors_proven is False and refuse:
+        raise ModeUnavailable(requested, gate.reason)
     return requested
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from apps.dev.checkout import REPO_ROOT
 from ki.settings import Settings, load_settings
@@ -25,6 +26,16 @@ T = TypeVar("T")
 # The tests run in the checkout's root, where the settings find its config.json (ki.settings.CONFIG_SEARCH_PATH)
 # and where the children they start run, whichever folder pytest was started from.
 os.chdir(REPO_ROOT)
+
+# Property tests judge results, not speed: Hypothesis' 200 ms per example fails them on a loaded CI machine
+# (three stacks on two cores), which says nothing about the code.
+hypothesis_settings.register_profile("ki", deadline=None)
+hypothesis_settings.load_profile("ki")
+
+# Tests send explicit modes to servers whose settings no shipped report matches (other fusions, floors, weights):
+# they test those paths, not the evidence gate, so explicit modes are honoured here (children inherit this);
+# tests/integration/test_search_api.py's gate test asks for the refusal, the shipped default, itself.
+os.environ.setdefault("KI_RETRIEVAL__MODE_GATE__EXPLICIT_WITHOUT_EVIDENCE", "honour")
 
 collect_ignore = [] if os.environ.get("KI_TEST_IDP") == "1" else ["idp"]
 if os.environ.get("KI_TEST_SECURE") != "1":

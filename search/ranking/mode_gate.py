@@ -14,7 +14,8 @@ and the service loads the reports from `retrieval.mode_gate.reports_dir` at star
 in this package, `gate_reports/`: copies of the committed `benchmarks/` reports the gate reads). Semantic is on
 by default only when at least one report matches the service's own embedding signature, analyzer and ranking
 hashes, and no matching report shows hybrid significantly below lexical (nDCG@10). Otherwise the default
-is keyword-only and every response says why. A request's explicit `mode` is always honoured.
+is keyword-only and every response says why, and a request that names hybrid or semantic itself is refused
+with that reason (409 `mode_unavailable`) unless `retrieval.mode_gate.explicit_without_evidence` is "honour".
 
 The deployment's own evidence comes first: the newest `ki eval --self` report (apps.dev.eval.self_check, kept
 in PostgreSQL and re-read by every API process every `retrieval.mode_gate.self_eval_refresh_s`) decides when it
@@ -274,9 +275,13 @@ class GateDecision:
     default_mode: Mode
     reason: str
     reports: tuple[str, ...] = ()
+    # Whether evidence shows vectors help (None: not judged -- the operator pinned the default, or the semantic
+    # leg is off): an explicit hybrid or semantic request without it is refused (search.plan.resolve_mode).
+    vectors_proven: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"default_mode": self.default_mode, "reason": self.reason, "reports": list(self.reports)}
+        return {"default_mode": self.default_mode, "reason": self.reason, "reports": list(self.reports),
+                "vectors_proven": self.vectors_proven}  # fmt: skip
 
 
 def decide(
@@ -298,7 +303,12 @@ def decide(
         # Callers read the reason: no figures from the report, which measured every document, also those
         # a caller may not see (its query counts tell the corpus size). Operators read them in the report.
         verdict = "keyword-only" if own.decision == "lexical" else "hybrid not significantly worse than keyword-only"
-        return GateDecision(own.decision, f"this deployment's own evaluation, {own.name}: {verdict}", (own.name,))
+        return GateDecision(
+            own.decision,
+            f"this deployment's own evaluation, {own.name}: {verdict}",
+            (own.name,),
+            vectors_proven=own.decision == "hybrid",
+        )
     matching = [rep for rep in reports if rep.matches(settings, embedding_signature)]
     if not matching:
         return GateDecision(
@@ -306,6 +316,7 @@ def decide(
             f"no evaluation report matches these settings (model {embedding_signature}, analyzer "
             f"{analyzer_hash(r)}, ranking {ranking_hash(r, embedding_signature)}): keyword-only until `ki eval` "
             "shows hybrid helps",
+            vectors_proven=False,
         )
     names = tuple(rep.dataset for rep in matching)
     level = r.mode_gate.significance_level
@@ -313,11 +324,13 @@ def decide(
     worse = [rep for rep in below if rep.p_value is None or rep.p_value < level]
     if worse:
         detail = ", ".join(f"{w.dataset} {w.hybrid:.3f} < {w.lexical:.3f}" for w in worse)
-        return GateDecision("lexical", f"hybrid ranked below lexical ({METRIC}) on {detail}: keyword-only", names)
+        reason = f"hybrid ranked below lexical ({METRIC}) on {detail}: keyword-only"
+        return GateDecision("lexical", reason, names, vectors_proven=False)
     detail = ", ".join(
         f"{m.dataset} {m.hybrid:.3f} >= {m.lexical:.3f}"
         if m.hybrid >= m.lexical
         else f"{m.dataset} {m.hybrid:.3f} < {m.lexical:.3f} not significantly (p {m.p_value:.3f} >= {level})"
         for m in matching
     )
-    return GateDecision("hybrid", f"hybrid ranked at least as well as lexical ({METRIC}) on {detail}", names)
+    reason = f"hybrid ranked at least as well as lexical ({METRIC}) on {detail}"
+    return GateDecision("hybrid", reason, names, vectors_proven=True)

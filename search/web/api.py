@@ -7,7 +7,8 @@
 `GET /metrics` (Prometheus), and the console under `/console` (search.web.console).
 Every error is a JSON object `{"error": <code>, "message": ..., ["field": ...]}`, made in one place
 (`error_response`, from the `ki.errors` tree): 400 bad input (naming the field), 409 `semantic_unavailable`
-(a `mode` needing vectors where the semantic leg is off), 401 missing/invalid token, 403 not an
+(a `mode` needing vectors where the semantic leg is off) and `mode_unavailable` (where the evidence says
+keyword-only), 401 missing/invalid token, 403 not an
 administrator (`/v1/stats`, `/v1/ops/overview`), 404 no document the caller may see, 413 body too large,
 422 window too deep, 429 / 503 `overloaded` (admission control, with Retry-After), 503 a service we depend
 on unavailable (`search_unavailable`, `rerank_unavailable`, `embedding_unavailable`, `service_unavailable`

@@ -11,7 +11,7 @@ from typing import Any
 from ki.embedding import EmbeddingUnavailable
 from ki.errors import KiError, PermanentError, RequestInvalid, SearchUnavailable, TransientError, Unavailable
 from search.consistency import Stale
-from search.plan import SemanticUnavailable
+from search.plan import ModeUnavailable, SemanticUnavailable
 from search.ranking.rerank import RerankUnavailable
 from search.rate_limit import RateLimited
 from search.request import WindowTooDeep
@@ -58,6 +58,8 @@ def error_body(exc: KiError, where: str = "") -> tuple[int, dict[str, Any]]:
         return body(exc.status, "overloaded", exc.message)
     if isinstance(exc, RateLimited):
         return body(429, "rate_limited", str(exc), retry_after_s=exc.retry_after_s)
+    if isinstance(exc, ModeUnavailable):  # the evidence says keyword-only: the gate's reason, and the way out
+        return body(409, "mode_unavailable", exc.message, field=exc.field, mode=exc.mode, default_mode="lexical")
     if isinstance(exc, SemanticUnavailable):
         return body(409, "semantic_unavailable", exc.message, field=exc.field)
     if isinstance(exc, WindowTooDeep):

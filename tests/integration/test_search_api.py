@@ -808,7 +808,7 @@ def test_overload_is_refused_at_once_instead_of_queueing(
         gateway.stop()
 
 
-def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
+def test_default_mode_follows_the_evidence_and_an_explicit_mode_needs_it_or_the_operator(
     isolation: dict[str, str], data: Data, settings: Settings, iso_settings: Settings, tmp_path_factory
 ) -> None:
     from ki.embedding import create_embedder
@@ -828,18 +828,35 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_is_honoured(
         return answer["mode"], set().union(*(h["explain"]["ranks"] for h in answer["hits"]))
 
     # No report for these settings: keyword-only by default, and the response says why.
-    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports))
+    srv = Server("search-api-no-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports),
+                 KI_RETRIEVAL__MODE_GATE__EXPLICIT_WITHOUT_EVIDENCE="refuse")  # the shipped default  # fmt: skip
     srv.start()
     try:
         mode, ran = legs(srv, {})
         assert mode["used"] == "lexical" and mode["requested"] is None and "no evaluation report" in mode["reason"]
         assert "semantic" not in ran
+        # An explicit mode with vectors is refused with the gate's reason, not answered keyword-only in silence.
+        for asked in ("hybrid", "semantic"):
+            status, answer = srv.call("/v1/search", {"query": data.word, "mode": asked}, erin)
+            refusal = (status, answer["error"], answer["field"], answer["mode"])
+            assert refusal == (409, "mode_unavailable", "mode", asked)
+            assert "no evaluation report" in answer["message"] and "hits" not in answer
+        mode, ran = legs(srv, {"mode": "lexical"})
+        assert mode["used"] == "lexical" and "semantic" not in ran
+        status, answer = srv.call("/v1/search", {"query": data.word, "mode": "fuzzy"}, erin)
+        assert status == 400 and answer["field"] == "mode"
+    finally:
+        srv.stop()
+
+    # The operator may honour it: then the explicit mode runs as asked.
+    srv = Server("search-api-no-evidence-honoured", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports),
+                 KI_RETRIEVAL__MODE_GATE__EXPLICIT_WITHOUT_EVIDENCE="honour")  # fmt: skip
+    srv.start()
+    try:
         mode, ran = legs(srv, {"mode": "hybrid"})
         assert mode == {"used": "hybrid", "requested": "hybrid", "reason": "requested 'hybrid'"} and "semantic" in ran
         mode, ran = legs(srv, {"mode": "semantic"})
         assert mode["used"] == "semantic" and ran == {"semantic"}
-        status, answer = srv.call("/v1/search", {"query": data.word, "mode": "fuzzy"}, erin)
-        assert status == 400 and answer["field"] == "mode"
     finally:
         srv.stop()
 

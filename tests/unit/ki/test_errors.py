@@ -37,7 +37,7 @@ from ki.errors import (
     Unavailable,
     bulk_error,
 )
-from search.plan import SemanticUnavailable
+from search.plan import ModeUnavailable, SemanticUnavailable
 from search.ranking.rerank import RerankUnavailable
 from search.request import WindowTooDeep
 from search.web.admission import Overloaded
@@ -244,6 +244,17 @@ def _json(response: web.Response) -> dict[str, Any]:
                 "message": "offset + limit = 510 exceeds the maximum ranked window of 500",
                 "field": "offset",
                 "max_window": 500,
+            },
+        ),
+        (
+            ModeUnavailable("hybrid", "no evaluation report matches these settings"),
+            409,
+            {
+                "error": "mode_unavailable",
+                "message": "'hybrid' is unavailable here: no evaluation report matches these settings",
+                "field": "mode",
+                "mode": "hybrid",
+                "default_mode": "lexical",
             },
         ),
         (

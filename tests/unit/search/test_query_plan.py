@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ki.settings import load_settings
-from search.plan import QueryPlan, SemanticUnavailable, leg_weights, plan_query
+from search.plan import ModeUnavailable, QueryPlan, SemanticUnavailable, leg_weights, plan_query
 from search.ranking.mode_gate import GateDecision
 from search.request import SearchRequest
 
@@ -53,6 +53,24 @@ def test_a_mode_that_needs_vectors_where_there_are_none_is_refused() -> None:
     with pytest.raises(SemanticUnavailable):
         plan_query(SearchRequest(query="Kaution", mode="semantic"), off, HYBRID, None)
     assert plan_query(SearchRequest(query="Kaution", mode="lexical"), off, HYBRID, None).mode == "lexical"
+
+
+def test_an_explicit_mode_with_vectors_where_the_evidence_says_keyword_only_is_refused_with_its_reason() -> None:
+    unproven = GateDecision("lexical", "no evaluation report matches these settings", vectors_proven=False)
+    for mode in ("hybrid", "semantic"):
+        with pytest.raises(ModeUnavailable) as refused:
+            plan_query(SearchRequest(query="Kaution", mode=mode), RETRIEVAL, unproven, None)
+        assert refused.value.field == "mode" and "no evaluation report matches" in refused.value.message
+    assert plan_query(SearchRequest(query="Kaution", mode="lexical"), RETRIEVAL, unproven, None).mode == "lexical"
+    assert plan_query(SearchRequest(query="Kaution"), RETRIEVAL, unproven, None).mode == "lexical"
+    # The operator may honour it; a pinned default (not judged) and proven vectors honour it anyway.
+    honour = RETRIEVAL.model_copy(
+        update={"mode_gate": RETRIEVAL.mode_gate.model_copy(update={"explicit_without_evidence": "honour"})}
+    )
+    assert plan_query(SearchRequest(query="Kaution", mode="hybrid"), honour, unproven, None).mode == "hybrid"
+    pinned = GateDecision("lexical", "pinned by the operator", vectors_proven=None)
+    assert plan_query(SearchRequest(query="Kaution", mode="semantic"), RETRIEVAL, pinned, None).mode == "semantic"
+    assert plan_query(SearchRequest(query="Kaution", mode="hybrid"), RETRIEVAL, HYBRID, None).mode == "hybrid"
 
 
 class _FlippingGate:
