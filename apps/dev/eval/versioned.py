@@ -53,7 +53,8 @@ def check_compare_labels(
     """For each judged query whose metadata names `earlier`: does the hit of its relevant version carry the
     expected earlier version as its `compare` label? `not_found`: no hit of the relevant version carried a label
     (it was not retrieved, or the query was not read as a comparison)."""
-    checked = correct = not_found = 0
+    checked = correct = 0
+    not_found: list[str] = []
     wrong: list[dict[str, Any]] = []
     for qid, judgments in qrels.items():
         meta = metadata.get(qid, {})
@@ -63,14 +64,15 @@ def check_compare_labels(
         labels = compared.get(qid, {})
         relevant = [doc for doc, gain in judgments.items() if gain > 0 and doc in labels]
         if not relevant:
-            not_found += 1
+            not_found.append(qid)
             continue
         got = labels[relevant[0]]
         if got == meta["earlier"]:
             correct += 1
         else:
             wrong.append({"query_id": qid, "hit": relevant[0], "expected": meta["earlier"], "labelled": got})
-    return {"checked": checked, "correct": correct, "not_found": not_found, "wrong": wrong}
+    return {"checked": checked, "correct": correct, "not_found": len(not_found), "not_found_queries": not_found,
+            "wrong": wrong}  # fmt: skip
 
 
 def query_words_record(

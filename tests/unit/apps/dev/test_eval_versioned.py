@@ -128,6 +128,7 @@ def test_the_comparison_labels_are_checked_against_the_metadata():
     check = versioned.check_compare_labels(compared, qrels, metadata)
     assert (check["checked"], check["correct"], check["not_found"]) == (3, 1, 1)
     assert check["wrong"] == [{"query_id": "q2", "hit": "b1", "expected": None, "labelled": "b0"}]
+    assert check["not_found_queries"] == ["q3"]
 
 
 def test_words_on_against_off_is_paired_per_query_and_per_kind():
