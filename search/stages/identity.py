@@ -3,6 +3,7 @@ after them (`identity_wait`), and, after everything else, the named document fir
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
@@ -66,10 +67,15 @@ class Identities:
         return self.cache
 
     async def identify(
-        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope
+        self,
+        principals: Sequence[str],
+        request: SearchRequest,
+        scope: CompiledScope,
+        compare_with: dt.date | str | None = None,
     ) -> tuple[Identity, dict[int, VerifiedVersion]]:
         """The identity preflight (search.names.keys): the documents the query names, among those the
-        caller's scope holds, each with the version its hit would show, verified in SQL like every hit."""
+        caller's scope holds, each with the version its hit would show, verified in SQL like every hit (with a
+        comparison's earlier side, `compare_with`, as the ranking's re-verify has it: the named hit is labelled too)."""
         r = self.settings.retrieval
         if not r.name_lookup_enabled:
             return OFF, {}
@@ -119,8 +125,9 @@ class Identities:
                 return identity, {}, found
             versions, _ = subject_versions(conn, [s.document_id for s in identity.subjects])
             verified = reverify(
-                conn, principals, self.settings, [v.version_id for v in versions], walk=scope.reverify_walk
-            )
+                conn, principals, self.settings, [v.version_id for v in versions], walk=scope.reverify_walk,
+                compare_with=compare_with,
+            )  # fmt: skip
             view_latest = {found.document_id: found.latest_final_version_id for found in verified.values()}
             chosen = choose_versions(versions, verified.keys(), view_latest, request.as_of)
             return keep_subjects(identity, chosen), {v: verified[v] for v in chosen.values()}, found

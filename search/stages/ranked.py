@@ -85,7 +85,7 @@ class RankedSearch:
         request = plan.applied(request)  # the dates the query's words asked for, where the request named none
         ctx = QueryContext(principals, request, plan, scope, timer, vector=vector)
         # The identity preflight runs beside the legs (it needs the scope, not their hits).
-        ctx.preflight = asyncio.ensure_future(self.identities.identify(principals, request, scope))
+        ctx.preflight = asyncio.ensure_future(self.identities.identify(principals, request, scope, plan.compare_with))
         try:
             await run_stages(self.head, ctx)
         finally:

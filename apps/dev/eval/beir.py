@@ -4,10 +4,24 @@ Layout: the corpus is `corpus.jsonl` or its parts `derived/corpus.partNofM.jsonl
 part order), `queries.jsonl`, and BEIR qrels `qrels/test.tsv` plus optional `qrels/train.tsv` (only
 `--tune` needs it), tab-separated with a `query-id corpus-id score` header, CRLF tolerated.
 The default data set is SciFact (`shared/data/scifact` beside or above the repository).
+
+A **versioned** data set: a corpus entry may also carry
+* `document`: a grouping key -- entries with the same key are the versions of one document, in `version_no`
+  order (an entry without it is a document of its own);
+* `version_no` (an integer >= 1, default 1; unique within a document), `doc_date` (ISO `YYYY-MM-DD`, default
+  none) and `status` (`draft`, `final`, `executed` or `unknown`; default `final`).
+Each document is written with all its versions and its `latest_final_version_id` set as upstream would: its
+highest-numbered `final` or `executed` version (none if it has none). A set is versioned when any entry names a
+`document`; its qrels then judge versions (the corpus ids of entries), and a hit counts by its `version_id`. A
+plain set is unchanged: one final, undated version per entry, judged by document.
+Queries may carry a BEIR `metadata` object; `metadata.kind` splits the figures per kind, and a comparison
+query's `metadata.earlier` (the corpus id of the version its earlier side names, or null) is checked against
+the hit's `compare.earlier` label.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -37,11 +51,25 @@ class DataError(PermanentError):
     """A data file is missing or malformed; the message names the file (and line)."""
 
 
+#: What a corpus entry's `status` may be (the `document_versions.status` values).
+STATUSES = ("draft", "final", "executed", "unknown")
+FINAL_STATUSES = frozenset({"final", "executed"})
+
+
 @dataclass(frozen=True, slots=True)
 class CorpusDoc:
     id: str
     title: str
     text: str
+    document: str | None = None  # versioned sets: the document this entry is a version of
+    version_no: int = 1
+    doc_date: dt.date | None = None
+    status: str = "final"
+
+    @property
+    def group(self) -> str:
+        """The document this entry belongs to: its `document` key, else its own id."""
+        return self.document if self.document is not None else self.id
 
 
 def corpus_files(root: Path) -> list[Path]:
@@ -90,20 +118,81 @@ def _string(item: dict, key: str, where: str) -> str:
     return value
 
 
+def corpus_entry(item: dict, where: str) -> CorpusDoc:
+    """One corpus line: `_id`, `title`, `text`, and a versioned set's optional `document`, `version_no`,
+    `doc_date`, `status` (the module doc)."""
+    doc = CorpusDoc(_string(item, "_id", where), _string(item, "title", where), _string(item, "text", where))
+    if not any(key in item for key in ("document", "version_no", "doc_date", "status")):
+        return doc
+    document = _string(item, "document", where) if "document" in item else None
+    version_no = item.get("version_no", 1)
+    if not isinstance(version_no, int) or isinstance(version_no, bool) or version_no < 1:
+        raise DataError(f"{where}: field 'version_no' must be an integer >= 1")
+    doc_date = None
+    if item.get("doc_date") is not None:
+        try:
+            doc_date = dt.date.fromisoformat(_string(item, "doc_date", where))
+        except ValueError:
+            raise DataError(f"{where}: field 'doc_date' must be an ISO date (YYYY-MM-DD)") from None
+    status = item.get("status", "final")
+    if status not in STATUSES:
+        raise DataError(f"{where}: field 'status' must be one of {', '.join(STATUSES)}")
+    return CorpusDoc(doc.id, doc.title, doc.text, document, version_no, doc_date, status)
+
+
 def load_corpus(root: Path) -> list[CorpusDoc]:
     docs: list[CorpusDoc] = []
     seen: set[str] = set()
+    versions: set[tuple[str, int]] = set()
     for path in corpus_files(root):
         for number, item in _json_lines(path):
             where = f"{path}:{number}"
-            doc = CorpusDoc(_string(item, "_id", where), _string(item, "title", where), _string(item, "text", where))
+            doc = corpus_entry(item, where)
             if doc.id in seen:
                 raise DataError(f"{where}: duplicate document id {doc.id!r}")
             if not (doc.title.strip() or doc.text.strip()):
                 raise DataError(f"{where}: document {doc.id!r} has neither title nor text")
+            if (doc.group, doc.version_no) in versions:
+                raise DataError(f"{where}: document {doc.group!r} has version {doc.version_no} twice")
             seen.add(doc.id)
+            versions.add((doc.group, doc.version_no))
             docs.append(doc)
     return docs
+
+
+def is_versioned(docs: Iterable[CorpusDoc]) -> bool:
+    """Whether any entry names the document it is a version of (then qrels judge versions)."""
+    return any(d.document is not None for d in docs)
+
+
+def group_versions(docs: Iterable[CorpusDoc]) -> list[list[CorpusDoc]]:
+    """The entries per document (`CorpusDoc.group`), documents in order of first appearance, each document's
+    versions in `version_no` order. A plain set: one single-version document per entry, in corpus order."""
+    groups: dict[str, list[CorpusDoc]] = {}
+    for doc in docs:
+        groups.setdefault(doc.group, []).append(doc)
+    return [sorted(group, key=lambda d: d.version_no) for group in groups.values()]
+
+
+def latest_final(versions: Sequence[CorpusDoc]) -> int | None:
+    """Index into one document's `versions` (in `version_no` order) of its latest final version, as upstream sets
+    `documents.latest_final_version_id`: the highest-numbered final or executed one; None if there is none."""
+    finals = [i for i, d in enumerate(versions) if d.status in FINAL_STATUSES]
+    return finals[-1] if finals else None
+
+
+def whole_documents(chosen: Sequence[str], docs: Sequence[CorpusDoc]) -> list[str]:
+    """`chosen` corpus ids with every other version of their documents right after each document's first chosen
+    one (a document is loaded with all its versions, or the version in force on a day would change)."""
+    groups: dict[str, list[str]] = {}
+    for doc in docs:
+        groups.setdefault(doc.group, []).append(doc.id)
+    of = {doc.id: doc.group for doc in docs}
+    out: dict[str, None] = {}
+    for corpus_id in chosen:
+        for member in groups.get(of.get(corpus_id, corpus_id), [corpus_id]):
+            out.setdefault(member, None)
+    return list(out)
 
 
 def load_queries(root: Path) -> dict[str, str]:
@@ -113,6 +202,17 @@ def load_queries(root: Path) -> dict[str, str]:
         where = f"{path}:{number}"
         queries[_string(item, "_id", where)] = _string(item, "text", where)
     return queries
+
+
+def load_query_metadata(root: Path) -> dict[str, dict]:
+    """Query id -> its BEIR `metadata` object, for the queries that carry one."""
+    path = root / "queries.jsonl"
+    out: dict[str, dict] = {}
+    for number, item in _json_lines(path):
+        metadata = item.get("metadata")
+        if isinstance(metadata, dict):
+            out[_string(item, "_id", f"{path}:{number}")] = metadata
+    return out
 
 
 def parse_qrels(text: str, where: str = "qrels") -> dict[str, dict[str, int]]:

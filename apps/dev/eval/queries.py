@@ -56,6 +56,32 @@ class ModeRun:
     run: dict[str, list[str]] = field(default_factory=dict)  # query id -> corpus ids, best first
     legs: dict[str, int] = field(default_factory=dict)  # leg -> hits it contributed to
     seconds: float = 0.0
+    # A versioned set: query id -> {corpus id of a hit: corpus id of its `compare.earlier` version (None: the
+    # label names none, or names a version not in the data set)}, for the hits that carry a `compare` label.
+    compared: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+
+def hit_corpus_ids(
+    hits: Sequence[dict[str, Any]], documents: dict[int, str] | None, versions: dict[int, str] | None = None
+) -> list[str]:
+    """The hits' corpus ids, best first: by `version_id` through `versions` (a versioned set), else by
+    `document_id` through `documents`, else the document id itself; hits outside the mapping are left out."""
+    if versions is not None:
+        return [versions[h["version_id"]] for h in hits if h.get("version_id") in versions]
+    ids = [h["document_id"] for h in hits]
+    return [str(i) for i in ids] if documents is None else [documents[i] for i in ids if i in documents]
+
+
+def compare_labels(hits: Sequence[dict[str, Any]], versions: dict[int, str]) -> dict[str, str | None]:
+    """Corpus id of each hit with a `compare` label -> corpus id of the earlier version it names (None: none)."""
+    out: dict[str, str | None] = {}
+    for hit in hits:
+        compare = hit.get("compare")
+        if compare is None or hit.get("version_id") not in versions:
+            continue
+        earlier = (compare.get("earlier") or {}).get("version_id")
+        out.setdefault(versions[hit["version_id"]], versions.get(earlier) if earlier is not None else None)
+    return out
 
 
 async def run_queries(
@@ -66,14 +92,16 @@ async def run_queries(
     project_id: int | None,
     documents: dict[int, str] | None,
     limit: int,
+    versions: dict[int, str] | None = None,
     concurrency: int,
     scope: Any = None,
     label: str = "",
     mode: Mode | None = None,
     progress: Progress | None = print_progress,
 ) -> ModeRun:
-    """Each query through the search service; ranked corpus ids per query (`documents` maps document ids to
-    them; None: the document id itself) and which legs contributed."""
+    """Each query through the search service; ranked corpus ids per query (`hit_corpus_ids`: `versions` maps
+    version ids to them for a versioned set, else `documents` document ids; None: the document id itself) and
+    which legs contributed."""
     from ki.errors import RequestInvalid
     from search.request import parse_search_request
 
@@ -98,8 +126,9 @@ async def run_queries(
                 result = await service.search(principals, request)
             else:
                 result = await service.search_in_scope(principals, request, scope)
-        ids = [h["document_id"] for h in result.hits]
-        out.run[qid] = [str(i) for i in ids] if documents is None else [documents[i] for i in ids if i in documents]
+        out.run[qid] = hit_corpus_ids(result.hits, documents, versions)
+        if versions is not None:
+            out.compared[qid] = compare_labels(result.hits, versions)
         for hit in result.hits:
             for leg in hit.get("explain", {}).get("ranks", {}):
                 out.legs[leg] = out.legs.get(leg, 0) + 1

@@ -30,7 +30,7 @@ import re
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -39,7 +39,7 @@ from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Connection, Engine, bindparam, insert, text
 
 from apps.dev.checkout import REPO_ROOT
-from apps.dev.eval import beir, citations, features, isolation, report, tuning
+from apps.dev.eval import beir, citations, features, isolation, report, tuning, versioned
 from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
 from apps.dev.eval.queries import EvalError, MemoClient, Mode, Progress, run_queries
 from apps.dev.eval.queries import print_progress as _progress
@@ -147,23 +147,27 @@ def project(docs: Sequence[beir.CorpusDoc], settings: Settings, language: str, t
     access = AccessProjection((), (), 0)
     total = 0
     inputs: list[str] = []
-    for doc in docs:
-        state = DocumentState(id=1, project_id=1, title=doc.title, latest_final_version_id=1)
-        version = VersionState(
-            id=1, document_id=1, version_no=1, status="final", language=language, doc_date=None, text=doc.text
-        )
-        rows = build_rows(
-            state,
-            version,
-            doc_type_ancestors=(),
-            doc_type_label=None,
-            matter_title=None,
-            access=access,
-            settings=settings.retrieval,
-            token_budget=token_budget,
-        )
-        total += len(rows)
-        inputs += [row.embed_input for row in rows if row.chunk_kind == "chunk"]
+    for versions in beir.group_versions(docs):
+        latest = beir.latest_final(versions)
+        state = DocumentState(id=1, project_id=1, title=versions[0].title,
+                              latest_final_version_id=None if latest is None else latest + 1)  # fmt: skip
+        for n, doc in enumerate(versions, start=1):
+            version = VersionState(
+                id=n, document_id=1, version_no=doc.version_no, status=cast(Any, doc.status), language=language,
+                doc_date=doc.doc_date, text=doc.text,
+            )  # fmt: skip
+            rows = build_rows(
+                state,
+                version,
+                doc_type_ancestors=(),
+                doc_type_label=None,
+                matter_title=None,
+                access=access,
+                settings=settings.retrieval,
+                token_budget=token_budget,
+            )
+            total += len(rows)
+            inputs += [row.embed_input for row in rows if row.chunk_kind == "chunk"]
     return Projection(total, len(inputs), tuple(inputs))
 
 
@@ -206,9 +210,10 @@ def eval_key(dataset: beir.Dataset, corpus_sha256: str, doc_ids: Sequence[str] |
 @dataclass
 class Loaded:
     project_id: int
-    documents: dict[int, str]  # documents.id -> corpus id
+    documents: dict[int, str]  # documents.id -> corpus id (a versioned set: of the document's first version)
     inserted: int
     seconds: float
+    versions: dict[int, str] = field(default_factory=dict)  # document_versions.id -> corpus id
 
 
 _SET_LATEST = text(
@@ -219,7 +224,7 @@ _SET_LATEST = text(
 
 _EXISTING = text(
     """
-    SELECT so.external_ref, d.id AS document_id
+    SELECT so.external_ref, d.id AS document_id, dv.id AS version_id
     FROM source_objects so
     JOIN source_observations o ON o.source_object_id = so.id AND o.deleted_at IS NULL
     JOIN document_versions dv ON dv.id = o.document_version_id
@@ -242,28 +247,43 @@ def _returning(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> list
 
 
 def _write_batch(
-    conn: Connection, project_id: int, source_id: int, batch: Sequence[beir.CorpusDoc], language: str
-) -> dict[int, str]:
-    doc_ids = _returning(conn, Document.__table__, [{"project_id": project_id, "title": d.title} for d in batch])
+    conn: Connection, project_id: int, source_id: int, batch: Sequence[Sequence[beir.CorpusDoc]], language: str
+) -> tuple[dict[int, str], dict[int, str]]:
+    """Documents (each a list of its versions, `beir.group_versions`) with all their versions, one source object
+    per version, and each document's latest final version; ({document id: corpus id}, {version id: corpus id})."""
+    doc_ids = _returning(conn, Document.__table__, [{"project_id": project_id, "title": g[0].title} for g in batch])
+    entries = [(i, d) for i, group in zip(doc_ids, batch, strict=True) for d in group]
     version_ids = _returning(
         conn,
         DocumentVersion.__table__,
         [
-            {"document_id": i, "version_no": 1, "status": "final", "language": language, "text": d.text}
-            for i, d in zip(doc_ids, batch, strict=True)
+            {"document_id": i, "version_no": d.version_no, "status": d.status, "language": language,
+             "doc_date": d.doc_date, "text": d.text}
+            for i, d in entries
         ],
-    )
+    )  # fmt: skip
     object_ids = _returning(
         conn,
         SourceObject.__table__,
-        [{"source_id": source_id, "external_ref": f"{SOURCE_REF_PREFIX}{d.id}", "acl_known": False} for d in batch],
-    )
+        [{"source_id": source_id, "external_ref": f"{SOURCE_REF_PREFIX}{d.id}", "acl_known": False}
+         for _, d in entries],
+    )  # fmt: skip
     conn.execute(
         insert(SourceObservation),
         [{"document_version_id": v, "source_object_id": o} for v, o in zip(version_ids, object_ids, strict=True)],
     )
-    conn.execute(_SET_LATEST, {"doc_ids": doc_ids, "version_ids": version_ids})
-    return {i: d.id for i, d in zip(doc_ids, batch, strict=True)}
+    by_document: dict[int, list[int]] = {}
+    for (doc_id, _), version_id in zip(entries, version_ids, strict=True):
+        by_document.setdefault(doc_id, []).append(version_id)
+    latest = [
+        (doc_id, by_document[doc_id][at])
+        for doc_id, group in zip(doc_ids, batch, strict=True)
+        if (at := beir.latest_final(group)) is not None
+    ]
+    if latest:
+        conn.execute(_SET_LATEST, {"doc_ids": [d for d, _ in latest], "version_ids": [v for _, v in latest]})
+    documents = {i: group[0].id for i, group in zip(doc_ids, batch, strict=True)}
+    return documents, {v: d.id for (_, d), v in zip(entries, version_ids, strict=True)}
 
 
 def load_into_postgres(
@@ -276,7 +296,8 @@ def load_into_postgres(
     batch_docs: int,
     progress: Progress = _progress,
 ) -> Loaded:
-    """Write the documents not yet in the eval project, one transaction per batch (idempotent)."""
+    """Write the documents not yet in the eval project, one transaction per batch (idempotent); a versioned
+    set's document with all its versions in one batch (`beir.group_versions`)."""
     started = time.monotonic()
     params = {"name": project_name, "principal": principal}
     with engine.begin() as conn:
@@ -301,27 +322,34 @@ def load_into_postgres(
             {**params, "project": project_id},
         )
         existing = {
-            row.external_ref: int(row.document_id)
+            row.external_ref: (int(row.document_id), int(row.version_id))
             for row in conn.execute(_EXISTING, {"source": source_id, "project": project_id})
         }
-    documents = {
-        doc_id: ref.removeprefix(SOURCE_REF_PREFIX)
-        for ref, doc_id in existing.items()
-        if ref.startswith(SOURCE_REF_PREFIX)
-    }
-    todo = [d for d in docs if f"{SOURCE_REF_PREFIX}{d.id}" not in existing]
+    ours = {ref.removeprefix(SOURCE_REF_PREFIX): ids for ref, ids in existing.items()
+            if ref.startswith(SOURCE_REF_PREFIX)}  # fmt: skip
+    versions = {version_id: corpus_id for corpus_id, (_, version_id) in ours.items()}
+    documents = {document_id: corpus_id for corpus_id, (document_id, _) in ours.items()}
+    groups = beir.group_versions(docs)
+    for group in groups:  # a document's first version names it (as a fresh write does)
+        if group[0].id in ours:
+            documents[ours[group[0].id][0]] = group[0].id
+    todo = [group for group in groups if group[0].id not in ours]  # a document is written whole, in one batch
+    written = sum(len(group) for group in todo)
     progress(
-        f"eval: PostgreSQL project {project_id} ({project_name!r}): {len(docs) - len(todo)} documents already "
-        f"there, writing {len(todo)}"
+        f"eval: PostgreSQL project {project_id} ({project_name!r}): {len(docs) - written} documents already "
+        f"there, writing {written}"
     )
+    done = 0
     for start in range(0, len(todo), batch_docs):
         batch = todo[start : start + batch_docs]
         with engine.begin() as conn:
-            documents.update(_write_batch(conn, project_id, source_id, batch, language))
-        done = start + len(batch)
+            new_documents, new_versions = _write_batch(conn, project_id, source_id, batch, language)
+        documents.update(new_documents)
+        versions.update(new_versions)
+        done += sum(len(group) for group in batch)
         rate = done / max(time.monotonic() - started, 1e-6)
-        progress(f"eval: wrote {done}/{len(todo)} documents ({rate:.0f} documents/s)")
-    return Loaded(project_id, documents, len(todo), time.monotonic() - started)
+        progress(f"eval: wrote {done}/{written} documents ({rate:.0f} documents/s)")
+    return Loaded(project_id, documents, written, time.monotonic() - started, versions)
 
 
 _INSERT_RELATIONS = text(
@@ -531,6 +559,8 @@ class Data:
     file_sha256: dict[str, str]
     corpus_sha256: str
     baselines: list[report.Baseline]
+    versioned: bool = False  # qrels judge versions; hits count by version (beir: a versioned data set)
+    query_metadata: dict[str, dict] = field(default_factory=dict)  # query id -> its BEIR metadata
 
 
 def load_data(options: EvalOptions) -> Data:
@@ -556,6 +586,9 @@ def load_data(options: EvalOptions) -> Data:
     if train is not None:
         priority.append(beir.qrels_docs(train))
     doc_ids = beir.select_documents([d.id for d in corpus], priority, options.limit_docs)
+    versioned = beir.is_versioned(corpus)
+    if versioned:  # a document comes with all its versions (--limit-docs may be exceeded by their number)
+        doc_ids = beir.whole_documents(doc_ids, corpus)
     judged = beir.restrict_qrels(test, chosen, doc_ids)
     if not judged.qrels:
         raise EvalError("none of the chosen test queries has a relevant document among the loaded ones")
@@ -563,7 +596,8 @@ def load_data(options: EvalOptions) -> Data:
     sha, each = beir.files_sha256(root, files)
     corpus_sha, _ = beir.files_sha256(root, beir.corpus_files(root))
     return Data(dataset, len(corpus), [by_id[i] for i in doc_ids], doc_ids, queries, len(test), chosen, judged,
-                train, files, sha, each, corpus_sha, baselines)  # fmt: skip
+                train, files, sha, each, corpus_sha, baselines, versioned,
+                beir.load_query_metadata(root) if versioned else {})  # fmt: skip
 
 
 async def evaluate_dataset(
@@ -633,14 +667,19 @@ async def evaluate_dataset(
             runs: dict[str, dict[str, list[str]]] = {}
             floor_record: dict[str, Any] | None = None
 
+            compared: dict[str, dict[str, str | None]] = {}  # a versioned set's comparison labels (hybrid)
+
             async def measure(label: str, run_settings: Settings, mode: Mode) -> None:
                 service = SearchService(run_settings, async_engine, client, embedder)
                 service.cache = cache  # one query vector per query across modes
                 mode_run = await run_queries(
                     service, principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
                     limit=EVAL_LIMIT, concurrency=options.concurrency, label=label, mode=mode, progress=progress,
+                    versions=loaded.versions if data.versioned else None,
                 )  # fmt: skip
                 runs[label] = mode_run.run
+                if label == "hybrid":
+                    compared.update(mode_run.compared)
                 scores = evaluate(mode_run.run, data.judged.qrels)
                 results[label] = {m: scores[m] for m in METRICS}
                 r = run_settings.retrieval
@@ -666,6 +705,17 @@ async def evaluate_dataset(
                 hybrid = mode_settings(es, "hybrid")
                 retrieval = hybrid.retrieval.model_copy(update={"fusion_method": method})
                 await measure(f"hybrid-{method}", hybrid.model_copy(update={"retrieval": retrieval}), "hybrid")
+            words_record: dict[str, Any] | None = None
+            if data.versioned and es.retrieval.query_words_enabled:
+                # The same modes with the query's own words unread: the paired evidence for reading them.
+                words_off = with_overrides(es, {"retrieval": {"query_words_enabled": False}})
+                for mode in MODES:
+                    await measure(f"{mode}{versioned.WORDS_OFF}", mode_settings(words_off, mode), mode)
+                words_record = versioned.query_words_record(runs, data.judged.qrels, data.query_metadata, compared)
+            elif data.versioned:  # words off by configuration: only the comparison labels to count (none expected)
+                words_record = {"setting": versioned.SETTING, "enabled": False,
+                                "compare_labels": versioned.check_compare_labels(compared, data.judged.qrels,
+                                                                                 data.query_metadata)}  # fmt: skip
             phase = QueryPhase(es, async_engine, client, embedder, cache, principals, data, loaded, options, progress)
             train_record = await _train_fusions(phase) if data.train is not None and options.train_fusions else None
             tuning_record: dict[str, Any] | None = None
@@ -778,6 +828,7 @@ async def evaluate_dataset(
             "index_rows": rows,
             "body_chunks": projection.chunks,
             "references": relations,  # relations derived from section citations (graph augmentation)
+            **({"versioned": True, "document_groups": len(beir.group_versions(data.docs))} if data.versioned else {}),
         },
         "truncated_chunk_share": truncation,
         "queries": {
@@ -801,6 +852,8 @@ async def evaluate_dataset(
         },
         "results": details,
         "hybrid_vs_best_leg": hybrid_against_best_leg(runs, results, data.judged.qrels),
+        # A versioned set: the query's own words on against off, paired per query and per kind (apps.dev.eval.versioned)
+        "query_words": words_record,
         # What the evidence gate reads: is hybrid below lexical significantly? (search.ranking.mode_gate)
         "hybrid_vs_lexical": paired_comparison(
             per_query_scores(runs["hybrid"], data.judged.qrels), per_query_scores(runs["lexical"], data.judged.qrels)
@@ -925,6 +978,11 @@ class QueryPhase:
     options: EvalOptions
     progress: Progress
 
+    @property
+    def versions(self) -> dict[int, str] | None:
+        """Version id -> corpus id where hits count by version (a versioned set), else None."""
+        return self.loaded.versions if self.data.versioned else None
+
     def train_sample(self) -> tuple[beir.Restricted, list[str]]:
         """The train judgments on the loaded documents and at most 1,000 sampled train query ids."""
         data = self.data
@@ -970,7 +1028,8 @@ async def _train_fusions(q: QueryPhase) -> dict[str, Any]:
         service.cache = q.cache
         mode_run = await run_queries(
             service, q.principals, train_queries, project_id=q.loaded.project_id, documents=q.loaded.documents,
-            limit=TUNE_LIMIT, concurrency=q.options.concurrency, mode=mode, label=f"train {label}", progress=q.progress,
+            versions=q.versions, limit=TUNE_LIMIT, concurrency=q.options.concurrency, mode=mode, label=f"train {label}",
+            progress=q.progress,
         )  # fmt: skip
         scores = evaluate(mode_run.run, qrels)
         results[label] = {"ndcg@10": scores["ndcg@10"], "mrr@10": scores["mrr@10"]}
@@ -1004,7 +1063,8 @@ async def _tune(q: QueryPhase) -> tuple[tuning.FusionConfig, dict[str, Any]]:
         service.cache = q.cache
         mode_run = await run_queries(
             service, q.principals, train_queries, project_id=loaded.project_id, documents=loaded.documents,
-            limit=TUNE_LIMIT, concurrency=q.options.concurrency, scope=scope, mode="hybrid", progress=None,
+            versions=q.versions, limit=TUNE_LIMIT, concurrency=q.options.concurrency, scope=scope, mode="hybrid",
+            progress=None,
         )  # fmt: skip
         score = evaluate(mode_run.run, train_qrels)["ndcg@10"]
         scored.append((config, score))
@@ -1095,7 +1155,8 @@ async def _measure_features(
         service.cache = q.cache
         mode_run = await run_queries(
             service, q.principals, test_queries, project_id=loaded.project_id, documents=loaded.documents,
-            limit=features.FEATURE_LIMIT, concurrency=q.options.concurrency, label=label, mode=mode, progress=None,
+            versions=q.versions, limit=features.FEATURE_LIMIT, concurrency=q.options.concurrency, label=label,
+            mode=mode, progress=None,
         )  # fmt: skip
         score = evaluate(mode_run.run, data.judged.qrels)["ndcg@10"]
         q.progress(f"eval: features: {label}: nDCG@10 {score:.4f} ({mode_run.seconds:.0f}s)")
