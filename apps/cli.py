@@ -461,6 +461,18 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from ki.evidence_keys import key_id, load_public_key, make_keys
+
+    private, public = make_keys(Path(args.folder).expanduser(), args.name)
+    print(f"keys: {private} (private: sign with retrieval.mode_gate.signing_key_file; keep it out of the repository)")
+    print(f"keys: {public} (public, key {key_id(load_public_key(public))}: list it in "
+          "retrieval.mode_gate.trusted_key_files wherever its reports should count)")  # fmt: skip
+    return 0
+
+
 def _config(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
@@ -684,6 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile = sub.add_parser("reconcile", help="diff PostgreSQL against the index and repair drift")
     reconcile.set_defaults(handler=_reconcile)
+
+    keys = sub.add_parser("keys", help="make an Ed25519 key pair that signs this deployment's evaluation reports")
+    keys.add_argument("folder", help="where to write <name>.key (private, mode 0600) and <name>.pub")
+    keys.add_argument("--name", default="ki-evidence", help="file name stem (default ki-evidence)")
+    keys.set_defaults(handler=_keys)
 
     config = sub.add_parser("config", help="the settings in effect: every one with its default, or a check")
     config_kinds = config.add_subparsers(dest="what", required=True, metavar="ACTION")

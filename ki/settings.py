@@ -250,6 +250,16 @@ class ModeGateSettings(_Group):
     # measure every mode, do). A default pinned by the operator (`retrieval.default_mode`) is not evidence either
     # way: explicit modes are honoured under a pin.
     explicit_without_evidence: Literal["refuse", "honour"] = "refuse"
+    # Signed evidence (ki.evidence_keys): a report counts only when the package pins it (the shipped ones) or a
+    # key listed here (PEM public key files, `ki keys` makes a pair) signed it; `ki eval` and `ki eval --self`
+    # sign with `signing_key_file` (the private key: keep it out of the repository).
+    trusted_key_files: list[str] = []
+    signing_key_file: str | None = None
+    # What a report measured must also be within these, or it does not count (None: no bound): the p99 of its
+    # hybrid queries (ms), the peak RSS of the process that ran the search and the embedder (MB), the index size.
+    max_p99_ms: float | None = Field(None, gt=0)
+    max_rss_mb: float | None = Field(None, gt=0)
+    max_index_bytes: int | None = Field(None, gt=0)
 
 
 class RetrievalSettings(_Section):

@@ -23,7 +23,7 @@ from ki.settings import Settings
 from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import CompiledScope
 from search.after_answer import start_after_answer
-from search.ranking.mode_gate import GateDecision, SelfEvidence, decide, load_reports, load_self_evidence
+from search.ranking.mode_gate import GateDecision, SelfEvidence, Trust, decide, load_reports, load_self_evidence
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +136,14 @@ class ModeGateReader:
 
     def __init__(self, settings: Settings, engine: AsyncEngine, signature: Callable[[], str]) -> None:
         self.settings, self.engine, self.signature = settings, engine, signature
-        self.reports = load_reports(settings.retrieval.mode_gate.reports_dir)
+        self.trust = Trust.of(settings)  # which reports count: pinned or signed by a trusted key, within the bounds
+        self.reports = load_reports(settings.retrieval.mode_gate.reports_dir, self.trust)
         self.own_evidence: SelfEvidence | None = None
         self.decision = decide(self.reports, settings, signature())
 
     async def refresh(self) -> GateDecision:
         """Re-read the newest self-eval report and decide the default mode again."""
-        self.own_evidence = await load_self_evidence(self.engine)
+        self.own_evidence = await load_self_evidence(self.engine, self.trust)
         gate = decide(self.reports, self.settings, self.signature(), self.own_evidence)
         if gate != self.decision:
             log.info("default search mode now: %s (%s)", gate.default_mode, gate.reason)

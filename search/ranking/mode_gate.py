@@ -21,7 +21,12 @@ The deployment's own evidence comes first: the newest `ki eval --self` report (a
 in PostgreSQL and re-read by every API process every `retrieval.mode_gate.self_eval_refresh_s`) decides when it
 matches these settings. An operator can pin the default instead (`retrieval.default_mode`).
 
-Pure apart from `load_reports` (reads files) and `load_self_evidence` (reads one row).
+Only evidence that cannot have been edited counts (`Trust`, ki.evidence_keys): a report file whose SHA-256 the
+package pins (the reports shipped with this version, `PINNED_REPORTS`) or that a key the deployment trusts signed,
+and whose measured latency, memory and index size are within `retrieval.mode_gate.max_*`; a self-eval report only
+when signed. Anything else is no evidence (keyword-only), logged once with the reason.
+
+Pure apart from `load_reports` (reads files), `Trust.of` (reads key files) and `load_self_evidence` (reads one row).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, Literal
 
 from ki.analysis import canonical, used_analysis
 from ki.errors import PermanentError
+from ki.evidence_keys import load_public_key, unverified_reason
 from ki.settings import RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
 from search.ranking.synonyms import DEFAULT_SYNONYMS
@@ -62,6 +68,63 @@ RANKING_FIELDS: tuple[str, ...] = (
     "max_chunks_per_document",
 )
 METRIC = "ndcg@10"
+
+#: The reports shipped in the package (`gate_reports/`), by the SHA-256 of their files: editing one byte of a shipped
+#: report makes it no evidence. A new release re-measures them and pins the new files here.
+PINNED_REPORTS: dict[str, str] = {
+    "dated-de.json": "0c7eccb5c70cf301be5566b123c7437ebec6dfdc29982ef5554bce4f01a353d0",
+    "dated-de-words-off.json": "4ae82af321ef8e882709875c21c387c32ca802f433f9624b58e0960db6be2c49",
+    "gesetze-headings-dev.json": "c4b21db4d27053aed25e18075ff55c6e45edadfe730025a22da9f68eaa2cb13e",
+    "scifact-english.json": "0212e2ea6ba751f20947aace749ecbbb29cf71a052107d8e99a7fdb08b2a92e5",
+    "xquad-de.json": "3458860a56a3c4ba82d4a4709deb19aeb46866c9f827d93a68432aebb45f9f61",
+}
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Which evidence counts: pinned report files, reports signed by these keys, and what a report measured
+    within these bounds (`retrieval.mode_gate`). `Trust()`: the pinned files alone, no bounds."""
+
+    keys: tuple[Any, ...] = ()  # Ed25519 public keys
+    max_p99_ms: float | None = None
+    max_rss_mb: float | None = None
+    max_index_bytes: int | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> Trust:
+        g = settings.retrieval.mode_gate
+        keys = tuple(load_public_key(path) for path in g.trusted_key_files)
+        return cls(keys, g.max_p99_ms, g.max_rss_mb, g.max_index_bytes)
+
+    def refusal(self, data: dict[str, Any], file_sha256: str | None = None) -> str | None:
+        """None when `data` counts as evidence; else why not. `file_sha256`: of the file it was read from."""
+        if file_sha256 is None or file_sha256 not in PINNED_REPORTS.values():
+            why = unverified_reason(data, self.keys)
+            if why is not None:
+                return f"{why} and not a pinned report"
+        return self.over_bounds(data)
+
+    def over_bounds(self, data: dict[str, Any]) -> str | None:
+        cost = data.get("cost") if isinstance(data.get("cost"), dict) else {}
+        figures = {
+            "max_p99_ms": (self.max_p99_ms, _figure(cost, "latency_ms", "hybrid", "p99"), "hybrid p99 {} ms"),
+            "max_rss_mb": (self.max_rss_mb, _figure(cost, "peak_rss_mb"), "peak RSS {} MB"),
+            "max_index_bytes": (self.max_index_bytes, _figure(cost, "index", "bytes"), "index {} bytes"),
+        }
+        for name, (bound, measured, what) in figures.items():
+            if bound is None:
+                continue
+            if measured is None:
+                return f"it measured no {what.format('').strip()}, and retrieval.mode_gate.{name} is set"
+            if measured > bound:
+                return f"{what.format(measured)} exceeds retrieval.mode_gate.{name} {bound}"
+        return None
+
+
+def _figure(data: Any, *path: str) -> float | None:
+    for name in path:
+        data = data.get(name) if isinstance(data, dict) else None
+    return float(data) if isinstance(data, int | float) and not isinstance(data, bool) else None
 
 
 def _digest(value: Any, length: int) -> str:
@@ -160,9 +223,21 @@ class SelfEvidence:
         return binding_matches(self.binding, settings, embedding_signature)
 
 
-def parse_self_report(report_id: int, at: str, decision: str, data: Any) -> SelfEvidence | None:
-    """The stored report as evidence; None (logged) when its binding does not verify or it lacks a summary."""
+_REFUSED_SELF: set[int] = set()  # self-eval reports already logged as refused (read again every refresh)
+
+
+def parse_self_report(
+    report_id: int, at: str, decision: str, data: Any, trust: Trust | None = None
+) -> SelfEvidence | None:
+    """The stored report as evidence; None (logged once) when it is not signed by a trusted key, its binding does
+    not verify or it lacks a summary. `trust` None: the signature is not asked for (tests of the rest)."""
     if not isinstance(data, dict) or decision not in ("hybrid", "lexical"):
+        return None
+    why = trust.refusal(data) if trust is not None else None
+    if why is not None:
+        if report_id not in _REFUSED_SELF:
+            _REFUSED_SELF.add(report_id)
+            log.warning("evidence: ignoring self-eval #%s: %s", report_id, why)
         return None
     binding = data.get("binding")
     if not isinstance(binding, dict) or data.get("binding_hash") != binding_hash(binding):
@@ -175,7 +250,7 @@ def parse_self_report(report_id: int, at: str, decision: str, data: Any) -> Self
     return SelfEvidence(report_id, at, {k: str(v) for k, v in binding.items()}, mode, summary)
 
 
-async def load_self_evidence(engine: Any) -> SelfEvidence | None:
+async def load_self_evidence(engine: Any, trust: Trust) -> SelfEvidence | None:
     """The newest `ki_self_eval` row as evidence (None: no row, or a schema without the table)."""
     from sqlalchemy import text
     from sqlalchemy.exc import ProgrammingError
@@ -188,7 +263,7 @@ async def load_self_evidence(engine: Any) -> SelfEvidence | None:
         return None
     if row is None:
         return None
-    return parse_self_report(int(row.id), row.at.isoformat(timespec="seconds"), str(row.decision), row.report)
+    return parse_self_report(int(row.id), row.at.isoformat(timespec="seconds"), str(row.decision), row.report, trust)
 
 
 class ReportInvalid(PermanentError):
@@ -235,18 +310,24 @@ def resolve_dir(directory: str | None) -> Path:
     return Path(directory).expanduser()
 
 
-def load_reports(directory: str | None) -> list[EvidenceReport]:
-    """Every usable report in `directory` (`*.json`, not recursive; None: the shipped ones); unusable ones are
-    logged and skipped."""
+def load_reports(directory: str | None, trust: Trust) -> list[EvidenceReport]:
+    """Every usable report in `directory` (`*.json`, not recursive; None: the shipped ones) that `trust` accepts;
+    the others are logged (once: this runs at start-up) and skipped."""
     folder = resolve_dir(directory)
     if not folder.is_dir():
         return []
     reports: list[EvidenceReport] = []
     for file in sorted(folder.glob("*.json")):
         try:
-            found = parse_reports(str(file), json.loads(file.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError, ReportInvalid) as exc:
+            raw = file.read_bytes()
+            data = json.loads(raw.decode("utf-8"))
+            found = parse_reports(str(file), data)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ReportInvalid) as exc:
             log.warning("evidence: ignoring %s: %s", file, exc)
+            continue
+        why = trust.refusal(data, hashlib.sha256(raw).hexdigest()) if found else None
+        if why is not None:
+            log.warning("evidence: ignoring %s: %s", file, why)
             continue
         reports.extend(found)
     return reports

@@ -102,11 +102,11 @@ def test_the_installed_package_imports_and_reads_its_data_from_its_own_environme
     probe = (
         "import json, sys, ki, apps, search, streams, projections\n"
         "from ki.db.migrate import MIGRATIONS_DIR\n"
-        "from search.ranking.mode_gate import load_reports, resolve_dir\n"
+        "from search.ranking.mode_gate import Trust, load_reports, resolve_dir\n"
         "from search.web.console import STATIC\n"
         "print(json.dumps({'modules': [m.__file__ for m in (ki, apps, search, streams, projections)],"
         " 'data': [str(MIGRATIONS_DIR), str(resolve_dir(None)), str(STATIC)],"
-        " 'reports': sorted({r.dataset.split(' (')[0] for r in load_reports(None)}),"
+        " 'reports': sorted({r.dataset.split(' (')[0] for r in load_reports(None, Trust())}),"
         " 'hooks': [type(f).__module__ for f in sys.meta_path]}))"
     )
     seen = json.loads(_run([str(installed.python), "-c", probe], installed.work))

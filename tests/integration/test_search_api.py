@@ -812,6 +812,7 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_needs_it_or_the_
     isolation: dict[str, str], data: Data, settings: Settings, iso_settings: Settings, tmp_path_factory
 ) -> None:
     from ki.embedding import create_embedder
+    from ki.evidence_keys import load_private_key, make_keys, sign
     from search.ranking.mode_gate import binding_for, binding_hash
 
     erin = token(settings, data, "erin")
@@ -868,8 +869,11 @@ def test_default_mode_follows_the_evidence_and_an_explicit_mode_needs_it_or_the_
         "binding_hash": binding_hash(binding),
         "results": {"lexical": {"ndcg@10": 0.5}, "hybrid": {"ndcg@10": 0.6}},
     }
-    (reports / "tiny-de.json").write_text(json.dumps(record))
-    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports))
+    # Signed by the deployment's key (ki keys), which the server trusts: unsigned, the report would not count.
+    private, public = make_keys(tmp_path_factory.mktemp("keys"))
+    (reports / "tiny-de.json").write_text(json.dumps(sign(record, load_private_key(private))))
+    srv = Server("search-api-evidence", **isolation, KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(reports),
+                 KI_RETRIEVAL__MODE_GATE__TRUSTED_KEY_FILES=json.dumps([str(public)]))  # fmt: skip
     srv.start()
     try:
         mode, ran = legs(srv, {})

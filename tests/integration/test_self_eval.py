@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from apps.dev.checkout import REPO_ROOT
+from ki.evidence_keys import make_keys
 from ki.settings import load_settings
 from search.web.auth import mint_token
 from tests.conftest import wait_for
@@ -113,7 +114,11 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
     constant_embeddings: dict[str, str], tmp_path: Path
 ) -> None:
     record = _world("gesetze-mini-constant", tmp_path, constant_embeddings)
-    deployment = _as_deployment(record, {**constant_embeddings, "KI_RETRIEVAL__MODE_GATE__SELF_EVAL_REFRESH_S": "1"})
+    # The deployment's own key: `ki eval --self` signs, the API trusts it (an unsigned report is no evidence).
+    private, public = make_keys(tmp_path / "keys")
+    deployment = _as_deployment(record, {**constant_embeddings, "KI_RETRIEVAL__MODE_GATE__SELF_EVAL_REFRESH_S": "1",
+                                         "KI_RETRIEVAL__MODE_GATE__SIGNING_KEY_FILE": str(private),
+                                         "KI_RETRIEVAL__MODE_GATE__TRUSTED_KEY_FILES": json.dumps([str(public)])})
     server = Server("self-eval-api", **deployment)
     server.start()
     try:
@@ -124,6 +129,7 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
         report = json.loads(report_path.read_text())
         assert f"self-eval #{report['id']}: default mode lexical" in done.stdout
         assert report["decision"] == "lexical", report["summary"]
+        assert report["signature"]["algorithm"] == "ed25519" and report["cost"]["latency_ms"]["hybrid"]["p99"] > 0
         confirming = report["halves"]["confirming"]["results"]
         assert confirming["semantic"]["ndcg@10"] < 0.25 * confirming["lexical"]["ndcg@10"], confirming
         assert all("sha256" in q and "text" not in q for q in report["queries"])  # texts hashed by default

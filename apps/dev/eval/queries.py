@@ -59,6 +59,16 @@ class ModeRun:
     # A versioned set: query id -> {corpus id of a hit: corpus id of its `compare.earlier` version (None: the
     # label names none, or names a version not in the data set)}, for the hits that carry a `compare` label.
     compared: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list)  # each query's search, as the service answered it
+
+    def latency(self) -> dict[str, float | None]:
+        """p50 and p99 of the queries' search times (ms), what a signed report binds (ki.evidence_keys)."""
+        ordered = sorted(self.latencies_ms)
+
+        def at(q: float) -> float | None:
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else None
+
+        return {"p50": at(0.5), "p99": at(0.99)}
 
 
 def hit_corpus_ids(
@@ -122,10 +132,12 @@ async def run_queries(
         except RequestInvalid as exc:
             raise EvalError(f"query {qid}: {exc}") from None
         async with gate:
+            began = time.perf_counter()
             if scope is None:
                 result = await service.search(principals, request)
             else:
                 result = await service.search_in_scope(principals, request, scope)
+            out.latencies_ms.append((time.perf_counter() - began) * 1000)
         out.run[qid] = hit_corpus_ids(result.hits, documents, versions)
         if versions is not None:
             out.compared[qid] = compare_labels(result.hits, versions)

@@ -136,11 +136,11 @@ def write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 def write_json(path: Path, record: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=_jsonable) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=jsonable) + "\n", encoding="utf-8")
     tmp.replace(path)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
         return asdict(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -27,6 +27,7 @@ import hashlib
 import os
 import platform
 import re
+import resource
 import subprocess
 import time
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ from ki import exposition
 from ki.clients import as_ki_error, make_async_engine, make_engine, make_kafka_consumer
 from ki.db.models import Document, DocumentVersion, SourceObject, SourceObservation
 from ki.errors import Unavailable
+from ki.evidence_keys import signed_with
 from ki.settings import Settings, SettingsError, with_overrides
 from projections.mapping import text_analysis
 from projections.plan import VECTOR_PENDING
@@ -656,6 +658,9 @@ async def evaluate_dataset(
     try:
         opensearch_info = await client.info()
         rows, first, waited, vectors = await _fill_index(client, target, options, projection.rows, progress)
+        stored = await client.indices.stats(index=es.retrieval.index_name, metric="store,docs")
+        index_size = {"bytes": stored["_all"]["primaries"]["store"]["size_in_bytes"],
+                      "rows": stored["_all"]["primaries"]["docs"]["count"]}  # fmt: skip
 
         # -- queries ----------------------------------------------------------------------------------
         async_engine = make_async_engine(es)
@@ -695,6 +700,7 @@ async def evaluate_dataset(
                     "rrf_k": r.fusion_rrf_k,
                     "fusion": r.fusion_method,
                     "seconds": round(mode_run.seconds, 2),
+                    "latency_ms": mode_run.latency(),
                 }
 
             for mode in MODES:
@@ -880,6 +886,14 @@ async def evaluate_dataset(
                                                        es.retrieval.mode_gate.significance_level)  # fmt: skip
         progress(f"eval: self-eval decides {self_record['decision']}, the labelled test split "
                  f"{record['self_eval']['labelled_decision']} ({self_record['file']})")  # fmt: skip
+    record["cost"] = {  # what a signed report binds besides relevance (ki.evidence_keys, retrieval.mode_gate.max_*)
+        "latency_ms": {mode: details[mode]["latency_ms"] for mode in MODES},
+        "concurrency": options.concurrency,
+        # This process ran the search service and the embedder for every query (ru_maxrss: KiB on Linux).
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "index": index_size,
+    }
+    record = signed_with(record, settings.retrieval.mode_gate.signing_key_file, default=report.jsonable)
     report.write_json(json_path, record)
     progress(
         f"eval: database, connector, slot and index of {key} stay for a re-run; "

@@ -28,6 +28,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
 from apps.dev.eval.queries import MemoClient, Mode, ModeRun, run_queries
 from apps.dev.eval.significance import paired_comparison
 from ki.errors import PermanentError
+from ki.evidence_keys import signed_with
 from ki.settings import Settings, with_overrides
 
 Progress = Callable[[str], None]
@@ -269,7 +271,14 @@ async def self_evaluate(
                 for q in queries
             ],
             "seconds": round(time.monotonic() - began, 1),
+            "cost": {  # what a signed report binds besides relevance (ki.evidence_keys)
+                "latency_ms": {mode: runs[mode].latency() for mode in MODES},
+                "concurrency": concurrency,
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            },
         }
+        # Signed with this deployment's key: the gate counts an unsigned self-eval report as no evidence.
+        report = signed_with(report, settings.retrieval.mode_gate.signing_key_file)
         report["id"] = await store(engine, report)
     finally:
         await engine.dispose()

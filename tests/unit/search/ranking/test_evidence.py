@@ -6,11 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ki.evidence_keys import make_keys, sign
 from ki.settings import load_settings
 from search.ranking.mode_gate import (
+    PINNED_REPORTS,
     EvidenceReport,
     ReportInvalid,
+    Trust,
     analyzer_hash,
     binding_for,
     binding_hash,
@@ -37,6 +41,14 @@ def report_json(s, *, lexical=0.50, hybrid=0.55, signature=SIGNATURE, dataset="g
         "binding_hash": binding_hash(binding),
         "results": {"lexical": {"ndcg@10": lexical}, "semantic": {"ndcg@10": 0.4}, "hybrid": {"ndcg@10": hybrid}},
     }
+
+
+KEY = Ed25519PrivateKey.generate()  # this deployment's signing key
+TRUST = Trust((KEY.public_key(),))
+
+
+def signed(data):
+    return sign(data, KEY)
 
 
 def reports(s, *items):
@@ -119,16 +131,16 @@ def test_other_benchmark_files_are_not_reports():
 
 def test_load_reports_reads_a_folder_and_skips_what_it_cannot_use(tmp_path: Path):
     s = settings()
-    (tmp_path / "gesetze.json").write_text(json.dumps(report_json(s)))
+    (tmp_path / "gesetze.json").write_text(json.dumps(signed(report_json(s))))
     (tmp_path / "sync.json").write_text(json.dumps({"rounds": []}))
     (tmp_path / "broken.json").write_text("{not json")
     bad = report_json(s)
     bad["binding_hash"] = "0" * 16
-    (tmp_path / "bad.json").write_text(json.dumps(bad))
-    found = load_reports(str(tmp_path))
+    (tmp_path / "bad.json").write_text(json.dumps(signed(bad)))
+    found = load_reports(str(tmp_path), TRUST)
     assert [type(r) for r in found] == [EvidenceReport]
     assert found[0].dataset == "gesetze-headings-dev"
-    assert load_reports(str(tmp_path / "missing")) == []
+    assert load_reports(str(tmp_path / "missing"), TRUST) == []
 
 
 def test_new_ranking_steps_bind_reports_only_when_on():
@@ -163,8 +175,8 @@ def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
             "binding_hash": binding_hash(binding),
             "results": {"lexical": {"ndcg@10": 0.50}, "hybrid": {"ndcg@10": hybrid}},
         })  # fmt: skip
-    (tmp_path / "gesetze.json").write_text(json.dumps(data))
-    found = load_reports(str(tmp_path))
+    (tmp_path / "gesetze.json").write_text(json.dumps(signed(data)))
+    found = load_reports(str(tmp_path), TRUST)
     assert [r.dataset for r in found] == [
         "gesetze-headings-dev",
         "gesetze-headings-dev (graph_rag on)",
@@ -174,9 +186,9 @@ def test_a_variant_of_a_report_is_evidence_for_its_own_settings(tmp_path: Path):
     assert decide(found, augmented, SIGNATURE).reports == ("gesetze-headings-dev (graph_rag on)",)
     assert decide(found, augmented, SIGNATURE).default_mode == "hybrid"
     assert decide(found, floored, SIGNATURE).default_mode == "lexical"  # 0.45 < 0.50
-    data["variants"][0]["binding_hash"] = "0" * 16  # edited by hand: the whole file is refused
-    (tmp_path / "gesetze.json").write_text(json.dumps(data))
-    assert load_reports(str(tmp_path)) == []
+    data["variants"][0]["binding_hash"] = "0" * 16  # edited by hand (and signed again): the whole file is refused
+    (tmp_path / "gesetze.json").write_text(json.dumps(signed(data)))
+    assert load_reports(str(tmp_path), TRUST) == []
 
 
 def test_the_shipped_settings_and_reports_make_hybrid_the_default():
@@ -185,7 +197,7 @@ def test_the_shipped_settings_and_reports_make_hybrid_the_default():
     shipped = load_settings(environ={})
     assert shipped.embedding.model == "multilingual-e5-small"
     assert shipped.retrieval.mode_gate.reports_dir is None  # the reports shipped in the package
-    decision = decide(load_reports(shipped.retrieval.mode_gate.reports_dir), shipped, SIGNATURE)
+    decision = decide(load_reports(shipped.retrieval.mode_gate.reports_dir, Trust.of(shipped)), shipped, SIGNATURE)
     assert decision.default_mode == "hybrid", decision.reason
     assert {"gesetze-headings-dev", "xquad-de"} <= {name.split(" (")[0] for name in decision.reports}
 
@@ -229,3 +241,89 @@ def test_an_operator_pin_overrides_all_evidence_but_not_a_switched_off_leg():
     assert decide([], settings(default_mode="lexical"), SIGNATURE).default_mode == "lexical"
     off = settings(default_mode="hybrid", weight_semantic=0)
     assert decide([], off, SIGNATURE).default_mode == "lexical"
+
+
+# -- signed and pinned evidence (ki.evidence_keys) ----------------------------------------------------------------
+
+
+def _shipped_copy(tmp_path: Path) -> Path:
+    """The shipped reports, byte for byte, in a folder of their own."""
+    from search.ranking.mode_gate import resolve_dir
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for name in PINNED_REPORTS:
+        (folder / name).write_bytes((resolve_dir(None) / name).read_bytes())
+    return folder
+
+
+def _edit_one_digit(path: Path, field: str) -> None:
+    """Change one digit of the first number after `"<field>":` in the file, nothing else."""
+    raw = path.read_text(encoding="utf-8")
+    at = raw.index(f'"{field}":') + len(f'"{field}":')
+    while not raw[at].isdigit():
+        at += 1
+    at = next(i for i in range(at, at + 12) if raw[i].isdigit() and raw[i] != "0") if raw[at] == "0" else at
+    path.write_text(raw[:at] + str((int(raw[at]) + 1) % 10) + raw[at + 1 :], encoding="utf-8")
+
+
+def test_the_shipped_reports_count_only_as_pinned_a_one_digit_edit_turns_the_gate_to_keyword(tmp_path: Path):
+    shipped = load_settings(environ={})
+    folder = _shipped_copy(tmp_path)
+    assert decide(load_reports(str(folder), Trust()), shipped, SIGNATURE).default_mode == "hybrid"
+    for name in PINNED_REPORTS:  # every report edited: one digit of its nDCG@10
+        _edit_one_digit(folder / name, "ndcg@10")
+    decision = decide(load_reports(str(folder), Trust()), shipped, SIGNATURE)
+    assert decision.default_mode == "lexical" and decision.vectors_proven is False
+
+
+def test_an_unsigned_report_and_one_signed_by_another_key_are_no_evidence(tmp_path: Path):
+    s = settings()
+    (tmp_path / "unsigned.json").write_text(json.dumps(report_json(s)))
+    (tmp_path / "foreign.json").write_text(json.dumps(sign(report_json(s), Ed25519PrivateKey.generate())))
+    assert load_reports(str(tmp_path), TRUST) == []
+    assert decide(load_reports(str(tmp_path), TRUST), s, SIGNATURE).default_mode == "lexical"
+    (tmp_path / "ours.json").write_text(json.dumps(signed(report_json(s))))
+    assert [r.path for r in load_reports(str(tmp_path), TRUST)] == [str(tmp_path / "ours.json")]
+
+
+def test_a_one_digit_edit_of_a_signed_reports_relevance_latency_memory_or_size_is_refused(tmp_path: Path):
+    s = settings()
+    data = report_json(s)
+    data["cost"] = {"latency_ms": {"hybrid": {"p50": 41.5, "p99": 183.2}}, "peak_rss_mb": 712.4,
+                    "index": {"bytes": 48_213_004, "rows": 9_413}}  # fmt: skip
+    path = tmp_path / "ours.json"
+    for field in ("ndcg@10", "p99", "peak_rss_mb", "bytes"):
+        path.write_text(json.dumps(signed(data), indent=2))
+        assert len(load_reports(str(tmp_path), TRUST)) == 1
+        _edit_one_digit(path, field)
+        assert load_reports(str(tmp_path), TRUST) == [], field
+
+
+def test_what_a_report_measured_must_be_within_the_bounds():
+    s = settings()
+    data = signed({**report_json(s), "cost": {"latency_ms": {"hybrid": {"p99": 180.0}}, "peak_rss_mb": 700.0,
+                                              "index": {"bytes": 5_000_000, "rows": 900}}})  # fmt: skip
+    assert Trust((KEY.public_key(),), max_p99_ms=200, max_rss_mb=800, max_index_bytes=10**7).refusal(data) is None
+    assert "p99 180.0 ms exceeds" in Trust((KEY.public_key(),), max_p99_ms=150).refusal(data)
+    assert "peak RSS 700.0 MB exceeds" in Trust((KEY.public_key(),), max_rss_mb=512).refusal(data)
+    unmeasured = signed(report_json(s))
+    assert "measured no hybrid p99" in Trust((KEY.public_key(),), max_p99_ms=150).refusal(unmeasured)
+
+
+def test_a_self_eval_report_counts_only_when_signed_by_a_trusted_key():
+    s = settings()
+    binding = binding_for(s, SIGNATURE, "cd" * 32)
+    data = {"binding": binding, "binding_hash": binding_hash(binding), "summary": "hybrid -0.210 on 80 queries"}
+    assert parse_self_report(31, "t", "lexical", data, TRUST) is None  # unsigned
+    assert parse_self_report(32, "t", "lexical", sign(data, Ed25519PrivateKey.generate()), TRUST) is None
+    assert parse_self_report(33, "t", "lexical", signed(data), TRUST) is not None
+
+
+def test_keys_come_from_files_and_are_never_overwritten(tmp_path: Path):
+    private, public = make_keys(tmp_path / "keys")
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+    s = load_settings(environ={"KI_RETRIEVAL__MODE_GATE__TRUSTED_KEY_FILES": json.dumps([str(public)])})
+    assert len(Trust.of(s).keys) == 1
+    with pytest.raises(Exception, match="exists already"):
+        make_keys(tmp_path / "keys")
