@@ -90,4 +90,9 @@ echo "test: fault-injection lane (build/test-faults.log):"
 grep -E "^(FAILED|ERROR) " build/test-faults.log || true
 tail -n 25 build/test-faults.log
 echo "test: lanes finished: main exit $main_status, faults exit $faults_status"
+# The optional suites need stacks of their own: say which this run left out, and how to run them.
+echo "test: not run by this command (each starts its own stack; .ci/run runs them):" \
+  "identity provider (KI_TEST_IDP=1 scripts/test.sh tests/idp)," \
+  "secured profile (KI_TEST_SECURE=1 scripts/test.sh tests/secure)," \
+  "cluster profile (KI_TEST_CLUSTER=1 scripts/test.sh -s tests/cluster)"
 [ "$main_status" -eq 0 ] && [ "$faults_status" -eq 0 ]

@@ -25,6 +25,7 @@ from apps.dev.checkout import REPO_ROOT
 from apps.runtime.mcp_server import TOOLS
 from ki.settings import Settings
 from search.web.auth import mint_token
+from tests.conftest import wait_for
 from tests.integration.search_harness import (
     McpHttp,
     Server,
@@ -360,3 +361,56 @@ def test_stdio_answers_as_the_configured_principal(isolation: dict[str, str], da
     assert error and found["error"] == "not_found"
     error, found = run_as([])
     assert error and found["error"] == "unauthorized"
+
+
+def test_refusals_and_backend_failures_reach_an_agent_as_the_apis_errors_and_are_audited(
+    isolation: dict[str, str], data: Data, settings: Settings, engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Over MCP as over HTTP, each a tool error carrying the API's body and status, each call one audit row: an
+    explicit hybrid where no evidence backs it (409 `mode_unavailable`), a caller over the rate limit (429
+    `rate_limited`), OpenSearch unreachable (503 `search_unavailable`)."""
+    from apps.runtime.processes import free_port
+
+    who = data.principal("anna")
+    token = data.token(settings, "anna")
+    servers = {
+        "mode_unavailable": McpHttp(**isolation, KI_RETRIEVAL__MODE_GATE__EXPLICIT_WITHOUT_EVIDENCE="refuse",
+                                    KI_RETRIEVAL__MODE_GATE__REPORTS_DIR=str(tmp_path_factory.mktemp("no-reports"))),
+        "rate_limited": McpHttp(**isolation, KI_API__LIMITS__RATE_PER_S="0.01", KI_API__LIMITS__RATE_BURST="1"),
+        "search_unavailable": McpHttp(**isolation, KI_OPENSEARCH__URL=f"http://127.0.0.1:{free_port()}"),
+    }  # fmt: skip
+    seen: dict[str, tuple[bool, Any]] = {}
+    with engine.connect() as conn:
+        audited_before = conn.execute(
+            text("SELECT count(*) FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:search'"),
+            {"who": who},
+        ).scalar_one()
+    try:
+        for server in servers.values():
+            server.start()
+        query = {"query": f"mcpwort{data.tag}"}
+        seen["mode_unavailable"] = call(servers["mode_unavailable"].url, token, "search", {**query, "mode": "hybrid"})
+        assert call(servers["rate_limited"].url, token, "search", query)[0] is False  # the burst's one request
+        seen["rate_limited"] = call(servers["rate_limited"].url, token, "search", query)
+        seen["search_unavailable"] = call(servers["search_unavailable"].url, token, "search", query)
+    finally:
+        for server in servers.values():
+            server.stop()
+    statuses = {"mode_unavailable": 409, "rate_limited": 429, "search_unavailable": 503}
+    for code, (error, body) in seen.items():
+        assert error and body["error"] == code and body["status"] == statuses[code], (code, body)
+        assert "hits" not in body
+    refused = seen["mode_unavailable"][1]
+    assert refused["field"] == "mode" and "no evaluation report" in refused["message"]
+    assert seen["rate_limited"][1]["retry_after_s"] >= 1
+
+    def audited() -> list[int] | None:  # written in batches off the request path
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT status FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:search'"
+                     " ORDER BY at, id"), {"who": who},
+            ).scalars().all()  # fmt: skip
+        new = sorted(rows[audited_before:])
+        return new if len(new) >= 4 else None
+
+    assert wait_for(audited, timeout=60, what="the four MCP calls' audit rows") == [200, 409, 429, 503]
