@@ -72,9 +72,8 @@ def grants(settings: Settings) -> list[Grant]:
         Grant("connect", topic, f"{prefix}-connect-", prefixed, OWN),
         Grant("connect", group, f"{prefix}-connect", literal, READ),
         Grant("ki_worker", topic, cdc, prefixed, (*READ, AclOperation.CREATE)),
-        Grant("ki_worker", topic, settings.streams.dlq_topic, literal, WRITE),
-        # The lanes' DLQ gauges read the dead letters' times (assigned, no group, nothing committed).
-        Grant("ki_worker", topic, settings.streams.dlq_topic, literal, READ),
+        # Writes dead letters; the lanes' DLQ gauges read their times (assigned, no group, nothing committed).
+        Grant("ki_worker", topic, settings.streams.dlq_topic, literal, (*WRITE, AclOperation.READ)),
         Grant("ki_worker", group, app, prefixed, READ),
         *(
             Grant("ki_api", topic, topic_name(prefix, table), literal, READ)
@@ -92,11 +91,13 @@ def grants(settings: Settings) -> list[Grant]:
 
 
 def bindings(settings: Settings) -> list[AclBinding]:
-    return [
+    """Every grant's operations as bindings, each once (the broker refuses a request that names one twice)."""
+    unique = dict.fromkeys(
         AclBinding(g.resource, g.name, g.pattern, f"User:{g.login}", "*", operation, AclPermissionType.ALLOW)
         for g in grants(settings)
         for operation in g.operations
-    ]
+    )
+    return list(unique)
 
 
 def acl_arguments(settings: Settings) -> list[str]:

@@ -57,3 +57,13 @@ def test_every_binding_allows_one_named_login_and_never_a_wildcard() -> None:
         )
         assert binding.restype in (ResourceType.TOPIC, ResourceType.GROUP)
         assert binding.operation != AclOperation.ALL or binding.principal in ("User:connect", "User:ki_operator")
+
+
+def test_no_binding_is_listed_twice() -> None:
+    """The broker refuses a CreateAcls request that names one binding twice: the secured stack would not start
+    (a grant of READ and one of WRITE on the same topic both carry DESCRIBE)."""
+    from apps.dev.stack.kafka_acls import grants
+
+    named = [(g.login, g.resource, g.name, g.pattern, op) for g in grants(Settings()) for op in g.operations]
+    assert len(named) == len(set(named))
+    assert len(bindings(Settings())) == len(named)
