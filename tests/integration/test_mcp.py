@@ -385,6 +385,16 @@ def test_refusals_and_backend_failures_reach_an_agent_as_the_apis_errors_and_are
             text("SELECT count(*) FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:search'"),
             {"who": who},
         ).scalar_one()
+
+    def audited() -> list[int] | None:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT status FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:search'"
+                     " ORDER BY at, id"), {"who": who},
+            ).scalars().all()  # fmt: skip
+        new = sorted(rows[audited_before:])
+        return new if len(new) >= 4 else None
+
     try:
         for server in servers.values():
             server.start()
@@ -393,6 +403,8 @@ def test_refusals_and_backend_failures_reach_an_agent_as_the_apis_errors_and_are
         assert call(servers["rate_limited"].url, token, "search", query)[0] is False  # the burst's one request
         seen["rate_limited"] = call(servers["rate_limited"].url, token, "search", query)
         seen["search_unavailable"] = call(servers["search_unavailable"].url, token, "search", query)
+        # Written in batches off the request path, while the servers run.
+        assert wait_for(audited, timeout=60, what="the four MCP calls' audit rows") == [200, 409, 429, 503]
     finally:
         for server in servers.values():
             server.stop()
@@ -403,14 +415,3 @@ def test_refusals_and_backend_failures_reach_an_agent_as_the_apis_errors_and_are
     refused = seen["mode_unavailable"][1]
     assert refused["field"] == "mode" and "no evaluation report" in refused["message"]
     assert seen["rate_limited"][1]["retry_after_s"] >= 1
-
-    def audited() -> list[int] | None:  # written in batches off the request path
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT status FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:search'"
-                     " ORDER BY at, id"), {"who": who},
-            ).scalars().all()  # fmt: skip
-        new = sorted(rows[audited_before:])
-        return new if len(new) >= 4 else None
-
-    assert wait_for(audited, timeout=60, what="the four MCP calls' audit rows") == [200, 409, 429, 503]
