@@ -82,6 +82,9 @@ class Source:
     def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
         return {v: self.granted.get(v, GrantedPrincipals((), ())) for v in version_ids if v in self.states}
 
+    def existing(self, version_ids: Sequence[int]) -> set[int]:
+        return {v for v in version_ids if v in self.states}
+
     def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]:
         # A version gone from PostgreSQL has no grants and no observation (as version_projections answers).
         return {
@@ -142,6 +145,9 @@ class Index:
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         wanted = {str(v) for v in values}
         return {int(r.source["document_version_id"]) for r in self.rows.values() if str(r.source[field_name]) in wanted}
+
+    async def all_indexed_versions(self) -> set[int]:
+        return {int(r.source["document_version_id"]) for r in self.rows.values()}
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
         self.bulks.append(list(ops))
@@ -439,6 +445,24 @@ def test_a_soft_deleted_document_loses_its_rows() -> None:
     db.states[11] = snapshot(deleted_at=datetime(2026, 2, 1))
     run(projector.apply(content(11)))
     assert index.of(11) == {}
+
+
+def test_a_truncated_versions_table_deletes_the_rows_of_every_version_gone() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+    run(projector.apply(content(11, 12)))
+    del db.states[11]  # TRUNCATE ... CASCADE names no row: the index is compared with PostgreSQL
+    stats = run(projector.apply(DirtyKeys(truncated={"document_versions"}), lane="access"))
+    assert index.of(11) == {} and index.of(12) and stats.rows_deleted > 0
+
+
+def test_a_truncated_grants_table_rewrites_every_indexed_versions_projection_without_embedding() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+    run(projector.apply(content(11, 12)))
+    embedded = embedder.embedded
+    db.granted.clear()
+    stats = run(projector.apply(DirtyKeys(truncated={"grants"}), lane="access"))
+    assert all(r.source["allowed_principals"] == [] for r in index.of(11).values())
+    assert stats.access_rows_updated == len(index.of(11)) and embedder.embedded == embedded
 
 
 def test_resolve_sends_a_version_dirtied_both_ways_down_the_content_path_alone() -> None:
