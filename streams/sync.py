@@ -53,6 +53,9 @@ if TYPE_CHECKING:  # the production wiring only names the engine type
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
+#: Access-only work is read and written this many versions at a time (a batch's is far fewer; a truncate's is
+#: every indexed version).
+ACCESS_SLICE_VERSIONS = 2000
 # The access lane's first slice of text rows is an eighth of a `_bulk`, each next one twice as big: the smallest
 # versions of a batch are written (and searchable) before most of the batch is even cut.
 FIRST_SLICE_DIVISOR = 8
@@ -166,7 +169,10 @@ class Projector:
         # Access-only work first: a grant or revocation is a few partial updates and should not wait
         # behind the text rows of a bulk import in the same batch (the versions are disjoint).
         if lane != "content":
-            await self.project_access(access, stats)
+            # In slices: after a TRUNCATE this is every indexed version, whose rows are read per slice.
+            ordered = sorted(access)
+            for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):
+                await self.project_access(ordered[start : start + ACCESS_SLICE_VERSIONS], stats)
         await self.project_versions(content, stats, embed=lane != "access")
         return stats
 

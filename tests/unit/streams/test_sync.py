@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import streams.sync
 from ki.acl import GrantedPrincipals
 from ki.settings import load_settings
 from projections.dirty import DirtyKeys
@@ -455,14 +456,20 @@ def test_a_truncated_versions_table_deletes_the_rows_of_every_version_gone() -> 
     assert index.of(11) == {} and index.of(12) and stats.rows_deleted > 0
 
 
-def test_a_truncated_grants_table_rewrites_every_indexed_versions_projection_without_embedding() -> None:
-    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+@pytest.mark.parametrize("slice_versions", [1, 2000])
+def test_a_truncated_grants_table_rewrites_every_indexed_versions_projection_without_embedding(
+    slice_versions: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(streams.sync, "ACCESS_SLICE_VERSIONS", slice_versions)
+    granted = {11: ALICE, 12: BOB}
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted=granted)
     run(projector.apply(content(11, 12)))
     embedded = embedder.embedded
     db.granted.clear()
     stats = run(projector.apply(DirtyKeys(truncated={"grants"}), lane="access"))
-    assert all(r.source["allowed_principals"] == [] for r in index.of(11).values())
-    assert stats.access_rows_updated == len(index.of(11)) and embedder.embedded == embedded
+    rows = [*index.of(11).values(), *index.of(12).values()]
+    assert all(r.source["allowed_principals"] == [] for r in rows)
+    assert stats.access_rows_updated == len(rows) and embedder.embedded == embedded
 
 
 def test_resolve_sends_a_version_dirtied_both_ways_down_the_content_path_alone() -> None:
