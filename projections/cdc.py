@@ -31,6 +31,12 @@ ROW_OPS: frozenset[str] = frozenset({"r", "c", "u", "d"})
 #: Default for `decode(known_tables=...)`: the captured tables (`ki.table_roles`).
 KNOWN_TABLES: frozenset[str] = frozenset(CAPTURED_TABLES)
 
+#: The prefix of the logical-decoding message an `AFTER TRUNCATE` trigger emits for a truncated table
+#: (migration 0013): `ki.truncate.<table>`. Debezium's own truncate event (op "t") has no key, and a compacted
+#: topic rejects a record without one (the connector task would fail), so it stays skipped
+#: (`skipped.operations`); the message's key is its prefix, one per table.
+TRUNCATE_PREFIX: Final = "ki.truncate."
+
 # Debezium's default `unavailable.value.placeholder`.
 DEBEZIUM_UNAVAILABLE: Final = "__debezium_unavailable_value"
 
@@ -125,6 +131,11 @@ def topic_name(prefix: str, table: str, schema: str = "public") -> str:
     return f"{prefix}.{schema}.{table}"
 
 
+def message_topic(prefix: str) -> str:
+    """Debezium's topic of logical-decoding messages (the truncate markers among them)."""
+    return f"{prefix}.message"
+
+
 def table_of_topic(topic: str) -> str:
     """`prefix.schema.table` -> `table` (the prefix itself may contain dots)."""
     parts = topic.rsplit(".", 2)
@@ -175,6 +186,17 @@ def _row(value: Any, what: str, placeholders: Collection[str]) -> dict[str, Any]
     return _mark_unavailable(value, placeholders)
 
 
+def _truncated_table(value: Mapping[str, Any]) -> str | None:
+    message = value.get("message")
+    prefix = message.get("prefix") if isinstance(message, dict) else None
+    if not isinstance(prefix, str) or not prefix.startswith(TRUNCATE_PREFIX):
+        return None
+    table = prefix.removeprefix(TRUNCATE_PREFIX)
+    if not table:
+        raise PoisonEvent(f"truncate marker {prefix!r} names no table")
+    return table
+
+
 def decode(
     topic: str,
     key_bytes: bytes | str | None,
@@ -199,8 +221,13 @@ def decode(
     if value is not None and op not in OPS:
         raise PoisonEvent(f"missing or unknown op {op!r}")
 
-    # Logical-decoding messages go to `<prefix>.message`, which names no table.
+    # Logical-decoding messages go to `<prefix>.message`, which names no table; a truncate marker names its
+    # table in its prefix and is decoded as that table's truncate (op "t").
     table = "" if op == "m" and topic.endswith(".message") else table_of_topic(topic)
+    if op == "m" and value is not None:
+        truncated = _truncated_table(value)
+        if truncated is not None:
+            op, table = "t", truncated
     if op != "m" and known_tables is not None and table not in known_tables:
         raise PoisonEvent(f"unknown table {table!r} (topic {topic!r})")
     if value is None:

@@ -50,6 +50,9 @@ class DirtyKeys:
     access_source_objects: set[int] = field(default_factory=set)
     access_sources: set[int] = field(default_factory=set)
     access_principals: set[str] = field(default_factory=set)
+    #: Tables truncated upstream: every indexed version is checked (rows of versions gone are deleted, the
+    #: principal projection of the others rewritten), as `ki reconcile` would.
+    truncated: set[str] = field(default_factory=set)
 
     def update(self, other: DirtyKeys) -> None:
         for name in self.__dataclass_fields__:
@@ -96,6 +99,9 @@ def dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
     role = table_roles.TABLE_ROLES.get(event.table)
     if role is None:
         raise ValueError(f"no projection rule for table {event.table!r}")
+    if event.op == "t":
+        keys.truncated.add(event.table)  # no row image: which rows went is only known by comparing
+        return keys
     if role.inserts_dirty_nothing and event.op in ("c", "r"):
         # A new matter or type node cannot change an existing row: a document that refers to it was
         # inserted or updated afterwards, and that change has its own event. Resolving it anyway would

@@ -12,15 +12,18 @@ from typing import Literal
 
 from ki.settings import Settings
 from ki.table_roles import CAPTURED_TABLES, CONTENT_TABLES
-from projections.cdc import topic_name
+from projections.cdc import message_topic, topic_name
 
 Lane = Literal["access", "content"]
 LANES: tuple[Lane, ...] = ("access", "content")
 
 
 def lane_topics(settings: Settings, lane: Lane) -> list[str]:
-    tables = CAPTURED_TABLES if lane == "access" else CONTENT_TABLES
-    return [topic_name(settings.kafka.topic_prefix, table) for table in tables]
+    """The access lane also reads the logical-decoding messages: the truncate markers (`projections.cdc`)."""
+    prefix = settings.kafka.topic_prefix
+    if lane == "content":
+        return [topic_name(prefix, table) for table in CONTENT_TABLES]
+    return [*(topic_name(prefix, table) for table in CAPTURED_TABLES), message_topic(prefix)]
 
 
 def consumer_group(settings: Settings, lane: Lane) -> str:

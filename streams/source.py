@@ -27,6 +27,8 @@ def _sql(statement: str, **types: Any) -> Any:
     return text(statement).bindparams(*(bindparam(name, type_=t) for name, t in types.items()))
 
 
+_EXISTING = _sql("SELECT id FROM document_versions WHERE id = ANY(:ids)", ids=_IDS)
+
 # Dirty keys -> version ids. Each statement returns one column `id`.
 _RESOLVE_CONTENT = _sql(
     """
@@ -180,6 +182,11 @@ class PostgresSource:
     def __init__(self, engine: Engine, security: SecuritySettings) -> None:
         self.engine = engine
         self.security = security
+
+    def existing(self, version_ids: Sequence[int]) -> set[int]:
+        """Those of these versions that still exist in PostgreSQL."""
+        with self.engine.connect() as conn:
+            return {row.id for row in conn.execute(_EXISTING, {"ids": list(version_ids)})}
 
     def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
         """The versions that exist in PostgreSQL and whose content, resp. whose access, `keys` dirtied."""

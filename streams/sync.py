@@ -53,6 +53,9 @@ if TYPE_CHECKING:  # the production wiring only names the engine type
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
+#: Access-only work is read and written this many versions at a time (a batch's is far fewer; a truncate's is
+#: every indexed version).
+ACCESS_SLICE_VERSIONS = 2000
 # The access lane's first slice of text rows is an eighth of a `_bulk`, each next one twice as big: the smallest
 # versions of a batch are written (and searchable) before most of the batch is even cut.
 FIRST_SLICE_DIVISOR = 8
@@ -98,6 +101,10 @@ class VersionSource(Protocol):
 
     def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]: ...
 
+    def existing(self, version_ids: Sequence[int]) -> set[int]:
+        """Those of these versions that still exist."""
+        ...
+
 
 class RowIndex(Protocol):
     """The index as the sync reads and writes it (`streams.writer.IndexWriter`, the one writer)."""
@@ -111,6 +118,8 @@ class RowIndex(Protocol):
     async def reusable_vectors(self, embedding_keys: Iterable[str]) -> dict[str, list[float]]: ...
 
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]: ...
+
+    async def all_indexed_versions(self) -> set[int]: ...
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult: ...
 
@@ -154,13 +163,36 @@ class Projector:
         # Documents deleted outright no longer have versions in PostgreSQL: find their rows in the index.
         if keys.content_documents:
             content |= await self.index.indexed_versions("document_id", keys.content_documents)
+        if keys.truncated:
+            content, access = await self._after_truncate(content, access, keys.truncated)
         stats.timed("resolve", started)
         # Access-only work first: a grant or revocation is a few partial updates and should not wait
         # behind the text rows of a bulk import in the same batch (the versions are disjoint).
         if lane != "content":
-            await self.project_access(access, stats)
+            # In slices: after a TRUNCATE this is every indexed version, whose rows are read per slice.
+            ordered = sorted(access)
+            for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):
+                await self.project_access(ordered[start : start + ACCESS_SLICE_VERSIONS], stats)
         await self.project_versions(content, stats, embed=lane != "access")
         return stats
+
+    async def _after_truncate(
+        self, content: set[int], access: set[int], tables: set[str]
+    ) -> tuple[set[int], set[int]]:
+        """A TRUNCATE names no row: every indexed version is checked, as `ki reconcile` does, but only as much
+        as a truncate can change it. Versions gone from PostgreSQL (a content table truncated, or cascaded
+        into) go on the content path, which deletes their rows; every other indexed version has its principal
+        projection rewritten (an access table truncated: grants, memberships, aliases gone), a partial update
+        only where it changed. A truncate cannot change a surviving version's text: a table it references
+        cannot be truncated without it (CASCADE)."""
+        indexed = await self.index.all_indexed_versions()
+        existing = await asyncio.to_thread(self.source.existing, sorted(indexed))
+        log.warning(
+            "TRUNCATE of %s: %d indexed version(s) checked, %d gone from PostgreSQL",
+            ", ".join(sorted(tables)), len(indexed), len(indexed - existing),
+        )  # fmt: skip
+        content = content | (indexed - existing)
+        return content, access | (existing - content)
 
     # -- content path --------------------------------------------------------------------------
 

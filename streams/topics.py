@@ -13,14 +13,16 @@ from ki.clients import kafka_error, make_kafka_admin
 from ki.db.models import CAPTURED_TABLES
 from ki.errors import AlreadyExists
 from ki.settings import Settings
-from projections.cdc import topic_name
+from projections.cdc import message_topic, topic_name
 from projections.lanes import LANES, Lane, consumer_group, lane_topics
 
 __all__ = ["LANES", "Lane", "cdc_topics", "consumer_group", "ensure_topics", "lane_topics", "lane_web_port"]
 
 
 def cdc_topics(settings: Settings) -> list[str]:
-    return [topic_name(settings.kafka.topic_prefix, table) for table in CAPTURED_TABLES]
+    """The captured tables' topics and the logical-decoding messages' (the truncate markers)."""
+    prefix = settings.kafka.topic_prefix
+    return [*(topic_name(prefix, table) for table in CAPTURED_TABLES), message_topic(prefix)]
 
 
 def lane_web_port(settings: Settings, lane: Lane) -> int:

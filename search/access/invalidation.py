@@ -40,7 +40,7 @@ from ki import table_roles
 from ki.clients import make_kafka_consumer
 from ki.settings import Settings
 from ki.table_roles import HEARTBEAT_TABLE
-from projections.cdc import ChangeEvent, PoisonEvent, decode, topic_name
+from projections.cdc import ChangeEvent, PoisonEvent, decode, message_topic, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ class InvalidationFeed:
     ) -> None:
         prefix = settings.kafka.topic_prefix
         self.settings, self.subscribers, self.clock = settings, tuple(subscribers), clock
-        self.scope_topics = [topic_name(prefix, t) for t in SCOPE_TABLES]
+        # And the logical-decoding messages: a truncate marker (`projections.cdc`) drops every cached scope.
+        self.scope_topics = [*(topic_name(prefix, t) for t in SCOPE_TABLES), message_topic(prefix)]
         self.heartbeat_topic = topic_name(prefix, HEARTBEAT_TABLE)
         self.max_lag_s = settings.api.caches.scope_max_feed_lag_s
         self.heartbeat_bound_s = 2 * settings.connect.heartbeat_interval_ms / 1000 + self.max_lag_s

@@ -7,12 +7,12 @@ ACLs once Kafka answers). The roles, by what they touch (`kafka.topic_prefix` "k
 * `connect` -- Kafka Connect with Debezium: writes and creates the CDC topics (`ki.*`, and `ki_eval_*` for
   `ki eval`'s connectors) and Debezium's heartbeat topics (`__debezium-heartbeat.*`), owns its own config,
   offset and status topics (`ki-connect-*`) and its worker group.
-* `ki_worker` -- the sync worker: reads the CDC topics (and creates a missing one, compacted, before the
-  lanes start), writes the dead-letter topic (and reads it for the waiting dead letters' gauges), and uses the
-  lanes' groups (`streams.app_id*`).
-* `ki_api` -- the search API's invalidation feed: reads the access tables' topics and the heartbeat, with no
-  group (it assigns partitions and commits nothing); for a consistency token's wait it may describe (not read)
-  every CDC topic and the lanes' groups.
+* `ki_worker` -- the sync worker: reads the CDC topics and `ki.message` (the truncate markers), creates a
+  missing one, compacted, before the lanes start, writes the dead-letter topic (and reads it for the waiting
+  dead letters' gauges), and uses the lanes' groups (`streams.app_id*`).
+* `ki_api` -- the search API's invalidation feed: reads the access tables' topics, the heartbeat and the
+  truncate markers, with no group (it assigns partitions and commits nothing); for a consistency token's wait
+  it may describe (not read) every CDC topic and the lanes' groups.
 * `ki_operator` -- `ki stack`, `ki rebuild`, `ki sync status`, `ki eval`: every topic under the prefix, the
   eval's worlds (`ki_eval_*`) and the DLQ; the lanes' groups and the tools' own (`ki-replay-*`, `ki-eval-*`).
 
@@ -37,7 +37,7 @@ from confluent_kafka.admin import (
 )
 
 from ki.settings import Settings, load_settings
-from projections.cdc import topic_name
+from projections.cdc import message_topic, topic_name
 from search.access.invalidation import HEARTBEAT_TABLE, SCOPE_TABLES
 
 #: `ki eval`'s worlds: their topics (its own Debezium connectors write them through the same Connect).
@@ -72,6 +72,8 @@ def grants(settings: Settings) -> list[Grant]:
         Grant("connect", topic, f"{prefix}-connect-", prefixed, OWN),
         Grant("connect", group, f"{prefix}-connect", literal, READ),
         Grant("ki_worker", topic, cdc, prefixed, (*READ, AclOperation.CREATE)),
+        # Debezium's logical-decoding messages: the truncate markers (`projections.cdc`), read by the access lane.
+        Grant("ki_worker", topic, message_topic(prefix), literal, (*READ, AclOperation.CREATE)),
         # Writes dead letters; the lanes' DLQ gauges read their times (assigned, no group, nothing committed).
         Grant("ki_worker", topic, settings.streams.dlq_topic, literal, (*WRITE, AclOperation.READ)),
         Grant("ki_worker", group, app, prefixed, READ),
@@ -79,6 +81,7 @@ def grants(settings: Settings) -> list[Grant]:
             Grant("ki_api", topic, topic_name(prefix, table), literal, READ)
             for table in (*SCOPE_TABLES, HEARTBEAT_TABLE)
         ),
+        Grant("ki_api", topic, message_topic(prefix), literal, READ),  # a truncate marker drops every scope
         # A consistency token's wait (search.consistency): the lanes' log ends and committed offsets, no data.
         Grant("ki_api", topic, cdc, prefixed, (AclOperation.DESCRIBE,)),
         Grant("ki_api", group, app, prefixed, (AclOperation.DESCRIBE,)),

@@ -125,3 +125,10 @@ def test_connects_rest_api_gets_basic_credentials(echo: str) -> None:
     expected = "Basic " + base64.b64encode(b"ki-operator:connect-pass-9").decode()
     assert status == 200 and body["authorization"] == expected
     assert request_json("GET", f"{echo}/connectors")[1]["authorization"] == ""
+
+
+def test_debezium_keeps_skipping_truncates_and_emits_only_the_truncate_markers() -> None:
+    # Its truncate event has no key; the compacted CDC topics reject a record without one (the task would fail).
+    config = connector_config(settings())
+    assert "t" in config["skipped.operations"].split(",")
+    assert config["message.prefix.include.list"] == r"ki\.truncate\..+"

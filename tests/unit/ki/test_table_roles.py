@@ -149,7 +149,8 @@ def test_every_captured_table_names_dirty_keys_of_its_own_sync_path(table: Captu
 
 def test_every_dirty_key_is_named_by_some_table() -> None:
     named = {field_name for table in CAPTURED for field_name, _ in table.dirty_keys}
-    assert named == {f.name for f in dataclasses.fields(DirtyKeys)}
+    # `truncated` is named by a truncate of any table (no row image), not by a column.
+    assert named == {f.name for f in dataclasses.fields(DirtyKeys)} - {"truncated"}
 
 
 @pytest.mark.parametrize("table", CAPTURED, ids=lambda t: t.name)

@@ -168,3 +168,14 @@ def test_custom_placeholder():
 def test_logical_decoding_message_has_no_table():
     event = decode("ki.message", None, envelope(op="m"))
     assert event.op == "m" and event.table == "" and event.after is None
+
+
+def test_a_truncate_marker_is_decoded_as_its_tables_truncate():
+    # Emitted by the AFTER TRUNCATE trigger (migration 0013) on Debezium's message topic, keyed by its prefix.
+    marker = envelope(op="m", message={"prefix": "ki.truncate.grants", "content": ""})
+    event = decode("ki.message", b'{"prefix": "ki.truncate.grants"}', marker)
+    assert (event.op, event.table, event.topic) == ("t", "grants", "ki.message")
+    other = decode("ki.message", b'{"prefix": "app.audit"}', envelope(op="m", message={"prefix": "app.audit"}))
+    assert (other.op, other.table) == ("m", "")
+    with pytest.raises(PoisonEvent, match="names no table"):
+        decode("ki.message", None, envelope(op="m", message={"prefix": "ki.truncate."}))

@@ -95,3 +95,12 @@ def test_a_new_matter_or_type_node_dirties_nothing_but_its_update_and_delete_do(
     deleted = dirty_keys(_event(table, "d", before=row, key={"id": 7}))
     field = "content_matters" if table == "matters" else "content_ontology_nodes"
     assert getattr(updated, field) == {7} and getattr(deleted, field) == {7}
+
+
+@pytest.mark.parametrize("table", ["document_versions", "grants", "group_memberships"])
+def test_a_truncate_names_its_table_and_no_row(table: str) -> None:
+    value = {"op": "t", "before": None, "after": None, "source": {"lsn": 100, "ts_ms": 1, "table": table}}
+    keys = dirty_keys(decode(f"ki.public.{table}", None, json.dumps(value)))
+    assert keys.truncated == {table} and bool(keys) and not keys.names_access
+    marker = {"op": "m", "source": {"lsn": 101, "ts_ms": 1}, "message": {"prefix": f"ki.truncate.{table}"}}
+    assert dirty_keys(decode("ki.message", json.dumps({"prefix": "x"}), json.dumps(marker))).truncated == {table}

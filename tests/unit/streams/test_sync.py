@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import streams.sync
 from ki.acl import GrantedPrincipals
 from ki.settings import load_settings
 from projections.dirty import DirtyKeys
@@ -82,6 +83,9 @@ class Source:
     def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
         return {v: self.granted.get(v, GrantedPrincipals((), ())) for v in version_ids if v in self.states}
 
+    def existing(self, version_ids: Sequence[int]) -> set[int]:
+        return {v for v in version_ids if v in self.states}
+
     def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]:
         # A version gone from PostgreSQL has no grants and no observation (as version_projections answers).
         return {
@@ -142,6 +146,9 @@ class Index:
     async def indexed_versions(self, field_name: str, values: Iterable[int]) -> set[int]:
         wanted = {str(v) for v in values}
         return {int(r.source["document_version_id"]) for r in self.rows.values() if str(r.source[field_name]) in wanted}
+
+    async def all_indexed_versions(self) -> set[int]:
+        return {int(r.source["document_version_id"]) for r in self.rows.values()}
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
         self.bulks.append(list(ops))
@@ -439,6 +446,30 @@ def test_a_soft_deleted_document_loses_its_rows() -> None:
     db.states[11] = snapshot(deleted_at=datetime(2026, 2, 1))
     run(projector.apply(content(11)))
     assert index.of(11) == {}
+
+
+def test_a_truncated_versions_table_deletes_the_rows_of_every_version_gone() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+    run(projector.apply(content(11, 12)))
+    del db.states[11]  # TRUNCATE ... CASCADE names no row: the index is compared with PostgreSQL
+    stats = run(projector.apply(DirtyKeys(truncated={"document_versions"}), lane="access"))
+    assert index.of(11) == {} and index.of(12) and stats.rows_deleted > 0
+
+
+@pytest.mark.parametrize("slice_versions", [1, 2000])
+def test_a_truncated_grants_table_rewrites_every_indexed_versions_projection_without_embedding(
+    slice_versions: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(streams.sync, "ACCESS_SLICE_VERSIONS", slice_versions)
+    granted = {11: ALICE, 12: BOB}
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted=granted)
+    run(projector.apply(content(11, 12)))
+    embedded = embedder.embedded
+    db.granted.clear()
+    stats = run(projector.apply(DirtyKeys(truncated={"grants"}), lane="access"))
+    rows = [*index.of(11).values(), *index.of(12).values()]
+    assert all(r.source["allowed_principals"] == [] for r in rows)
+    assert stats.access_rows_updated == len(rows) and embedder.embedded == embedded
 
 
 def test_resolve_sends_a_version_dirtied_both_ways_down_the_content_path_alone() -> None:

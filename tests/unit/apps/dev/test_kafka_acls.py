@@ -23,6 +23,7 @@ def test_the_api_reads_the_access_topics_and_only_describes_the_rest() -> None:
     assert all(kind == "TOPIC" and pattern == "LITERAL" for kind, _, pattern in read)
     topics = {name for _, name, _ in read}
     assert {"ki.public.grants", "ki.public.group_memberships", "ki.public.debezium_heartbeat"} <= topics
+    assert "ki.message" in topics  # the truncate markers
     assert "ki.dlq" not in topics and not any(name.startswith("ki-connect") for name in topics)
     # A consistency token's wait: the CDC topics' ends and the lanes' committed offsets, described only.
     described = {(kind, name, pattern) for kind, name, pattern, op in api if op == "DESCRIBE"} - read
@@ -34,7 +35,8 @@ def test_the_worker_reads_cdc_writes_only_the_dlq_and_uses_only_its_groups() -> 
     writes = {name for kind, name, _, op in worker if op == "WRITE"}
     assert writes == {"ki.dlq"}
     reads = {name for kind, name, _, op in worker if kind == "TOPIC" and op == "READ"}
-    assert reads == {"ki.public.", "ki.dlq"}  # the CDC topics, and the dead letters for the DLQ gauges
+    # The CDC topics, the truncate markers, and the dead letters for the DLQ gauges.
+    assert reads == {"ki.public.", "ki.message", "ki.dlq"}
     groups = {(name, pattern) for kind, name, pattern, _ in worker if kind == "GROUP"}
     assert groups == {("ki-sidecar", "PREFIXED")}  # the content lane's group and `ki-sidecar-access`
     assert not any(name.startswith("ki-connect") for _, name, _, _ in worker)
