@@ -157,8 +157,9 @@ class Oracle:
         return oracle.View(seen, self.versions(), self.pointers)
 
     def indexable(self) -> set[int]:
-        """Database ids of the versions an administrator finds (live document, an active observation)."""
-        deleted = {d.id for d in self.world.documents if d.deleted}
+        """Database ids of the versions whose rows the index holds and an administrator may find (a document
+        neither deleted nor expired, an active observation)."""
+        deleted = {d.id for d in self.world.documents if d.deleted or d.expired}
         observed = {o.version_id for o in self.world.observations if not o.deleted}
         return {
             self.written.versions[v.id]
