@@ -70,6 +70,7 @@ class Document:
     project_id: int
     deleted: bool = False
     expired: bool = False  # `expires_at` has passed
+    promoted: bool = False  # no part of access: the ranking's bonus (the search oracle)
 
 
 @dataclass(frozen=True)

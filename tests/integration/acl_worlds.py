@@ -91,7 +91,13 @@ def cases(
     """A world, settings and a caller; principals are `acl<tag>:<name>` (see `principals`)."""
     n_projects = draw(st.integers(1, 3))
     documents = tuple(
-        ref.Document(i, draw(st.integers(1, n_projects)), deleted=draw(rarely), expired=draw(rarely))
+        ref.Document(
+            i,
+            draw(st.integers(1, n_projects)),
+            deleted=draw(rarely),
+            expired=draw(rarely),
+            promoted=draw(st.booleans()),
+        )
         for i in range(1, draw(st.integers(1, max_documents)) + 1)
     )
     versions: list[ref.Version] = []
@@ -210,6 +216,7 @@ def write(conn: Connection, world: ref.World, texts: Callable[[ref.Version], str
                     "title": "d",
                     "deleted_at": NOW if d.deleted else None,
                     "expires_at": _expiry(d.expired, d.id),
+                    "promoted": d.promoted,
                 }
                 for d in world.documents
             ],

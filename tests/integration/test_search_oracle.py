@@ -272,6 +272,7 @@ def _ranking(settings: Settings, signature: str) -> oracle.Ranking:
         boosts=dict(r.version_status_boost),
         floor=r.semantic_floor.get(signature) if r.semantic_floor_enabled else None,
         space_type=r.vector_space_type,
+        promoted_bonus=r.promoted_bonus,
     )
 
 
@@ -433,6 +434,7 @@ def _answered(api: Api, token: str, ask: oracle.Ask) -> dict[str, Any]:
                 "weights": e["weights"],
                 "fusion": e["fusion"],
                 "status_boost": e["status_boost"],
+                "promoted_bonus": e["promoted_bonus"],
                 "decay": e["decay"],
                 "rerank_score": e["rerank_score"],
                 "score": h["score"],
