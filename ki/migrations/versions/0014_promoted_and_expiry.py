@@ -1,7 +1,7 @@
 """Promoted documents and expiry: `documents.promoted`, `documents.expires_at`, `sources.expires_at`.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-09
 
 `promoted` gives a document's rows a small bonus on the fused score (`retrieval.promoted_bonus`). From
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0012"
+revision: str = "0014"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
