@@ -22,6 +22,10 @@ else decides access. The rules (`version_predicate` of the reference spec):
     A local grant can never override it, and an external object with no mirrored grants fails closed.
 * Visible = no deny, at least one accessible active observation, and — with
   `source_acl_mode = intersect` — additionally a local project/document allow.
+* Expiry (admins included): a document whose `expires_at` has passed is visible to nobody; an observation at
+  an object of a source whose `expires_at` has passed counts as no observation (so a version observed only
+  at expired sources is hidden, and no citation names such an object). Decided in SQL against the
+  database's clock, so exact before the sync has dropped any row.
 """
 
 from __future__ import annotations
@@ -198,6 +202,11 @@ _CANDIDATE_SELECT = """SELECT dv.id AS version_id, d.id AS document_id, d.projec
         JOIN source_objects so ON so.id = o.source_object_id
         JOIN sources s ON s.id = so.source_id
         WHERE d.deleted_at IS NULL
+          -- Expiry (migration 0013): an expired document is visible to nobody, and an observation at an object of
+          -- an expired source is no candidate (a version seen only there is hidden; none is cited through it).
+          -- `now()` is the statement's transaction start; the statement is the same whatever expired.
+          AND (d.expires_at IS NULL OR d.expires_at > now())
+          AND (s.expires_at IS NULL OR s.expires_at > now())
           {narrowing}
           AND (CAST(:is_admin AS boolean) OR (
                 NOT (d.project_id IN (SELECT id FROM deny_project))

@@ -291,6 +291,9 @@ class RetrievalSettings(_Section):
     version_status_boost: dict[str, float] = Field(
         default_factory=lambda: {"executed": 1.2, "final": 1.0, "unknown": 0.8, "draft": 0.7}
     )
+    # Added to the fused score of a promoted document's rows (`documents.promoted`), after fusion, status boost and
+    # decay. Enters the ranking hash only when it differs from this default (search.ranking.mode_gate).
+    promoted_bonus: float = Field(0.01, ge=0, le=1.0)
     collapse_per_document: bool = True
     max_chunks_per_document: int = Field(3, ge=1, le=100)
     rerank_enabled: bool = False
@@ -556,6 +559,9 @@ class StreamsSettings(_Section):
     stall_after_s: float = Field(300.0, ge=2.0, le=86_400.0)
     # How often `ki sync run` asks each lane's /healthz.
     liveness_interval_s: float = Field(10.0, ge=0.2, le=3600.0)
+    # How often the access lane re-projects the documents whose `expires_at` passed since its last sweep (an expiry
+    # no change announces): their rows leave the index. Searches exclude them in SQL from the moment they expire.
+    expiry_sweep_s: float = Field(60.0, ge=0.5, le=86_400.0)
     # Further indices (names or patterns) whose stored vectors the content lane takes for an identical
     # embedded string, besides its own index: only those built with the same embedding signature, resolved
     # when the lane starts; only vectors are read from them, never rows (`ki eval` worlds share theirs).

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -258,3 +259,13 @@ def plan_content_writes(
     writes = tuple((row, write) for row in new_rows if (write := decide(row, stored.get(row.id))) != RowWrite.KEEP)
     deletes = tuple(sorted(set(stored) - set(ids)))
     return ContentPlan(writes=writes, deletes=deletes)
+
+
+# --- expiry sweep -------------------------------------------------------------------------------
+
+
+def expiry_sweep_since(last_clock: datetime | None, overlap_s: float) -> datetime | None:
+    """Where the access lane's next expiry sweep looks back from: the database's clock at the last sweep, less
+    one sweep interval, so an expiry is swept twice (a content write read before it passed and landing after the
+    first sweep is caught by the second); None before the first sweep (every expired document, once per start)."""
+    return None if last_clock is None else last_clock - timedelta(seconds=overlap_s)

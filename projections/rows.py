@@ -57,6 +57,13 @@ class DocumentState:
     identifiers: tuple[str, ...] = ()
     latest_final_version_id: int | None = None
     deleted_at: datetime | None = None
+    promoted: bool = False
+    expires_at: datetime | None = None
+
+
+def expired(document: DocumentState, now: datetime | None) -> bool:
+    """Whether `document` has expired at `now` (None: expiry is not judged, e.g. a test's rows)."""
+    return now is not None and document.expires_at is not None and document.expires_at <= now
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,17 +201,21 @@ def build_rows(
     matter_reference: str | None = None,
     source_object_id: str | None = None,
     token_budget: TokenBudget | None = None,
+    now: datetime | None = None,
 ) -> list[IndexRow]:
     """All index rows of `version`, in order: profile (if any), body chunks, clauses.
 
-    A deleted document has no rows. The profile row exists only for the document's latest final
-    version; clause rows only for final/executed versions; each behind its settings switch.
+    A deleted document has no rows, nor has a document expired at `now` (`expires_at` passed: the search
+    excludes it in SQL anyway; its rows leave the index as soon as the sync sees it). A promoted document's
+    rows carry `promoted: true` (a bonus on the fused score); the others carry no such field. The profile
+    row exists only for the document's latest final version; clause rows only for final/executed
+    versions; each behind its settings switch.
     Every text is normalised first (`projections.text`); with a `token_budget`, body chunks are cut so
     that their embedding input (header included) fits the embedder's window.
     """
     if version.document_id != document.id:
         raise ValueError(f"version {version.id} belongs to document {version.document_id}, not {document.id}")
-    if document.deleted_at is not None:
+    if document.deleted_at is not None or expired(document, now):
         return []
     offsets = reading_offsets(version.text)  # where each body chunk sits in the text a reader pages through
     document, version = _normalised(document), _normalised_version(version)
@@ -230,6 +241,8 @@ def build_rows(
         "identifiers_text": " ".join(identifiers),
         **access_fields(access),
     }
+    if document.promoted:  # only when set: rows of documents never promoted stay as they were
+        shared["promoted"] = True
     header = context_header(document.title, doc_type_label, matter_title) if settings.chunk_contextualize else ""
 
     def make_row(

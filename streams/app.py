@@ -39,6 +39,7 @@ from ki.embedding import Embedder, create_embedder
 from ki.errors import IndexSchemaError, KiError
 from ki.settings import Settings
 from projections.dirty import DirtyKeys
+from projections.plan import expiry_sweep_since
 from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint, FaustAcks, faust_commit_settings
@@ -168,6 +169,22 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(EXIT_INDEX_MISMATCH)
+
+    if lane == "access":
+        swept: dict[str, Any] = {"clock": None}
+
+        @app.timer(settings.streams.expiry_sweep_s, on_leader=False)
+        async def expiry_sweep() -> None:
+            """Documents whose expiry passed without a change: re-projected, so their rows leave the index (every
+            access worker sweeps; the writes are conditional and idempotent). A failure waits for the next tick."""
+            since = expiry_sweep_since(swept["clock"], settings.streams.expiry_sweep_s)
+            try:
+                stats, swept["clock"] = await (await projector()).sweep_expired(since, lane)
+            except Exception as exc:  # PostgreSQL or OpenSearch away: the next tick sweeps the same window again
+                log.warning("expiry sweep failed, retried in %.0f s: %s", settings.streams.expiry_sweep_s, exc)
+                return
+            if stats.rows_deleted:
+                log.info("expiry sweep: %d rows of expired documents deleted", stats.rows_deleted)
 
     async def read_lag() -> Liveness:
         # Reading the lag asks the broker, which can take many seconds while a group rebalances: wait for

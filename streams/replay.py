@@ -111,12 +111,13 @@ def read_topics(
 
 
 def live_version_ids(engine: Engine) -> set[int]:
-    """The versions that have rows in a correct index: of documents not deleted, with some text."""
+    """The versions that have rows in a correct index: of documents neither deleted nor expired, with some text."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
                 "SELECT dv.id FROM document_versions dv JOIN documents d ON d.id = dv.document_id "
-                "WHERE d.deleted_at IS NULL AND btrim(dv.text) <> ''"
+                "WHERE d.deleted_at IS NULL AND (d.expires_at IS NULL OR d.expires_at > now()) "
+                "AND btrim(dv.text) <> ''"
             )
         )
         return {row.id for row in rows}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, text
@@ -85,7 +86,7 @@ _VERSION_STATE = _sql(
     SELECT dv.id, dv.document_id, dv.version_no, dv.status, dv.language, dv.doc_date, dv.text,
            dv.notable_clauses,
            d.project_id, d.title, d.matter_id, d.doc_type_id, d.identifiers, d.latest_final_version_id,
-           d.deleted_at,
+           d.deleted_at, d.promoted, d.expires_at, now() AS read_at,
            m.title AS matter_title, m.reference AS matter_reference,
            t.label AS doc_type_label,
            COALESCE((SELECT array_agg(a.id ORDER BY a.depth) FROM ontology_ancestors(d.doc_type_id) a),
@@ -99,6 +100,19 @@ _VERSION_STATE = _sql(
     WHERE dv.id = ANY(:ids)
     """,
     ids=_IDS,
+)
+
+
+# Documents whose expiry passed in (since, now] by PostgreSQL's clock (all expired ones without `since`), and
+# that clock: what the access lane's sweep re-projects (migration 0013's partial index serves it).
+_EXPIRED_SINCE = _sql(
+    """
+    SELECT now() AS now,
+           coalesce((SELECT array_agg(id ORDER BY id) FROM documents
+                     WHERE expires_at IS NOT NULL AND expires_at <= now()
+                       AND (CAST(:since AS timestamptz) IS NULL OR expires_at > CAST(:since AS timestamptz))),
+                    '{}') AS ids
+    """,
 )
 
 
@@ -123,6 +137,8 @@ class VersionSnapshot:
     matter_title: str | None
     matter_reference: str | None
     source_object_id: int | None
+    #: PostgreSQL's clock when it was read: what the document's expiry is judged against (as `ki.acl` does).
+    read_at: datetime | None = None
 
 
 def _snapshot(row: Any) -> VersionSnapshot:
@@ -143,6 +159,8 @@ def _snapshot(row: Any) -> VersionSnapshot:
             identifiers=tuple(row.identifiers or ()),
             latest_final_version_id=row.latest_final_version_id,
             deleted_at=row.deleted_at,
+            promoted=bool(row.promoted),
+            expires_at=row.expires_at,
         ),
         version=VersionState(
             id=row.id,
@@ -159,6 +177,7 @@ def _snapshot(row: Any) -> VersionSnapshot:
         matter_title=row.matter_title,
         matter_reference=row.matter_reference,
         source_object_id=row.source_object_id,
+        read_at=row.read_at,
     )
 
 
@@ -233,6 +252,13 @@ class PostgresSource:
             states = {row.id: _snapshot(row) for row in conn.execute(_VERSION_STATE, {"ids": list(version_ids)})}
             grants = version_projections(conn, states.keys(), self.security)
         return states, grants
+
+    def expired_since(self, since: datetime | None) -> tuple[list[int], datetime]:
+        """The documents whose `expires_at` passed after `since` (None: every expired one) and PostgreSQL's
+        clock now, the next sweep's `since`."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_EXPIRED_SINCE, {"since": since}).one()
+        return [int(i) for i in row.ids], row.now
 
     def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]:
         with self.engine.connect() as conn:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from ki.acl import GrantedPrincipals
@@ -98,6 +99,10 @@ class VersionSource(Protocol):
     ) -> tuple[dict[int, VersionSnapshot], dict[int, GrantedPrincipals]]: ...
 
     def grants(self, version_ids: Sequence[int]) -> dict[int, GrantedPrincipals]: ...
+
+    def expired_since(self, since: datetime | None) -> tuple[list[int], datetime]:
+        """Documents whose expiry passed after `since` (None: all expired), and the database's clock now."""
+        ...
 
     def access_bases(self, version_ids: Sequence[int]) -> dict[int, AccessBasis]: ...
 
@@ -193,6 +198,14 @@ class Projector:
         )  # fmt: skip
         content = content | (indexed - existing)
         return content, access | (existing - content)
+
+    async def sweep_expired(self, since: datetime | None, lane: Lane | None = None) -> tuple[SyncStats, datetime]:
+        """Re-project the documents whose expiry passed after `since` (None: every expired one) -- an expiry no
+        change announces -- so their rows leave the index; returns the stats and the database's clock, from
+        which the next sweep looks back (`expiry_sweep_since`)."""
+        ids, now = await asyncio.to_thread(self.source.expired_since, since)
+        stats = await self.apply(DirtyKeys(content_documents=set(ids)), lane) if ids else SyncStats()
+        return stats, now
 
     # -- content path --------------------------------------------------------------------------
 
@@ -483,6 +496,7 @@ class Projector:
             settings=self.settings.retrieval,
             source_object_id=str(state.source_object_id) if state.source_object_id is not None else None,
             token_budget=self.token_budget,
+            now=state.read_at,
         )
 
     # -- access-only path ----------------------------------------------------------------------

@@ -22,8 +22,10 @@ The rules, in the order they are applied:
    `security.admin_principals` (normalised).
 4. Groups: the aliased principals are expanded with mirrored group memberships, transitively
    (member -> group -> group ...; cycles terminate).
-5. A version is only ever visible when its document is not deleted and it has at least one *active*
-   (not deleted) source observation. Admins need nothing more: they bypass grants, allow and deny alike.
+5. A version is only ever visible when its document is neither deleted nor expired and it has at least one
+   *active* source observation: not deleted, and at an object of a source that has not expired (an
+   observation at an expired source counts as none, for every rule below). Admins need nothing more: they
+   bypass grants, allow and deny alike.
 6. Deny wins: a deny grant matching any of the caller's principals on the document's project, on the
    document, or on a source object the version is actively observed at excludes the version.
 7. An active observation is *accessible* when
@@ -67,6 +69,8 @@ class Document:
     id: int
     project_id: int
     deleted: bool = False
+    expired: bool = False  # `expires_at` has passed
+    promoted: bool = False  # no part of access: the ranking's bonus (the search oracle)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class Version:
 class Source:
     id: int
     kind: str
+    expired: bool = False  # `expires_at` has passed
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,7 @@ def visible(world: World, caller: Caller, security: SecurityLike) -> frozenset[i
 ADMIN, GRANTED = "visible: admin", "visible: granted"
 SEEN = (ADMIN, GRANTED)
 DELETED_DOCUMENT = "hidden: document deleted"
+EXPIRED_DOCUMENT = "hidden: document expired"
 NOT_OBSERVED = "hidden: no active observation"
 DENIED = "hidden: denied"
 NOT_ACCESSIBLE = "hidden: no accessible observation"
@@ -237,6 +243,7 @@ class _Lookup:
         self.documents = {d.id: d for d in world.documents}
         self.objects = {o.id: o for o in world.objects}
         self.kinds = {s.id: s.kind for s in world.sources}
+        self.expired_sources = {s.id for s in world.sources if s.expired}
         self.observations: dict[int, list[Observation]] = {}
         for o in world.observations:
             self.observations.setdefault(o.version_id, []).append(o)
@@ -247,6 +254,10 @@ class _Lookup:
     def granted(self, effect: str, scope: str, target: int) -> bool:
         """Does a grant of `effect` on (`scope`, `target`) match one of the caller's principals?"""
         return (effect, scope, target) in self.caller_grants
+
+    def active(self, observation: Observation) -> bool:
+        """Rule 5: not deleted, and not at an object of an expired source."""
+        return not observation.deleted and self.objects[observation.object_id].source_id not in self.expired_sources
 
 
 def _local_allow(lookup: _Lookup, document: Document) -> bool:
@@ -268,7 +279,7 @@ def citable(world: World, caller: Caller, security: SecurityLike) -> frozenset[i
     versions = {v.id: v for v in world.versions}
     out = set()
     for i, o in enumerate(world.observations):
-        if o.deleted or o.version_id not in seen:
+        if not lookup.active(o) or o.version_id not in seen:
             continue
         document = lookup.documents[versions[o.version_id].document_id]
         if caller.is_admin or _accessible(lookup, document, o):
@@ -328,7 +339,9 @@ def _verdict(lookup: _Lookup, caller: Caller, security: SecurityLike, version: V
     # Rule 5: deleted documents and versions without an active observation are invisible to everybody.
     if document.deleted:
         return DELETED_DOCUMENT
-    active = [o for o in lookup.observations.get(version.id, []) if not o.deleted]
+    if document.expired:
+        return EXPIRED_DOCUMENT
+    active = [o for o in lookup.observations.get(version.id, []) if lookup.active(o)]
     if not active:
         return NOT_OBSERVED
     if caller.is_admin:

@@ -214,6 +214,8 @@ class Document(Base):
             postgresql_using="gin",
             postgresql_where=sql_text("deleted_at IS NULL"),
         ),
+        # The expiry sweep's look-up (streams.sync, migration 0013).
+        Index("ix_documents_expires_at", "expires_at", postgresql_where=sql_text("expires_at IS NOT NULL")),
     )
 
     id: Mapped[int] = _pk()
@@ -228,6 +230,10 @@ class Document(Base):
     identifiers: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default=sql_text("'{}'::text[]"))
     latest_final_version_id: Mapped[int | None] = mapped_column(BigInteger)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: A small bonus on its rows' fused score (`retrieval.promoted_bonus`).
+    promoted: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=sql_text("false"))
+    #: From then on its versions are visible to nobody (`ki.acl`) and its rows leave the index.
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[dt.datetime] = _created_at()
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
@@ -287,6 +293,8 @@ class Source(Base):
     id: Mapped[int] = _pk()
     kind: Mapped[str] = mapped_column(Text, nullable=False)
     name: Mapped[str] = mapped_column(Text, nullable=False)
+    #: From then on an observation at one of its objects makes no version visible nor citable (`ki.acl`).
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
     objects: Mapped[list[SourceObject]] = relationship(back_populates="source")
 

@@ -17,8 +17,9 @@ from search.ranking.legs import LEGS, LegHit
 class Candidate:
     """One chunk after fusion. `ranks` is its 0-based rank per leg it appeared in; `parts` the RRF
     contribution of each of those legs; `boost` the version-status multiplier and `decay` the age
-    multiplier applied afterwards, so `score == sum(parts) * boost * decay` (the fused score);
-    `rerank_score`, when set, replaces it in the answer."""
+    multiplier applied afterwards, and `bonus` what a promoted document's row gets added last, so
+    `score == sum(parts) * boost * decay + bonus` (the fused score); `rerank_score`, when set, replaces it
+    in the answer."""
 
     chunk_id: str
     score: float
@@ -27,6 +28,7 @@ class Candidate:
     parts: dict[str, float] = field(default_factory=dict)
     boost: float = 1.0
     decay: float = 1.0  # temporal decay multiplier (1.0 when off)
+    bonus: float = 0.0  # `retrieval.promoted_bonus` for a promoted document's row, else 0
     matched_identifiers: tuple[str, ...] = ()
     rerank_score: float | None = None
     # "ranked", or why the identity preflight put it first ("identifier" / "title")
@@ -144,6 +146,15 @@ def apply_boost(candidates: Sequence[Candidate], boosts: Mapping[str, float]) ->
         factor = float(boosts.get(str(c.source.get("version_status")), 1.0))
         boosted.append(replace(c, score=c.score * factor, boost=factor))
     return sort_candidates(boosted)
+
+
+def apply_promoted(candidates: Sequence[Candidate], bonus: float) -> list[Candidate]:
+    """Add `bonus` to the score of each promoted document's row (`promoted` in its source) and re-sort; the
+    others are as they were. A bonus of 0 changes nothing."""
+    if bonus == 0.0:
+        return list(candidates)
+    added = [replace(c, score=c.score + bonus, bonus=bonus) if c.source.get("promoted") else c for c in candidates]
+    return sort_candidates(added)
 
 
 DAYS_PER_YEAR = 365.25

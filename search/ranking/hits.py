@@ -15,7 +15,8 @@ from search.ranking.fusion import Candidate
 
 @dataclass(frozen=True)
 class FusionParams:
-    """What explains a fused score: score = sum(weights[leg] / (rrf_k + ranks[leg])) * status_boost."""
+    """What explains a fused score: score = sum(weights[leg] / (rrf_k + ranks[leg])) * status_boost * decay
+    + promoted_bonus."""
 
     weights: Mapping[str, float]
     rrf_k: int
@@ -37,6 +38,7 @@ def explain_json(c: Candidate, params: FusionParams) -> dict[str, Any]:
         "rrf_score": rrf_score,
         "status_boost": c.boost,
         "decay": c.decay,
+        "promoted_bonus": c.bonus,
         "fused_score": c.score,
         "rerank_score": c.rerank_score,
     }

@@ -68,6 +68,8 @@ RANKING_FIELDS: tuple[str, ...] = (
     "max_chunks_per_document",
 )
 METRIC = "ndcg@10"
+#: `retrieval.promoted_bonus` as shipped: bound into the ranking hash only when set otherwise.
+PROMOTED_BONUS_DEFAULT: float = RetrievalSettings.model_fields["promoted_bonus"].default
 
 #: The reports shipped in the package (`gate_reports/`), by the SHA-256 of their files: editing one byte of a shipped
 #: report makes it no evidence. A new release re-measures them and pins the new files here.
@@ -161,6 +163,11 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
     if retrieval.graph_rag_enabled:
         r = retrieval
         fields["graph_rag"] = [r.graph_rag.seeds, r.graph_rag.max_added, r.graph_rag.hop_penalty]
+    # The promoted bonus enters only when it differs from the shipped default: the shipped reports were measured on
+    # corpora without promoted documents (`ki eval` loads none), where any bonus changes nothing, and the default
+    # is what this version ranks with.
+    if retrieval.promoted_bonus != PROMOTED_BONUS_DEFAULT:
+        fields["promoted_bonus"] = retrieval.promoted_bonus
     if retrieval.synonyms_enabled:  # None: the shipped list, as it is in this version
         fields["synonyms"] = retrieval.synonyms if retrieval.synonyms is not None else DEFAULT_SYNONYMS
     return _digest(fields, 12)

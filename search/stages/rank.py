@@ -1,5 +1,5 @@
 """The legs' lists as one ranking (search.ranking.floor, .fusion): the relevance floor on the semantic leg,
-fusion, status boost, decay (`fuse` in the timings)."""
+fusion, status boost, decay, the promoted bonus (`fuse` in the timings)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ki.settings import RetrievalSettings
 from search.pipeline import QueryContext, Stage
 from search.ranking.floor import apply_floor, floor_for
-from search.ranking.fusion import apply_boost, apply_decay, fuse
+from search.ranking.fusion import apply_boost, apply_decay, apply_promoted, fuse
 from search.telemetry.metrics import SearchMetrics
 
 
@@ -34,4 +34,5 @@ class RankStage(Stage):
         fused = apply_boost(fused, r.version_status_boost)
         if r.decay_enabled:
             fused = apply_decay(fused, request.as_of or dt.datetime.now(dt.UTC).date(), r.decay_min_weight)
+        fused = apply_promoted(fused, r.promoted_bonus)
         ctx.legs, ctx.fused, ctx.floor, ctx.below_floor = legs, fused, floor, below_floor

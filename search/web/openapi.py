@@ -331,7 +331,8 @@ _CITATION = {
 
 _EXPLAIN = {
     "type": "object",
-    "description": "score = sum(rrf_parts) * status_boost * decay (replaced by rerank_score when the hit was reranked)",
+    "description": "score = sum(rrf_parts) * status_boost * decay + promoted_bonus (replaced by rerank_score when "
+    "the hit was reranked)",
     "properties": {
         "mode": {"type": "string", "enum": ["hybrid", "lexical", "semantic"], "description": "the legs that ran"},
         "ranks": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "0-based per leg"},
@@ -345,6 +346,10 @@ _EXPLAIN = {
         "rrf_score": {"type": "number"},
         "status_boost": {"type": "number"},
         "decay": {"type": "number", "description": "temporal decay multiplier (1 when retrieval.decay_enabled is off)"},
+        "promoted_bonus": {
+            "type": "number",
+            "description": "retrieval.promoted_bonus for a row of a promoted document (documents.promoted), else 0",
+        },
         "fused_score": {"type": "number"},
         "rerank_score": {"type": "number", "nullable": True},
     },

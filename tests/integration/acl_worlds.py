@@ -38,6 +38,14 @@ LOOK_ALIKES = ("straẞe", "ﬁnn", "boſs", "\u212aai", "ju\u0308rgen")
 ODD_SPACE = ("\t", "\n", "\xa0", "\u3000", "\u2009", "\u2028", "\x1c", "\x85")
 KINDS = ("local_fs", "local_fs", "sharepoint", "dms")
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+#: An expiry that has not passed (and will not while a test runs).
+LATER = dt.datetime(2999, 1, 1, tzinfo=dt.UTC)
+
+
+def _expiry(expired: bool, row_id: int) -> dt.datetime | None:
+    """`expires_at` of a generated row: passed when `expired`; else none, or one still ahead for every other row."""
+    return NOW if expired else (LATER if row_id % 2 == 0 else None)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Strategies
@@ -83,7 +91,13 @@ def cases(
     """A world, settings and a caller; principals are `acl<tag>:<name>` (see `principals`)."""
     n_projects = draw(st.integers(1, 3))
     documents = tuple(
-        ref.Document(i, draw(st.integers(1, n_projects)), deleted=draw(rarely))
+        ref.Document(
+            i,
+            draw(st.integers(1, n_projects)),
+            deleted=draw(rarely),
+            expired=draw(rarely),
+            promoted=draw(st.booleans()),
+        )
         for i in range(1, draw(st.integers(1, max_documents)) + 1)
     )
     versions: list[ref.Version] = []
@@ -91,7 +105,7 @@ def cases(
         for _ in range(draw(st.integers(1, 3))):  # each version an id of its own
             versions.append(ref.Version(len(versions) + 1, d.id))
     kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3))
-    sources = tuple(ref.Source(i, k) for i, k in enumerate(kinds, 1))
+    sources = tuple(ref.Source(i, k, expired=draw(rarely)) for i, k in enumerate(kinds, 1))
     objects = tuple(
         ref.SourceObject(i, draw(st.integers(1, len(sources))), acl_known=draw(st.booleans()))
         for i in range(1, draw(st.integers(1, max_objects)) + 1)
@@ -197,7 +211,13 @@ def write(conn: Connection, world: ref.World, texts: Callable[[ref.Version], str
             conn,
             _table(m.Document),
             [
-                {"project_id": projects[d.project_id], "title": "d", "deleted_at": NOW if d.deleted else None}
+                {
+                    "project_id": projects[d.project_id],
+                    "title": "d",
+                    "deleted_at": NOW if d.deleted else None,
+                    "expires_at": _expiry(d.expired, d.id),
+                    "promoted": d.promoted,
+                }
                 for d in world.documents
             ],
         ),
@@ -217,7 +237,11 @@ def write(conn: Connection, world: ref.World, texts: Callable[[ref.Version], str
     versions = mapping([v.id for v in world.versions], _ids(conn, _table(m.DocumentVersion), version_rows))
     sources = mapping(
         [s.id for s in world.sources],
-        _ids(conn, _table(m.Source), [{"kind": s.kind, "name": f"acl {TAG}"} for s in world.sources]),
+        _ids(
+            conn,
+            _table(m.Source),
+            [{"kind": s.kind, "name": f"acl {TAG}", "expires_at": _expiry(s.expired, s.id)} for s in world.sources],
+        ),
     )
     objects = mapping(
         [o.id for o in world.objects],
@@ -283,14 +307,20 @@ def read_world(conn: Connection, projects: int | Sequence[int]) -> ref.World:
     return ref.World(
         projects=tuple(ids),
         documents=tuple(
-            ref.Document(r.id, r.project_id, r.deleted_at is not None)
-            for r in rows("SELECT id, project_id, deleted_at FROM documents WHERE project_id = ANY(:p)")
+            ref.Document(r.id, r.project_id, r.deleted_at is not None, r.expired)
+            for r in rows(
+                "SELECT id, project_id, deleted_at, coalesce(expires_at <= now(), false) AS expired FROM documents"
+                " WHERE project_id = ANY(:p)"
+            )
         ),
         versions=tuple(
             ref.Version(r.id, r.document_id)
             for r in rows(f"SELECT id, document_id FROM document_versions WHERE id IN ({versions})")
         ),
-        sources=tuple(ref.Source(r.id, r.kind) for r in rows("SELECT id, kind FROM sources")),
+        sources=tuple(
+            ref.Source(r.id, r.kind, r.expired)
+            for r in rows("SELECT id, kind, coalesce(expires_at <= now(), false) AS expired FROM sources")
+        ),
         objects=tuple(
             ref.SourceObject(r.id, r.source_id, r.acl_known)
             for r in rows(f"SELECT id, source_id, acl_known FROM source_objects WHERE id IN ({objects})")

@@ -11,10 +11,10 @@ Two parts:
   the oracle and the API, so term statistics are the same too.
 * **The ranking over one caller's rows** (`expected`), pure: the rows the caller may see (the reference
   evaluator decides) that pass the request's metadata filters and `as_of`, each leg's first `leg_depth`
-  of them, the semantic floor, fusion (weighted RRF, min-max or dbsf), the version-status boost, the SQL
-  re-verify (with `as_of`, only the version in force), one hit per document (best score, ties to the
-  caller's latest final version, then chunk id), the page at `offset`, `has_more`, the empty answer's
-  `reason`.
+  of them, the semantic floor, fusion (weighted RRF, min-max or dbsf), the version-status boost, the
+  promoted bonus, the SQL re-verify (with `as_of`, only the version in force), one hit per document (best
+  score, ties to the caller's latest final version, then chunk id), the page at `offset`, `has_more`, the
+  empty answer's `reason`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ FINAL_STATUSES = frozenset({"final", "executed"})
 MAX_LEG_DEPTH = 2500  # docs: hits per leg for a window n = offset + limit are min(max(5 n, 50), 2500)
 ADMIN_SIZE = 1000  # rows per leg the oracle asks for: more than a world has, so every row of it
 SOURCE_FIELDS = [
+    "promoted",
     "document_id",
     "document_version_id",
     "project_id",
@@ -68,6 +69,7 @@ class Row:
     language: str | None
     doc_date: dt.date | None
     identifiers: tuple[str, ...]
+    promoted: bool = False
 
 
 def _row(hit: Mapping[str, Any]) -> Row:
@@ -83,6 +85,7 @@ def _row(hit: Mapping[str, Any]) -> Row:
         language=source.get("language"),
         doc_date=dt.date.fromisoformat(str(date)[:10]) if date else None,
         identifiers=tuple(source.get("identifiers") or ()),
+        promoted=bool(source.get("promoted")),
     )
 
 
@@ -141,6 +144,7 @@ class Ranking:
     boosts: Mapping[str, float]  # version status -> multiplier (unlisted: 1)
     floor: float | None  # minimum cosine similarity of a semantic hit (None: no floor)
     space_type: str  # the kNN space type, how a score maps to a cosine
+    promoted_bonus: float = 0.0  # added to a promoted document's rows, after the boost
 
     def leg_weights(self, mode: str) -> dict[str, float]:
         """The legs a mode runs and their weights: hybrid all three, lexical the lexical and identifier
@@ -253,6 +257,7 @@ class Hit:
     ranks: dict[str, int] = field(default_factory=dict)
     parts: dict[str, float] = field(default_factory=dict)
     boost: float = 1.0
+    bonus: float = 0.0
     score: float = 0.0
     latest: bool = False
 
@@ -349,7 +354,8 @@ def expected(
             if leg in hit.parts:
                 total += hit.parts[leg]
         hit.boost = float(ranking.boosts.get(hit.row.status, 1.0))
-        hit.score = total * hit.boost
+        hit.bonus = ranking.promoted_bonus if hit.row.promoted else 0.0
+        hit.score = total * hit.boost + hit.bonus
 
     # The SQL re-verify: the caller may see the version and, with `as_of`, it is the one in force.
     def verified(hit: Hit) -> bool:
@@ -404,6 +410,7 @@ def expected(
                 "weights": {leg: weights[leg] for leg in h.ranks},
                 "fusion": ranking.method,
                 "status_boost": h.boost,
+                "promoted_bonus": h.bonus,
                 "score": h.score,
                 "rrf_parts": h.parts,
             }

@@ -232,7 +232,8 @@ def soak(settings: Settings, engine: Engine) -> Iterator[Soak]:
 
 
 def _deleted_document(world: ref.World, version: ref.Version) -> bool:
-    return any(d.deleted for d in world.documents if d.id == version.document_id)
+    """Whether the version's document is deleted or expired: it has no rows."""
+    return any(d.deleted or d.expired for d in world.documents if d.id == version.document_id)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -111,17 +111,17 @@ def test_ki_migrate_goes_up_and_down_to_a_revision(db_settings: Settings) -> Non
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.strip()
 
-    assert ki_migrate() == "schema: empty -> 0013"
-    assert ki_migrate("--down-to", "0003") == "schema: 0013 -> 0003"
+    assert ki_migrate() == "schema: empty -> 0014"
+    assert ki_migrate("--down-to", "0003") == "schema: 0014 -> 0003"
     assert current_revision(db_settings) == "0003"
-    assert ki_migrate() == "schema: 0003 -> 0013"
-    assert ki_migrate() == "schema: already at 0013"
+    assert ki_migrate() == "schema: 0003 -> 0014"
+    assert ki_migrate() == "schema: already at 0014"
 
 
 def test_upgrade_from_empty_builds_what_the_models_describe(db_settings: Settings) -> None:
     assert current_revision(db_settings) is None
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0013"
+    assert current_revision(db_settings) == "0014"
     eng = make_engine(db_settings, pooled=False)
     try:
         with eng.connect() as conn:
@@ -192,7 +192,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine, db_settings: Settin
     assert current_revision(db_settings) is None
 
     upgrade(db_settings, publication_name=PUBLICATION)
-    assert current_revision(db_settings) == "0013"
+    assert current_revision(db_settings) == "0014"
     with engine.connect() as conn:
         assert _publication_tables(conn) == set(models.PUBLISHED_TABLES)
 

@@ -157,8 +157,9 @@ class Oracle:
         return oracle.View(seen, self.versions(), self.pointers)
 
     def indexable(self) -> set[int]:
-        """Database ids of the versions an administrator finds (live document, an active observation)."""
-        deleted = {d.id for d in self.world.documents if d.deleted}
+        """Database ids of the versions whose rows the index holds and an administrator may find (a document
+        neither deleted nor expired, an active observation)."""
+        deleted = {d.id for d in self.world.documents if d.deleted or d.expired}
         observed = {o.version_id for o in self.world.observations if not o.deleted}
         return {
             self.written.versions[v.id]
@@ -271,6 +272,7 @@ def _ranking(settings: Settings, signature: str) -> oracle.Ranking:
         boosts=dict(r.version_status_boost),
         floor=r.semantic_floor.get(signature) if r.semantic_floor_enabled else None,
         space_type=r.vector_space_type,
+        promoted_bonus=r.promoted_bonus,
     )
 
 
@@ -432,6 +434,7 @@ def _answered(api: Api, token: str, ask: oracle.Ask) -> dict[str, Any]:
                 "weights": e["weights"],
                 "fusion": e["fusion"],
                 "status_boost": e["status_boost"],
+                "promoted_bonus": e["promoted_bonus"],
                 "decay": e["decay"],
                 "rerank_score": e["rerank_score"],
                 "score": h["score"],

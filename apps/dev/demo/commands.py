@@ -83,7 +83,8 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, 
         total = conn.execute(
             text(
                 "SELECT count(*) FROM document_versions v JOIN documents d ON d.id = v.document_id"
-                " WHERE d.deleted_at IS NULL AND btrim(v.text) <> ''"
+                " WHERE d.deleted_at IS NULL AND (d.expires_at IS NULL OR d.expires_at > now())"
+                " AND btrim(v.text) <> ''"
             )  # fmt: skip
         ).scalar_one()
     search = make_sync_client(settings, timeout_s=30)

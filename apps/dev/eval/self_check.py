@@ -73,10 +73,13 @@ class SampledDocument:
 _SAMPLE_SQL = text(
     "SELECT d.id, v.id AS version_id, d.identifiers, v.text FROM documents d "
     "JOIN document_versions v ON v.id = d.latest_final_version_id "
-    "WHERE d.deleted_at IS NULL AND btrim(v.text) <> '' "
+    "WHERE d.deleted_at IS NULL AND (d.expires_at IS NULL OR d.expires_at > now()) AND btrim(v.text) <> '' "
     "ORDER BY md5(:salt || d.id::text) LIMIT :limit"
 )
-_CORPUS_SQL = text("SELECT count(*) FROM documents WHERE deleted_at IS NULL AND latest_final_version_id IS NOT NULL")
+_CORPUS_SQL = text(
+    "SELECT count(*) FROM documents WHERE deleted_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+    " AND latest_final_version_id IS NOT NULL"
+)
 
 
 async def sample_documents(engine: Any, limit: int, salt: str) -> tuple[list[SampledDocument], int]:

@@ -41,6 +41,7 @@ SOURCE_INCLUDES = [
     "document_version_id",
     "project_id",
     "version_status",
+    "promoted",
     "chunk_kind",
     "doc_date",
     "language",

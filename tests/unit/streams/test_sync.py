@@ -10,7 +10,7 @@ import asyncio
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -478,3 +478,45 @@ def test_resolve_sends_a_version_dirtied_both_ways_down_the_content_path_alone()
     to_content, to_access = run(projector.resolve(keys))
     # 99 is gone from PostgreSQL but was named by its event: the content path deletes its rows.
     assert (to_content, to_access) == ({11, 99}, {12})
+
+
+@dataclass
+class Expiring(Source):
+    """`Source` with a database clock: versions judged against it, the sweep's look-up of expired documents."""
+
+    clock: datetime = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
+    swept_since: list[datetime | None] = field(default_factory=list)
+
+    def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        content, access = super().resolve(keys)
+        return content | {v for v, s in self.states.items() if s.document.id in keys.content_documents}, access
+
+    def versions(self, version_ids: Sequence[int]) -> tuple[dict[int, VersionSnapshot], dict[int, GrantedPrincipals]]:
+        found, grants = super().versions(version_ids)
+        return {v: replace(s, read_at=self.clock) for v, s in found.items()}, grants
+
+    def expired_since(self, since: datetime | None) -> tuple[list[int], datetime]:
+        self.swept_since.append(since)
+        ids = {
+            s.document.id
+            for s in self.states.values()
+            if (at := s.document.expires_at) is not None and at <= self.clock and (since is None or at > since)
+        }
+        return sorted(ids), self.clock
+
+
+def test_the_sweep_removes_the_rows_of_a_document_whose_expiry_passed_without_a_change() -> None:
+    start = datetime(2026, 12, 9, 12, 0, tzinfo=UTC)
+    db = Expiring(states={11: snapshot(expires_at=start + timedelta(minutes=1)), 12: snapshot(12, 2)}, clock=start)
+    projector = Projector(SETTINGS, db, Index(), Embedder())  # type: ignore[arg-type]
+    index: Index = projector.index  # type: ignore[assignment]
+    run(projector.apply(content(11, 12), lane="access"))
+    assert index.of(11) and index.of(12)  # not expired yet: indexed like any other
+    stats, clock = run(projector.sweep_expired(None, lane="access"))
+    assert (stats.rows_deleted, clock) == (0, start) and index.of(11)
+    db.clock = start + timedelta(minutes=2)  # the expiry passes; no change names the document
+    stats, clock = run(projector.sweep_expired(start, lane="access"))
+    assert not index.of(11) and index.of(12) and stats.rows_deleted > 0 and clock == db.clock
+    # The next window no longer holds that expiry: nothing to do.
+    stats, _ = run(projector.sweep_expired(clock, lane="access"))
+    assert stats.rows_deleted == 0 and db.swept_since == [None, start, clock]
