@@ -458,9 +458,10 @@ class IndexWriter:
     # -- the single write path -----------------------------------------------------------------
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
-        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises a `BulkError`:
-        `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries,
-        else `BulkRejected` (permanent)."""
+        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises (`bulk_error`):
+        `IndexReadOnly` (transient) at once if an item met a write block (a full disk's flood stage),
+        `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries
+        (back-pressure: a rejected execution, a full write queue), else `BulkRejected` (permanent)."""
         result = BulkResult()
         max_items = self.settings.streams.bulk_max_rows
         max_bytes = self.settings.streams.batch_max_bytes
@@ -493,7 +494,8 @@ class IndexWriter:
             for op, item in zip(pending, response["items"], strict=True):
                 outcome = item_outcome(op.kind, next(iter(item.values())))
                 if isinstance(outcome, ItemFailure):
-                    if outcome.transient:
+                    # A write block (flood-stage disk) is not retried here: the lane pauses until it is lifted.
+                    if outcome.transient and not outcome.write_blocked:
                         retry[op.doc_id] = (op, outcome)
                     else:
                         failures[op.doc_id] = outcome
@@ -514,6 +516,14 @@ class IndexWriter:
             await asyncio.sleep(delay)
             pending = [op for op, _ in retry.values()]
             body = b"".join(_ndjson(op.lines(self.index)) for op in pending)
+
+    async def write_block(self) -> str | None:
+        """The write block on the index written, if any (`index.blocks.*`: the flood-stage disk watermark's
+        read_only_allow_delete, or read_only / write set by an operator); None: writes are not blocked."""
+        response = await self.client.indices.get_settings(
+            index=self.index, name="index.blocks.*", params={"flat_settings": "true"}
+        )
+        return write_block_of(response)
 
     async def _with_retries(self, call: Any) -> Any:
         """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
@@ -546,3 +556,22 @@ def item_outcome(kind: OpKind, outcome: dict[str, Any]) -> Literal["written", "c
     if isinstance(error, dict):
         return ItemFailure(status, str(error.get("type", "")), str(error.get("reason", "")))
     return ItemFailure(status, "", str(error or ""))
+
+
+# The index settings that block writes, and what they mean to an operator.
+WRITE_BLOCKS = {
+    "index.blocks.read_only_allow_delete": "index read-only (flood stage: the disk is past its flood-stage watermark)",
+    "index.blocks.read_only": "index read-only (index.blocks.read_only)",
+    "index.blocks.write": "index refuses writes (index.blocks.write)",
+}
+
+
+def write_block_of(response: dict[str, Any]) -> str | None:
+    """The first write block set on any index of a `GET {index}/_settings/index.blocks.*?flat_settings`
+    answer (physical index -> settings), described; None when no index blocks writes."""
+    for name in sorted(response):
+        flat = (response[name] or {}).get("settings") or {}
+        for setting, meaning in WRITE_BLOCKS.items():
+            if str(flat.get(setting, "false")).lower() == "true":
+                return f"{meaning} on {name}"
+    return None

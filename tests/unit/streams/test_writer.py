@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any, cast
 
 import pytest
 from opensearchpy import AsyncOpenSearch
 
+from ki.errors import IndexReadOnly
 from ki.settings import Settings
 from streams.writer import (
     BulkOp,
@@ -17,6 +19,7 @@ from streams.writer import (
     pending_vectors_of,
     pending_vectors_query,
     reuse_query,
+    write_block_of,
 )
 
 
@@ -100,3 +103,66 @@ def test_the_writer_owns_the_index_level_writes_a_rebuild_makes() -> None:
     assert client.calls[1][1] == {"index": "phys--1", "body": restored}
     assert client.calls[2][1] == {"index": "phys--0", "ignore": (404,)}
     assert client.calls[3][1]["index"] == "phys--1"
+
+
+# -- back-pressure and write blocks on `_bulk` --------------------------------------------------------
+
+REJECTED = {"status": 429, "error": {"type": "es_rejected_execution_exception", "reason": "queue capacity 1"}}
+BLOCKED = {
+    "status": 429,
+    "error": {"type": "cluster_block_exception", "reason": "blocked by: [TOO_MANY_REQUESTS/12/disk usage exceeded…]"},
+}
+
+
+class _BulkClient:
+    """Answers each `_bulk` with the next scripted item answers (one per line pair sent)."""
+
+    def __init__(self, *answers: list[dict[str, Any]]) -> None:
+        self.answers = list(answers)
+        self.sent: list[list[str]] = []
+
+    async def bulk(self, body: bytes, params: dict[str, str]) -> dict[str, Any]:
+        lines = [json.loads(line) for line in body.decode().splitlines()]
+        self.sent.append([next(iter(meta.values()))["_id"] for meta in lines[::2]])
+        return {"errors": True, "items": [{"index": answer} for answer in self.answers.pop(0)]}
+
+
+def _ops(*ids: str) -> list[BulkOp]:
+    return [BulkOp("index", doc_id, {"text": doc_id}, group="7") for doc_id in ids]
+
+
+def test_bulk_items_rejected_with_429_are_sent_again_alone_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _BulkClient([{"status": 201}, REJECTED, REJECTED], [REJECTED, {"status": 201}], [{"status": 201}])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    result = asyncio.run(writer.bulk(_ops("a", "b", "c")))
+    assert result.written == 3 and client.sent == [["a", "b", "c"], ["b", "c"], ["b"]]
+    assert waits == [0.2, 0.4]  # the writer slows down: exponential backoff between the rounds
+
+
+def test_a_bulk_item_refused_by_a_write_block_raises_index_read_only_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _BulkClient([BLOCKED, REJECTED])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    with pytest.raises(IndexReadOnly, match="cluster_block_exception"):
+        asyncio.run(writer.bulk(_ops("a", "b")))
+    assert len(client.sent) == 1 and waits == []  # not retried here: the lane pauses and checks the block
+
+
+def test_the_write_block_is_read_from_the_index_settings() -> None:
+    flood = {"phys--1": {"settings": {"index.blocks.read_only_allow_delete": "true"}}}
+    flooded = "index read-only (flood stage: the disk is past its flood-stage watermark) on phys--1"
+    assert write_block_of(flood) == flooded
+    assert write_block_of({"phys--1": {"settings": {"index.blocks.write": "true"}}}) is not None
+    assert write_block_of({"phys--1": {"settings": {"index.blocks.read_only_allow_delete": "false"}}}) is None
+    assert write_block_of({"phys--1": {"settings": {}}}) is None
