@@ -1,0 +1,175 @@
+"""Fault: the index turns read-only (a full disk's flood stage) while changes stream in.
+
+Injected: `index.blocks.read_only_allow_delete: true` on an isolated index, the block OpenSearch itself sets
+on every index of a node whose disk is past `cluster.routing.allocation.disk.watermark.flood_stage` (2.x
+answers writes with 429 `cluster_block_exception`, "disk usage exceeded flood-stage watermark"). Set per
+index, not by lowering the watermarks: those are per node, so on the one-node test stack they would block
+every index -- the session worker's, other tests', OpenSearch's own -- and OpenSearch only lifts the block
+on its next disk check after the watermarks are put back (`cluster.info.update.interval`, 30 s).
+
+Observed: both lanes pause instead of failing -- `/healthz` answers 200 `paused` with the reason (not a
+stall: the supervisor must not restart them in a loop), `ki_sync_lane_paused{reason="index_read_only"}` is 1,
+nothing is dead-lettered although `streams.max_attempts` is 1, and no offset is committed past the changes
+written while the index was read-only. Lifting the block (OpenSearch does so itself once the disk is below
+the high watermark) resumes them by themselves: every change lands and the index equals a clean rebuild.
+
+Isolated: an index alias and consumer group of its own, and an embedding endpoint in this process (a
+fixed vector per text) so the content lane needs no model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from opensearchpy import OpenSearch
+from sqlalchemy import Engine
+
+from ki import exposition
+from ki.settings import Settings, load_settings
+from tests.conftest import wait_for
+from tests.integration.search_harness import SyncWorker, isolated, remove_world
+from tests.integration.sync_harness import (
+    assert_index_equals_rebuild,
+    committed_offsets,
+    dump,
+    end_offsets,
+    worker_lag,
+)
+from tests.integration.world import World
+
+pytestmark = [pytest.mark.stack, pytest.mark.faults]
+
+DIMENSIONS = 16
+BLOCK = "index.blocks.read_only_allow_delete"
+
+
+class Embeddings(BaseHTTPRequestHandler):
+    """`POST /v1/embeddings`: a fixed vector per text (its length decides the first component)."""
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        data = [{"index": i, "embedding": [1.0 + (len(t) % 7) / 10] + [1.0] * (DIMENSIONS - 1)}
+                for i, t in enumerate(body["input"])]  # fmt: skip
+        raw = json.dumps({"data": data, "model": body.get("model")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def env(settings: Settings) -> Iterator[dict[str, str]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Embeddings)
+    threading.Thread(target=server.serve_forever, name="read-only-test-embeddings", daemon=True).start()
+    try:
+        with isolated(settings, prefix="ki-read-only-test") as isolation:
+            yield {
+                **isolation,
+                "KI_EMBEDDING__PROVIDER": "openai",
+                "KI_EMBEDDING__URL": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                "KI_EMBEDDING__MODEL": "read-only-test",
+                "KI_RETRIEVAL__EMBEDDING_DIMENSIONS": str(DIMENSIONS),
+                # One permanent failure would dead-letter a batch at once: a block must not be one.
+                "KI_STREAMS__MAX_ATTEMPTS": "1",
+            }
+    finally:
+        server.shutdown()
+
+
+def health(port: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    samples = exposition.scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=30)
+    return exposition.total(samples, name, exposition.having(**labels))
+
+
+def versions_indexed(search: OpenSearch, alias: str) -> set[int]:
+    if not search.indices.exists_alias(name=alias):
+        return set()  # the worker creates it with its first batch
+    search.indices.refresh(index=alias)
+    body = {"size": 1000, "_source": ["document_version_id"]}
+    return {int(h["_source"]["document_version_id"]) for h in search.search(index=alias, body=body)["hits"]["hits"]}
+
+
+def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resume_when_it_is_lifted(
+    env: dict[str, str], engine: Engine, search: OpenSearch
+) -> None:
+    ours = load_settings(environ={**os.environ, **env})  # the isolated index and consumer groups
+    alias = ours.retrieval.index_name
+    worker = SyncWorker(env)
+    worker.start()
+    lanes = {"content": worker.port, "access": worker.access_port}
+    with engine.begin() as conn:
+        w = World(conn)
+        project, source = w.project("Schreibschutz"), w.source("local_fs")
+        obj = w.source_object(source)
+        w.grant("project", project, f"user:anna-{w.tag}")
+        first_doc = w.document(project, f"Vorher {w.tag}")
+        first = w.version(first_doc, "Der Mietvertrag wurde vor dem Schreibschutz geschlossen.")
+        w.observe(first, obj)
+    documents = {first_doc}
+    try:
+        wait_for(lambda: first in versions_indexed(search, alias) or None, timeout=120, what="the first version")
+        search.indices.put_settings(index=alias, body={BLOCK: True})
+        try:
+            before = end_offsets(ours)  # every change from here on meets the read-only index
+            with engine.begin() as conn:
+                w = World(conn, tag=w.tag)
+                w.grant("project", project, f"user:bert-{w.tag}")  # the access lane's
+                second_doc = w.document(project, f"Während {w.tag}")
+                second = w.version(second_doc, "Diese Fassung entstand, als die Platte voll war.")  # the content lane's
+                w.observe(second, obj)
+            documents.add(second_doc)
+
+            def paused(lane: str) -> dict[str, Any] | None:
+                status, body = health(lanes[lane])
+                return body if status == 200 and body["status"] == "paused" else None
+
+            for lane, port in lanes.items():
+                body = wait_for(lambda lane=lane: paused(lane), timeout=120, what=f"the {lane} lane to pause")
+                assert "index read-only" in body["paused"], body
+                assert metric(port, "ki_sync_lane_paused", lane=lane, reason="index_read_only") == 1
+            # Paused, not failing: nothing dead-lettered, nothing written, nothing committed past the block.
+            assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
+            assert versions_indexed(search, alias) == {first}
+            early = {tp: (c, before[tp]) for tp, c in committed_offsets(ours).items() if c > before.get(tp, 0)}
+            assert not early, f"offsets committed past changes the read-only index never took: {early}"
+            assert worker.process.alive, f"the worker died; see {worker.log_path}"
+        finally:
+            # What OpenSearch does itself once the disk is below the high watermark again.
+            search.indices.put_settings(index=alias, body={BLOCK: None})
+
+        def resumed() -> bool:
+            ok = all(health(port)[1]["status"] == "ok" for port in lanes.values())
+            return ok and second in versions_indexed(search, alias)
+
+        wait_for(resumed, timeout=120, what="both lanes to resume and the change written meanwhile to land")
+        for lane, port in lanes.items():
+            assert metric(port, "ki_sync_lane_paused", lane=lane, reason="index_read_only") == 0
+        assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
+        # The grant the access lane held through the pause is on every row too.
+        rows = dump(search, alias, documents)
+        assert rows and all(f"user:bert-{w.tag}" in row["allowed_principals"] for row in rows.values()), rows
+        wait_for(lambda: not any(p.lag for p in worker_lag(ours).values()), timeout=120, what="every change committed")
+        assert_index_equals_rebuild(ours, engine, search, documents)
+    finally:
+        worker.stop()
+        remove_world(engine, [project], [source])
