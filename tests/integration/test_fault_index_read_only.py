@@ -5,7 +5,9 @@ on every index of a node whose disk is past `cluster.routing.allocation.disk.wat
 answers writes with 429 `cluster_block_exception`, "disk usage exceeded flood-stage watermark"). Set per
 index, not by lowering the watermarks: those are per node, so on the one-node test stack they would block
 every index -- the session worker's, other tests', OpenSearch's own -- and OpenSearch only lifts the block
-on its next disk check after the watermarks are put back (`cluster.info.update.interval`, 30 s).
+on its next disk check after the watermarks are put back (`cluster.info.update.interval`, 30 s). A second
+run sets an operator's `index.blocks.write` instead (answered 403): before, that was a permanent failure and
+the lanes dead-lettered their batches after `streams.max_attempts`.
 
 Observed: both lanes pause instead of failing -- `/healthz` answers 200 `paused` with the reason (not a
 stall: the supervisor must not restart them in a loop), `ki_sync_lane_paused{reason="index_read_only"}` is 1,
@@ -48,7 +50,9 @@ from tests.integration.world import World
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
 DIMENSIONS = 16
-BLOCK = "index.blocks.read_only_allow_delete"
+# The flood stage's block (2.x answers 429 cluster_block_exception), and an operator's write block (403): the
+# latter was a permanent failure, so its batch went to the dead-letter topic after `streams.max_attempts`.
+BLOCKS = ["index.blocks.read_only_allow_delete", "index.blocks.write"]
 
 
 class Embeddings(BaseHTTPRequestHandler):
@@ -69,7 +73,7 @@ class Embeddings(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def env(settings: Settings) -> Iterator[dict[str, str]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Embeddings)
     threading.Thread(target=server.serve_forever, name="read-only-test-embeddings", daemon=True).start()
@@ -109,8 +113,9 @@ def versions_indexed(search: OpenSearch, alias: str) -> set[int]:
     return {int(h["_source"]["document_version_id"]) for h in search.search(index=alias, body=body)["hits"]["hits"]}
 
 
+@pytest.mark.parametrize("block", BLOCKS, ids=["flood-stage", "write-block"])
 def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resume_when_it_is_lifted(
-    env: dict[str, str], engine: Engine, search: OpenSearch
+    block: str, env: dict[str, str], engine: Engine, search: OpenSearch
 ) -> None:
     ours = load_settings(environ={**os.environ, **env})  # the isolated index and consumer groups
     alias = ours.retrieval.index_name
@@ -128,7 +133,7 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
     documents = {first_doc}
     try:
         wait_for(lambda: first in versions_indexed(search, alias) or None, timeout=120, what="the first version")
-        search.indices.put_settings(index=alias, body={BLOCK: True})
+        search.indices.put_settings(index=alias, body={block: True})
         try:
             before = end_offsets(ours)  # every change from here on meets the read-only index
             with engine.begin() as conn:
@@ -155,7 +160,7 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
             assert worker.process.alive, f"the worker died; see {worker.log_path}"
         finally:
             # What OpenSearch does itself once the disk is below the high watermark again.
-            search.indices.put_settings(index=alias, body={BLOCK: None})
+            search.indices.put_settings(index=alias, body={block: None})
 
         def resumed() -> bool:
             ok = all(health(port)[1]["status"] == "ok" for port in lanes.values())
