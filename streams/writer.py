@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import NotFoundError, OpenSearchException
+from opensearchpy.exceptions import NotFoundError, OpenSearchException, TransportError
 
 from ki.backoff import Backoff
 from ki.clients import opensearch_error
 from ki.errors import (
     AlreadyExists,
+    IndexReadOnly,
     IndexSchemaError,
     ItemFailure,
     TransientError,
@@ -486,7 +487,7 @@ class IndexWriter:
         for attempt in range(self.settings.opensearch.max_retries + 1):
             started = time.perf_counter()
             response = await self._with_retries(
-                lambda body=body: self.client.bulk(body=body, params={"refresh": "true" if refresh else "false"})
+                lambda body=body, pending=pending: self._bulk_request(body, pending, refresh)
             )
             self.bulk_seconds.append(time.perf_counter() - started)
             retry: dict[str, tuple[BulkOp, ItemFailure]] = {}
@@ -525,15 +526,33 @@ class IndexWriter:
         )
         return write_block_of(response)
 
+    async def _bulk_request(self, body: bytes, pending: Sequence[BulkOp], refresh: bool) -> dict[str, Any]:
+        """One `_bulk`. OpenSearch pushing back on the request as a whole (429: shard indexing pressure's
+        coordinating rejection, a full write queue) is answered as every item pushed back, so it takes the
+        items' path: sent again with backoff, then `BulkThrottled` (a write block's 429 raises, as any refusal)."""
+        try:
+            response: dict[str, Any] = await self.client.bulk(
+                body=body, params={"refresh": "true" if refresh else "false"}
+            )
+            return response
+        except TransportError as exc:
+            failure = ItemFailure(exc.status_code, str(exc.error)) if isinstance(exc.status_code, int) else None
+            if failure is None or failure.status != 429 or failure.write_blocked:
+                raise
+            item = {"status": 429, "error": {"type": failure.type, "reason": "the _bulk request was rejected"}}
+            return {"errors": True, "items": [{op.kind: item} for op in pending]}
+
     async def _with_retries(self, call: Any) -> Any:
-        """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
-        raise the failure as a `ki.errors` type."""
+        """Retry a request while its failure is transient (unreachable, 429/5xx; not a write block), with
+        exponential backoff; raise the failure as a `ki.errors` type."""
         for attempt in range(self.settings.opensearch.max_retries + 1):
             try:
                 return await call()
             except OpenSearchException as exc:
                 error = opensearch_error(exc)
-                if not isinstance(error, TransientError) or attempt == self.settings.opensearch.max_retries:
+                # A write block is not waited out here: the lane pauses and checks it (streams.batch).
+                last = attempt == self.settings.opensearch.max_retries
+                if not isinstance(error, TransientError) or isinstance(error, IndexReadOnly) or last:
                     raise error from exc
             delay = OPENSEARCH_BACKOFF.delay(attempt)
             log.warning("opensearch: %s; retrying in %.1fs", error, delay)

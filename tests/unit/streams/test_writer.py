@@ -9,8 +9,9 @@ from typing import Any, cast
 
 import pytest
 from opensearchpy import AsyncOpenSearch
+from opensearchpy.exceptions import TransportError
 
-from ki.errors import IndexReadOnly
+from ki.errors import BulkThrottled, IndexReadOnly
 from ki.settings import Settings
 from streams.writer import (
     BulkOp,
@@ -166,3 +167,45 @@ def test_the_write_block_is_read_from_the_index_settings() -> None:
     assert write_block_of({"phys--1": {"settings": {"index.blocks.write": "true"}}}) is not None
     assert write_block_of({"phys--1": {"settings": {"index.blocks.read_only_allow_delete": "false"}}}) is None
     assert write_block_of({"phys--1": {"settings": {}}}) is None
+
+
+class _RejectingClient(_BulkClient):
+    """Rejects the first `_bulk` requests as a whole (shard indexing pressure's coordinating rejection)."""
+
+    def __init__(self, rejections: list[TransportError], *answers: list[dict[str, Any]]) -> None:
+        super().__init__(*answers)
+        self.rejections = rejections
+
+    async def bulk(self, body: bytes, params: dict[str, str]) -> dict[str, Any]:
+        if self.rejections:
+            self.sent.append(["rejected"])
+            raise self.rejections.pop(0)
+        return await super().bulk(body, params)
+
+
+def _rejected(kind: str = "rejected_execution_exception", status: int = 429) -> TransportError:
+    reason = "rejected execution of coordinating operation"
+    return TransportError(status, kind, {"error": {"type": kind, "reason": reason}})
+
+
+def test_a_bulk_request_rejected_with_429_as_a_whole_is_retried_then_throttled(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _RejectingClient([_rejected(), _rejected()], [{"status": 201}, {"status": 201}])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    assert asyncio.run(writer.bulk(_ops("a", "b"))).written == 2
+    assert client.sent == [["rejected"], ["rejected"], ["a", "b"]] and waits == [0.2, 0.4]
+    # Still rejected after the writer's retries: back-pressure (transient, not an attempt of the lane), never a refusal.
+    settings = Settings()
+    client = _RejectingClient([_rejected()] * (settings.opensearch.max_retries + 1))
+    writer = IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1")
+    with pytest.raises(BulkThrottled, match="429 rejected_execution_exception"):
+        asyncio.run(writer.bulk(_ops("a")))
+    # A write block answered 429 to the whole request is the index read-only, not back-pressure.
+    client = _RejectingClient([_rejected("cluster_block_exception")])
+    with pytest.raises(IndexReadOnly):
+        asyncio.run(IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1").bulk(_ops("a")))
