@@ -1,4 +1,7 @@
-"""Fault: the index turns read-only (a full disk's flood stage) while changes stream in.
+"""Faults: OpenSearch under pressure -- the index turns read-only (a full disk's flood stage), and `_bulk`
+answered 429 (back-pressure) -- while changes come in.
+
+Read-only:
 
 Injected: `index.blocks.read_only_allow_delete: true` on an isolated index, the block OpenSearch itself sets
 on every index of a node whose disk is past `cluster.routing.allocation.disk.watermark.flood_stage` (2.x
@@ -14,6 +17,14 @@ stall: the supervisor must not restart them in a loop), `ki_sync_lane_paused{rea
 nothing is dead-lettered although `streams.max_attempts` is 1, and no offset is committed past the changes
 written while the index was read-only. Lifting the block (OpenSearch does so itself once the disk is below
 the high watermark) resumes them by themselves: every change lands and the index equals a clean rebuild.
+
+Back-pressure: shard indexing pressure (dynamic cluster settings, unlike the write thread pool's queue size
+and `indexing_pressure.memory.limit`, which are static) set so that it rejects every `_bulk` on a shard after
+that shard's first success, with 429 `rejected_execution_exception`: on demand, at once, and lifted at once.
+It is per node (every index of the one-node stack for the few seconds it is on; always reset, transient, so a
+cluster restart drops it too). Observed: the lanes retry with backoff (`ki_sync_throttled_total`) instead of
+failing, nothing is dead-lettered although `streams.max_attempts` is 1, nothing lands while it lasts, and once
+it is lifted every change lands and the index equals a clean rebuild.
 
 Isolated: an index alias and consumer group of its own, and an embedding endpoint in this process (a
 fixed vector per text) so the content lane needs no model.
@@ -174,6 +185,73 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
         rows = dump(search, alias, documents)
         assert rows and all(f"user:bert-{w.tag}" in row["allowed_principals"] for row in rows.values()), rows
         wait_for(lambda: not any(p.lag for p in worker_lag(ours).values()), timeout=120, what="every change committed")
+        assert_index_equals_rebuild(ours, engine, search, documents)
+    finally:
+        worker.stop()
+        remove_world(engine, [project], [source])
+
+
+# Shard indexing pressure set to reject every `_bulk` on a shard that already took one: the shard's limit is
+# "breached" at any occupancy (upper operating factor 0), the node always "under strain" (soft limit 0), and
+# the secondary check (time since the last success > 0 ms, outstanding requests > -1) always holds.
+REJECT_EVERY_BULK = {
+    "shard_indexing_pressure.enabled": True,
+    "shard_indexing_pressure.enforced": True,
+    "shard_indexing_pressure.operating_factor.upper": 0.0,
+    "shard_indexing_pressure.primary_parameter.node.soft_limit": 0.0,
+    "shard_indexing_pressure.secondary_parameter.successful_request.elapsed_timeout": "0ms",
+    "shard_indexing_pressure.secondary_parameter.successful_request.max_outstanding_requests": -1,
+}
+
+
+def test_bulk_rejected_with_429_slows_the_lanes_dead_letters_nothing_and_every_change_lands(
+    env: dict[str, str], engine: Engine, search: OpenSearch
+) -> None:
+    ours = load_settings(environ={**os.environ, **env})
+    alias = ours.retrieval.index_name
+    worker = SyncWorker(env)
+    worker.start()
+    lanes = {"content": worker.port, "access": worker.access_port}
+    with engine.begin() as conn:
+        w = World(conn)
+        project, source = w.project("Gegendruck"), w.source("local_fs")
+        obj = w.source_object(source)
+        w.grant("project", project, f"user:anna-{w.tag}")
+        first_doc = w.document(project, f"Vorher {w.tag}")
+        first = w.version(first_doc, "Der Kaufvertrag wurde vor dem Gegendruck geschlossen.")
+        w.observe(first, obj)
+    documents = {first_doc}
+    try:
+        # The index's shard took a `_bulk`: from here on the settings below reject every one.
+        wait_for(lambda: first in versions_indexed(search, alias) or None, timeout=120, what="the first version")
+        search.cluster.put_settings(body={"transient": REJECT_EVERY_BULK})
+        try:
+            throttled_before = sum(metric(port, "ki_sync_throttled_total") for port in lanes.values())
+            with engine.begin() as conn:
+                w = World(conn, tag=w.tag)
+                w.grant("project", project, f"user:bert-{w.tag}")
+                second_doc = w.document(project, f"Während {w.tag}")
+                second = w.version(second_doc, "Diese Fassung entstand, als OpenSearch sich wehrte.")
+                w.observe(second, obj)
+            documents.add(second_doc)
+            wait_for(
+                lambda: sum(metric(port, "ki_sync_throttled_total") for port in lanes.values()) > throttled_before,
+                timeout=120,
+                what="a lane to be pushed back (429 after the writer's retries) and back off",
+            )
+            assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
+            assert second not in versions_indexed(search, alias)  # really rejected, not written
+            for port in lanes.values():  # slowed down, not paused, not stalled
+                status, body = health(port)
+                assert status == 200 and body["status"] == "ok", body
+            assert worker.process.alive, f"the worker died; see {worker.log_path}"
+        finally:
+            search.cluster.put_settings(body={"transient": dict.fromkeys(REJECT_EVERY_BULK)})
+        wait_for(lambda: second in versions_indexed(search, alias) or None, timeout=120, what="the change to land")
+        wait_for(lambda: not any(p.lag for p in worker_lag(ours).values()), timeout=120, what="every change committed")
+        assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
+        rows = dump(search, alias, documents)
+        assert rows and all(f"user:bert-{w.tag}" in row["allowed_principals"] for row in rows.values()), rows
         assert_index_equals_rebuild(ours, engine, search, documents)
     finally:
         worker.stop()
