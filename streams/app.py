@@ -136,7 +136,9 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
 
     async def write_block() -> str | None:
         # The writer's index if the projector is built; else (its ensure_index met the block) one of its own.
-        writer = state.get("writer") or state.setdefault("block_probe", IndexWriter(make_client(settings), settings))
+        if "writer" not in state and "block_probe" not in state:
+            state["block_probe"] = IndexWriter(make_client(settings), settings)
+        writer: IndexWriter = state.get("writer") or state["block_probe"]
         block: str | None = await writer.write_block()
         return block
 
