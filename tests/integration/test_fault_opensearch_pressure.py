@@ -32,6 +32,7 @@ fixed vector per text) so the content lane needs no model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -46,9 +47,10 @@ from opensearchpy import OpenSearch
 from sqlalchemy import Engine
 
 from ki import exposition
+from ki.clients import make_kafka_admin
 from ki.settings import Settings, load_settings
 from tests.conftest import wait_for
-from tests.integration.search_harness import SyncWorker, isolated, remove_world
+from tests.integration.search_harness import SyncWorker, isolated, position_at_end, remove_world
 from tests.integration.sync_harness import (
     assert_index_equals_rebuild,
     committed_offsets,
@@ -90,6 +92,10 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
     threading.Thread(target=server.serve_forever, name="read-only-test-embeddings", daemon=True).start()
     try:
         with isolated(settings, prefix="ki-read-only-test") as isolation:
+            # `isolated` positions the content lane's group (streams.app_id); the access lane has its own, which
+            # would otherwise read every change the stack ever captured into this index.
+            access_group = f"{isolation['KI_STREAMS__APP_ID']}-access"
+            position_at_end(settings, access_group)
             yield {
                 **isolation,
                 "KI_EMBEDDING__PROVIDER": "openai",
@@ -99,6 +105,10 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
                 # One permanent failure would dead-letter a batch at once: a block must not be one.
                 "KI_STREAMS__MAX_ATTEMPTS": "1",
             }
+            admin = make_kafka_admin(settings)  # kept: its futures never complete once it is gone
+            for future in admin.delete_consumer_groups([access_group], request_timeout=30).values():
+                with contextlib.suppress(Exception):  # best effort, as `isolated` does with its own group
+                    future.result(timeout=60)
     finally:
         server.shutdown()
 
