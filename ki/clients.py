@@ -31,6 +31,7 @@ from sqlalchemy.pool import NullPool
 from ki.errors import (
     TOO_MANY_CLAUSES_TYPES,
     AlreadyExists,
+    IndexReadOnly,
     ItemFailure,
     KiError,
     QueryTooManyTerms,
@@ -197,15 +198,25 @@ def make_kafka_consumer(settings: Settings, group_id: str, **options: Any) -> Co
 # -- their failures, as ours ---------------------------------------------------------------------
 
 
+def _reason(exc: TransportError) -> str:
+    """The `error.reason` of an OpenSearch error body, for showing only (empty when there is none)."""
+    body = exc.args[2] if len(exc.args) > 2 else None
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("reason", "")) if isinstance(error, dict) else ""
+
+
 def opensearch_error(exc: OpenSearchException) -> KiError:
-    """Unreachable, timed out, 429/5xx or no index (yet): `SearchUnavailable`; an existing index:
-    `AlreadyExists`; a query with more clauses than one query may hold: `QueryTooManyTerms` (the caller's
-    query text, by the error types in the body); any other refusal (4xx, 500, a body it cannot read):
-    `Rejected`."""
+    """A write block on the index (`cluster_block_exception`, e.g. the flood-stage disk watermark's, whatever
+    its status): `IndexReadOnly`; unreachable, timed out, 429/5xx or no index (yet): `SearchUnavailable`; an
+    existing index: `AlreadyExists`; a query with more clauses than one query may hold: `QueryTooManyTerms`
+    (the caller's query text, by the error types in the body); any other refusal (4xx, 500, a body it cannot
+    read): `Rejected`."""
     if isinstance(exc, OpenSearchConnectionError):  # also ConnectionTimeout and SSLError
         return SearchUnavailable(f"OpenSearch unreachable: {exc}")
     if isinstance(exc, TransportError):
         status = exc.status_code
+        if isinstance(status, int) and ItemFailure(status, str(exc.error)).write_blocked:
+            return IndexReadOnly(f"{status} {exc.error}: {_reason(exc)}")
         if not isinstance(status, int) or ItemFailure(status, str(exc.error)).transient:
             return SearchUnavailable(f"OpenSearch answered {status}: {exc.error}")
         if exc.error == "resource_already_exists_exception":

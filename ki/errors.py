@@ -9,7 +9,8 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
     │   │   ├── RerankUnavailable           the rerank gateway (search/ranking/rerank.py)
     │   │   └── EmbeddingUnavailable        the embedding service, after its own retries (ki/embedding)
     │   ├── Overloaded          the search API is at capacity (search/web/admission.py)
-    │   └── BulkThrottled       bulk items still answered 429/5xx after our retries (also a BulkError)
+    │   ├── BulkThrottled       bulk items still answered 429/5xx after our retries (also a BulkError)
+    │   └── IndexReadOnly       the index refuses writes (a block: flood-stage disk, or set by an operator)
     └── PermanentError          retrying the same thing fails the same way
         ├── SettingsError       settings or a config file are invalid
         ├── RequestInvalid      a caller's request is invalid; `.field` names the field (search/request.py)
@@ -143,6 +144,11 @@ def error_types(error: object, depth: int = 8) -> set[str]:
 
 # HTTP statuses a bulk item (or any OpenSearch request) may succeed with later: overload and gateways.
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+# OpenSearch error types that say the index (or cluster) refuses writes for now: a block such as the one
+# the flood-stage disk watermark sets (`index.blocks.read_only_allow_delete`, answered 429 by OpenSearch 2.x,
+# 403 by older versions) or one an operator set (`index.blocks.write`, `read_only`: 403). Not the data's
+# fault: a lane pauses until the block is lifted (streams.batch), never dead-letters.
+WRITE_BLOCK_TYPES = frozenset({"cluster_block_exception", "index_create_block_exception"})
 # OpenSearch error types that go away by themselves whatever their status: an index the sync worker has
 # not created yet (it does so with its first write), or one a rebuild is about to point the alias at.
 TRANSIENT_TYPES = frozenset({"index_not_found_exception"})
@@ -161,6 +167,11 @@ class ItemFailure:
     @property
     def transient(self) -> bool:
         return self.status in RETRYABLE_STATUS or self.type in TRANSIENT_TYPES
+
+    @property
+    def write_blocked(self) -> bool:
+        """The index refuses writes for now (a block), whatever the status it was answered with."""
+        return self.type in WRITE_BLOCK_TYPES
 
     def __str__(self) -> str:
         return f"{self.status} {self.type}: {self.reason}".strip().removesuffix(":")
@@ -186,8 +197,23 @@ class BulkRejected(BulkError, PermanentError):
     """At least one item was refused for good (a mapping error, a document too large, ...)."""
 
 
-def bulk_error(failures: Mapping[str, ItemFailure]) -> BulkError:
-    """The error for these failed items: transient only if every item failed transiently."""
+class IndexReadOnly(TransientError):
+    """The index refuses writes for now: a block (the flood-stage disk watermark's
+    `index.blocks.read_only_allow_delete`, or one an operator set). Goes away when the block is lifted
+    (OpenSearch lifts the flood-stage one once the disk is below the high watermark again): a sync lane
+    pauses until then (streams.batch), and nothing is dead-lettered for it. `reason` is OpenSearch's."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"index read-only: {reason}")
+
+
+def bulk_error(failures: Mapping[str, ItemFailure]) -> BulkError | IndexReadOnly:
+    """The error for these failed items: `IndexReadOnly` if any was refused by a write block (the whole
+    index refuses writes, whatever else failed), else transient only if every item failed transiently."""
+    blocked = [failure for failure in failures.values() if failure.write_blocked]
+    if blocked:
+        return IndexReadOnly(str(blocked[0]))
     if all(failure.transient for failure in failures.values()):
         return BulkThrottled(failures)
     return BulkRejected(failures)

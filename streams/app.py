@@ -135,6 +135,15 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
     async def apply(keys: DirtyKeys) -> Any:
         return await (await projector()).apply(keys, lane)
 
+    async def write_block() -> str | None:
+        # The writer's index if the projector is built; else (its ensure_index met the block) one of its own.
+        if "writer" not in state and "block_probe" not in state:
+            state["block_probe"] = IndexWriter(make_client(settings), settings)
+        writer: IndexWriter = state.get("writer") or state["block_probe"]
+        block: str | None = await writer.write_block()
+        return block
+
+    progress = LaneProgress(lane, time.monotonic())
     handler = BatchHandler(
         lane,
         lane_topics(settings, "content"),
@@ -142,9 +151,9 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         DeadLetters(dlq, lane).send,
         checkpoint=Checkpoint(FaustAcks(app)),
         max_attempts=settings.streams.max_attempts,
+        write_block=write_block,
+        progress=progress,
     )
-
-    progress = LaneProgress(lane, time.monotonic())
 
     @app.agent(source, name=f"cdc-{lane}")
     async def cdc(stream: faust.StreamT) -> None:
@@ -200,7 +209,8 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
 
     @app.page("/healthz")
     async def health_page(self: Any, request: Any) -> Any:
-        """Liveness that means progress (streams.liveness): 503 when the lane has lag and did nothing."""
+        """Liveness that means progress (streams.liveness): 503 when the lane has lag and did nothing; 200 with
+        `"status": "paused"` and why while it waits on purpose (the index refuses writes)."""
         verdict = await read_lag()
         return self.json(verdict.to_json(), status=503 if verdict.stalled else 200)
 

@@ -3,7 +3,13 @@
 Decode every message into dirty keys; dead-letter what cannot be read (a message on a content topic
 only by the content lane: both lanes read those topics, one record is enough); apply the batch's keys
 through the projector, retrying transient failures for as long as they last (the partition pauses,
-nothing is acknowledged) and anything else up to `streams.max_attempts`; then dead-letter the batch's
+nothing is acknowledged) and anything else up to `streams.max_attempts`. OpenSearch pushing back
+(`BulkThrottled`: items still answered 429 after the writer's own retries) is retried with backoff without
+counting as an attempt: the lane slows down. An index that refuses writes (`IndexReadOnly`: a full disk's
+flood-stage block) pauses the lane -- `ki_sync_lane_paused{reason="index_read_only"}`, `paused` on /healthz --
+and it checks the block with backoff until it is lifted, then applies the same batch: no attempt counted,
+nothing dead-lettered (the DLQ is for records that can never be applied, not for a full disk). Otherwise,
+after the last attempt, dead-letter the batch's
 records (each once: those dead-lettered as unreadable are not sent again, nor are the access lane's
 unreadable content records). A settings/index mismatch (`IndexSchemaError`) is never retried nor
 dead-lettered: it goes up to the app, which stops the worker without acknowledging anything.
@@ -17,6 +23,7 @@ none of it is committed, so it is read again.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -24,18 +31,26 @@ from typing import Any, Protocol
 
 from ki.backoff import Backoff
 from ki.clients import as_ki_error
-from ki.errors import IndexSchemaError, PermanentError, TransientError
+from ki.errors import BulkThrottled, IndexReadOnly, IndexSchemaError, PermanentError, TransientError
 from projections.cdc import ChangeEvent, PoisonEvent, Tombstone, decode
 from projections.dirty import DirtyKeys, dirty_keys
 from streams import metrics
 from streams.checkpoint import Checkpoint
 from streams.dead_letters import Failure
+from streams.liveness import LaneProgress
 from streams.topics import Lane
 
 log = logging.getLogger(__name__)
 
 # Between attempts at a failing batch (the partition pauses meanwhile).
 SYNC_BACKOFF = Backoff(base_s=0.5, max_s=15.0)
+# Between checks whether a paused lane may go on (the index's write block lifted).
+PAUSE_POLL = Backoff(base_s=0.5, max_s=5.0)
+# The `reason` label of `ki_sync_lane_paused` while the index refuses writes.
+READ_ONLY = "index_read_only"
+
+# Asks OpenSearch whether the index written still blocks writes: the block's description, or None.
+WriteBlock = Callable[[], Awaitable[str | None]]
 
 
 class Message(Protocol):
@@ -74,10 +89,16 @@ class BatchHandler:
         backoff: Backoff = SYNC_BACKOFF,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.time,
+        write_block: WriteBlock | None = None,
+        progress: LaneProgress | None = None,
+        pause_poll: Backoff = PAUSE_POLL,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lane, self.content_topics = lane, frozenset(content_topics)
         self.apply, self.dead_letter, self.checkpoint = apply, dead_letter, checkpoint
         self.max_attempts, self.backoff, self.sleep, self.clock = max_attempts, backoff, sleep, clock
+        self.write_block, self.progress, self.pause_poll, self.monotonic = write_block, progress, pause_poll, monotonic
+        metrics.LANE_PAUSED.labels(lane=lane, reason=READ_ONLY).set(0)  # the series exists before any pause
 
     async def handle(self, messages: Sequence[Message]) -> None:
         """Apply one batch; returns once every record of it is applied, dead-lettered or skipped."""
@@ -125,8 +146,11 @@ class BatchHandler:
 
     async def apply_until_done(self, keys: DirtyKeys) -> None:
         """Retry transient failures forever; give up on anything else after `max_attempts` (`GaveUp`, with the
-        attempts made in all)."""
-        attempt = 0
+        attempts made in all). Back-pressure (`BulkThrottled`) is not an attempt; a write block
+        (`IndexReadOnly`) pauses the lane until it is lifted (`wait_until_writable`), and is not one either."""
+        attempt = 0  # the failures that count against max_attempts
+        failed = 0  # failures in a row other than a pause: the backoff's step
+        pauses = 0
         while True:
             try:
                 started = time.perf_counter()
@@ -137,14 +161,24 @@ class BatchHandler:
             except IndexSchemaError:
                 raise
             except Exception as exc:
-                attempt += 1
                 # Decided by type: ki.errors says which failures go away by themselves; a foreign
                 # exception is read once, in ki.clients, and anything unknown counts as permanent.
-                transient = isinstance(as_ki_error(exc), TransientError)
+                error = as_ki_error(exc)
+                if isinstance(error, IndexReadOnly):
+                    await self.wait_until_writable(error, pauses)
+                    pauses += 1
+                    continue
+                failed += 1
+                throttled = isinstance(error, BulkThrottled)
+                if throttled:
+                    metrics.THROTTLED.labels(lane=self.lane).inc()
+                else:
+                    attempt += 1
+                transient = isinstance(error, TransientError)
                 if not transient and attempt >= self.max_attempts:
                     raise GaveUp(exc, attempt) from exc
                 metrics.SYNC_RETRIES.inc()
-                delay = self.backoff.delay(attempt - 1)
+                delay = self.backoff.delay(failed - 1)
                 log.warning(
                     "sync failed (%s: %s); %s retry in %.1fs",
                     type(exc).__name__,
@@ -153,6 +187,37 @@ class BatchHandler:
                     delay,
                 )
                 await self.sleep(delay)
+
+    async def wait_until_writable(self, blocked: IndexReadOnly, pauses: int = 0) -> None:
+        """Pause the lane while the index refuses writes: the batch stays held (nothing consumed after it,
+        nothing committed), the lane says why (`ki_sync_lane_paused`, its liveness), and it checks the block
+        with backoff (`pause_poll`, from the `pauses` step: a block that its check does not see cannot make
+        the lane spin) until the check finds none; then the caller applies the batch again. A check that fails
+        (OpenSearch away) keeps the lane paused."""
+        reason = str(blocked)
+        gauge = metrics.LANE_PAUSED.labels(lane=self.lane, reason=READ_ONLY)
+        gauge.set(1)
+        log.error("%s lane paused: %s; nothing is consumed or committed until writes are allowed", self.lane, reason)
+        try:
+            for check in itertools.count(pauses):
+                if self.progress is not None:
+                    self.progress.paused(reason, self.monotonic())
+                await self.sleep(self.pause_poll.delay(check))
+                if self.write_block is None:
+                    return  # no way to look: try the write itself again
+                try:
+                    still = await self.write_block()
+                except Exception as exc:  # OpenSearch away too: still paused, check again later
+                    log.warning("%s lane paused: the write block could not be checked (%s)", self.lane, exc)
+                    continue
+                if still is None:
+                    log.warning("%s lane resumes: the index accepts writes again", self.lane)
+                    return
+                reason = f"index read-only: {still}"
+        finally:
+            gauge.set(0)
+            if self.progress is not None:
+                self.progress.resumed()
 
 
 SLOW_BATCH_S = 1.0  # a batch that took longer is logged with where its time went

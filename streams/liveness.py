@@ -7,6 +7,11 @@ group without a word: alive, answering, fetching nothing. An idle lane (no lag) 
 cannot be read (the broker away) says nothing either way, so it is not stalled -- restarting the lanes would not
 bring the broker back.
 
+A lane *paused* on purpose (`streams.batch`: the index refuses writes, e.g. a full disk's flood stage) is not
+stalled while it keeps checking whether it may go on: each check is progress, and its verdict is `paused` with
+the reason (200), so the supervisor leaves it alone -- a restart would only pause again. A paused lane that
+stopped checking for `streams.stall_after_s` is stalled all the same.
+
 The lane's `/healthz` answers the verdict (503 when stalled) and `ki sync run`'s supervisor restarts a lane
 that is stalled, or that answered once and then stopped answering (`apps.runtime.supervisor`). Pure: the
 caller passes the clock's readings and the lag.
@@ -25,7 +30,8 @@ class Liveness:
     lag: int | None  # records behind the log end (None: not read)
     since_fetch_s: float | None  # since the last batch received (None: none yet)
     since_applied_s: float | None  # since the last batch resolved (None: none yet)
-    idle_s: float  # since the last of both, or since the lane started
+    idle_s: float  # since the last of both (or of a pause's checks), or since the lane started
+    paused: str | None = None  # why the lane is paused (None: it is not)
 
     def to_json(self) -> dict[str, Any]:
         def rounded(value: float | None) -> float | None:
@@ -33,7 +39,8 @@ class Liveness:
 
         return {
             "lane": self.lane,
-            "status": "stalled" if self.stalled else "ok",
+            "status": "stalled" if self.stalled else "paused" if self.paused else "ok",
+            "paused": self.paused,
             "lag": self.lag,
             "seconds_since_fetch": rounded(self.since_fetch_s),
             "seconds_since_applied": rounded(self.since_applied_s),
@@ -48,6 +55,8 @@ class LaneProgress:
         self.lane, self.started = lane, started
         self.last_fetch: float | None = None
         self.last_applied: float | None = None
+        self.pause_reason: str | None = None
+        self.last_pause_check: float | None = None
 
     def fetched(self, now: float) -> None:
         self.last_fetch = now
@@ -55,8 +64,18 @@ class LaneProgress:
     def applied(self, now: float) -> None:
         self.last_applied = now
 
+    def paused(self, reason: str, now: float) -> None:
+        """The lane paused for `reason`, and checked just now whether it may go on."""
+        self.pause_reason, self.last_pause_check = reason, now
+
+    def resumed(self) -> None:
+        self.pause_reason = None
+
     def idle_s(self, now: float) -> float:
-        return now - max(self.started, self.last_fetch or self.started, self.last_applied or self.started)
+        checked = self.last_pause_check if self.pause_reason is not None else None
+        return now - max(
+            self.started, self.last_fetch or self.started, self.last_applied or self.started, checked or self.started
+        )
 
     def verdict(self, lag: int | None, now: float, stall_after_s: float) -> Liveness:
         idle = self.idle_s(now)
@@ -67,4 +86,5 @@ class LaneProgress:
             since_fetch_s=None if self.last_fetch is None else now - self.last_fetch,
             since_applied_s=None if self.last_applied is None else now - self.last_applied,
             idle_s=idle,
+            paused=self.pause_reason,
         )

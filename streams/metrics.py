@@ -58,6 +58,17 @@ SECONDS_IDLE = Gauge(
 LANE_STALLED = Gauge(
     "ki_sync_lane_stalled", "1: the lane has lag and made no progress for streams.stall_after_s", ["lane"]
 )
+LANE_PAUSED = Gauge(
+    "ki_sync_lane_paused",
+    "1: the lane paused, consuming and committing nothing, until the cause goes (index_read_only: a write block"
+    " such as a full disk's flood stage)",
+    ["lane", "reason"],
+)
+THROTTLED = Counter(
+    "ki_sync_throttled_total",
+    "batches retried because OpenSearch pushed back (bulk items still answered 429/5xx after the writer's retries)",
+    ["lane"],
+)
 SLOT_RETAINED = Gauge("ki_sync_replication_slot_retained_bytes", "WAL retained by the Debezium replication slot")
 UNDER_REPLICATED = Gauge(
     "ki_kafka_under_replicated_partitions", "partitions of the sidecar's topics with fewer in-sync than replicas"

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import NotFoundError, OpenSearchException
+from opensearchpy.exceptions import NotFoundError, OpenSearchException, TransportError
 
 from ki.backoff import Backoff
 from ki.clients import opensearch_error
 from ki.errors import (
     AlreadyExists,
+    IndexReadOnly,
     IndexSchemaError,
     ItemFailure,
     TransientError,
@@ -458,9 +459,10 @@ class IndexWriter:
     # -- the single write path -----------------------------------------------------------------
 
     async def bulk(self, ops: Sequence[BulkOp], *, refresh: bool = False) -> BulkResult:
-        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises a `BulkError`:
-        `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries,
-        else `BulkRejected` (permanent)."""
+        """Write `ops` in bounded batches. Conflicts are reported; any other failure raises (`bulk_error`):
+        `IndexReadOnly` (transient) at once if an item met a write block (a full disk's flood stage),
+        `BulkThrottled` (transient) if every failed item was still answered 429/5xx after our retries
+        (back-pressure: a rejected execution, a full write queue), else `BulkRejected` (permanent)."""
         result = BulkResult()
         max_items = self.settings.streams.bulk_max_rows
         max_bytes = self.settings.streams.batch_max_bytes
@@ -485,7 +487,7 @@ class IndexWriter:
         for attempt in range(self.settings.opensearch.max_retries + 1):
             started = time.perf_counter()
             response = await self._with_retries(
-                lambda body=body: self.client.bulk(body=body, params={"refresh": "true" if refresh else "false"})
+                lambda body=body, pending=pending: self._bulk_request(body, pending, refresh)
             )
             self.bulk_seconds.append(time.perf_counter() - started)
             retry: dict[str, tuple[BulkOp, ItemFailure]] = {}
@@ -493,7 +495,8 @@ class IndexWriter:
             for op, item in zip(pending, response["items"], strict=True):
                 outcome = item_outcome(op.kind, next(iter(item.values())))
                 if isinstance(outcome, ItemFailure):
-                    if outcome.transient:
+                    # A write block (flood-stage disk) is not retried here: the lane pauses until it is lifted.
+                    if outcome.transient and not outcome.write_blocked:
                         retry[op.doc_id] = (op, outcome)
                     else:
                         failures[op.doc_id] = outcome
@@ -515,15 +518,41 @@ class IndexWriter:
             pending = [op for op, _ in retry.values()]
             body = b"".join(_ndjson(op.lines(self.index)) for op in pending)
 
+    async def write_block(self) -> str | None:
+        """The write block on the index written, if any (`index.blocks.*`: the flood-stage disk watermark's
+        read_only_allow_delete, or read_only / write set by an operator); None: writes are not blocked."""
+        response = await self.client.indices.get_settings(
+            index=self.index, name="index.blocks.*", params={"flat_settings": "true"}
+        )
+        return write_block_of(response)
+
+    async def _bulk_request(self, body: bytes, pending: Sequence[BulkOp], refresh: bool) -> dict[str, Any]:
+        """One `_bulk`. OpenSearch pushing back on the request as a whole (429: shard indexing pressure's
+        coordinating rejection, a full write queue) is answered as every item pushed back, so it takes the
+        items' path: sent again with backoff, then `BulkThrottled` (a write block's 429 raises, as any refusal)."""
+        try:
+            response: dict[str, Any] = await self.client.bulk(
+                body=body, params={"refresh": "true" if refresh else "false"}
+            )
+            return response
+        except TransportError as exc:
+            failure = ItemFailure(exc.status_code, str(exc.error)) if isinstance(exc.status_code, int) else None
+            if failure is None or failure.status != 429 or failure.write_blocked:
+                raise
+            item = {"status": 429, "error": {"type": failure.type, "reason": "the _bulk request was rejected"}}
+            return {"errors": True, "items": [{op.kind: item} for op in pending]}
+
     async def _with_retries(self, call: Any) -> Any:
-        """Retry a request while its failure is transient (unreachable, 429/5xx), with exponential backoff;
-        raise the failure as a `ki.errors` type."""
+        """Retry a request while its failure is transient (unreachable, 429/5xx; not a write block), with
+        exponential backoff; raise the failure as a `ki.errors` type."""
         for attempt in range(self.settings.opensearch.max_retries + 1):
             try:
                 return await call()
             except OpenSearchException as exc:
                 error = opensearch_error(exc)
-                if not isinstance(error, TransientError) or attempt == self.settings.opensearch.max_retries:
+                # A write block is not waited out here: the lane pauses and checks it (streams.batch).
+                last = attempt == self.settings.opensearch.max_retries
+                if not isinstance(error, TransientError) or isinstance(error, IndexReadOnly) or last:
                     raise error from exc
             delay = OPENSEARCH_BACKOFF.delay(attempt)
             log.warning("opensearch: %s; retrying in %.1fs", error, delay)
@@ -546,3 +575,22 @@ def item_outcome(kind: OpKind, outcome: dict[str, Any]) -> Literal["written", "c
     if isinstance(error, dict):
         return ItemFailure(status, str(error.get("type", "")), str(error.get("reason", "")))
     return ItemFailure(status, "", str(error or ""))
+
+
+# The index settings that block writes, and what they mean to an operator.
+WRITE_BLOCKS = {
+    "index.blocks.read_only_allow_delete": "index read-only (flood stage: the disk is past its flood-stage watermark)",
+    "index.blocks.read_only": "index read-only (index.blocks.read_only)",
+    "index.blocks.write": "index refuses writes (index.blocks.write)",
+}
+
+
+def write_block_of(response: dict[str, Any]) -> str | None:
+    """The first write block set on any index of a `GET {index}/_settings/index.blocks.*?flat_settings`
+    answer (physical index -> settings), described; None when no index blocks writes."""
+    for name in sorted(response):
+        flat = (response[name] or {}).get("settings") or {}
+        for setting, meaning in WRITE_BLOCKS.items():
+            if str(flat.get(setting, "false")).lower() == "true":
+                return f"{meaning} on {name}"
+    return None

@@ -114,13 +114,15 @@ def index_state(samples: list[Sample]) -> dict[str, Any]:
 
 def lane_figures(lane: str, samples: list[Sample], reading: Reading, base: Reading) -> dict[str, Any]:
     """One lane's own figures: its lag by topic (as its /metrics reports it), commit -> indexed quantiles
-    over the window, DLQ events since the lane started."""
+    over the window, DLQ events since the lane started, and why it is paused (the `reason` labels of
+    `ki_sync_lane_paused` at 1, e.g. "index_read_only"; null: it is not)."""
     of_lane = [s for s in samples if s.labels.get("lane") == lane]
     topics: dict[str, float] = {}
     for s in of_lane:
         if s.name == "ki_sync_consumer_lag":
             topics[s.labels["topic"]] = topics.get(s.labels["topic"], 0.0) + s.value
     window = minus(reading.freshness.get(lane, {}), base.freshness.get(lane, {}))
+    paused = sorted(s.labels.get("reason", "") for s in of_lane if s.name == "ki_sync_lane_paused" and s.value)
     return {
         "up": True,
         "lag": int(sum(topics.values())),
@@ -131,6 +133,7 @@ def lane_figures(lane: str, samples: list[Sample], reading: Reading, base: Readi
         "freshness_p99_beyond": beyond(window, 0.99),
         "freshness_events": int(max(window.values(), default=0.0)),
         "dlq_events": int(total(of_lane, "ki_sync_dlq_events_total")),
+        "paused": ", ".join(paused) or None,
     }
 
 

@@ -180,6 +180,18 @@ def _cdc_topics(settings: Settings) -> list[str]:
     return cdc_topics(settings)
 
 
+def position_at_end(settings: Settings, group: str) -> None:
+    """Commit the end of every CDC topic for this consumer group: a worker in it reads only what comes after."""
+    consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
+    try:
+        positions = []
+        for topic in _cdc_topics(settings):
+            positions += wait_for(lambda t=topic: _end_offsets(consumer, t), timeout=60, what=f"leaders of {topic}")
+        consumer.commit(offsets=positions, asynchronous=False)
+    finally:
+        consumer.close()
+
+
 @contextlib.contextmanager
 def isolated(
     settings: Settings, prefix: str = "ki-search-test", group_prefix: str | None = None
@@ -194,14 +206,7 @@ def isolated(
     uid = uuid.uuid4().hex[:8]
     env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{group_prefix or prefix}-{uid}"}
     group = env["KI_STREAMS__APP_ID"]
-    consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
-    try:
-        positions = []
-        for topic in _cdc_topics(settings):
-            positions += wait_for(lambda t=topic: _end_offsets(consumer, t), timeout=60, what=f"leaders of {topic}")
-        consumer.commit(offsets=positions, asynchronous=False)
-    finally:
-        consumer.close()
+    position_at_end(settings, group)
     try:
         yield env
     finally:

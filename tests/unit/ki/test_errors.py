@@ -25,6 +25,7 @@ from ki.errors import (
     BulkError,
     BulkRejected,
     BulkThrottled,
+    IndexReadOnly,
     ItemFailure,
     KiError,
     PermanentError,
@@ -115,6 +116,51 @@ def test_one_refused_item_makes_the_whole_failure_permanent() -> None:
     error = bulk_error({"a": throttled, "b": refused})
     assert isinstance(error, BulkRejected)
     assert error.failures == {"a": throttled, "b": refused}
+
+
+# What OpenSearch 2.19 answers a `_bulk` item on an index past the flood-stage watermark (captured from the
+# test stack), and what older versions and an operator's `index.blocks.write` answer: the same type.
+FLOOD_STAGE = {
+    "status": 429,
+    "error": {
+        "type": "cluster_block_exception",
+        "reason": "index [ki-chunks] blocked by: [TOO_MANY_REQUESTS/12/disk usage exceeded flood-stage watermark,"
+        " index has read-only-allow-delete block];",
+    },
+}
+FORBIDDEN = {
+    "status": 403,
+    "error": {
+        "type": "cluster_block_exception",
+        "reason": "blocked by: [FORBIDDEN/12/index read-only / allow delete (api)];",
+    },
+}
+
+
+@pytest.mark.parametrize("answer", [FLOOD_STAGE, FORBIDDEN], ids=["429-flood-stage", "403-read-only-api"])
+def test_a_bulk_item_refused_by_a_write_block_is_the_index_read_only_whatever_its_status(answer: Any) -> None:
+    outcome = item_outcome("index", answer)
+    assert isinstance(outcome, ItemFailure) and outcome.write_blocked
+    # Neither a poison record (permanent: dead-lettered) nor plain back-pressure: the index refuses writes.
+    error = bulk_error({"1:chunk:0": outcome, "2:chunk:0": ItemFailure(429, "es_rejected_execution_exception")})
+    assert isinstance(error, IndexReadOnly) and isinstance(error, TransientError)
+    assert "cluster_block_exception" in str(error)
+    # Beside a refused item too: the block is the index's, the item would be refused again once it lifts.
+    assert isinstance(bulk_error({"a": outcome, "b": ItemFailure(400, "mapper_parsing_exception")}), IndexReadOnly)
+
+
+def test_a_rejected_execution_is_back_pressure_not_a_write_block() -> None:
+    outcome = item_outcome("index", {"status": 429, "error": {"type": "es_rejected_execution_exception"}})
+    assert isinstance(outcome, ItemFailure) and outcome.transient and not outcome.write_blocked
+    assert isinstance(bulk_error({"a": outcome}), BulkThrottled)
+
+
+def test_a_request_refused_by_a_write_block_is_the_index_read_only() -> None:
+    """A put_mapping (the lane's ensure_index) on a blocked index is refused as a request, not an item."""
+    for status in (429, 403):
+        body = {"error": {"type": "cluster_block_exception", "reason": "index [x] blocked by: [...]"}, "status": status}
+        error = opensearch_error(TransportError(status, "cluster_block_exception", body))
+        assert isinstance(error, IndexReadOnly) and "index [x] blocked by" in str(error), status
 
 
 @pytest.mark.parametrize(

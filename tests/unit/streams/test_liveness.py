@@ -28,3 +28,19 @@ def test_receiving_or_resolving_a_batch_is_progress() -> None:
     lane.applied(190.0)  # a long batch resolved: progress again
     verdict = lane.verdict(3, now=200.0, stall_after_s=60)
     assert not verdict.stalled and verdict.idle_s == 10.0 and verdict.to_json()["seconds_since_applied"] == 10.0
+
+
+def test_a_paused_lane_that_keeps_checking_is_paused_not_stalled_and_one_that_stopped_is_stalled() -> None:
+    """The supervisor restarts a stalled lane: a lane paused on a read-only index would only pause again."""
+    lane = LaneProgress("access", started=0.0)
+    lane.fetched(10.0)
+    lane.paused("index read-only (flood stage) on ki--1", 900.0)  # its latest check of the block
+    verdict = lane.verdict(7, now=905.0, stall_after_s=60)
+    assert not verdict.stalled and verdict.idle_s == 5.0
+    health = verdict.to_json()
+    assert health["status"] == "paused" and health["paused"] == "index read-only (flood stage) on ki--1"
+    hung = lane.verdict(7, now=1000.0, stall_after_s=60)  # no check for 100 s: the pause itself hangs
+    assert hung.stalled and hung.to_json()["status"] == "stalled"
+    lane.resumed()
+    assert lane.verdict(7, now=905.0, stall_after_s=60).stalled  # resumed: the pause's checks no longer count
+    assert lane.verdict(0, now=905.0, stall_after_s=60).to_json()["paused"] is None

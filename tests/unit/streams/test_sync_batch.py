@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from ki.backoff import Backoff
-from ki.errors import IndexSchemaError, PermanentError, TransientError
+from ki.errors import IndexReadOnly, IndexSchemaError, ItemFailure, PermanentError, TransientError, bulk_error
 from projections.dirty import DirtyKeys
+from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint
 from streams.dead_letters import Failure
+from streams.liveness import LaneProgress
 from streams.sync import SyncStats
+from streams.writer import item_outcome
 from tests.unit.projections.test_cdc import KEY, TOPIC, VERSION_ROW, envelope
 
 CONTENT_TOPICS = {TOPIC}
@@ -55,6 +59,7 @@ class Lane:
         failures: list[BaseException] | None = None,
         max_attempts: int = 3,
         dead_letter_failures: list[BaseException] | None = None,
+        **extra: Any,  # further BatchHandler arguments (the pause's)
     ):
         self.applied: list[DirtyKeys] = []
         self.dead: list[tuple[Record, str]] = []
@@ -93,6 +98,7 @@ class Lane:
             max_attempts=max_attempts,
             backoff=Backoff(base_s=0.5, max_s=15.0),
             sleep=sleep,
+            **extra,
         )
 
     def handle(self, *records: Record) -> None:
@@ -137,6 +143,84 @@ def test_a_permanent_failure_dead_letters_the_whole_batch_after_the_last_attempt
     assert all(why.startswith("cannot be applied: PermanentError") for _, why in lane.dead)
     # Each dead letter says what failed and how often the lane tried, for `ki dlq list`.
     assert {(f.error_class, f.attempts) for f in lane.failures_sent} == {("PermanentError", 3)}
+
+
+def test_back_pressure_is_retried_with_backoff_and_never_counts_as_an_attempt() -> None:
+    """OpenSearch answering 429 (a full write queue, shard indexing pressure) after the writer's own retries: the
+    lane slows down, and however long it lasts, it does not use up the batch's attempts."""
+    throttled = bulk_error({"1:chunk:0": ItemFailure(429, "es_rejected_execution_exception", "queue full")})
+    lane = Lane(failures=[throttled] * 4 + [PermanentError("refused")], max_attempts=2)
+    lane.handle(GOOD)
+    assert len(lane.applied) == 1 and lane.dead == []  # the one permanent failure is the first attempt of two
+    assert lane.waits == [0.5, 1.0, 2.0, 4.0, 8.0]
+
+
+# What a `_bulk` item on a blocked index is answered: OpenSearch 2.x's flood stage, an operator's block.
+FLOOD_STAGE = {"status": 429, "error": {"type": "cluster_block_exception", "reason": "[TOO_MANY_REQUESTS/12/…]"}}
+READ_ONLY_API = {"status": 403, "error": {"type": "cluster_block_exception", "reason": "[FORBIDDEN/12/read-only]"}}
+
+
+@pytest.mark.parametrize("answer", [FLOOD_STAGE, READ_ONLY_API], ids=["429-flood-stage", "403-read-only-api"])
+def test_a_read_only_index_dead_letters_nothing_however_long_it_lasts(answer: dict[str, Any]) -> None:
+    """The data-loss bug: a 403 block was a permanent failure, so after `max_attempts` the batch went to the DLQ
+    (and a 429 one made the lane look stalled). A full disk is not a poison record."""
+    blocked = bulk_error({"1:chunk:0": item_outcome("index", answer)})  # type: ignore[arg-type]
+    lane = Lane(failures=[blocked] * 6, max_attempts=2)
+    lane.handle(GOOD)
+    assert lane.dead == [] and len(lane.applied) == 1
+    assert lane.released.offsets == [1]  # committed once applied, never before
+
+
+def test_a_paused_lane_says_why_checks_the_block_with_backoff_and_resumes_when_it_is_lifted() -> None:
+    clock = [100.0]
+    checks = iter(["index read-only (flood stage) on ki--1", "index read-only (flood stage) on ki--1", None])
+    seen: list[tuple[str | None, dict[str, Any], int]] = []  # at each check: the pause, the healthz body, the gauge
+    progress = LaneProgress("content", started=0.0)
+
+    async def write_block() -> str | None:
+        # Records wait (lag 5) and the lane fetched nothing for far longer than stall_after_s: paused, not stalled,
+        # since it marked its pause 10 s ago.
+        verdict = progress.verdict(lag=5, now=(progress.last_pause_check or 0.0) + 10, stall_after_s=300)
+        paused = metrics.LANE_PAUSED.labels(lane="content", reason="index_read_only")._value.get()
+        seen.append((progress.pause_reason, verdict.to_json(), int(paused)))
+        clock[0] += 1000.0
+        return next(checks)
+
+    blocked = IndexReadOnly("429 cluster_block_exception: index [ki--1] blocked by: [TOO_MANY_REQUESTS/12/…]")
+    lane = Lane(
+        failures=[blocked],
+        max_attempts=1,
+        write_block=write_block,
+        progress=progress,
+        monotonic=lambda: clock[0],
+        pause_poll=Backoff(base_s=1.0, max_s=4.0),
+    )
+    lane.handle(GOOD)
+    assert len(lane.applied) == 1 and lane.dead == [] and lane.released.offsets == [1]
+    assert lane.waits == [1.0, 2.0, 4.0]  # the checks back off
+    assert [paused for _, _, paused in seen] == [1, 1, 1]
+    assert seen[0][0] == f"index read-only: {blocked.reason}"
+    assert seen[2][0] == "index read-only: index read-only (flood stage) on ki--1"  # the last check's finding
+    for _, health, _ in seen:
+        assert health["status"] == "paused" and health["paused"].startswith("index read-only")
+        assert health["seconds_idle"] == 10
+    # Resumed: the gauge is back at 0 and the lane no longer reports a pause.
+    assert metrics.LANE_PAUSED.labels(lane="content", reason="index_read_only")._value.get() == 0
+    assert progress.pause_reason is None
+
+
+def test_a_pause_whose_check_fails_stays_paused() -> None:
+    answers: list[BaseException | str | None] = [TransientError("opensearch away"), None]
+
+    async def write_block() -> str | None:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    lane = Lane(failures=[IndexReadOnly("blocked")], max_attempts=1, write_block=write_block)
+    lane.handle(GOOD)
+    assert len(lane.applied) == 1 and answers == [] and len(lane.waits) == 2
 
 
 def test_transient_attempts_before_a_permanent_failure_count_as_attempts() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any, cast
 
 import pytest
 from opensearchpy import AsyncOpenSearch
+from opensearchpy.exceptions import TransportError
 
+from ki.errors import BulkThrottled, IndexReadOnly
 from ki.settings import Settings
 from streams.writer import (
     BulkOp,
@@ -17,6 +20,7 @@ from streams.writer import (
     pending_vectors_of,
     pending_vectors_query,
     reuse_query,
+    write_block_of,
 )
 
 
@@ -100,3 +104,108 @@ def test_the_writer_owns_the_index_level_writes_a_rebuild_makes() -> None:
     assert client.calls[1][1] == {"index": "phys--1", "body": restored}
     assert client.calls[2][1] == {"index": "phys--0", "ignore": (404,)}
     assert client.calls[3][1]["index"] == "phys--1"
+
+
+# -- back-pressure and write blocks on `_bulk` --------------------------------------------------------
+
+REJECTED = {"status": 429, "error": {"type": "es_rejected_execution_exception", "reason": "queue capacity 1"}}
+BLOCKED = {
+    "status": 429,
+    "error": {"type": "cluster_block_exception", "reason": "blocked by: [TOO_MANY_REQUESTS/12/disk usage exceeded…]"},
+}
+
+
+class _BulkClient:
+    """Answers each `_bulk` with the next scripted item answers (one per line pair sent)."""
+
+    def __init__(self, *answers: list[dict[str, Any]]) -> None:
+        self.answers = list(answers)
+        self.sent: list[list[str]] = []
+
+    async def bulk(self, body: bytes, params: dict[str, str]) -> dict[str, Any]:
+        lines = [json.loads(line) for line in body.decode().splitlines()]
+        self.sent.append([next(iter(meta.values()))["_id"] for meta in lines[::2]])
+        return {"errors": True, "items": [{"index": answer} for answer in self.answers.pop(0)]}
+
+
+def _ops(*ids: str) -> list[BulkOp]:
+    return [BulkOp("index", doc_id, {"text": doc_id}, group="7") for doc_id in ids]
+
+
+def test_bulk_items_rejected_with_429_are_sent_again_alone_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _BulkClient([{"status": 201}, REJECTED, REJECTED], [REJECTED, {"status": 201}], [{"status": 201}])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    result = asyncio.run(writer.bulk(_ops("a", "b", "c")))
+    assert result.written == 3 and client.sent == [["a", "b", "c"], ["b", "c"], ["b"]]
+    assert waits == [0.2, 0.4]  # the writer slows down: exponential backoff between the rounds
+
+
+def test_a_bulk_item_refused_by_a_write_block_raises_index_read_only_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _BulkClient([BLOCKED, REJECTED])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    with pytest.raises(IndexReadOnly, match="cluster_block_exception"):
+        asyncio.run(writer.bulk(_ops("a", "b")))
+    assert len(client.sent) == 1 and waits == []  # not retried here: the lane pauses and checks the block
+
+
+def test_the_write_block_is_read_from_the_index_settings() -> None:
+    flood = {"phys--1": {"settings": {"index.blocks.read_only_allow_delete": "true"}}}
+    flooded = "index read-only (flood stage: the disk is past its flood-stage watermark) on phys--1"
+    assert write_block_of(flood) == flooded
+    assert write_block_of({"phys--1": {"settings": {"index.blocks.write": "true"}}}) is not None
+    assert write_block_of({"phys--1": {"settings": {"index.blocks.read_only_allow_delete": "false"}}}) is None
+    assert write_block_of({"phys--1": {"settings": {}}}) is None
+
+
+class _RejectingClient(_BulkClient):
+    """Rejects the first `_bulk` requests as a whole (shard indexing pressure's coordinating rejection)."""
+
+    def __init__(self, rejections: list[TransportError], *answers: list[dict[str, Any]]) -> None:
+        super().__init__(*answers)
+        self.rejections = rejections
+
+    async def bulk(self, body: bytes, params: dict[str, str]) -> dict[str, Any]:
+        if self.rejections:
+            self.sent.append(["rejected"])
+            raise self.rejections.pop(0)
+        return await super().bulk(body, params)
+
+
+def _rejected(kind: str = "rejected_execution_exception", status: int = 429) -> TransportError:
+    reason = "rejected execution of coordinating operation"
+    return TransportError(status, kind, {"error": {"type": kind, "reason": reason}})
+
+
+def test_a_bulk_request_rejected_with_429_as_a_whole_is_retried_then_throttled(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("streams.writer.asyncio.sleep", sleep)
+    client = _RejectingClient([_rejected(), _rejected()], [{"status": 201}, {"status": 201}])
+    writer = IndexWriter(cast(AsyncOpenSearch, client), Settings(), index="phys--1")
+    assert asyncio.run(writer.bulk(_ops("a", "b"))).written == 2
+    assert client.sent == [["rejected"], ["rejected"], ["a", "b"]] and waits == [0.2, 0.4]
+    # Still rejected after the writer's retries: back-pressure (transient, not an attempt of the lane), never a refusal.
+    settings = Settings()
+    client = _RejectingClient([_rejected()] * (settings.opensearch.max_retries + 1))
+    writer = IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1")
+    with pytest.raises(BulkThrottled, match="429 rejected_execution_exception"):
+        asyncio.run(writer.bulk(_ops("a")))
+    # A write block answered 429 to the whole request is the index read-only, not back-pressure.
+    client = _RejectingClient([_rejected("cluster_block_exception")])
+    with pytest.raises(IndexReadOnly):
+        asyncio.run(IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1").bulk(_ops("a")))

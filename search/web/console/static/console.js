@@ -521,7 +521,9 @@ function renderOps(o) {
       continue;
     }
     figures.push(figure(`lag-${lane}`, `${lane} lane lag`, l.lag, count(l.lag),
-      l.topics.filter((t) => t.lag).map((t) => `${t.topic} ${t.lag}`).join(", ") || "every topic caught up"));
+      l.paused ? `paused: ${l.paused.replaceAll("_", " ")} (resumes by itself once writes are allowed)`
+        : l.topics.filter((t) => t.lag).map((t) => `${t.topic} ${t.lag}`).join(", ") || "every topic caught up",
+      Boolean(l.paused)));
     figures.push(figure(`fresh-${lane}`, `${lane}: commit → indexed p50 / p99`, l.freshness_p99_s,
       `${seconds(l.freshness_p50_s)} / ${l.freshness_p99_beyond ? "> " : ""}${seconds(l.freshness_p99_s)}`,
       `${count(l.freshness_events)} events in the window`));

@@ -51,6 +51,8 @@ ki_sync_freshness_seconds_count{lane="content"} 100
 ki_sync_freshness_seconds_sum{lane="content"} 80
 # TYPE ki_sync_dlq_events_total counter
 ki_sync_dlq_events_total{lane="content",table="documents"} 2
+# TYPE ki_sync_lane_paused gauge
+ki_sync_lane_paused{lane="content",reason="index_read_only"} 1
 # TYPE ki_sync_dlq_records gauge
 ki_sync_dlq_records 5
 # TYPE ki_sync_dlq_waiting_records gauge
@@ -105,6 +107,7 @@ def test_overview_counts_the_apis_work_not_the_dashboards_polling() -> None:
     assert lane["lag"] == 7 and lane["topics"] == [{"topic": "ki.public.documents", "lag": 7}]  # its own lane only
     assert lane["freshness_events"] == 100 and lane["freshness_p50_s"] == pytest.approx(0.75)
     assert lane["dlq_events"] == 2
+    assert lane["paused"] == "index_read_only"  # the index refuses writes: the lane waits, it is not failing
     assert out["lanes"]["access"] == {"up": False, "error": "http://x/metrics: refused"}
     assert out["dlq_records"] == 5 and out["slot_retained_bytes"] == 4096
     assert out["dlq_waiting"] == {"records": 2, "oldest_s": 61.5}  # not replayed or dropped yet
