@@ -250,7 +250,6 @@ def test_bulk_rejected_with_429_slows_the_lanes_dead_letters_nothing_and_every_c
                 what="a lane to be pushed back (429 after the writer's retries) and back off",
             )
             assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
-            assert second not in versions_indexed(search, alias)  # really rejected, not written
             for port in lanes.values():  # slowed down, not paused, not stalled
                 status, body = health(port)
                 assert status == 200 and body["status"] == "ok", body
