@@ -21,10 +21,12 @@ Transports:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,7 +325,22 @@ async def serve_http(settings: Settings, *, port: int | None = None) -> None:
         config = uvicorn.Config(BearerGate(app, auth), host=settings.mcp.host, port=port or settings.mcp.port,
                                 log_level="warning", lifespan="on")  # fmt: skip
         log.info("MCP (streamable HTTP) on http://%s:%s%s", settings.mcp.host, config.port, settings.mcp.path)
-        await uvicorn.Server(config).serve()
+        with _stopping_only_ends_serving():
+            await uvicorn.Server(config).serve()
+    # Here the runtime has closed: the access audit's and the statistics' buffered rows are written.
+
+
+@contextlib.contextmanager
+def _stopping_only_ends_serving() -> Iterator[None]:
+    """uvicorn stops on SIGTERM/SIGINT and then raises the signal again with the handler it found; with the default
+    one that kills the process before the runtime closes, and the audit rows still buffered are lost. Under this
+    handler the signal only ends serving; the runtime then closes and flushes, and the process exits."""
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 async def serve_stdio(settings: Settings) -> None:

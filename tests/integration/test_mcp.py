@@ -415,3 +415,23 @@ def test_refusals_and_backend_failures_reach_an_agent_as_the_apis_errors_and_are
     refused = seen["mode_unavailable"][1]
     assert refused["field"] == "mode" and "no evaluation report" in refused["message"]
     assert seen["rate_limited"][1]["retry_after_s"] >= 1
+
+
+def test_a_stopped_server_first_writes_the_audit_rows_it_still_held(
+    isolation: dict[str, str], data: Data, settings: Settings, engine: Engine
+) -> None:
+    """SIGTERM right after a call: the row is in the audit table when the process has exited (uvicorn raised the
+    signal again after its shutdown, which killed the process before the runtime flushed its buffer)."""
+    mcp = McpHttp(**isolation, KI_API__STATS__FLUSH_S="600")  # nothing written by the timer: only the close flushes
+    count = text("SELECT count(*) FROM ki_access_audit WHERE :who = ANY(principals) AND endpoint = 'mcp:get_document'")
+    who = data.principal("anna")
+    with engine.connect() as conn:
+        before = conn.execute(count, {"who": who}).scalar_one()
+    mcp.start()
+    try:
+        error, _ = call(mcp.url, data.token(settings, "anna"), "get_document", {"document_id": data.docs["vertrag"]})
+        assert error is False
+    finally:
+        assert mcp.process.stop(), "the MCP server did not exit on SIGTERM"
+    with engine.connect() as conn:
+        assert conn.execute(count, {"who": who}).scalar_one() == before + 1
