@@ -170,13 +170,13 @@ def open_console(driver: WebDriver, server: Server) -> None:
     driver.get(f"{server.base}/console/#/signin")
     driver.execute_script("sessionStorage.clear()")
     driver.refresh()
-    wait_for(lambda: driver.find_element(By.ID, "signin-form").is_displayed(), timeout=20, what="the sign-in page")
+    wait_for(lambda: driver.find_element(By.ID, "signin-form").is_displayed(), timeout=60, what="the sign-in page")
 
 
 def sign_in_as(driver: WebDriver, server: Server, principal: str, filter_text: str) -> None:
     """Through the demo-user picker, as a person would: filter, click the user."""
     open_console(driver, server)
-    wait_for(lambda: driver.find_element(By.ID, "demo").is_displayed(), timeout=20, what="the demo-user picker")
+    wait_for(lambda: driver.find_element(By.ID, "demo").is_displayed(), timeout=60, what="the demo-user picker")
     driver.find_element(By.ID, "demo-filter").send_keys(filter_text)
     selector = f"button.demo-user[data-principal='{principal}']"
 
@@ -189,8 +189,8 @@ def sign_in_as(driver: WebDriver, server: Server, principal: str, filter_text: s
             return False
         return True
 
-    wait_for(click_the_user, timeout=20, what=f"{principal} in the picker, clicked")
-    wait_for(lambda: principal in visible_text(driver, "who"), timeout=20, what=f"signed in as {principal}")
+    wait_for(click_the_user, timeout=60, what=f"{principal} in the picker, clicked")
+    wait_for(lambda: principal in visible_text(driver, "who"), timeout=60, what=f"signed in as {principal}")
 
 
 def search(driver: WebDriver, query: str, mode: str = "hybrid", project: str = "") -> dict[int, str]:
@@ -281,16 +281,16 @@ def test_the_document_view_lists_the_versions_and_relations_the_caller_may_see(
     sign_in_as(browser, server, data.principal("ben"), f"ben-{data.tag}")
     search(browser, data.word)
     browser.find_element(By.CSS_SELECTOR, f"li.hit[data-document-id='{data.docs['gutachten']}'] h3 a").click()
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc tr.version"), timeout=20, what="the versions")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc tr.version"), timeout=60, what="the versions")
     assert browser.find_element(By.CSS_SELECTOR, "#doc h1").text == f"Gutachten zur Mietminderung {data.tag}"
     assert len(browser.find_elements(By.CSS_SELECTOR, "#doc tr.version")) == 1
     # The opinion cites the lease (anna's only) and the memo (ben's): ben's view lists the memo alone.
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc li.related"), timeout=20, what="the relations")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc li.related"), timeout=60, what="the relations")
     related = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#doc li.related")]
     assert related == [f"references (outgoing) Vermerk Kündigungsfrist {data.tag}"], related
     screenshot(browser, "console-document")
     browser.get(f"{server.base}/console/#/doc/{data.docs['mietvertrag']}")  # anna's, not ben's
-    wait_for(lambda: "No document you may see" in browser.find_element(By.ID, "doc").text, timeout=20,
+    wait_for(lambda: "No document you may see" in browser.find_element(By.ID, "doc").text, timeout=60,
              what="the not-visible answer")  # fmt: skip
 
 
@@ -311,7 +311,7 @@ def test_the_dashboard_shows_what_metrics_reports(
     sign_in_as(browser, server, data.principal("anna"), f"anna-{data.tag}")
     assert not browser.find_element(By.ID, "nav-ops").is_displayed()
     browser.get(f"{server.base}/console/#/ops")
-    wait_for(lambda: "Not allowed" in visible_text(browser, "error"), timeout=20, what="the refusal")
+    wait_for(lambda: "Not allowed" in visible_text(browser, "error"), timeout=60, what="the refusal")
 
     sign_in_as(browser, server, "user:demo-admin", "demo-admin")
     browser.find_element(By.ID, "nav-ops").click()
@@ -357,7 +357,7 @@ def test_a_pasted_token_a_mode_a_project_filter_and_paging(
         mint_token(settings.api, data.principal("carla").removeprefix("user:"))
     )
     browser.find_element(By.ID, "signin").click()
-    wait_for(lambda: data.principal("carla") in visible_text(browser, "who"), timeout=20, what="signed in by token")
+    wait_for(lambda: data.principal("carla") in visible_text(browser, "who"), timeout=60, what="signed in by token")
     r = str(data.projects[2])
     first = search(browser, data.page_word, mode="lexical", project=r)
     assert len(first) == 10 and set(first) <= data.paged, first
@@ -393,7 +393,7 @@ def test_a_bad_token_shows_a_readable_error(browser: WebDriver, stack: tuple[Ser
     open_console(browser, server)
     browser.find_element(By.ID, "token").send_keys("not-a-token")
     browser.find_element(By.ID, "signin").click()
-    wait_for(lambda: visible_text(browser, "error"), timeout=20, what="an error message")
+    wait_for(lambda: visible_text(browser, "error"), timeout=60, what="an error message")
     message = visible_text(browser, "error")
     assert message.startswith("Sign-in failed: the token was not accepted") and "{" not in message, message
     assert browser.find_element(By.ID, "signin-form").is_displayed()
@@ -420,7 +420,7 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
     assert long.word in long.body[start:end]
 
     browser.find_element(By.CSS_SELECTOR, f"li.hit[data-document-id='{long.document}'] h3 a").click()
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc-text mark.passage"), timeout=20,
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#doc-text mark.passage"), timeout=60,
              what="the hit's passage marked")  # fmt: skip
     total, pages = len(long.body), -(-len(long.body) // PAGE_CHARS)
     assert pages >= 3
@@ -465,7 +465,7 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
     link = web.find_element(By.TAG_NAME, "a")
     assert link.get_attribute("href") == f"https://dms.example/open?path={long.sharepoint_ref}"
     browser.find_element(By.CSS_SELECTOR, "#text-evidence a.open-json").click()
-    wait_for(lambda: browser.find_element(By.ID, "text-json").is_displayed(), timeout=20, what="the permalink's JSON")
+    wait_for(lambda: browser.find_element(By.ID, "text-json").is_displayed(), timeout=60, what="the permalink's JSON")
     opened = json.loads(text_content("#text-json"))
     assert opened["evidence"]["sha256"] == text_content("#text-sha256") and opened["offset"] == at
     screenshot(browser, "console-document-text")
@@ -481,7 +481,7 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
         browser.find_element(By.ID, button).click()
         wait_for(
             lambda: browser.find_element(By.ID, "text-range").text == counter(offset),
-            timeout=20,
+            timeout=60,
             what=lambda: f"{counter(offset)!r}, shown {browser.find_element(By.ID, 'text-range').text!r}",
         )
 
@@ -503,8 +503,8 @@ def test_the_document_view_shows_the_hits_text_paged_with_its_passage_and_eviden
         browser.execute_script("document.getElementById('doc').replaceChildren()")  # no answer before is read
         browser.get(f"{server.base}/console/#/doc/{long.document}?version={version}&start=0&end=20")
         wait_for(lambda: "No version you may see has this id" in browser.find_element(By.ID, "doc").text,
-                 timeout=20, what="the not-visible version's answer")  # fmt: skip
-        wait_for(lambda: browser.find_element(By.ID, "text-range").text == counter(0), timeout=20, what="page 1")
+                 timeout=60, what="the not-visible version's answer")  # fmt: skip
+        wait_for(lambda: browser.find_element(By.ID, "text-range").text == counter(0), timeout=60, what="page 1")
         assert text_content("#doc-text") == long.body[:PAGE_CHARS]
         assert not browser.find_elements(By.CSS_SELECTOR, "#doc-text mark.passage")
         assert long.secret not in browser.page_source
