@@ -215,7 +215,7 @@ def isolated(
         admin = make_kafka_admin(settings)
         for future in admin.delete_consumer_groups([group], request_timeout=30).values():
             with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
-                future.result()
+                future.result(timeout=60)
 
 
 @contextlib.contextmanager

@@ -81,9 +81,12 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
             }
     finally:
         server.shutdown()
-        for future in make_kafka_admin(settings).delete_topics([dlq_topic], request_timeout=30).values():
-            with contextlib.suppress(Exception):  # best effort: a test topic left behind is harmless
-                future.result()
+        # The client held while its futures resolve (a discarded one may never resolve them), and a bound on the
+        # wait: a test topic left behind is harmless, a hung teardown is not.
+        admin = make_kafka_admin(settings)
+        for future in admin.delete_topics([dlq_topic], request_timeout=30).values():
+            with contextlib.suppress(Exception):
+                future.result(timeout=60)
 
 
 @pytest.fixture(scope="module")

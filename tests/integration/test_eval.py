@@ -300,6 +300,6 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
         mine = [t for t in admin.list_topics(timeout=30).topics if t.startswith(f"ki_test_{tag}.")]
         if mine:
             for future in admin.delete_topics(mine, request_timeout=30).values():
-                future.result()
+                future.result(timeout=60)
         admin.delete_consumer_groups([f"ki-test-config-{tag}"], request_timeout=30)
         shutil.rmtree(Path(settings.stack.home).expanduser() / "faust" / f"ki-test-config-{tag}", ignore_errors=True)
