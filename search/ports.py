@@ -75,11 +75,12 @@ class SqlReader:
             lambda c: reverify(c, principals, self.settings, version_ids, as_of, walk, compare_with)
         )
 
-    async def on_the_grid(self, work: Awaitable[T]) -> T:
-        """`work`'s answer (or its error), released at the next multiple of `api.limits.release_quantum_ms` from
-        now: what PostgreSQL does below the same statements and rows (probes finding a hidden row, then
-        refusing it) cannot show in when the answer leaves (a quantum the work exceeds rounds up to the next)."""
-        quantum = self.settings.api.limits.release_quantum_ms / 1000
+    async def on_the_grid(self, work: Awaitable[T], quantum_ms: float | None = None) -> T:
+        """`work`'s answer (or its error), released at the next multiple of `quantum_ms` (default
+        `api.limits.release_quantum_ms`) from now: what PostgreSQL does below the same statements and rows (probes
+        finding a hidden row, then refusing it) cannot show in when the answer leaves (a quantum the work exceeds
+        rounds up to the next)."""
+        quantum = (self.settings.api.limits.release_quantum_ms if quantum_ms is None else quantum_ms) / 1000
         started = time.perf_counter()
 
         async def released() -> None:

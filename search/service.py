@@ -186,6 +186,10 @@ class SearchService:
         return await self.legs.in_scope(request, scope, vector, plan or self.plan(request))
 
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
+        """A ranked search, released on the search grid (`api.limits.search_release_quantum_ms`)."""
+        return await self.sql.on_the_grid(self._search(principals, request), self._search_quantum_ms)
+
+    async def _search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
         started = time.perf_counter()
         plan = self.plan(request)  # once: every step below reads it
         # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
@@ -216,8 +220,12 @@ class SearchService:
                                      vector=vector)  # fmt: skip
 
     async def search_filter(self, principals: Sequence[str], request: FilterRequest) -> SearchResult:
-        """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0."""
-        return await self.filtered.run(principals, request)
+        """Metadata-only: filter-only query, doc_date descending, one hit per version, score 0; on the search grid."""
+        return await self.sql.on_the_grid(self.filtered.run(principals, request), self._search_quantum_ms)
+
+    @property
+    def _search_quantum_ms(self) -> float:
+        return self.settings.api.limits.search_release_quantum_ms
 
     # The SQL reader's helpers, for a facade method of its own (search.ports.SqlReader).
     async def _verified_read(self, work: Callable[[Connection], T]) -> T:

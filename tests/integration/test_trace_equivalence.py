@@ -3,16 +3,17 @@
 Random small worlds W (derandomised: a few seeds) are written to PostgreSQL and reach the index through the real
 CDC path (an isolated sync worker). An in-process `SearchService` (scope and name caches on, fed by its real
 invalidation feed; a scope filter budget so small that every scope is over it) answers a caller's requests --
-ranked search (lexical, hybrid, an identifier, a word found only in hidden documents), the metadata listing,
-documents, reading a version's text, related (both ways, one kind), traverse (a visible start and 100 more ids),
-decision search, lookup (the caller's identifier and title, a title only hidden documents carry) -- while every SQL
-statement (text, parameter names, rows returned) and every OpenSearch request (method, path, body; hits per
-response) it makes for the request is recorded. Then W' = W plus what the caller
-may not see: documents of another project (the asked words, the caller's identifier, titles the caller's queries
-name), 100 documents at exactly the ids W asked about as missing, a hidden version of a visible document,
-relations from and to hidden documents, decisions on hidden documents; and before the caller asks again, a
-colleague who may see the other project runs the caller's name queries. Each request must leave the same trace
-and get the same answer under W' as under W.
+ranked search (lexical, hybrid, an identifier, a word found only in hidden documents, a comparison with the previous
+version), the metadata listing, documents, reading a version's text (an expired document's too), related (both
+ways, one kind), traverse (a visible start and 100 more ids), decision search, lookup (the caller's identifier and
+title, a title only hidden documents carry) -- while every SQL statement (text, parameter names, rows returned) and
+every OpenSearch request (method, path, body; hits per response) it makes for the request is recorded. Then W' = W
+plus what the caller may not see: documents of another project (the asked words, the caller's identifier, titles
+the caller's queries name), 100 documents at exactly the ids W asked about as missing, a document of the caller's
+own project whose expiry has passed, a hidden version of a visible document, relations from and to hidden
+documents, decisions on hidden documents; and before the caller asks again, a colleague who may see the other
+project runs the caller's name queries. Each request must leave the same trace and get the same answer under W' as
+under W.
 
 Which finding of the issue "Indistinguishable" each part catches on the code before it:
 * hidden neighbours (related/traverse read the edges to hidden documents, then asked about them) -- the
@@ -265,6 +266,16 @@ def write_hidden(engine: Engine, scene: Scene) -> tuple[list[int], int]:
                 text("INSERT INTO documents (id, project_id, title, identifiers) VALUES (:i, :p, :t, :a)"),
                 {"i": scene.missing_base + i, "p": scene.theirs, "t": f"Leer {i} {scene.tag}", "a": [scene.identifier]},
             )
+        # Just past the ids asked about as missing: a document of the caller's own project, granted and observed,
+        # whose expiry has passed (visible to nobody) -- an expired document must answer as one that never was.
+        conn.execute(
+            text("INSERT INTO documents (id, project_id, title, identifiers, expires_at) "
+                 "VALUES (:i, :p, :t, :a, now() - interval '1 day')"),
+            {"i": scene.missing_base + HIDDEN_IDS, "p": scene.mine, "t": f"Abgelaufen {scene.tag}",
+             "a": [scene.identifier]},
+        )  # fmt: skip
+        expired = w.version(scene.missing_base + HIDDEN_IDS, f"Kaution Frist Haftung {rng.choice(VOCABULARY)}.")
+        w.observe(expired, scene.obj)
         # A hidden version of a visible document (observed nowhere), newer than the visible one.
         draft = w.version(scene.documents[-1], f"{SECRET} Entwurf {rng.choice(HIDDEN_WORDS)}.", version_no=2,
                           latest=False)  # fmt: skip
@@ -294,12 +305,18 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
         "search hidden word": search({"query": SECRET, "mode": "lexical"}),
         "search identifier": search({"query": f"{scene.identifier} Kündigung", "mode": "lexical"}),
         "search named": search({"query": f"{scene.title} Vertrag", "mode": "lexical"}),
+        # A comparison: each hit's earlier side is read among the document's versions (W': a hidden one too).
+        "search compare": search({"query": "Kaution Frist vorherige Fassung", "mode": "lexical"}),
         "cold name query": search({"query": f"Übernahme Zielfirma Z{phase}{scene.tag} Holding", "mode": "lexical"}),
         "filter": lambda: service.search_filter(who, parse_filter_request({"limit": 10}, api)),
         "document": lambda: service.get_document(who, scene.documents[0]),
         "document hidden or missing": lambda: service.get_document(who, asked),
         "read": lambda: service.read_text(who, scene.documents[0], None, parse_read_request({"length": "40"}, api)),
         "read hidden or missing": lambda: service.read_text(who, asked, None, parse_read_request({}, api)),
+        "document expired or missing": lambda: service.get_document(who, asked + HIDDEN_IDS),
+        "read expired or missing": lambda: service.read_text(
+            who, asked + HIDDEN_IDS, None, parse_read_request({}, api)
+        ),
         "chunk": lambda: service.read_chunk(who, ChunkId(scene.versions[0], "chunk", 0)),
         "related both": lambda: service.related(
             who, scene.documents[0], parse_related_request({"direction": "both"}, api)
@@ -328,6 +345,7 @@ def requests(scene: Scene, service: SearchService, phase: str) -> dict[str, Call
 
 
 GRID = ("document", "read", "chunk", "related", "traverse", "decisions", "lookup")
+SEARCH_GRID = ("search", "cold", "filter")  # api.limits.search_release_quantum_ms
 
 
 def _normalised(value: Any, scene: Scene, phase: str) -> Any:
@@ -375,6 +393,7 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
     # stale scope must not depend on how long the hidden rows took to index.
     settings = load_settings(environ={**os.environ, **isolation, "KI_API__CACHES__SCOPE_STALE_S": "600"})
     quantum = settings.api.limits.release_quantum_ms / 1000
+    search_quantum = settings.api.limits.search_release_quantum_ms / 1000
     worker = SyncWorker(isolation)
     worker.start()
     loop = Loop()
@@ -453,6 +472,8 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
                     problems.append(f"{name}: answer {_first_difference(want_answer, got_answer)}")
                 if name.split()[0] in GRID and quantum > 0 and elapsed < quantum * 0.99:
                     problems.append(f"{name}: answered after {elapsed * 1000:.1f} ms, off the release grid")
+                if name.split()[0] in SEARCH_GRID and search_quantum > 0 and elapsed < search_quantum * 0.99:
+                    problems.append(f"{name}: answered after {elapsed * 1000:.2f} ms, before the search grid's point")
             assert not problems, "\n".join(p[:600] for p in problems)
         finally:
 

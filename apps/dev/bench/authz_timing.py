@@ -23,6 +23,10 @@ Cases (`CASES`):
 * `superset` -- caller E, whose exact scope filter is over the budget and one of whose groups has an alias
   leading out of E's principals, searches a word found only in documents E may not see vs a word found
   nowhere;
+* `expired` -- a document of C's own project (granted, observed) whose expiry has passed vs an id that does
+  not exist;
+* `compare` -- B's comparison with the previous version (`<word> vorherige Fassung`) of B's document whose
+  first version is hidden from everyone vs of B's document that has no first version (both shown: the second);
 * `invalidation` -- B's search right after a new version of a document B may not see has reached the API's
   invalidation feed (`ki_search_scope_feed_events_total` polled on `/metrics`, with a deadline) vs after the
   same polling without a change; the background refresh it starts is let finish (polled too) before the next
@@ -79,9 +83,9 @@ from search.web.auth import mint_token
 Side = Literal["hidden", "missing"]
 SQL_CASES = (
     "documents", "read", "chunk", "related", "traverse", "decisions", "traverse-batch", "related-incoming",
-    "related-kinds",
+    "related-kinds", "expired",
 )  # fmt: skip
-SEARCH_CASES = ("names-cache", "names-hidden", "superset")
+SEARCH_CASES = ("names-cache", "names-hidden", "superset", "compare")
 SLOW_CASES = ("invalidation",)
 CASES = SQL_CASES + SEARCH_CASES + SLOW_CASES
 #: Cases whose every pair needs a document of its own (names-hidden: a fresh title per pair, since a caller's
@@ -315,6 +319,10 @@ def sql_cases(world: SqlWorld, client: Client, seed: int) -> dict[str, Case]:
                     "references edge leads to or from a hidden one", client,
                     lambda i: related(at(world.hidden_edge, i), "?direction=both&kinds=references"),
                     lambda i: related(at(world.hidden_edge, i), "?direction=both&kinds=thread")),
+        RequestCase("expired", "GET /v1/documents/{id}: a document of the caller's own project whose expiry has "
+                    "passed vs an id that does not exist", client,
+                    lambda i: ("GET", f"/v1/documents/{at(world.expired, i)}", None),
+                    lambda i: ("GET", f"/v1/documents/{gone(i)}", None)),
     ]  # fmt: skip
     return {case.name: case for case in cases}
 
@@ -367,6 +375,26 @@ class SupersetCase(Case):
         word = self.world.secret_words[i] if side == "hidden" else self.words.fresh("nir")
         ms, status, body = self.e.search(word)
         return Answer(ms, _search_key(status, body))
+
+
+class CompareCase(Case):
+    name = "compare"
+    what = "B compares with the previous version of its document whose first version is hidden vs of one " \
+           "that has no first version"  # fmt: skip
+
+    def __init__(self, b: Client, world: IndexWorld) -> None:
+        self.b, self.world = b, world
+
+    def run(self, side: Side, i: int) -> Answer:
+        words = self.world.compare_hidden_words if side == "hidden" else self.world.compare_missing_words
+        ms, status, body = self.b.search(f"{words[i % len(words)]} vorherige Fassung")
+        return Answer(ms, _compare_key(status, body))
+
+
+def _compare_key(status: int, body: Any) -> Any:
+    """A comparison's answer: the search's key plus what each hit says about its earlier side (none on both)."""
+    hits = body.get("hits", []) if isinstance(body, dict) else []
+    return _search_key(status, body), [h.get("compare", {}).get("earlier") for h in hits if isinstance(h, dict)]
 
 
 @dataclass
@@ -681,6 +709,7 @@ def _main(settings: Settings, options: AuthzOptions) -> int:
             if scope["filter_sent"] != "exact" or scope["exact_filter_bytes"] <= FILTER_BUDGET_BYTES:
                 raise BenchFailure(f"superset: caller E is not over the filter budget as meant: {scope}")
             available["superset"] = SupersetCase(client(index_world.superset), index_world, words, scope)
+            available["compare"] = CompareCase(b, index_world)
             available["invalidation"] = InvalidationCase(b, operator, engine, index_world.change_target)
         runner = Runner(rng, options.warmup)
         plans = {name: options.plan(name) for name in cases_asked}
@@ -725,6 +754,7 @@ def _main(settings: Settings, options: AuthzOptions) -> int:
             "api": {
                 "max_scope_filter_bytes": FILTER_BUDGET_BYTES,
                 "release_quantum_ms": settings.api.limits.release_quantum_ms,
+                "search_release_quantum_ms": settings.api.limits.search_release_quantum_ms,
             },
             # The filters the searches of the first phase were sent with: exact kinds only (exact, principals,
             # none), never a superset (projects, open), which is for administrators.

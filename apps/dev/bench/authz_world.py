@@ -44,6 +44,8 @@ SUPERSET_VISIBLE = 40
 #: Documents denied to E that carry the secret words (each carries its share of them).
 SUPERSET_HIDDEN = 40
 VOCABULARY = ("Kaution", "Miete", "Kündigung", "Frist", "Haftung", "Schaden", "Zahlung", "Verzug")
+#: Documents of each side of the comparison case (pair i asks entry i mod COMPARE_POOL).
+COMPARE_POOL = 20
 #: Caller B's query in the invalidation case: words of B's own documents (hits to rank and re-verify).
 COMMON_QUERY = "Kaution Frist"
 
@@ -86,6 +88,7 @@ class SqlWorld:
     no_edges: list[int]  # visible, no edges
     hidden_edge: list[int]  # visible, one `references` edge to (even entries) or from (odd) a hidden one
     hidden_pool: list[int] = field(default_factory=list)  # every hidden document (the batches' draw)
+    expired: list[int] = field(default_factory=list)  # C's own, granted and observed, expiry passed
 
 
 @dataclass
@@ -99,6 +102,10 @@ class IndexWorld:
     named_companies: list[str]  # the <word> of each title
     secret_words: list[str]  # per pair: a word found only in documents E may not see
     change_target: int  # a document B may not see: its new versions invalidate every cached scope
+    # B's documents asked about in a comparison ("<word> vorherige Fassung"): each one's shown version is its
+    # second; before it, the first is hidden from everyone (observed nowhere) -- or there is none.
+    compare_hidden_words: list[str]
+    compare_missing_words: list[str]
     index_versions: list[int]  # what must reach the index
     projects: list[int]
 
@@ -212,6 +219,9 @@ def write_sql_world(engine: Engine, label: str, pairs: int) -> SqlWorld:
         add_relations(conn, "references", list(zip(from_hidden, incoming_only, strict=True)))
         edges = zip(hidden_edge, edge_hidden, strict=True)
         add_relations(conn, "references", [(v, h) if i % 2 == 0 else (h, v) for i, (v, h) in enumerate(edges)])
+        expired = documents(mine, "Abgelaufen")
+        conn.execute(text("UPDATE documents SET expires_at = now() - interval '1 day' WHERE id = ANY(:ids)"),
+                     {"ids": expired})  # fmt: skip
         _grant_project(conn, mine, f"user:{caller}")
         first_missing = _one(conn, "SELECT coalesce(max(id), 0) + 1000000 FROM documents")
         first_missing_version = _one(conn, "SELECT coalesce(max(id), 0) + 1000000 FROM document_versions")
@@ -228,7 +238,48 @@ def write_sql_world(engine: Engine, label: str, pairs: int) -> SqlWorld:
         no_edges=no_edges,
         hidden_edge=hidden_edge,
         hidden_pool=hidden + from_hidden + edge_hidden,
+        expired=expired,
     )
+
+
+def add_compared_documents(
+    conn: Connection, project: int, words: Sequence[str], obj: int, hidden_first: bool
+) -> list[int]:
+    """Documents whose shown version is their second (final, observed at `obj`, carrying its word); with
+    `hidden_first` a first final version observed nowhere (hidden from everyone) comes before it. Answers the
+    shown versions."""
+    rows = conn.execute(
+        text("INSERT INTO documents (project_id, title)"
+             " SELECT :p, 'Fassungen ' || w FROM unnest(CAST(:w AS text[])) AS w RETURNING id, title"),
+        {"p": project, "w": list(words)},
+    ).all()
+    by_word = {r.title.removeprefix("Fassungen "): int(r.id) for r in rows}
+    documents = [by_word[w] for w in words]
+    if hidden_first:
+        conn.execute(
+            text("INSERT INTO document_versions (document_id, version_no, status, text)"
+                 " SELECT d, 1, 'final', 'Frühere Fassung.' FROM unnest(CAST(:docs AS bigint[])) AS d"),
+            {"docs": documents},
+        )
+    rows = conn.execute(
+        text("INSERT INTO document_versions (document_id, version_no, status, text)"
+             " SELECT d, 2, 'final', w || ' Mietvertrag.'"
+             " FROM unnest(CAST(:docs AS bigint[]), CAST(:w AS text[])) AS x(d, w) RETURNING id, document_id"),
+        {"docs": documents, "w": list(words)},
+    ).all()
+    shown = {int(r.document_id): int(r.id) for r in rows}
+    versions = [shown[d] for d in documents]
+    conn.execute(
+        text("UPDATE documents SET latest_final_version_id = x.v"
+             " FROM unnest(CAST(:docs AS bigint[]), CAST(:versions AS bigint[])) AS x(d, v) WHERE documents.id = x.d"),
+        {"docs": documents, "versions": versions},
+    )
+    conn.execute(
+        text("INSERT INTO source_observations (document_version_id, source_object_id)"
+             " SELECT v, :o FROM unnest(CAST(:versions AS bigint[])) AS v"),
+        {"versions": versions, "o": obj},
+    )
+    return versions
 
 
 def write_index_world(engine: Engine, label: str, titles: int, n: int, words: Words) -> IndexWorld:
@@ -252,6 +303,10 @@ def write_index_world(engine: Engine, label: str, titles: int, n: int, words: Wo
             index_versions.extend(versions)
 
         searchable(b_project, "Mandatsakte", 5)
+        compare_hidden = [words.fresh("fas") for _ in range(COMPARE_POOL)]
+        compare_missing = [words.fresh("fas") for _ in range(COMPARE_POOL)]
+        for compared, hidden_first in ((compare_hidden, True), (compare_missing, False)):
+            index_versions.extend(add_compared_documents(conn, b_project, compared, obj, hidden_first))
         searchable(a_project, "Wandakte", 5)
         searchable(e_project, "Vermerk", SUPERSET_VISIBLE)
         named = [f"Zielfirma {c} Holding" for c in companies]
@@ -290,6 +345,8 @@ def write_index_world(engine: Engine, label: str, titles: int, n: int, words: Wo
         named_companies=companies,
         secret_words=secrets,
         change_target=change_target,
+        compare_hidden_words=compare_hidden,
+        compare_missing_words=compare_missing,
         index_versions=index_versions,
         projects=[b_project, a_project, e_project],
     )
