@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import ConsumerGroupState, TopicPartition
 from sqlalchemy import Engine, text
@@ -10,7 +15,7 @@ from sqlalchemy import Engine, text
 from ki.clients import make_engine, make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.kafka_offsets import PartitionLag, group_lag
 from ki.settings import Settings
-from streams.topics import LANES, Lane, consumer_group, lane_topics
+from streams.topics import LANES, Lane, consumer_group, lane_topics, lane_web_port
 from streams.writer import pending_vectors_of, pending_vectors_query
 
 
@@ -149,6 +154,39 @@ def slot_retained_bytes(settings: Settings, engine: Engine | None = None) -> int
             engine.dispose()
 
 
+#: How long `ki sync status` waits for a lane worker's /healthz.
+HEALTH_TIMEOUT_S = 3.0
+
+
+def describe_health(answer: dict[str, Any] | None) -> str:
+    """One line on a lane worker from its /healthz answer (`streams.liveness`; None: no answer on this machine)."""
+    if answer is None:
+        return "no answer from a worker on this machine"
+    status = answer.get("status")
+    idle = answer.get("seconds_idle")
+    if status == "paused":
+        return f"paused ({answer.get('paused')}): it resumes by itself once the index takes writes again"
+    if status == "stalled":
+        return f"stalled: lag and no progress for {idle} s (`ki sync run` restarts it)"
+    if status == "ok":
+        return "ok"
+    return f"unexpected answer {json.dumps(answer)[:200]}"
+
+
+def lane_health(settings: Settings, lane: Lane) -> dict[str, Any] | None:
+    """The lane worker's /healthz answer (a 503's body too), or None when nothing answers."""
+    url = f"http://127.0.0.1:{lane_web_port(settings, lane)}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as answer:
+            return dict(json.loads(answer.read()))
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            return dict(json.loads(exc.read()))
+        return {"status": f"HTTP {exc.code}"}
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def print_status(settings: Settings) -> int:
     for lane in lane_lags(settings):
         joined = f"{lane.members} member(s)" if lane.known else "unknown to the broker: no worker has joined it"
@@ -156,6 +194,7 @@ def print_status(settings: Settings) -> int:
             f"{lane.lane} lane, consumer group {lane.group} ({joined}): total lag {lane.total} "
             f"over {len(lane.partitions)} partitions, {len(lane.lagging)} behind"
         )
+        print(f"  worker: {describe_health(lane_health(settings, lane.lane))}")
         for p in lane.lagging:
             print(f"  {p.topic}[{p.partition}]: committed {p.committed}, end {p.end}, lag {p.lag}")
     retained = slot_retained_bytes(settings)

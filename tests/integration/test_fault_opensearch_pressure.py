@@ -35,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -173,6 +175,13 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
                 body = wait_for(lambda lane=lane: paused(lane), timeout=120, what=f"the {lane} lane to pause")
                 assert "index read-only" in body["paused"], body
                 assert metric(port, "ki_sync_lane_paused", lane=lane, reason="index_read_only") == 1
+            # What an operator reads: `ki sync status` says each lane's worker is paused, and why.
+            ports = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+            status = subprocess.run([sys.executable, "-m", "apps.cli", "sync", "status"],
+                                    env={**os.environ, **env, **ports}, capture_output=True, text=True,
+                                    timeout=120)  # fmt: skip
+            workers = [line.strip() for line in status.stdout.splitlines() if line.strip().startswith("worker:")]
+            assert len(workers) == 2 and all(w.startswith("worker: paused (") for w in workers), status.stdout
             # Paused, not failing: nothing dead-lettered, nothing written, nothing committed past the block.
             assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
             assert versions_indexed(search, alias) == {first}

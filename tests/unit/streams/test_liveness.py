@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from streams.liveness import LaneProgress
+from streams.liveness import LaneProgress, Liveness
+from streams.status import describe_health
 
 
 def test_a_lane_with_lag_and_no_progress_past_the_bound_is_stalled() -> None:
@@ -44,3 +45,15 @@ def test_a_paused_lane_that_keeps_checking_is_paused_not_stalled_and_one_that_st
     lane.resumed()
     assert lane.verdict(7, now=905.0, stall_after_s=60).stalled  # resumed: the pause's checks no longer count
     assert lane.verdict(0, now=905.0, stall_after_s=60).to_json()["paused"] is None
+
+
+def test_sync_status_says_what_each_lane_worker_is_doing() -> None:
+    base = {"lane": "content", "lag": 12, "seconds_since_fetch": 1.0, "seconds_since_applied": 1.0}
+    ok = Liveness("content", False, 0, 1.0, 1.0, 1.0)
+    paused = Liveness("access", False, 3, 0.5, 40.0, 0.5, paused="index_read_only")
+    stalled = Liveness("content", True, 12, 400.0, 400.0, 400.0)
+    assert describe_health(ok.to_json()) == "ok"
+    assert describe_health(paused.to_json()).startswith("paused (index_read_only)")
+    assert describe_health(stalled.to_json()).startswith("stalled: lag and no progress for 400.0 s")
+    assert describe_health(None) == "no answer from a worker on this machine"
+    assert describe_health({**base, "status": "odd"}).startswith("unexpected answer")
