@@ -5,25 +5,29 @@ statements cannot show in when the answer leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
 
 from ki.settings import Settings
+from search.access.scope import CompiledScope
 from search.documents import lookup as lookups
 from search.documents import read as documents
 from search.documents.chunks import ChunkId, read_chunk
-from search.documents.decisions import DecisionPage, search_decisions
+from search.documents.decisions import DecisionPage, ScopeBound, search_decisions
 from search.documents.text import read_text
 from search.ports import SqlReader
 from search.ranking.scoped import ScopedIndex
 from search.request import DecisionSearchRequest, LookupRequest, ReadRequest, RelatedRequest, TraverseRequest
 
+#: The caller's compiled scope (the scope stage's, cached per caller): decision search bounds its candidates by it.
+CompileScope = Callable[[Sequence[str], Sequence[int] | None], Awaitable[CompiledScope]]
+
 
 class DocumentReads:
-    def __init__(self, settings: Settings, sql: SqlReader, scoped: ScopedIndex) -> None:
-        self.settings, self.sql, self.scoped = settings, sql, scoped
+    def __init__(self, settings: Settings, sql: SqlReader, scoped: ScopedIndex, compile_scope: CompileScope) -> None:
+        self.settings, self.sql, self.scoped, self.compile_scope = settings, sql, scoped, compile_scope
 
     async def get_document(self, principals: Sequence[str], document_id: int) -> dict[str, Any] | None:
         """The document with the versions the caller may see (None: not visible or not there)."""
@@ -73,9 +77,16 @@ class DocumentReads:
         return await self.sql.on_the_grid(self.sql.verified_read(run))
 
     async def search_decisions(self, principals: Sequence[str], request: DecisionSearchRequest) -> DecisionPage:
-        """Decision records by token overlap, checked against the caller's principals (SQL only)."""
+        """Decision records by token overlap among those the caller's compiled scope bounds, checked against the
+        caller's principals in SQL."""
         security = self.settings.security
-        return await self.sql.on_the_grid(self.sql.read(lambda c: search_decisions(c, principals, security, request)))
+
+        async def run() -> DecisionPage:
+            scope = await self.compile_scope(principals, request.filters.project_id)
+            bound = ScopeBound.of(scope.project_ids, scope.document_ids)
+            return await self.sql.read(lambda c: search_decisions(c, principals, security, request, bound))
+
+        return await self.sql.on_the_grid(run())
 
     async def read_chunk(self, principals: Sequence[str], chunk: ChunkId) -> dict[str, Any] | None:
         """A chunk by its id, its text from PostgreSQL where it is a span of the version's (None: not visible or

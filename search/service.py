@@ -96,7 +96,7 @@ class SearchService:
             stats=self.stats, background=self.background, name_cache=self.name_cache, feed=self.feed,
         )  # fmt: skip
         self.filtered = FilterSearch(settings, self.scope, self.scoped, self.sql)
-        self.reads = DocumentReads(settings, self.sql, self.scoped)
+        self.reads = DocumentReads(settings, self.sql, self.scoped, self.scope.compile)
 
     def start(self) -> None:
         self._gate_task = asyncio.get_running_loop().create_task(self.mode_gate.refresh_forever())
