@@ -282,18 +282,19 @@ async def rebuild_from_postgres(
     current state, conditional on the sequence numbers it read (the stale-write guard)."""
     from streams.topics import compact_cdc_topics, ensure_topics
 
+    # The topics first (a broker away fails here, before the model is loaded): the lanes and Debezium need them.
+    created = await asyncio.to_thread(ensure_topics, settings)
+    compacted = await asyncio.to_thread(compact_cdc_topics, settings)
+    progress(
+        f"rebuild: CDC topics: {len(created)} created, {len(compacted)} set to compaction"
+        + (f" ({', '.join(created + compacted)})" if created or compacted else "")
+    )
     embedder = create_embedder(settings)
     client = make_client(settings)
     engine = make_engine(settings)
     physical = ""
     swapped = False
     try:
-        created = await asyncio.to_thread(ensure_topics, settings)
-        compacted = await asyncio.to_thread(compact_cdc_topics, settings)
-        progress(
-            f"rebuild: CDC topics: {len(created)} created, {len(compacted)} set to compaction"
-            + (f" ({', '.join(created + compacted)})" if created or compacted else "")
-        )
         generation = time.strftime("%Y%m%d%H%M%S")
         physical = physical_index_name(settings, embedder.signature, generation=generation)
         sources = await indices_with_signature(client, [settings.retrieval.index_name], embedder.signature)

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval.isolation import drop, ensure_world, make_target
+from apps.dev.stack.connector import Connector
 from ki.clients import make_client, make_kafka_admin
 from ki.embedding import create_embedder
 from ki.settings import Settings, load_settings
@@ -226,4 +227,5 @@ def test_lost_cdc_topics_are_recovered_while_the_sync_keeps_running(scene: Scene
     assert reconcile.returncode == 0, reconcile.stderr[-2000:]
     assert "0 missing, 0 stale" in reconcile.stderr + reconcile.stdout, reconcile.stderr[-2000:]
     assert scene.worker.process.alive, "the sync worker died"
+    assert Connector(settings).state()[:2] == ("RUNNING", ["RUNNING"]), Connector(settings).state()
     assert stream.committed >= 8

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.liveness import LaneProgress
+from streams.liveness import LaneProgress, TopicIdentity
 
 
 def test_a_lane_with_lag_and_no_progress_past_the_bound_is_stalled() -> None:
@@ -44,3 +44,17 @@ def test_a_paused_lane_that_keeps_checking_is_paused_not_stalled_and_one_that_st
     lane.resumed()
     assert lane.verdict(7, now=905.0, stall_after_s=60).stalled  # resumed: the pause's checks no longer count
     assert lane.verdict(0, now=905.0, stall_after_s=60).to_json()["paused"] is None
+
+
+def test_a_topic_created_again_under_the_lane_stalls_it_at_once_and_for_good() -> None:
+    topics = TopicIdentity()
+    assert topics.observe({"ki.public.grants": "id-1"}) == ()  # first seen
+    assert topics.observe({}) == ()  # deleted: the lane has no partition of it, nothing stale yet
+    assert topics.observe({"ki.public.grants": "id-1", "ki.message": "id-7"}) == ()  # appeared: first seen now
+    assert topics.observe({"ki.public.grants": "id-2", "ki.message": "id-7"}) == ("ki.public.grants",)
+    assert topics.observe({"ki.public.grants": "id-2", "ki.message": "id-7"}) == ("ki.public.grants",)  # sticky
+
+    lane = LaneProgress("access", started=0.0)
+    verdict = lane.verdict(0, now=1.0, stall_after_s=60, recreated=topics.recreated)  # no lag, young: still
+    assert verdict.stalled and verdict.to_json()["recreated_topics"] == ["ki.public.grants"]
+    assert lane.verdict(0, now=1.0, stall_after_s=60).to_json()["recreated_topics"] == []
