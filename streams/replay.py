@@ -256,7 +256,8 @@ async def _catch_up(
 
 def stream_position(settings: Settings) -> dict[tuple[str, int], int]:
     """Every CDC partition's log end now: what the lanes have yet to read starts at or after it."""
-    consumer = make_kafka_consumer(settings, f"ki-position-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False})
+    group = f"ki-replay-position-{uuid.uuid4().hex[:8]}"  # never joined: only its metadata and watermarks
+    consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
     try:
         return _end_offsets(consumer, cdc_topics(settings))
     finally:
