@@ -178,10 +178,12 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
     from apps.runtime.progress import StepReport
-    from streams.replay import rebuild
+    from streams.replay import rebuild, rebuild_from_postgres
 
+    # --from-postgres: the CDC topics lost their history (deleted, retention), so PostgreSQL is read instead.
+    run = rebuild_from_postgres if args.from_postgres else rebuild
     with StepReport("rebuild") as steps:
-        asyncio.run(rebuild(settings, progress=steps.line, on_progress=steps.advance))
+        asyncio.run(run(settings, progress=steps.line, on_progress=steps.advance))
     return 0
 
 
@@ -689,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.set_defaults(handler=_dlq)
 
     rebuild = sub.add_parser("rebuild", help="replay the CDC topics into a fresh index, verify, swap the alias")
+    rebuild.add_argument(
+        "--from-postgres",
+        action="store_true",
+        help="read PostgreSQL instead of the topics (they were lost): recreates missing CDC topics, builds a fresh "
+        "index while the lanes run, swaps the alias, then applies what arrived meanwhile",
+    )
     rebuild.set_defaults(handler=_rebuild)
 
     backfill = sub.add_parser("backfill", help="index every version straight from PostgreSQL")

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 import faust
 from prometheus_client import generate_latest
 
-from ki.clients import kafka_ssl_context, make_client, make_engine
+from ki.clients import kafka_ssl_context, make_client, make_engine, make_kafka_admin
 from ki.embedding import Embedder, create_embedder
 from ki.errors import IndexSchemaError, KiError
 from ki.settings import Settings
@@ -44,9 +45,9 @@ from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint, FaustAcks, faust_commit_settings
 from streams.dead_letters import Failure, letter_value
-from streams.liveness import LaneProgress, Liveness
+from streams.liveness import LaneProgress, Liveness, TopicIdentity
 from streams.sync import Projector
-from streams.topics import Lane, consumer_group, lane_topics, lane_web_port
+from streams.topics import Lane, consumer_group, lane_topics, lane_web_port, topic_ids
 from streams.writer import IndexWriter, indices_with_signature
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 # How long a /metrics scrape waits for the broker's lag reading before it answers the previous values.
 LAG_READ_WAIT_S = 2.0
+# How soon a lane's consumer looks at the cluster's metadata again by itself (Faust's default: 5 minutes). A lane
+# whose topics were deleted is left with no partition; only a metadata refresh shows it their new incarnation.
+METADATA_MAX_AGE_MS = 15_000
 
 # Exit status of a worker whose settings do not fit the live index.
 EXIT_INDEX_MISMATCH = 3
@@ -98,6 +102,7 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         # CDC topics are created compacted by `ki stack` / Debezium; never let Faust declare them.
         topic_allow_declare=False,
         topic_disable_leader=True,
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         # A killed worker's partitions move on after this, not after Faust's 60 s default.
         broker_session_timeout=settings.streams.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.streams.session_timeout_s / 3),
@@ -195,14 +200,34 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
             if stats.rows_deleted:
                 log.info("expiry sweep: %d rows of expired documents deleted", stats.rows_deleted)
 
+    identity = TopicIdentity()
+    identity_lock = threading.Lock()
+
+    def read_topic_ids() -> None:
+        """Which of the lane's topics were deleted and created again since it started (streams.liveness)."""
+        if not identity_lock.acquire(blocking=False):
+            return  # another scrape is reading them
+        try:
+            admin = state.setdefault("admin", make_kafka_admin(settings))
+            before = identity.recreated
+            if identity.observe(topic_ids(admin, lane_topics(settings, lane))) != before:
+                log.error("%s lane: topics deleted and created again under it: %s; restarting it reads them "
+                          "from their start", lane, ", ".join(identity.recreated))  # fmt: skip
+        except Exception as exc:  # the broker briefly away: the next scrape looks again
+            log.warning("topic ids not read: %s", exc)
+        finally:
+            identity_lock.release()
+
     async def read_lag() -> Liveness:
         # Reading the lag asks the broker, which can take many seconds while a group rebalances: wait for
         # it a moment, then answer with the values as they are (the reading lands for the next scrape), so
         # a scrape never hangs on Kafka.
-        reading = asyncio.ensure_future(asyncio.to_thread(metrics.update_lag, settings))
+        reading = asyncio.gather(asyncio.to_thread(metrics.update_lag, settings), asyncio.to_thread(read_topic_ids))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reading), timeout=LAG_READ_WAIT_S)
-        verdict = progress.verdict(metrics.LANE_LAG.get(lane), time.monotonic(), settings.streams.stall_after_s)
+        verdict = progress.verdict(
+            metrics.LANE_LAG.get(lane), time.monotonic(), settings.streams.stall_after_s, identity.recreated
+        )
         metrics.SECONDS_IDLE.labels(lane=lane).set(verdict.idle_s)
         metrics.LANE_STALLED.labels(lane=lane).set(int(verdict.stalled))
         return verdict

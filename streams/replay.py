@@ -9,6 +9,7 @@ plain lines (`apps.runtime.progress`), which this layer may not import.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 import uuid
@@ -196,29 +197,136 @@ async def rebuild(
             f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
             f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
         )
-        await writer.refresh()
-        expected = await asyncio.to_thread(live_version_ids, engine)
-        indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
-        missing = expected - indexed
-        if missing:
-            raise RuntimeError(
-                f"rebuild: {len(missing)} live version(s) are missing from {physical} "
-                f"(e.g. {sorted(missing)[:5]}); alias left unchanged"
-            )
-        previous = await writer.swap_alias(physical)
-        progress(f"rebuild: alias {settings.retrieval.index_name} -> {physical} ({len(expected)} versions checked)")
-        # Changes that arrived while we rebuilt were written to the old index by the worker: replay them.
-        catch_up, _, count, _ = await asyncio.to_thread(
-            read_topics, settings, start=ends, progress=progress, on_progress=on_progress
-        )
-        if catch_up:
-            await projector.apply(catch_up)
-            progress(f"rebuild: caught up on {count} event(s) that arrived during the rebuild")
-        for old in previous:
-            await writer.delete_index(old)
-            progress(f"rebuild: deleted the previous index {old}")
+        previous = await _verify_and_swap(settings, engine, writer, physical, progress)
+        await _catch_up(settings, writer, projector, ends, previous, progress, on_progress)
         return physical
     finally:
+        await client.close()
+        engine.dispose()
+
+
+async def _verify_and_swap(
+    settings: Settings,
+    engine: Engine,
+    writer: IndexWriter,
+    physical: str,
+    progress: Progress,
+    *,
+    within: set[int] | None = None,
+) -> list[str]:
+    """Check every live version (of `within`, when given: the versions read; newer ones come with the
+    catch-up) has rows in the new index, then swap the alias to it; return the indices it pointed at."""
+    await writer.refresh()
+    expected = await asyncio.to_thread(live_version_ids, engine)
+    if within is not None:
+        expected &= within
+    indexed = await writer.indexed_versions("document_version_id", expected) if expected else set()
+    missing = expected - indexed
+    if missing:
+        raise RuntimeError(
+            f"rebuild: {len(missing)} live version(s) are missing from {physical} "
+            f"(e.g. {sorted(missing)[:5]}); alias left unchanged"
+        )
+    previous = await writer.swap_alias(physical)
+    progress(f"rebuild: alias {settings.retrieval.index_name} -> {physical} ({len(expected)} versions checked)")
+    return previous
+
+
+async def _catch_up(
+    settings: Settings,
+    writer: IndexWriter,
+    projector: Projector,
+    ends: dict[tuple[str, int], int],
+    previous: list[str],
+    progress: Progress,
+    on_progress: OnProgress,
+) -> None:
+    """Project the events from `ends` on into the new index, then drop the indices it replaced."""
+    # Changes that arrived while we rebuilt were written to the old index by the worker: replay them.
+    catch_up, _, count, _ = await asyncio.to_thread(
+        read_topics, settings, start=ends, progress=progress, on_progress=on_progress
+    )
+    if catch_up:
+        await projector.apply(catch_up)
+        progress(f"rebuild: caught up on {count} event(s) that arrived during the rebuild")
+    for old in previous:
+        await writer.delete_index(old)
+        progress(f"rebuild: deleted the previous index {old}")
+
+
+def stream_position(settings: Settings) -> dict[tuple[str, int], int]:
+    """Every CDC partition's log end now: what the lanes have yet to read starts at or after it."""
+    group = f"ki-replay-position-{uuid.uuid4().hex[:8]}"  # never joined: only its metadata and watermarks
+    consumer = make_kafka_consumer(settings, group, **{"enable.auto.commit": False})
+    try:
+        return _end_offsets(consumer, cdc_topics(settings))
+    finally:
+        consumer.close()
+
+
+def all_version_ids(engine: Engine) -> set[int]:
+    with engine.connect() as conn:
+        return {row.id for row in conn.execute(text("SELECT id FROM document_versions"))}
+
+
+async def rebuild_from_postgres(
+    settings: Settings, progress: Progress = _print_progress, on_progress: OnProgress = _no_progress
+) -> str:
+    """Rebuild without the topics' history (they were lost): PostgreSQL is read into a fresh physical index
+    while the lanes keep writing the live one, then the alias is swapped and the events since the start are
+    projected into the new index.
+
+    Why nothing is missed: the CDC topics' log ends are recorded *before* PostgreSQL is read. A change
+    committed before the read is in what the read sees; one committed after it reaches Kafka after the
+    recorded ends, so the catch-up from those ends (after the swap) or the lanes (at the alias) project it.
+    A change both see is projected twice, which is harmless: every write is the projection of PostgreSQL's
+    current state, conditional on the sequence numbers it read (the stale-write guard)."""
+    from streams.topics import compact_cdc_topics, ensure_topics
+
+    # The topics first (a broker away fails here, before the model is loaded): the lanes and Debezium need them.
+    created = await asyncio.to_thread(ensure_topics, settings)
+    compacted = await asyncio.to_thread(compact_cdc_topics, settings)
+    progress(
+        f"rebuild: CDC topics: {len(created)} created, {len(compacted)} set to compaction"
+        + (f" ({', '.join(created + compacted)})" if created or compacted else "")
+    )
+    embedder = create_embedder(settings)
+    client = make_client(settings)
+    engine = make_engine(settings)
+    physical = ""
+    swapped = False
+    try:
+        generation = time.strftime("%Y%m%d%H%M%S")
+        physical = physical_index_name(settings, embedder.signature, generation=generation)
+        sources = await indices_with_signature(client, [settings.retrieval.index_name], embedder.signature)
+        writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
+        await writer.create_physical(physical, embedder.signature)
+        for source in sources:
+            await writer.key_older_rows(source)
+        if sources:
+            progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
+        ends = await asyncio.to_thread(stream_position, settings)
+        progress(f"rebuild: stream position recorded ({len(ends)} partitions, {sum(ends.values())} events)")
+        progress(f"rebuild: reading PostgreSQL into {physical}")
+        ids = await asyncio.to_thread(all_version_ids, engine)
+        projector = Projector.on_postgres(settings, engine, writer, embedder)
+        await writer.pause_refresh()
+        try:
+            stats = await project_in_batches(projector, ids, on_progress)
+        finally:
+            await writer.resume_refresh()
+        progress(
+            f"rebuild: {stats.versions_projected} versions, {stats.rows_written} rows written, "
+            f"{stats.rows_embedded} embedded, {stats.rows_reused} with a reused vector"
+        )
+        previous = await _verify_and_swap(settings, engine, writer, physical, progress, within=ids)
+        swapped = True
+        await _catch_up(settings, writer, projector, ends, previous, progress, on_progress)
+        return physical
+    finally:
+        if physical and not swapped:  # failed or interrupted before the swap: the half-built index goes
+            with contextlib.suppress(Exception):
+                await client.indices.delete(index=physical, ignore_unavailable=True)
         await client.close()
         engine.dispose()
 

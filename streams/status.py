@@ -166,6 +166,9 @@ def describe_health(answer: dict[str, Any] | None) -> str:
     idle = answer.get("seconds_idle")
     if status == "paused":
         return f"paused ({answer.get('paused')}): it resumes by itself once the index takes writes again"
+    if status == "stalled" and answer.get("recreated_topics"):
+        topics = ", ".join(answer["recreated_topics"])
+        return f"stalled: its topics were created again under it ({topics}; `ki sync run` restarts it)"
     if status == "stalled":
         return f"stalled: lag and no progress for {idle} s (`ki sync run` restarts it)"
     if status == "ok":

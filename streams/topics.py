@@ -6,8 +6,8 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from ki.clients import kafka_error, make_kafka_admin
 from ki.db.models import CAPTURED_TABLES
@@ -16,7 +16,18 @@ from ki.settings import Settings
 from projections.cdc import message_topic, topic_name
 from projections.lanes import LANES, Lane, consumer_group, lane_topics
 
-__all__ = ["LANES", "Lane", "cdc_topics", "consumer_group", "ensure_topics", "lane_topics", "lane_web_port"]
+__all__ = [
+    "LANES",
+    "Lane",
+    "cdc_topics",
+    "compact_cdc_topics",
+    "consumer_group",
+    "ensure_topics",
+    "lane_topics",
+    "lane_web_port",
+    "not_compacted",
+    "topic_ids",
+]
 
 
 def cdc_topics(settings: Settings) -> list[str]:
@@ -61,3 +72,49 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             if not isinstance(error, AlreadyExists):  # a concurrent creator (Debezium) is fine
                 raise error from exc
     return created
+
+
+def not_compacted(policies: dict[str, str]) -> list[str]:
+    """The topics (name -> `cleanup.policy`) a broker's auto-creation left deleting old records: a CDC topic
+    that is not compacted loses rows once its retention passes, so it can no longer rebuild the index."""
+    return sorted(name for name, policy in policies.items() if "compact" not in policy.split(","))
+
+
+def compact_cdc_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Set `cleanup.policy=compact` on every CDC topic that is not (one the broker auto-created after the
+    topics were deleted, when Debezium or a consumer asked for it first); return the names changed."""
+    admin = make_kafka_admin(settings)
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in cdc_topics(settings) if name in existing]
+    if not resources:
+        return []
+    policies: dict[str, str] = {}
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+        entry = future.result().get("cleanup.policy")
+        policies[resource.name] = entry.value if entry is not None and entry.value else "delete"
+    changed = not_compacted(policies)
+    if not changed:
+        return []
+    compact = [ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)]
+    altered = [ConfigResource(ResourceType.TOPIC, name, incremental_configs=compact) for name in changed]
+    for _resource, future in admin.incremental_alter_configs(altered, request_timeout=timeout).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            raise kafka_error(exc) from exc
+    return changed
+
+
+def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 10.0) -> dict[str, str]:
+    """Each existing topic's id (a new one each time a topic is created; missing topics are left out)."""
+    existing = [t for t in topics if t in admin.list_topics(timeout=timeout).topics]
+    if not existing:
+        return {}
+    described = admin.describe_topics(TopicCollection(existing), request_timeout=timeout)
+    ids: dict[str, str] = {}
+    for name, future in described.items():
+        try:
+            ids[name] = str(future.result().topic_id)
+        except KafkaException:
+            continue  # deleted between the two requests
+    return ids

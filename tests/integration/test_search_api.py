@@ -448,6 +448,30 @@ def test_every_request_is_in_the_access_audit_for_administrators_only(
     assert server.call("/v1/audit?limit=0", token=admin)[1]["field"] == "limit"
 
 
+def test_the_audit_reads_only_the_hours_asked_and_refuses_bad_hours(
+    server: Server, engine: Engine, settings: Settings
+) -> None:
+    """`hours` filters the audit by age (a row written three hours ago is in the last 4 hours, not in the
+    last 2); a value that is not a whole number from 1 to a year's hours is a 400 naming the field."""
+    admin = mint_token(settings.api, "root", roles=["admin"])
+    who = f"user:aged-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO ki_access_audit (at, principals, endpoint, status, document_ids, version_ids) "
+                "VALUES (now() - interval '3 hours', ARRAY[:who], '/v1/search', 200, '{}', '{}')"
+            ),
+            {"who": who},
+        )
+    for hours, rows in ((2, 0), (4, 1)):
+        status, audit = server.call(f"/v1/audit?hours={hours}&principal={who}", token=admin)
+        assert status == 200 and len(audit["rows"]) == rows, (hours, audit)
+    for bad in ("0", "-1", "abc", "1.5", "9000", "99999999999999999999"):
+        status, content_type, payload = server.request(f"/v1/audit?hours={bad}", token=admin)
+        assert status == 400 and content_type.startswith("application/json"), (bad, status, payload)
+        assert json.loads(payload)["field"] == "hours", (bad, payload)
+
+
 def test_a_caller_over_the_rate_limit_waits_and_others_do_not(
     isolation: dict[str, str], data: Data, settings: Settings
 ) -> None:
@@ -518,6 +542,10 @@ def test_metrics(server: Server, data: Data, settings: Settings) -> None:
     )
 
 
+# Long enough for a gateway on this machine that answers at once, short enough to wait out once in a test.
+RERANK_TIMEOUT_S = 5
+
+
 def test_rerank_reorders_never_drops_and_fails_loudly(
     server: Server, data: Data, settings: Settings, isolation: dict[str, str]
 ) -> None:
@@ -534,6 +562,7 @@ def test_rerank_reorders_never_drops_and_fails_loudly(
         KI_RETRIEVAL__RERANK_ENABLED="true",
         KI_RETRIEVAL__RERANK__URL=gateway.url,
         KI_RETRIEVAL__RERANK_MODEL="test-reranker",
+        KI_RETRIEVAL__RERANK__TIMEOUT_S=str(RERANK_TIMEOUT_S),
         KI_RERANK_API_KEY="k-123",
     )
     reranking.start()
@@ -552,6 +581,13 @@ def test_rerank_reorders_never_drops_and_fails_loudly(
         # paging happens after the rerank: page 2 of size 1 is the second reranked hit
         status, page = reranking.call("/v1/search", {"query": data.word, "limit": 1, "offset": 1}, bob)
         assert status == 200 and doc_ids(page) == [order[1]] and page["has_more"] is True
+        # A gateway slower than retrieval.rerank.timeout_s: the search fails with 503, not an unreranked order.
+        asked = len(gateway.requests)
+        gateway.hold()
+        status, body = reranking.call("/v1/search", request, bob)
+        assert status == 503 and body["error"] == "rerank_unavailable", body
+        assert len(gateway.requests) == asked + 1  # it did reach the gateway, which never answered in time
+        gateway.release()
         for mode in ("error", "garbage"):
             gateway.mode = mode
             status, body = reranking.call("/v1/search", request, bob)

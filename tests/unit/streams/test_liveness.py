@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.liveness import LaneProgress, Liveness
+from streams.liveness import LaneProgress, Liveness, TopicIdentity
 from streams.status import describe_health
 
 
@@ -56,4 +56,20 @@ def test_sync_status_says_what_each_lane_worker_is_doing() -> None:
     assert describe_health(paused.to_json()).startswith("paused (index_read_only)")
     assert describe_health(stalled.to_json()).startswith("stalled: lag and no progress for 400.0 s")
     assert describe_health(None) == "no answer from a worker on this machine"
+    recreated = Liveness("access", True, 0, 1.0, 1.0, 1.0, recreated=("ki.public.grants",))
+    assert describe_health(recreated.to_json()).startswith("stalled: its topics were created again under it (ki.")
     assert describe_health({**base, "status": "odd"}).startswith("unexpected answer")
+
+
+def test_a_topic_created_again_under_the_lane_stalls_it_at_once_and_for_good() -> None:
+    topics = TopicIdentity()
+    assert topics.observe({"ki.public.grants": "id-1"}) == ()  # first seen
+    assert topics.observe({}) == ()  # deleted: the lane has no partition of it, nothing stale yet
+    assert topics.observe({"ki.public.grants": "id-1", "ki.message": "id-7"}) == ()  # appeared: first seen now
+    assert topics.observe({"ki.public.grants": "id-2", "ki.message": "id-7"}) == ("ki.public.grants",)
+    assert topics.observe({"ki.public.grants": "id-2", "ki.message": "id-7"}) == ("ki.public.grants",)  # sticky
+
+    lane = LaneProgress("access", started=0.0)
+    verdict = lane.verdict(0, now=1.0, stall_after_s=60, recreated=topics.recreated)  # no lag, young: still
+    assert verdict.stalled and verdict.to_json()["recreated_topics"] == ["ki.public.grants"]
+    assert lane.verdict(0, now=1.0, stall_after_s=60).to_json()["recreated_topics"] == []
