@@ -121,3 +121,20 @@ def test_the_threshold_is_the_emptiest_within_the_cost() -> None:
     ]
     assert neg.choose_threshold(curve, 0.70, 0.01)["threshold"] == 0.82
     assert neg.choose_threshold(curve, 0.80, 0.01) is None
+
+
+# --- the subsample a small run uses ---------------------------------------------------------------------------
+
+
+def test_a_subsample_keeps_every_judged_document_and_is_deterministic() -> None:
+    from apps.dev.eval.subsample import choose
+
+    corpus = [f"d{i}" for i in range(50)]
+    test = {f"t{i}": {f"d{i}": 1} for i in range(10)}
+    train = {f"r{i}": {f"d{10 + i}": 1, "gone": 1} for i in range(10)} | {"r-none": {"d30": 0}}
+    sample = choose(corpus, test, train, n_test=3, n_train=4, distractors=5, seed=1)
+    assert len(sample.test) == 3 and len(sample.train) == 4 and "r-none" not in sample.train
+    judged = {d for qrels in (sample.test, sample.train) for j in qrels.values() for d in j if d != "gone"}
+    assert judged <= set(sample.doc_ids) and len(sample.doc_ids) == len(judged) + 5
+    assert sample.doc_ids == [d for d in corpus if d in set(sample.doc_ids)]  # corpus order
+    assert choose(corpus, test, train, n_test=3, n_train=4, distractors=5, seed=1) == sample
