@@ -83,3 +83,25 @@ def per_category(run: Run, qrels: Qrels, categories: Mapping[str, str]) -> dict[
 
 def category_counts(categories: Mapping[str, str]) -> dict[str, int]:
     return {c: sum(1 for v in categories.values() if v == c) for c in CATEGORIES}
+
+
+def markdown_rows(name: str, record: Mapping[str, Any]) -> list[str]:
+    """BENCHMARKS.md rows of a report's `categories`: `| data set | category | queries | mode: nDCG@10 / MRR@10 /
+    recall@100 ... |`, one row per category (and the derived identifier queries)."""
+    modes = [m for m in ("lexical", "semantic", "hybrid") if m in record["results"]]
+
+    def cell(figures: Mapping[str, Any]) -> str:
+        if not figures.get("queries", 1) or "ndcg@10" not in figures:
+            return "–"
+        return f"{figures['ndcg@10']:.3f} / {figures['mrr@10']:.3f} / {figures['recall@100']:.3f}"
+
+    rows = []
+    for category in CATEGORIES:
+        count = record["counts"].get(category, 0)
+        cells = " | ".join(cell(record["results"][m][category]) for m in modes)
+        rows.append(f"| {name} | {category} | {count} | {cells} |")
+    derived = record.get("derived_identifier")
+    if derived:
+        rows.append(f"| {name} | identifier (title as query) | {derived['queries']} | "
+                    + " | ".join(cell(derived[m]) for m in modes) + " |")  # fmt: skip
+    return rows

@@ -23,6 +23,7 @@ import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Everyday words, far from statutes, encyclopaedia paragraphs about history and science, and biomedical abstracts;
 # those a corpus does contain are left out per data set (`real_word_queries`).
@@ -154,3 +155,27 @@ def choose_threshold(curve: Sequence[Mapping[str, object]], baseline_ndcg: float
     if not fits:
         return None
     return dict(max(fits, key=lambda p: (float(p["empty"]), float(p["ndcg@10"]))))  # type: ignore[arg-type]
+
+
+def markdown_curve(unanswerable: Mapping[str, Any]) -> list[str]:
+    """BENCHMARKS.md rows of a report's floor curve: per point the answerable nDCG@10 and the unanswerable queries'
+    empty share (all, real words, removed answers) on train and on test; the point chosen on train in bold."""
+    chosen = (unanswerable.get("chosen_on_train") or {}).get("threshold")
+
+    def side(figures: Mapping[str, Any] | None) -> str:
+        if not figures:
+            return "– | –"
+        kinds = figures.get("kinds", {})
+        parts = "/".join(f"{kinds[k]['empty']:.2f}" if k in kinds else "–" for k in ("real_word", "removed_answer"))
+        return f"{figures['ndcg@10']:.4f} | {figures['empty']:.2f} ({parts})"
+
+    configured, no_floor = unanswerable["configured"], unanswerable["no_floor"]
+    rows = [
+        f"| no floor | off | {side(no_floor.get('train'))} | {side(no_floor.get('test'))} |",
+        f"| {configured['floor']} (configured) | {'on' if configured['gates_answer'] else 'off'} | "
+        f"{side(configured.get('train'))} | {side(configured.get('test'))} |",
+    ]
+    for point in unanswerable["curve"]:
+        label = f"**{point['threshold']}**" if point["threshold"] == chosen else str(point["threshold"])
+        rows.append(f"| {label} | on | {side(point.get('train'))} | {side(point.get('test'))} |")
+    return rows

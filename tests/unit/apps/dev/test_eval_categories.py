@@ -138,3 +138,30 @@ def test_a_subsample_keeps_every_judged_document_and_is_deterministic() -> None:
     assert judged <= set(sample.doc_ids) and len(sample.doc_ids) == len(judged) + 5
     assert sample.doc_ids == [d for d in corpus if d in set(sample.doc_ids)]  # corpus order
     assert choose(corpus, test, train, n_test=3, n_train=4, distractors=5, seed=1) == sample
+
+
+MODES = ("lexical", "hybrid")
+
+
+def test_the_markdown_rows_name_every_category_and_the_chosen_floor() -> None:
+    figures = {"queries": 2, "ndcg@10": 0.5, "mrr@10": 0.25, "recall@100": 1.0}
+    empty = {"queries": 0}
+    record = {
+        "counts": {"identifier": 0, "exact_title": 0, "question": 2, "concept": 0},
+        "results": {m: {c: figures if c == "question" else empty for c in cat.CATEGORIES} for m in MODES},
+        "derived_identifier": {"queries": 3, "lexical": figures, "hybrid": figures},
+    }
+    rows = cat.markdown_rows("set", record)
+    assert rows[2] == "| set | question | 2 | 0.500 / 0.250 / 1.000 | 0.500 / 0.250 / 1.000 |"
+    assert rows[0] == "| set | identifier | 0 | – | – |"
+    assert rows[-1].startswith("| set | identifier (title as query) | 3 |")
+    shares = {"ndcg@10": 0.9, "empty": 0.5, "kinds": {"real_word": {"empty": 1.0}, "removed_answer": {"empty": 0.0}}}
+    curve = {
+        "configured": {"floor": 0.8, "gates_answer": False, "train": shares, "test": shares},
+        "no_floor": {"train": shares, "test": shares},
+        "curve": [{"threshold": 0.79, "train": shares, "test": shares}, {"threshold": 0.8, "train": shares}],
+        "chosen_on_train": {"threshold": 0.8},
+    }
+    lines = neg.markdown_curve(curve)
+    assert lines[1] == "| 0.8 (configured) | off | 0.9000 | 0.50 (1.00/0.00) | 0.9000 | 0.50 (1.00/0.00) |"
+    assert lines[-1] == "| **0.8** | on | 0.9000 | 0.50 (1.00/0.00) | – | – |"
