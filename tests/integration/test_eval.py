@@ -195,7 +195,7 @@ def test_categories_and_unanswerable_queries_with_the_floors_curve(run: dict) ->
     unanswerable = record["unanswerable"]
     assert unanswerable["queries"]["test"]["real_word"] == 2 and unanswerable["queries"]["test"]["removed_answer"] == 2
     floors = [point["threshold"] for point in unanswerable["curve"]]
-    assert len(floors) == 13 and floors == sorted(set(floors))
+    assert len(floors) == 9 and floors == sorted(set(floors))
     for point in [unanswerable["no_floor"], *unanswerable["curve"]]:
         for split in ("train", "test"):
             shares = point[split]
