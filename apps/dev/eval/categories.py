@@ -105,3 +105,17 @@ def markdown_rows(name: str, record: Mapping[str, Any]) -> list[str]:
         rows.append(f"| {name} | identifier (title as query) | {derived['queries']} | "
                     + " | ".join(cell(derived[m]) for m in modes) + " |")  # fmt: skip
     return rows
+
+
+# The eval report's parts a committed `--categories` figure keeps (benchmarks/<set>-categories.json).
+BENCHMARK_KEYS = ("dataset", "command", "machine", "versions", "settings", "corpus", "queries", "timings_s", "results",
+                  "categories")  # fmt: skip
+
+
+def benchmark_record(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A `--categories` report as committed beside the benchmarks: its figures, with the binding kept as
+    `binding_of_run`, so the mode gate never takes a subsample's run for evidence (it reads only reports with a
+    `binding`, and benchmarks/ holds the reports it ships)."""
+    out = {key: report[key] for key in BENCHMARK_KEYS if key in report}
+    out["binding_of_run"] = {"binding": report.get("binding"), "binding_hash": report.get("binding_hash")}
+    return out

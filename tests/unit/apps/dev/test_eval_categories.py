@@ -165,3 +165,20 @@ def test_the_markdown_rows_name_every_category_and_the_chosen_floor() -> None:
     lines = neg.markdown_curve(curve)
     assert lines[1] == "| 0.8 (configured) | off | 0.9000 | 0.50 (1.00/0.00) | 0.9000 | 0.50 (1.00/0.00) |"
     assert lines[-1] == "| **0.8** | on | 0.9000 | 0.50 (1.00/0.00) | – | – |"
+
+
+def test_a_committed_categories_record_is_no_evidence_for_the_mode_gate() -> None:
+    from search.ranking.mode_gate import parse_report
+
+    report = {
+        "dataset": {"name": "set"},
+        "results": {"lexical": {"ndcg@10": 0.5}, "hybrid": {"ndcg@10": 0.6}},
+        "categories": {"counts": {}},
+        "binding": {"dataset_sha256": "x"},
+        "binding_hash": "y",
+        "table": "...",
+    }
+    record = cat.benchmark_record(report)
+    assert parse_report("set-categories.json", record) is None
+    assert record["categories"] == {"counts": {}} and "table" not in record
+    assert record["binding_of_run"] == {"binding": {"dataset_sha256": "x"}, "binding_hash": "y"}
