@@ -328,7 +328,8 @@ class RetrievalSettings(_Section):
     semantic_floor: dict[str, float] = Field(default_factory=dict)
     # The floor decides the whole answer too: where the semantic leg found hits but none reaches the floor and
     # no identifier matched, the answer is empty (`no_credible_evidence`) although the lexical leg found words.
-    # Off by default: on the dev sets' train splits it costs more than 0.01 nDCG@10 (BENCHMARKS.md, issue 50).
+    # Off by default: at the shipped floor it adds little on the dev sets' train splits, at the floors where it helps
+    # it costs xquad-de more than 0.01 nDCG@10 (BENCHMARKS.md, issue 50 item 3).
     semantic_floor_gates_answer: bool = False
     # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
     # A request's `evidence_budget_chars` overrides it.
