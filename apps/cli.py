@@ -505,7 +505,8 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.eval.run import main as run_eval
 
     for flag, value, low in (("--limit-docs", args.limit_docs, 1), ("--queries", args.queries, 1),
-                             ("--concurrency", args.concurrency, 1), ("--batch-docs", args.batch_docs, 1)):  # fmt: skip
+                             ("--concurrency", args.concurrency, 1), ("--batch-docs", args.batch_docs, 1),
+                             ("--negatives", args.negatives, 1)):  # fmt: skip
         if value is not None and value < low:
             raise CliError(f"{flag} must be at least {low}")
     if args.timeout <= 0:
@@ -558,6 +559,8 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         drop=args.drop,
         self_check=args.self_check,
         train_fusions=not args.no_train_fusions,
+        categories=args.categories,
+        negatives=args.negatives,
         self_documents=args.self_documents,
         argv=tuple(sys.argv[1:]),
     )
@@ -868,6 +871,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--features", action="store_true",
                     help="also measure each ranking feature (identity, synonyms, semantic floor, graph augmentation) "
                     "switched from its default, top 10 on the test queries")  # fmt: skip
+    ev.add_argument("--categories", action="store_true",
+                    help="also report the figures per question category and run unanswerable queries against the "
+                    "semantic floor's answer gate, swept over floors (chosen on train, reported on test)")  # fmt: skip
+    ev.add_argument("--negatives", type=int, default=100,
+                    help="--categories: unanswerable queries per kind and split (default 100)")  # fmt: skip
     ev.add_argument("--analyzer", help="text analyzer of the eval index (default: retrieval.text_analyzer)")
     ev.add_argument("--out", help="output folder for JSON, per-query diff and PNG (default: build/eval)")
     ev.add_argument("--worker", choices=["auto", "external"], default="auto",

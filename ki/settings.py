@@ -326,6 +326,11 @@ class RetrievalSettings(_Section):
     # `ki eval --tune`); a signature without an entry has no floor.
     semantic_floor_enabled: bool = False
     semantic_floor: dict[str, float] = Field(default_factory=dict)
+    # The floor decides the whole answer too: where the semantic leg found hits but none reaches the floor and
+    # no identifier matched, the answer is empty (`no_credible_evidence`) although the lexical leg found words.
+    # Off by default: at the shipped floor it adds little on the dev sets' train splits, at the floors where it helps
+    # it costs xquad-de more than 0.01 nDCG@10 (BENCHMARKS.md, issue 50 item 3).
+    semantic_floor_gates_answer: bool = False
     # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
     # A request's `evidence_budget_chars` overrides it.
     evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)

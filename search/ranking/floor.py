@@ -13,7 +13,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ki.settings import RetrievalSettings
 from search.ranking.legs import LegHit
@@ -46,6 +46,16 @@ def apply_floor(hits: Sequence[LegHit], floor: float | None, space_type: str) ->
         return list(hits), 0
     kept = [h for h in hits if cosine_from_score(h.score, space_type) >= floor]
     return kept, len(hits) - len(kept)
+
+
+def floor_empties_answer(legs_before: Mapping[str, Sequence[LegHit]], semantic_kept: int) -> bool:
+    """`retrieval.semantic_floor_gates_answer`: the answer is empty when the semantic leg ran and found hits, the
+    floor kept none of them, and the identifier leg matched nothing. A lexical match alone is then not taken as
+    evidence: on a real word that no document is about, BM25 still finds the documents that use it."""
+    semantic = legs_before.get("semantic")
+    if not semantic or semantic_kept:
+        return False
+    return not legs_before.get("identifier")
 
 
 def floor_from_train(best_relevant: Sequence[float], keeps: float = FLOOR_KEEPS) -> float | None:

@@ -160,6 +160,8 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
     if retrieval.semantic_floor_enabled:
         floors = retrieval.semantic_floor
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
+        if retrieval.semantic_floor_gates_answer:  # enters only when on (reports measured before it still hold)
+            fields["semantic_floor_gates_answer"] = True
     if retrieval.graph_rag_enabled:
         r = retrieval
         fields["graph_rag"] = [r.graph_rag.seeds, r.graph_rag.max_added, r.graph_rag.hop_penalty]

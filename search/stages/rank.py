@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ki.settings import RetrievalSettings
 from search.pipeline import QueryContext, Stage
-from search.ranking.floor import apply_floor, floor_for
+from search.ranking.floor import apply_floor, floor_empties_answer, floor_for
 from search.ranking.fusion import apply_boost, apply_decay, apply_promoted, fuse
 from search.telemetry.metrics import SearchMetrics
 
@@ -26,10 +26,13 @@ class RankStage(Stage):
         legs = {str(leg): found for leg, found in ctx.run.hits.items()}
         floor = floor_for(r, self.signature())
         below_floor = 0
+        before = dict(legs)
         if "semantic" in legs:
             legs["semantic"], below_floor = apply_floor(legs["semantic"], floor, r.vector_space_type)
         if below_floor:
             self.metrics.floor_dropped.inc(below_floor)
+        if floor is not None and r.semantic_floor_gates_answer and floor_empties_answer(before, len(legs["semantic"])):
+            legs = {leg: [] for leg in legs}  # no credible evidence: the answer is empty, with that reason
         fused = fuse(legs, plan.weights, plan.fusion_method, plan.fusion_rrf_k, request.query)
         fused = apply_boost(fused, r.version_status_boost)
         if r.decay_enabled:

@@ -80,7 +80,8 @@ def run(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     _write_marker(settings, marker)  # in the main database's CDC stream while the eval runs
     # --fresh: drop what an earlier run left, so the rows travel the whole CDC path every time.
     started = time.monotonic()
-    done = _ki("eval", "--data", str(DATA), "--tune", "--features", "--fresh", "--out", str(out), "--timeout", "400")
+    done = _ki("eval", "--data", str(DATA), "--tune", "--features", "--categories", "--negatives", "2", "--fresh",
+               "--out", str(out), "--timeout", "400")  # fmt: skip
     seconds = time.monotonic() - started
     assert done.returncode == 0, f"ki eval failed ({done.returncode}):\n{done.stderr[-4000:]}"
     _write_marker(settings, marker + "b")
@@ -179,6 +180,29 @@ def test_the_semantic_floor_and_every_feature_off_and_on(run: dict) -> None:
     assert [r.dataset for r in found[1:]] == [f"mietrecht-mini ({v['name']})" for v in record["variants"]]
     assert len({r.binding["ranking_hash"] for r in found}) == len(found) - 1  # identity off ranks like the default
     assert any(line.startswith("| mietrecht-mini | graph_rag | off |") for line in record["features"]["markdown"])
+
+
+def test_categories_and_unanswerable_queries_with_the_floors_curve(run: dict) -> None:
+    """`--categories` (issue 50, item 3): the test queries' categories add up, and the unanswerable queries ran
+    against every floor of the sweep, on train and test, each answer counted once."""
+    record = run["record"]["categories"]
+    evaluated = run["record"]["queries"]["evaluated"]
+    assert sum(record["counts"].values()) == evaluated and record["counts"]["question"] > 0  # the set asks questions
+    for mode in ("lexical", "semantic", "hybrid"):
+        figures = record["results"][mode]
+        assert sum(f["queries"] for f in figures.values()) == evaluated
+        assert all(0.0 <= f["ndcg@10"] <= 1.0 for f in figures.values() if f["queries"])
+    unanswerable = record["unanswerable"]
+    assert unanswerable["queries"]["test"]["real_word"] == 2 and unanswerable["queries"]["test"]["removed_answer"] == 2
+    floors = [point["threshold"] for point in unanswerable["curve"]]
+    assert len(floors) == 9 and floors == sorted(set(floors))
+    for point in [unanswerable["no_floor"], *unanswerable["curve"]]:
+        for split in ("train", "test"):
+            shares = point[split]
+            assert shares["queries"] == 4
+            assert sum(shares[o] for o in ("empty", "empty_other", "wrong_hit", "leaked")) == pytest.approx(1.0)
+            assert shares["leaked"] == 0.0  # a removed document never comes back
+    assert unanswerable["no_floor"]["test"]["empty"] == 0.0  # without the floor the lexical leg always answers
 
 
 def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> None:

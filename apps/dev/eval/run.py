@@ -42,7 +42,7 @@ from sqlalchemy import Connection, Engine, bindparam, insert, text
 from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval import beir, citations, features, isolation, report, tuning, versioned
 from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
-from apps.dev.eval.queries import EvalError, MemoClient, Mode, Progress, run_queries
+from apps.dev.eval.queries import EvalError, MemoClient, Mode, Progress, hit_corpus_ids, run_queries
 from apps.dev.eval.queries import print_progress as _progress
 from apps.dev.eval.significance import paired_comparison
 from apps.runtime.processes import free_port
@@ -109,6 +109,8 @@ class EvalOptions:
     self_check: bool = False  # also run `ki eval --self` on the eval's world (apps.dev.eval.self_check)
     self_documents: int = 500  # documents the self-evaluation samples
     train_fusions: bool = True  # every fusion x semantic weight on the train split (where the default is chosen)
+    categories: bool = False  # per-category figures, unanswerable queries, the floor's sweep (eval.negatives)
+    negatives: int = 100  # --categories: unanswerable queries per kind and split
     drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
 
@@ -734,6 +736,9 @@ async def evaluate_dataset(
                 await measure("hybrid-tuned", mode_settings(es, "hybrid", best), "hybrid")
             if options.tune or options.tune_floor:
                 floor_record = await _tune_floor(phase)
+            category_record: dict[str, Any] | None = None
+            if options.categories:
+                category_record = await _categories(phase, test_queries, runs)
             feature_record: dict[str, Any] | None = None
             if options.features:
                 tuned_floor = floor_record.get("similarity") if floor_record else None
@@ -868,6 +873,8 @@ async def evaluate_dataset(
         "tuned": tuned,
         "tuning": tuning_record,
         "semantic_floor": floor_record,
+        # Per question category, and unanswerable queries against the floor's answer gate (issue 50, item 3)
+        "categories": category_record,
         "features": feature_record["features"] if feature_record else None,
         "binding": binding,
         "binding_hash": binding_hash(binding),
@@ -1219,3 +1226,216 @@ async def _measure_features(
         },
         "variants": variants,
     }
+
+
+# --- categories and unanswerable queries (issue 50, item 3) ----------------------------------------
+
+NEGATIVE_SEED = 50  # the unanswerable queries' seed: the same queries every run
+SWEEP_ANSWERABLE = 100  # answerable queries per split the sweep runs (sampled with NEGATIVE_SEED)
+DERIVED_IDENTIFIERS = 100  # identifier queries derived from the relevant documents' titles, at most
+MAX_NDCG_COST = 0.01  # what the answer gate may cost on the answerable train queries (nDCG@10)
+SWEEP_STEPS = 4  # the sweep's floors: the configured one (else SWEEP_CENTRE) +- this many steps of SWEEP_STEP
+SWEEP_STEP = 0.015
+SWEEP_CENTRE = 0.8
+
+
+def sweep_floors(configured: float | None) -> list[float]:
+    """The floors (cosine similarity) the sweep measures, each with the answer gate on."""
+    centre = SWEEP_CENTRE if configured is None else configured
+    return [round(centre + SWEEP_STEP * i, 3) for i in range(-SWEEP_STEPS, SWEEP_STEPS + 1)]
+
+
+@dataclass(frozen=True)
+class _Asked:
+    qid: str
+    text: str
+    removed: frozenset[str] = frozenset()
+
+
+async def _answers(
+    q: QueryPhase, run_settings: Settings, asked: Sequence[_Asked], scope: Any, client: Any, limit: int
+) -> dict[str, tuple[list[str], str | None]]:
+    """Each query's hits (corpus ids) and empty reason, in the caller's scope less the versions of its removed
+    documents (hidden from the caller, as a document missing from the corpus is)."""
+    from array import array
+    from dataclasses import replace
+
+    from search.request import parse_search_request
+    from search.service import SearchService
+
+    service = SearchService(run_settings, q.engine, client, q.embedder)
+    service.cache = q.cache
+    by_corpus: dict[str, list[int]] = {}
+    for version_id, corpus_id in q.loaded.versions.items():
+        by_corpus.setdefault(corpus_id, []).append(version_id)
+    gate = asyncio.Semaphore(q.options.concurrency)
+    out: dict[str, tuple[list[str], str | None]] = {}
+
+    async def one(item: _Asked) -> None:
+        body = {"query": item.text, "limit": limit, "mode": "hybrid", "filters": {"project_id": [q.loaded.project_id]}}
+        request = parse_search_request(body, run_settings.api)
+        narrowed = scope
+        if item.removed:
+            hidden = set(scope.hidden_version_ids) | {v for d in item.removed for v in by_corpus.get(d, ())}
+            narrowed = replace(scope, hidden_version_ids=array("q", sorted(hidden)))
+        async with gate:
+            result = await service.search_in_scope(q.principals, request, narrowed)
+        out[item.qid] = (hit_corpus_ids(result.hits, q.loaded.documents, q.versions), result.reason)
+
+    await asyncio.gather(*(one(item) for item in asked))
+    return out
+
+
+def _derived_identifier_queries(
+    data: Data, qrels: dict[str, dict[str, int]], titles: dict[str, str]
+) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """For a test query with one relevant document whose title names it as an identifier does ("§ 573 BGB"): that
+    title as a query of its own (at most DERIVED_IDENTIFIERS, the first by query id), judged as the query is."""
+    from apps.dev.eval.categories import assign_category
+
+    queries: dict[str, str] = {}
+    judged: dict[str, dict[str, int]] = {}
+    for qid in sorted(qrels):
+        relevant = [d for d, g in qrels[qid].items() if g > 0]
+        if len(relevant) != 1 or not titles.get(relevant[0]):
+            continue
+        title = titles[relevant[0]]
+        if assign_category(title, None, frozenset()) != "identifier":
+            continue
+        queries[f"id-{qid}"], judged[f"id-{qid}"] = title, dict(qrels[qid])
+        if len(queries) >= DERIVED_IDENTIFIERS:
+            break
+    return queries, judged
+
+
+async def _categories(
+    q: QueryPhase, test_queries: list[tuple[str, str]], runs: dict[str, dict[str, list[str]]]
+) -> dict[str, Any]:
+    """Per-category figures of the test runs, the identifier queries derived from titles, and the unanswerable
+    queries against the floor's answer gate over sweep_floors(): chosen on train, reported on test."""
+    import random
+
+    from apps.dev.eval import categories as cat
+    from apps.dev.eval import negatives as neg
+    from search.service import SearchService
+
+    began = time.monotonic()
+    data, settings = q.data, q.settings
+    metadata = beir.load_query_metadata(data.dataset.path)
+    titles = {d.id: d.title for d in data.docs}
+    assigned = cat.assign_all(dict(test_queries), metadata, titles.values())
+    results = {label: cat.per_category(runs[label], data.judged.qrels, assigned) for label in MODES if label in runs}
+    record: dict[str, Any] = {
+        "rule": "apps/dev/eval/categories.py (assign_category)",
+        "counts": cat.category_counts(assigned),
+        "results": results,
+    }
+    # -- identifier queries from titles (a data set whose queries name no identifier) --------------------
+    id_queries, id_qrels = _derived_identifier_queries(data, data.judged.qrels, titles)
+    if id_queries:
+        derived: dict[str, Any] = {"queries": len(id_queries), "source": "the relevant document's title"}
+        for mode in MODES:
+            service = SearchService(mode_settings(settings, mode), q.engine, q.client, q.embedder)
+            service.cache = q.cache
+            mode_run = await run_queries(
+                service, q.principals, list(id_queries.items()), project_id=q.loaded.project_id,
+                documents=q.loaded.documents, versions=q.versions, limit=EVAL_LIMIT,
+                concurrency=q.options.concurrency, label=f"identifier {mode}", mode=mode, progress=q.progress,
+            )  # fmt: skip
+            scores = evaluate(mode_run.run, id_qrels)
+            derived[mode] = {m: round(scores[m], 4) for m in METRICS}
+        record["derived_identifier"] = derived
+    # -- unanswerable queries and the sweep --------------------------------------------------------------
+    signature = q.embedder.signature
+    vocabulary = neg.corpus_vocabulary(t for d in data.docs for t in (d.title, d.text))
+    words = neg.split_words(neg.absent_words(data.dataset.language, vocabulary), NEGATIVE_SEED)
+    splits: dict[str, dict[str, Any]] = {}
+    train_judged = q.train_sample()[0].qrels if data.train is not None else {}
+    for split, qrels in (("train", train_judged), ("test", data.judged.qrels)):
+        if not qrels:
+            continue
+        ids = sorted(qrels)
+        answerable = sorted(random.Random(f"{NEGATIVE_SEED}:{split}").sample(ids, min(SWEEP_ANSWERABLE, len(ids))))
+        negatives = neg.real_word_queries(words[split], q.options.negatives, NEGATIVE_SEED, split)
+        negatives += neg.removed_answer_queries(qrels, data.queries, q.options.negatives, NEGATIVE_SEED, split)
+        splits[split] = {"answerable": answerable, "qrels": {i: qrels[i] for i in answerable}, "negatives": negatives}
+    memo = cast(AsyncOpenSearch, MemoClient(q.client))
+    probe_settings = mode_settings(settings, "hybrid")
+    scope = await SearchService(probe_settings, q.engine, memo, q.embedder).compile_scope(
+        q.principals, [q.loaded.project_id]
+    )
+
+    async def point(run_settings: Settings, split: str) -> dict[str, Any]:
+        s = splits[split]
+        asked = [_Asked(i, data.queries[i]) for i in s["answerable"]]
+        asked += [_Asked(n.qid, n.text, n.removed) for n in s["negatives"]]
+        answers = await _answers(q, run_settings, asked, scope, memo, TUNE_LIMIT)
+        ndcg = evaluate({i: answers[i][0] for i in s["answerable"]}, s["qrels"])["ndcg@10"]
+        kinds: dict[str, list[str]] = {}
+        for n in s["negatives"]:
+            kinds.setdefault(n.kind, []).append(neg.outcome(answers[n.qid][0], answers[n.qid][1], n.removed))
+        answerable_empty = sum(1 for i in s["answerable"] if not answers[i][0])
+        return {
+            "ndcg@10": round(ndcg, 4),
+            "answerable_empty": round(answerable_empty / len(s["answerable"]), 4),
+            **neg.shares(o for outcomes in kinds.values() for o in outcomes),
+            "kinds": {kind: neg.shares(outcomes) for kind, outcomes in kinds.items()},
+        }
+
+    def variant(floor: float | None, gates: bool) -> Settings:
+        update: dict[str, Any] = {"semantic_floor_enabled": floor is not None, "semantic_floor_gates_answer": gates}
+        if floor is not None:
+            update["semantic_floor"] = {**settings.retrieval.semantic_floor, signature: floor}
+        return with_overrides(probe_settings, {"retrieval": update})
+
+    started = time.monotonic()
+    shipped = settings.retrieval.semantic_floor.get(signature) if settings.retrieval.semantic_floor_enabled else None
+    configured = {"floor": shipped, "gates_answer": settings.retrieval.semantic_floor_gates_answer}
+    baseline = {split: await point(variant(shipped, settings.retrieval.semantic_floor_gates_answer), split)
+                for split in splits}  # fmt: skip
+    no_floor = {split: await point(variant(None, False), split) for split in splits}
+    curve: list[dict[str, Any]] = []
+    for floor in sweep_floors(settings.retrieval.semantic_floor.get(signature)):
+        entry: dict[str, Any] = {"threshold": floor, "gates_answer": True}
+        for split in splits:
+            entry[split] = await point(variant(floor, True), split)
+        curve.append(entry)
+        q.progress(f"eval: floor sweep {floor}: " + ", ".join(
+            f"{split} nDCG@10 {entry[split]['ndcg@10']:.4f} empty {entry[split]['empty']:.2f}" for split in splits
+        ) + f" ({time.monotonic() - started:.0f}s)")  # fmt: skip
+    chosen = None
+    if "train" in splits:
+        train_curve = [{"threshold": p["threshold"], **p["train"]} for p in curve]
+        chosen = neg.choose_threshold(train_curve, baseline["train"]["ndcg@10"], MAX_NDCG_COST)
+    reported = None
+    if chosen is not None and "test" in splits:
+        at = next(p for p in curve if p["threshold"] == chosen["threshold"])
+        cost = baseline["test"]["ndcg@10"] - at["test"]["ndcg@10"]
+        reported = {
+            "threshold": chosen["threshold"],
+            "test": at["test"],
+            "test_ndcg_cost": round(cost, 4),
+            "goal_met": at["test"]["empty"] >= 0.6 and cost <= MAX_NDCG_COST,
+        }
+    record["unanswerable"] = {
+        "seed": NEGATIVE_SEED,
+        "mode": "hybrid",
+        "hits_per_query": TUNE_LIMIT,
+        "words_absent_from_corpus": {split: len(w) for split, w in words.items()},
+        "queries": {
+            split: {
+                "answerable": len(s["answerable"]),
+                **{kind: sum(1 for n in s["negatives"] if n.kind == kind) for kind in ("real_word", "removed_answer")},
+            }
+            for split, s in splits.items()
+        },
+        "configured": {**configured, **baseline},
+        "no_floor": no_floor,
+        "curve": curve,
+        "max_ndcg_cost": MAX_NDCG_COST,
+        "chosen_on_train": chosen,
+        "reported_on_test": reported,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    record["seconds"] = round(time.monotonic() - began, 1)
+    return record

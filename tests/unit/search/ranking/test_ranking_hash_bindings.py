@@ -45,6 +45,7 @@ NOT_RANKING: dict[str, str] = {
 ENABLED_BY = {
     "decay_min_weight": "decay_enabled",
     "semantic_floor": "semantic_floor_enabled",
+    "semantic_floor_gates_answer": "semantic_floor_enabled",
     "graph_rag": "graph_rag_enabled",
     "synonyms": "synonyms_enabled",
 }

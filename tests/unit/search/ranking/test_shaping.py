@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ki.settings import SettingsError, load_settings
 from search.ranking.budget import fit_budget
-from search.ranking.floor import apply_floor, cosine_from_score, floor_for, floor_from_train
+from search.ranking.floor import apply_floor, cosine_from_score, floor_empties_answer, floor_for, floor_from_train
 from search.ranking.legs import LegHit
 
 SIGNATURE = "multilingual-e5-small-384"
@@ -66,6 +66,21 @@ def test_apply_floor_keeps_rank_order_and_counts_the_dropped():
     assert [h.id for h in kept] == ["a", "c"] and dropped == 1
     assert apply_floor(hits, None, "cosinesimil") == (hits, 0)
     assert apply_floor(hits, 0.95, "cosinesimil") == ([], 3)
+
+
+def test_the_floor_empties_the_answer_only_when_it_dropped_every_semantic_hit_and_no_identifier_matched():
+    hits = [leg_hit("c1", 1), leg_hit("c2", 2)]
+    lexical = [leg_hit("c3", 3)]
+    assert floor_empties_answer({"semantic": hits, "lexical": lexical}, 0)  # words alone are no evidence
+    assert not floor_empties_answer({"semantic": hits, "lexical": lexical}, 1)  # one hit reached the floor
+    assert not floor_empties_answer({"semantic": hits, "identifier": [leg_hit("c4", 4)]}, 0)  # an identifier matched
+    assert not floor_empties_answer({"semantic": [], "lexical": lexical}, 0)  # the leg found nothing to judge
+    assert not floor_empties_answer({"lexical": lexical}, 0)  # lexical mode: no semantic leg ran
+
+
+def test_the_answer_gate_is_off_by_default():
+    assert settings().retrieval.semantic_floor_gates_answer is False
+    assert settings(semantic_floor_gates_answer=True).retrieval.semantic_floor_gates_answer is True
 
 
 def test_floor_from_train_keeps_the_share_it_promises():
