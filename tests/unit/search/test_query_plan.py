@@ -96,8 +96,12 @@ def test_a_gate_flip_in_the_middle_of_a_request_does_not_change_its_plan() -> No
 
     class Probe(SearchService):
         def __init__(self) -> None:  # no clients: the steps below are stubs that record what they are given
+            from search.ports import SqlReader
+
             self.settings = load_settings(environ={})
             self.synonym_groups = None
+            none: Any = None
+            self.sql = SqlReader(self.settings, none, none)  # only its release grid is used
 
         async def embed_query(self, query: str, principals: Any = ()) -> list[float]:
             embedded.append(query)
