@@ -15,9 +15,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import OpenSearchException
 
-from ki.clients import opensearch_error
+from ki.clients import opensearch_errors
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, strict_filter
 from search.ranking.fusion import Candidate
 from search.ranking.legs import SOURCE_INCLUDES, LegHit, LegName, LegRun, knn_clause, run_legs
@@ -84,10 +83,8 @@ class ScopedIndex:
 
     async def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Await an OpenSearch call; its failures come out as `ki.errors` types."""
-        try:
+        with opensearch_errors():
             return await coro
-        except OpenSearchException as exc:
-            raise opensearch_error(exc) from exc
 
     async def search(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """One query's hits (the caller builds `body` on `request_filter`)."""

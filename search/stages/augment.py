@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from ki.errors import KiError
 from ki.settings import RetrievalSettings
 from search.access.reverify import VerifiedVersion
@@ -70,7 +68,7 @@ class GraphAugmentation(Stage):
 
     name = "graph"
     fallback = "graph_failed"
-    recoverable = (KiError, SQLAlchemyError)
+    recoverable = (KiError,)
 
     def __init__(self, retrieval: RetrievalSettings, metrics: SearchMetrics, augment: Augment) -> None:
         self.retrieval, self.metrics, self.augment = retrieval, metrics, augment

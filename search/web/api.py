@@ -27,7 +27,6 @@ from typing import Any
 
 from aiohttp import web
 
-from ki.clients import as_ki_error
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search import after_answer
@@ -110,12 +109,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
         raise
-    except Exception as exc:
-        error = as_ki_error(exc)  # ours, or a client library's exception read in ki.clients
-        if error is None:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return _error(500, "internal_error", "internal error")
-        return error_response(error, f"{request.method} {request.path}")
+    except KiError as exc:  # the only errors the ports raise: each adapter maps its client's where it calls it
+        return error_response(exc, f"{request.method} {request.path}")
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, "internal_error", "internal error")
 
 
 async def _principals(request: web.Request) -> list[str]:
