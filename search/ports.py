@@ -24,7 +24,8 @@ from ki.settings import Settings
 from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import CompiledScope
 from search.after_answer import start_after_answer
-from search.ranking.mode_gate import GateDecision, SelfEvidence, Trust, decide, load_reports, load_self_evidence
+from search.ranking.mode_gate import GateDecision, SelfEvidence, Trust, decide, load_reports
+from search.ranking.sql_reads import load_self_evidence
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,17 @@ from opensearchpy import AsyncOpenSearch
 from ki.clients import opensearch_errors
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, strict_filter
 from search.ranking.fusion import Candidate
-from search.ranking.legs import SOURCE_INCLUDES, LegHit, LegName, LegRun, knn_clause, run_legs
+from search.ranking.legs import (
+    LEGS,
+    SOURCE_INCLUDES,
+    LegHit,
+    LegName,
+    LegRun,
+    knn_clause,
+    leg_took,
+    msearch_lines,
+    parse_msearch,
+)
 from search.ranking.neighbours import plan_neighbours
 from search.request import SearchFilters, SearchRequest, metadata_clauses, point_in_time_clauses
 
@@ -72,6 +82,14 @@ def prefix_end(candidates: Sequence[Candidate], n: int) -> int:
     while 0 < n < len(candidates) and candidates[n].score == candidates[n - 1].score:
         n += 1
     return n
+
+
+async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:
+    """All active legs in one `_msearch` round-trip (none sent if no leg is active)."""
+    if not bodies:
+        return LegRun({name: [] for name in LEGS}, {})
+    response = await client.msearch(body=msearch_lines(index, bodies))
+    return LegRun(parse_msearch(bodies, response), leg_took(bodies, response))
 
 
 class ScopedIndex:
