@@ -16,6 +16,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import BigInteger
 
+from ki.clients import database_errors
 from search.ranking.fusion import Candidate
 from search.ranking.mode_gate import SelfEvidence, Trust, parse_self_report
 
@@ -50,11 +51,12 @@ _SELF_EVAL_SQL = text("SELECT id, at, decision, report FROM ki_self_eval ORDER B
 
 async def load_self_evidence(engine: AsyncEngine, trust: Trust) -> SelfEvidence | None:
     """The newest `ki_self_eval` row as evidence (None: no row, or a schema without the table)."""
-    try:
-        async with engine.connect() as conn:
-            row = (await conn.execute(_SELF_EVAL_SQL)).first()
-    except ProgrammingError:  # not migrated to 0009 yet
-        return None
+    with database_errors():  # any other failure comes out as ki.errors
+        try:
+            async with engine.connect() as conn:
+                row = (await conn.execute(_SELF_EVAL_SQL)).first()
+        except ProgrammingError:  # not migrated to 0009 yet
+            return None
     if row is None:
         return None
     return parse_self_report(int(row.id), row.at.isoformat(timespec="seconds"), str(row.decision), row.report, trust)

@@ -26,8 +26,11 @@ from ki.embedding.http import HttpEmbedder
 from ki.errors import ConnectionLost, Rejected, SearchUnavailable, Unavailable
 from ki.kafka_offsets import topic_partitions
 from ki.settings import Settings
+from search.operations import Operations
 from search.ports import SqlReader
+from search.ranking.mode_gate import Trust
 from search.ranking.scoped import ScopedIndex
+from search.ranking.sql_reads import load_self_evidence
 from search.telemetry.metrics import SearchMetrics
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,6 +52,27 @@ def test_sql_reader_raises_ours_when_postgresql_is_unreachable() -> None:
                 with pytest.raises(Unavailable) as raised:
                     await call(lambda conn: None)
                 assert raised.value.service == "postgresql"
+                assert isinstance(raised.value.__cause__, SQLAlchemyError)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(read())
+
+
+def test_the_operations_and_the_mode_gate_reads_raise_ours_when_postgresql_is_unreachable() -> None:
+    async def read() -> None:
+        engine = create_async_engine(f"postgresql+psycopg://ki@127.0.0.1:{_closed_port()}/ki")
+        none: Any = None  # no OpenSearch client: these reads do not reach it
+        operations = Operations(Settings.model_validate({"api": {"audit": {"enabled": False}}}), engine, none,
+                                SearchMetrics())  # fmt: skip
+        try:
+            for call in (
+                operations.is_admin(["user:anna"]),
+                operations.stats_summary(1),
+                load_self_evidence(engine, Trust()),
+            ):
+                with pytest.raises(Unavailable) as raised:
+                    await call
                 assert isinstance(raised.value.__cause__, SQLAlchemyError)
         finally:
             await engine.dispose()
