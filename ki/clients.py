@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -278,31 +278,27 @@ def database_error(exc: SQLAlchemyError) -> KiError:
 
 
 @contextmanager
-def database_errors() -> Iterator[None]:
+def _as_ours(foreign: type[Exception], mapped: Callable[[Any], KiError]) -> Iterator[None]:
+    try:
+        yield
+    except foreign as exc:
+        raise mapped(exc) from exc
+
+
+def database_errors() -> AbstractContextManager[None]:
     """Around PostgreSQL calls: SQLAlchemy's exceptions come out as ours (`database_error`), theirs chained."""
-    try:
-        yield
-    except SQLAlchemyError as exc:
-        raise database_error(exc) from exc
+    return _as_ours(SQLAlchemyError, database_error)
 
 
-@contextmanager
-def opensearch_errors() -> Iterator[None]:
+def opensearch_errors() -> AbstractContextManager[None]:
     """Around OpenSearch calls: opensearch-py's exceptions come out as ours (`opensearch_error`), theirs chained."""
-    try:
-        yield
-    except OpenSearchException as exc:
-        raise opensearch_error(exc) from exc
+    return _as_ours(OpenSearchException, opensearch_error)
 
 
-@contextmanager
-def kafka_errors() -> Iterator[None]:
-    """Around Kafka admin and client calls: confluent-kafka's exceptions come out as ours (`kafka_error`),
-    theirs chained."""
-    try:
-        yield
-    except KafkaException as exc:
-        raise kafka_error(exc) from exc
+def kafka_errors() -> AbstractContextManager[None]:
+    """Around Kafka admin and client calls: confluent-kafka's exceptions come out as ours (`kafka_error`), theirs
+    chained."""
+    return _as_ours(KafkaException, kafka_error)
 
 
 def as_ki_error(exc: BaseException) -> KiError | None:
