@@ -4,9 +4,11 @@ PostgreSQL engines (sync and asyncio), OpenSearch clients (sync and asyncio), Ka
 clients (the worker's own Kafka clients are Faust's). Everything that talks to a service gets its client
 here, so connection options (and, later, TLS and credentials) are decided once.
 
-It is also the one boundary where these clients' exceptions become ours (`ki.errors`): one function per
-library (`opensearch_error`, `kafka_error`, `database_error`) reads the foreign exception's type, HTTP
-status or error code, never its text, and `as_ki_error` picks the right one for any exception.
+It also decides how these clients' exceptions become ours (`ki.errors`): one function per library
+(`opensearch_error`, `kafka_error`, `database_error`) reads the foreign exception's type, HTTP status or error
+code, never its text; one context manager per library (`opensearch_errors`, `kafka_errors`,
+`database_errors`) applies it where a client is called, the original chained as the cause; `as_ki_error` picks
+the right one for any exception (for code that runs several clients, such as a lane's batch).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from sqlalchemy.pool import NullPool
 from ki.errors import (
     TOO_MANY_CLAUSES_TYPES,
     AlreadyExists,
+    ConnectionLost,
     IndexReadOnly,
     ItemFailure,
     KiError,
@@ -261,13 +266,39 @@ def kafka_error(exc: KafkaException | KafkaError) -> KiError:
 
 
 def database_error(exc: SQLAlchemyError) -> KiError:
-    """A lost or refused connection, a pool timeout, a restarting server (SQLAlchemy's `OperationalError`
-    and `InterfaceError`) are `Unavailable`; anything else PostgreSQL refuses is `Rejected`."""
+    """A pooled connection the server had closed is `ConnectionLost`; a refused connection, a pool timeout, a
+    restarting server (SQLAlchemy's `OperationalError` and `InterfaceError`) are `Unavailable`; anything else
+    PostgreSQL refuses is `Rejected`."""
     message = f"PostgreSQL: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
-    if lost or isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return ConnectionLost(message)
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
         return Unavailable(message, service="postgresql")
     return Rejected(message, service="postgresql")
+
+
+@contextmanager
+def _as_ours(foreign: type[Exception], mapped: Callable[[Any], KiError]) -> Iterator[None]:
+    try:
+        yield
+    except foreign as exc:
+        raise mapped(exc) from exc
+
+
+def database_errors() -> AbstractContextManager[None]:
+    """Around PostgreSQL calls: SQLAlchemy's exceptions come out as ours (`database_error`), theirs chained."""
+    return _as_ours(SQLAlchemyError, database_error)
+
+
+def opensearch_errors() -> AbstractContextManager[None]:
+    """Around OpenSearch calls: opensearch-py's exceptions come out as ours (`opensearch_error`), theirs chained."""
+    return _as_ours(OpenSearchException, opensearch_error)
+
+
+def kafka_errors() -> AbstractContextManager[None]:
+    """Around Kafka admin and client calls: confluent-kafka's exceptions come out as ours (`kafka_error`), theirs
+    chained."""
+    return _as_ours(KafkaException, kafka_error)
 
 
 def as_ki_error(exc: BaseException) -> KiError | None:

@@ -6,6 +6,7 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
     ├── TransientError          goes away by itself; retry later (the worker retries forever, the API says 503/429)
     │   ├── Unavailable         a service we depend on did not answer (unreachable, timed out, 429/5xx); `.service`
     │   │   ├── SearchUnavailable           OpenSearch
+    │   │   ├── ConnectionLost              a pooled PostgreSQL connection the server had closed
     │   │   ├── RerankUnavailable           the rerank gateway (search/ranking/rerank.py)
     │   │   └── EmbeddingUnavailable        the embedding service, after its own retries (ki/embedding)
     │   ├── Overloaded          the search API is at capacity (search/web/admission.py)
@@ -32,8 +33,12 @@ Whether retrying can help is decided by the TYPE, never by reading a message:
 
 Leaves that one module raises live in that module; the categories several modules share live here.
 Foreign exceptions (opensearch-py, confluent-kafka, SQLAlchemy) become these types in one function per
-library in `ki.clients`, beside the code that builds those clients; aiohttp's in `search/ranking/rerank.py`, the
-one aiohttp client. The search API maps the tree to HTTP in one table (`search/web/errors.py`).
+library in `ki.clients`, beside the code that builds those clients, and where a client is called (the adapter
+behind a port: `search.ports.SqlReader`, `search.ranking.scoped.ScopedIndex`, `search.consistency`,
+`ki.kafka_offsets`, ...) through that library's context manager there (`database_errors`, `opensearch_errors`,
+`kafka_errors`), so no foreign exception crosses a port; aiohttp's in `search/ranking/rerank.py`, the one
+aiohttp client; urllib's and the model runtime's in `ki/embedding`. The search API maps the tree to HTTP in one
+table (`search/web/errors.py`) and sees nothing else.
 
 This module imports nothing but the standard library, so every layer (also the pure `projections/`) may
 use it.
@@ -75,6 +80,13 @@ class SearchUnavailable(Unavailable):
     """OpenSearch could not answer (unreachable, timed out, overloaded, a shard failing)."""
 
     service = "opensearch"
+
+
+class ConnectionLost(Unavailable):
+    """A pooled PostgreSQL connection that the server had closed meanwhile (a restart, an idle timeout): the
+    pool replaces it, so the same read on a fresh connection can succeed at once (`search.ports.SqlReader`)."""
+
+    service = "postgresql"
 
 
 # -- permanent -----------------------------------------------------------------------------------

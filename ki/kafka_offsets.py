@@ -1,6 +1,6 @@
 """Where a consumer group stands in its topics: each partition's committed offset against its log end. Read by
 `ki sync status` and the lanes' lag metrics (`streams.status`) and by the search API's wait for a writer's
-consistency token (`search.consistency`)."""
+consistency token (`search.consistency`). The admin client's failures come out as `ki.errors` (`kafka_errors`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from ki.clients import kafka_errors
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class PartitionLag:
 
 def topic_partitions(admin: AdminClient, topics: list[str], timeout_s: float = 10) -> list[TopicPartition]:
     """Every partition of the topics that exist, as the broker has them."""
-    metadata = admin.list_topics(timeout=timeout_s)
+    with kafka_errors():
+        metadata = admin.list_topics(timeout=timeout_s)
     return [TopicPartition(t, p) for t in topics if t in metadata.topics for p in metadata.topics[t].partitions]
 
 
@@ -38,7 +41,8 @@ def committed_offsets(admin: AdminClient, group: str, partitions: list[TopicPart
     if not partitions:
         return {}
     request = [ConsumerGroupTopicPartitions(group, partitions)]
-    listed = admin.list_consumer_group_offsets(request)[group].result().topic_partitions
+    with kafka_errors():
+        listed = admin.list_consumer_group_offsets(request)[group].result().topic_partitions
     return {(tp.topic, tp.partition): tp.offset for tp in listed}
 
 
@@ -48,8 +52,9 @@ def log_ends(admin: AdminClient, partitions: list[TopicPartition], timeout_s: fl
     if not partitions:
         return {}
     asked = {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in partitions}
-    answered = admin.list_offsets(asked, request_timeout=timeout_s)
-    return {(tp.topic, tp.partition): int(future.result().offset) for tp, future in answered.items()}
+    with kafka_errors():
+        answered = admin.list_offsets(asked, request_timeout=timeout_s)
+        return {(tp.topic, tp.partition): int(future.result().offset) for tp, future in answered.items()}
 
 
 def group_lag(admin: AdminClient, group: str, topics: list[str]) -> list[PartitionLag]:

@@ -533,6 +533,10 @@ class StreamsSettings(_Section):
     # The address the lanes' /metrics and /healthz listen on: loopback unless a scraper in another container
     # or pod must reach them (they say nothing about documents: counts, lag, timings).
     web_bind: str = Field("127.0.0.1", min_length=1)
+    # Where the lanes keep what Faust writes to disk (it makes a directory even with in-memory tables):
+    # `<data_dir>/faust/<consumer group>`. Empty: `stack.home`, where they kept it before this setting existed
+    # (the image and the systemd units still set KI_STACK__HOME for it); see `Settings.lanes_data_dir`.
+    data_dir: str = ""
     dlq_topic: str = "ki.dlq"
     # Access lane: grants, memberships, aliases, observations, soft deletes, text-first rows -- nothing it
     # does embeds, so it takes big batches and commits after each. Big enough that a bulk import's events
@@ -808,6 +812,9 @@ class McpSettings(_Section):
 
 
 class StackSettings(_Section):
+    """The local stack's (`ki stack`, apps/dev/stack): where it lives, its JVMs and its profiles. Dev tooling;
+    of these the runtime reads only `home`, and that only where `streams.data_dir` is unset."""
+
     home: str = "~/.cache/ki-sidecar"
     java_home: str = ""
     opensearch_heap: str = "1g"
@@ -840,6 +847,11 @@ class Settings(_Section):
     oidc: OidcSettings = OidcSettings()
     mcp: McpSettings = McpSettings()
     stack: StackSettings = StackSettings()
+
+    def lanes_data_dir(self) -> Path:
+        """The sync lanes' own files: `streams.data_dir`, else `stack.home` (the local stack's home, which
+        deployments set for this before `streams.data_dir` existed; the runtime reads nothing else of `stack`)."""
+        return Path(self.streams.data_dir or self.stack.home).expanduser()
 
     def secrets(self) -> list[str]:
         """Every secret value set (passwords, the JWT secret), longest first."""

@@ -42,9 +42,8 @@ from typing import Any, Literal, Protocol
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import OpenSearchException
 
-from ki.clients import make_kafka_admin, make_kafka_consumer, opensearch_error
+from ki.clients import kafka_errors, make_kafka_admin, make_kafka_consumer, opensearch_errors
 from ki.errors import RequestInvalid, TransientError
 from ki.kafka_offsets import committed_offsets, log_ends, topic_partitions
 from ki.settings import Settings
@@ -208,6 +207,10 @@ class KafkaLanePositions:
         return self._admin, self._consumer
 
     def heartbeat_lsn(self) -> int | None:
+        with kafka_errors():
+            return self._heartbeat_lsn()
+
+    def _heartbeat_lsn(self) -> int | None:
         admin, consumer = self._clients()
         if not self._following:
             # Assigned once, a few records before the end (a tombstone may follow a delete); from then on the
@@ -250,12 +253,14 @@ class KafkaLanePositions:
         return self._partitions[lane]
 
     def log_ends(self, lane: Lane) -> Offsets:
-        admin, _ = self._clients()
-        return log_ends(admin, self._lane_partitions(lane))
+        with kafka_errors():
+            admin, _ = self._clients()
+            return log_ends(admin, self._lane_partitions(lane))
 
     def committed(self, lane: Lane) -> Offsets:
-        admin, _ = self._clients()
-        return committed_offsets(admin, consumer_group(self.settings, lane), self._lane_partitions(lane))
+        with kafka_errors():
+            admin, _ = self._clients()
+            return committed_offsets(admin, consumer_group(self.settings, lane), self._lane_partitions(lane))
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -283,9 +288,7 @@ def consistency_gate(settings: Settings, client: AsyncOpenSearch) -> Consistency
     alias = settings.retrieval.index_name
 
     async def refresh() -> object:
-        try:
+        with opensearch_errors():
             return await client.indices.refresh(index=alias)
-        except OpenSearchException as exc:
-            raise opensearch_error(exc) from exc
 
     return ConsistencyGate(KafkaLanePositions(settings), refresh, limits.max_wait_s, limits.poll_ms / 1000)

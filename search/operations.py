@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ki.acl import resolve_caller
+from ki.clients import database_errors
 from ki.principals import canonical_principal
 from ki.settings import Settings
 from search.access.invalidation import InvalidationFeed
@@ -75,8 +76,9 @@ class Operations:
     async def is_admin(self, principals: Sequence[str]) -> bool:
         """Whether the caller is an administrator (aliases and groups resolved in SQL, as for search)."""
         security = self.settings.security
-        async with self.engine.connect() as conn:
-            caller = await conn.run_sync(lambda c: resolve_caller(c, principals, security))
+        with database_errors():
+            async with self.engine.connect() as conn:
+                caller = await conn.run_sync(lambda c: resolve_caller(c, principals, security))
         return caller.is_admin
 
     def audit_request(self, principals: Sequence[str], endpoint: str, status: int, answer: Any) -> None:
@@ -89,8 +91,9 @@ class Operations:
         if self.audit is None:
             return {"enabled": False, "rows": []}
         await self.audit.flush()
-        async with self.engine.connect() as conn:
-            rows = await conn.run_sync(lambda c: read_audit(c, hours, principal, limit))
+        with database_errors():
+            async with self.engine.connect() as conn:
+                rows = await conn.run_sync(lambda c: read_audit(c, hours, principal, limit))
         return {"enabled": True, "rows": rows}
 
     async def stats_summary(self, hours: int) -> dict[str, Any]:
@@ -98,8 +101,9 @@ class Operations:
         first."""
         if self.stats is not None:
             await self.stats.flush()
-        async with self.engine.connect() as conn:
-            out = await conn.run_sync(lambda c: stats_summary(c, hours))
+        with database_errors():
+            async with self.engine.connect() as conn:
+                out = await conn.run_sync(lambda c: stats_summary(c, hours))
         return {"enabled": self.stats is not None, **out}
 
     async def refresh_index_gauges(self, timeout_s: float) -> str | None:

@@ -16,14 +16,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ki.clients import database_errors
+from ki.errors import ConnectionLost
 from ki.settings import Settings
 from search.access.reverify import VerifiedVersion, reverify
 from search.access.scope import CompiledScope
 from search.after_answer import start_after_answer
-from search.ranking.mode_gate import GateDecision, SelfEvidence, Trust, decide, load_reports, load_self_evidence
+from search.ranking.mode_gate import GateDecision, SelfEvidence, Trust, decide, load_reports
+from search.ranking.sql_reads import load_self_evidence
 
 log = logging.getLogger(__name__)
 
@@ -36,29 +38,31 @@ T = TypeVar("T")
 
 class SqlReader:
     """PostgreSQL for reading: `read` on the service's connections, `verified_read` (and `reverify`) on the
-    re-verify's (`ki.clients.make_async_engine(generic_plans=True)` in the API)."""
+    re-verify's (`ki.clients.make_async_engine(generic_plans=True)` in the API). What PostgreSQL or the pool
+    raise comes out as `ki.errors` (`ki.clients.database_errors`): the stages never see SQLAlchemy's errors."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, verify_engine: AsyncEngine) -> None:
         self.settings, self.engine, self.verify_engine = settings, engine, verify_engine
 
     async def read(self, work: Callable[[Connection], T]) -> T:
         """`work` on one of the service's connections."""
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(work)
+        with database_errors():
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(work)
 
     async def verified_read(self, work: Callable[[Connection], T]) -> T:
         """`work` (reads only) on a re-verify connection. The pool lends connections without a ping (a round
         trip on every search); one that PostgreSQL dropped meanwhile (a restart, an idle timeout) fails
         once, the pool replaces it, and the read runs again on a fresh connection."""
         try:
+            with database_errors():
+                async with self.verify_engine.connect() as conn:
+                    return await conn.run_sync(work)
+        except ConnectionLost as exc:
+            log.info("a re-verify connection was gone (%s); reading again on a fresh one", exc)
+        with database_errors():
             async with self.verify_engine.connect() as conn:
                 return await conn.run_sync(work)
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            log.info("a re-verify connection was gone (%s); reading again on a fresh one", type(exc.orig).__name__)
-        async with self.verify_engine.connect() as conn:
-            return await conn.run_sync(work)
 
     async def reverify(
         self,

@@ -29,7 +29,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import faust
@@ -85,7 +84,7 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
     # Faust creates its data directory even with in-memory tables (without parents): keep it out of
     # the working directory.
     group = consumer_group(settings, lane)
-    datadir = Path(settings.stack.home).expanduser() / "faust" / group
+    datadir = settings.lanes_data_dir() / "faust" / group
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         group,

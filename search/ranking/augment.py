@@ -5,7 +5,8 @@ documents into the pool, each with its best chunk for the query, scored as the c
 a hop penalty. Bounded at every step (seeds, documents added), scoped like the legs (the scope filter and
 the request's filters go into the one OpenSearch query; the scope admits each document; the re-verify
 checks each hit in SQL as it does every other), and additive: a ranked candidate is never dropped, only
-moved down by an added document that scores above it. Pure parts here; the I/O is in `SearchService`.
+moved down by an added document that scores above it. Pure parts here; the SQL reads are in
+`search.ranking.sql_reads`, the OpenSearch query runs through `search.ranking.scoped` (search.stages.augment).
 """
 
 from __future__ import annotations
@@ -14,20 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.types import BigInteger
-
 from search.ranking.fusion import Candidate
-
-_REFERENCES_SQL = text(
-    """
-    SELECT r.from_document_id, r.to_document_id, d.project_id
-    FROM relations r JOIN documents d ON d.id = r.to_document_id
-    WHERE r.kind = 'references' AND r.from_document_id = ANY(:seeds) AND d.deleted_at IS NULL
-    ORDER BY r.from_document_id, r.to_document_id
-    """
-).bindparams(bindparam("seeds", type_=ARRAY(BigInteger)))
 
 
 @dataclass(frozen=True)
@@ -35,14 +23,6 @@ class Cited:
     document_id: int
     project_id: int
     seed_score: float  # the best score among the seeds that cite it
-
-
-def cited_documents(conn: Connection, seeds: Sequence[Candidate]) -> list[tuple[int, int, int]]:
-    """(citing document, cited document, cited document's project) of every forward `references` edge."""
-    ids = sorted({c.document_id for c in seeds})
-    if not ids:
-        return []
-    return [(r.from_document_id, r.to_document_id, r.project_id) for r in conn.execute(_REFERENCES_SQL, {"seeds": ids})]
 
 
 def plan_additions(
@@ -101,14 +81,6 @@ def merge(kept: Sequence[Candidate], added: Sequence[Candidate]) -> list[Candida
     """Ranked and added candidates by score; on a tie the ranked one stays ahead (a stable sort). Nothing is
     dropped."""
     return sorted([*kept, *added], key=lambda c: -c.score)
-
-
-_DOC_TYPE_SQL = text("SELECT id FROM ontology_nodes WHERE key = :key AND kind = 'doc_type'")
-
-
-def doc_type_id(conn: Connection, key: str) -> int | None:
-    found = conn.execute(_DOC_TYPE_SQL, {"key": key}).scalar()
-    return None if found is None else int(found)
 
 
 def authoritative_body(query: str, strict: dict[str, Any], node_id: int, source_includes: list[str]) -> dict[str, Any]:

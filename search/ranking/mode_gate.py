@@ -26,7 +26,8 @@ package pins (the reports shipped with this version, `PINNED_REPORTS`) or that a
 and whose measured latency, memory and index size are within `retrieval.mode_gate.max_*`; a self-eval report only
 when signed. Anything else is no evidence (keyword-only), logged once with the reason.
 
-Pure apart from `load_reports` (reads files), `Trust.of` (reads key files) and `load_self_evidence` (reads one row).
+Pure apart from `load_reports` (reads files) and `Trust.of` (reads key files); the self-eval row is read in
+`search.ranking.sql_reads.load_self_evidence`.
 """
 
 from __future__ import annotations
@@ -257,22 +258,6 @@ def parse_self_report(
         return None
     mode: Mode = "hybrid" if decision == "hybrid" else "lexical"
     return SelfEvidence(report_id, at, {k: str(v) for k, v in binding.items()}, mode, summary)
-
-
-async def load_self_evidence(engine: Any, trust: Trust) -> SelfEvidence | None:
-    """The newest `ki_self_eval` row as evidence (None: no row, or a schema without the table)."""
-    from sqlalchemy import text
-    from sqlalchemy.exc import ProgrammingError
-
-    sql = text("SELECT id, at, decision, report FROM ki_self_eval ORDER BY id DESC LIMIT 1")
-    try:
-        async with engine.connect() as conn:
-            row = (await conn.execute(sql)).first()
-    except ProgrammingError:  # not migrated to 0009 yet
-        return None
-    if row is None:
-        return None
-    return parse_self_report(int(row.id), row.at.isoformat(timespec="seconds"), str(row.decision), row.report, trust)
 
 
 class ReportInvalid(PermanentError):

@@ -15,12 +15,21 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opensearchpy import AsyncOpenSearch
-from opensearchpy.exceptions import OpenSearchException
 
-from ki.clients import opensearch_error
+from ki.clients import opensearch_errors
 from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, strict_filter
 from search.ranking.fusion import Candidate
-from search.ranking.legs import SOURCE_INCLUDES, LegHit, LegName, LegRun, knn_clause, run_legs
+from search.ranking.legs import (
+    LEGS,
+    SOURCE_INCLUDES,
+    LegHit,
+    LegName,
+    LegRun,
+    knn_clause,
+    leg_took,
+    msearch_lines,
+    parse_msearch,
+)
 from search.ranking.neighbours import plan_neighbours
 from search.request import SearchFilters, SearchRequest, metadata_clauses, point_in_time_clauses
 
@@ -75,6 +84,14 @@ def prefix_end(candidates: Sequence[Candidate], n: int) -> int:
     return n
 
 
+async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:
+    """All active legs in one `_msearch` round-trip (none sent if no leg is active)."""
+    if not bodies:
+        return LegRun({name: [] for name in LEGS}, {})
+    response = await client.msearch(body=msearch_lines(index, bodies))
+    return LegRun(parse_msearch(bodies, response), leg_took(bodies, response))
+
+
 class ScopedIndex:
     """The search index read through callers' scopes. `filter_budget`: bytes of scope clause per query
     (None: always the exact filter, the reference path in tests)."""
@@ -84,10 +101,8 @@ class ScopedIndex:
 
     async def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Await an OpenSearch call; its failures come out as `ki.errors` types."""
-        try:
+        with opensearch_errors():
             return await coro
-        except OpenSearchException as exc:
-            raise opensearch_error(exc) from exc
 
     async def search(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """One query's hits (the caller builds `body` on `request_filter`)."""

@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from ki.errors import KiError
 from ki.settings import RetrievalSettings
 from search.access.reverify import VerifiedVersion
 from search.access.scope import MATCH_NONE, CompiledScope
 from search.pipeline import QueryContext, Stage, Verified, matches
 from search.ports import SqlReader
-from search.ranking import augment
+from search.ranking import augment, sql_reads
 from search.ranking.fusion import Candidate
 from search.ranking.legs import SOURCE_INCLUDES
 from search.ranking.scoped import ScopedIndex
@@ -38,7 +36,7 @@ class GraphAugmenter:
     ) -> tuple[list[Candidate], dict[int, VerifiedVersion], dict[str, Any]]:
         r = self.retrieval
         seeds = kept[: r.graph_rag.seeds]
-        edges = await self.sql.verified_read(lambda c: augment.cited_documents(c, seeds))
+        edges = await self.sql.verified_read(lambda c: sql_reads.cited_documents(c, seeds))
         present = {c.document_id for c in kept}
         cited = [c for c in augment.plan_additions(seeds, edges, present, r.graph_rag.max_added)
                  if scope.holds_document(c.document_id, c.project_id)]  # fmt: skip
@@ -70,7 +68,7 @@ class GraphAugmentation(Stage):
 
     name = "graph"
     fallback = "graph_failed"
-    recoverable = (KiError, SQLAlchemyError)
+    recoverable = (KiError,)
 
     def __init__(self, retrieval: RetrievalSettings, metrics: SearchMetrics, augment: Augment) -> None:
         self.retrieval, self.metrics, self.augment = retrieval, metrics, augment

@@ -11,7 +11,7 @@ from search.access.reverify import VerifiedVersion
 from search.access.scope import MATCH_NONE, CompiledScope
 from search.pipeline import QueryContext, Stage, matches
 from search.ports import SqlReader
-from search.ranking import augment
+from search.ranking import augment, sql_reads
 from search.ranking.fusion import Candidate, put_at
 from search.ranking.legs import SOURCE_INCLUDES
 from search.ranking.scoped import ScopedIndex, admits
@@ -32,7 +32,7 @@ class AuthoritativeFinder:
         if key is None:
             return None
         if self._node_id is None:  # node ids never change: looked up once it exists
-            self._node_id = await self.sql.read(lambda c: augment.doc_type_id(c, key))
+            self._node_id = await self.sql.read(lambda c: sql_reads.doc_type_id(c, key))
             if self._node_id is None:
                 return None
         strict = self.scoped.request_filter(request, scope)

@@ -110,11 +110,15 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return _error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
         raise
+    except KiError as exc:  # the only errors the ports raise: each adapter maps its client's where it calls it
+        return error_response(exc, f"{request.method} {request.path}")
     except Exception as exc:
-        error = as_ki_error(exc)  # ours, or a client library's exception read in ki.clients
+        error = as_ki_error(exc)  # a client's exception that an adapter let through: answered as its mapping says
         if error is None:
             log.exception("unhandled error on %s %s", request.method, request.path)
             return _error(500, "internal_error", "internal error")
+        log.warning("%s %s: %s crossed a port unmapped (map it where the client is called)",
+                    request.method, request.path, type(exc).__name__)  # fmt: skip
         return error_response(error, f"{request.method} {request.path}")
 
 

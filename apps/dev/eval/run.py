@@ -1111,7 +1111,7 @@ async def _tune_floor(q: QueryPhase) -> dict[str, Any]:
     for each sampled train query, the cosine similarity of its best-ranked relevant chunk among the leg's
     top hits; the floor keeps `FLOOR_KEEPS` of those queries."""
     from search.ranking.floor import FLOOR_KEEPS, cosine_from_score, floor_from_train
-    from search.ranking.legs import run_legs
+    from search.ranking.scoped import run_legs
     from search.request import parse_search_request
     from search.service import SearchService
 

@@ -1,4 +1,5 @@
-"""The ranked legs (one module each, registered in `REGISTRY`) and their `_msearch` round trip.
+"""The ranked legs (one module each, registered in `REGISTRY`): their bodies, and the reading of their
+`_msearch` answer (the round trip itself is `search.ranking.scoped.run_legs`; this package does no I/O).
 
 Every leg carries the same strict filter (scope + metadata). The semantic leg passes it as the kNN
 `filter` (pre-filtered approximate kNN), never as a post-filter. Skip rules: lexical and identifier
@@ -11,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from opensearchpy import AsyncOpenSearch
 
 from ki.errors import (
     TOO_MANY_CLAUSES_TYPES,
@@ -149,11 +148,3 @@ class LegRun:
     hits: dict[LegName, list[LegHit]]
     took_ms: dict[LegName, float]
     scope_filter: str = "exact"  # the kind of scope clause the legs carried (search.access.scope)
-
-
-async def run_legs(client: AsyncOpenSearch, index: str, bodies: dict[LegName, dict[str, Any]]) -> LegRun:
-    """All active legs in one `_msearch` round-trip (none sent if no leg is active)."""
-    if not bodies:
-        return LegRun({name: [] for name in LEGS}, {})
-    response = await client.msearch(body=msearch_lines(index, bodies))
-    return LegRun(parse_msearch(bodies, response), leg_took(bodies, response))

@@ -18,6 +18,7 @@ from aiohttp import web
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ki.clients import database_errors
 from ki.errors import RequestInvalid
 from ki.principals import canonical_principal
 from ki.settings import Settings
@@ -82,9 +83,10 @@ class Console:
             raise web.HTTPNotFound()
 
     async def _known_users(self, q: str, *, exact: bool = False) -> list[str]:
-        async with self.engine.connect() as conn:
-            params = {"q": q, "exact": exact, "limit": MAX_DEMO_USERS}
-            return list((await conn.execute(_DEMO_USERS, params)).scalars().all())
+        with database_errors():
+            async with self.engine.connect() as conn:
+                params = {"q": q, "exact": exact, "limit": MAX_DEMO_USERS}
+                return list((await conn.execute(_DEMO_USERS, params)).scalars().all())
 
     async def _demo_users(self, request: web.Request) -> web.Response:
         """`GET /console/demo/users?q=anna`: up to 50 user principals the data knows, and the administrator."""
