@@ -70,7 +70,8 @@ ENV PATH=/opt/ki/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     KI_CONFIG=/etc/ki-sidecar/config.json \
     KI_EMBEDDING__MODEL_CACHE_DIR=/opt/ki-models \
-    KI_STACK__HOME=/var/lib/ki-sidecar
+    KI_STACK__HOME=/var/lib/ki-sidecar \
+    KI_STREAMS__DATA_DIR=/var/lib/ki-sidecar
 
 WORKDIR /var/lib/ki-sidecar
 USER 10001:10001

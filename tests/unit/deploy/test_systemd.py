@@ -75,6 +75,8 @@ def test_the_unit_restarts_on_failure_hardened_as_its_own_user(instance: str) ->
     assert writable == ["/var/lib/ki-sidecar", "/var/cache/ki-sidecar"]
     environment = dict(value.split("=", 1) for value in _values(service, "Environment"))
     assert environment["KI_STACK__HOME"] == "/var/lib/ki-sidecar"
+    if instance.startswith("ki-sync@"):  # the lanes' Faust directory is named for what it is
+        assert environment["KI_STREAMS__DATA_DIR"] == "/var/lib/ki-sidecar"
     assert environment["KI_EMBEDDING__MODEL_CACHE_DIR"].startswith("/var/cache/ki-sidecar/")
     assert _values(unit["Install"], "WantedBy") == ["multi-user.target"]
 
