@@ -853,7 +853,8 @@ def build_parser() -> argparse.ArgumentParser:
     authz.add_argument("--warmup", type=int, default=20, help="untimed pairs per case first")
     authz.add_argument("--run-to-max", action="store_true",
                        help="take more blocks also once a case's interval lies wholly beyond the goal")  # fmt: skip
-    authz.add_argument("--cases", default="", help="comma-separated cases (default all: documents, read, chunk, related, "
+    authz.add_argument("--cases", default="",
+                       help="comma-separated cases (default all: documents, read, chunk, related, "
                        "traverse, decisions, traverse-batch, related-incoming, related-kinds, expired, names-cache, "
                        "names-hidden, superset, compare, invalidation)")  # fmt: skip
     authz.add_argument("--seed", type=int, default=7, help="the pairs' seed")

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 
 from ki.clients import make_client
 from ki.embedding import create_embedder
+from ki.errors import PermanentError
 from ki.settings import Settings
 from streams.replay import read_topics
 from streams.sync import Projector
@@ -47,7 +48,7 @@ def without_history(rows: Mapping[str, dict]) -> dict[str, dict]:
     return {row_id: {k: v for k, v in row.items() if k != "access_version"} for row_id, row in rows.items()}
 
 
-class MissingFromTopics(RuntimeError):
+class MissingFromTopics(PermanentError):
     """Versions of the compared documents that the CDC topics never carried: no rebuild can be compared."""
 
 

@@ -57,6 +57,7 @@ from apps.dev.stack.manager import start_service, stop_service
 from apps.dev.worker_process import SyncWorker, lane_pid
 from ki.acl import resolve_caller, visible_versions
 from ki.clients import make_engine, make_sync_client
+from ki.errors import PermanentError
 from ki.settings import Settings
 from search.web.auth import mint_token
 from streams.status import LagProbe
@@ -73,7 +74,7 @@ RECOVERY_TIMEOUT_S = 600.0
 CATCH_UP_TIMEOUT_S = 900.0
 
 
-class SoakError(RuntimeError):
+class SoakError(PermanentError):
     """The soak cannot run or go on (its message is the CLI's one line)."""
 
 
