@@ -349,6 +349,29 @@ def _bench_injection(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(exc)) from None
 
 
+def _bench_soak(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from apps.dev.bench.soak import SoakError, SoakOptions, parse_faults
+    from apps.dev.bench.soak import main as bench_soak
+
+    for flag, value in (("--minutes", args.minutes), ("--rate", args.rate), ("--fault-every", args.fault_every)):
+        if value <= 0:
+            raise CliError(f"{flag} must be positive")
+    try:
+        faults = parse_faults(args.faults)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    options = SoakOptions(
+        minutes=args.minutes, rate=args.rate, fault_every_s=args.fault_every, faults=faults, seed=args.seed,
+        out=Path(args.out), config=args.config, command="ki " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        return bench_soak(settings, options)
+    except SoakError as exc:
+        raise CliError(str(exc)) from exc
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.checkout import require_checkout
 
@@ -427,6 +450,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
             command="ki " + " ".join(sys.argv[1:]),
         )  # fmt: skip
         return bench_consistency(settings, consistency_options, Path(args.out) if args.out else None)
+    if args.what == "soak":
+        return _bench_soak(args, settings)
     if args.what == "reuse":
         from pathlib import Path
 
@@ -749,6 +774,17 @@ def build_parser() -> argparse.ArgumentParser:
     consistent.add_argument("--trials", type=int, default=100, help="write-then-search trials with a token")
     consistent.add_argument("--rate", type=int, default=200, help="access changes per second during the trials")
     consistent.add_argument("--out", default="benchmarks", help="folder for consistency.json")
+
+    soak = kind("soak", "a mixed soak: content and access changes, a fault every few minutes, searches throughout")
+    soak.add_argument("--minutes", type=float, default=60, help="how long the load runs (default 60)")
+    soak.add_argument("--rate", type=float, default=50, help="row changes per second (default 50)")
+    soak.add_argument("--fault-every", type=float, default=300, help="seconds between faults (default 300)")
+    soak.add_argument(
+        "--faults", default="all",
+        help="comma list in rotation: kill, opensearch-block, kafka, stall, connect, postgres (default all; none)",
+    )  # fmt: skip
+    soak.add_argument("--seed", type=int, default=51, help="random seed of the changes and searches")
+    soak.add_argument("--out", default="benchmarks/soak.json", help="the JSON file (default benchmarks/soak.json)")
 
     fresh = kind("freshness", "commit-to-searchable lag under a sustained change rate")
     fresh.add_argument("--rate", type=int, default=200, help="row changes per second")

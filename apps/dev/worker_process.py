@@ -8,7 +8,20 @@ from pathlib import Path
 from apps.runtime.processes import Child
 from ki import exposition
 from ki.settings import Settings, find_config
-from streams.topics import LANES, lane_web_port
+from streams.topics import LANES, Lane, lane_web_port
+
+
+def lane_pid(supervisor_pid: int | None, lane: Lane) -> int | None:
+    """The process of one lane under the `ki sync run` supervisor `supervisor_pid` (None: none runs now)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == supervisor_pid and b"--lane" in command and lane.encode() in command:
+            return int(stat.parent.name)
+    return None
 
 
 class SyncWorker:

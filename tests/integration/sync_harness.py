@@ -4,29 +4,24 @@ everything committed in PostgreSQL has been applied"."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import urllib.request
-import uuid
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
 from confluent_kafka import ConsumerGroupState
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
 from apps.dev.checkout import REPO_ROOT
+from apps.dev.index_compare import compare_rows, dump, field_diff, rebuilt_rows, without_history
 from apps.dev.stack.manager import start_service, stop_service
+from apps.dev.worker_process import lane_pid
 from apps.runtime.processes import Child, free_port
 from ki import exposition
-from ki.clients import make_client, make_kafka_admin
-from ki.embedding import create_embedder
+from ki.clients import make_kafka_admin
 from ki.settings import Settings
-from streams.replay import read_topics
 from streams.status import PartitionLag, consumer_lag
-from streams.sync import Projector
 from streams.topics import LANES, Lane
-from streams.writer import IndexWriter
 from tests.conftest import wait_for
 
 Offsets = dict[tuple[Lane, str, int], int]
@@ -111,15 +106,7 @@ class Worker:
 
     def lane_pid(self, lane: Lane) -> int | None:
         """The process of one lane under `ki sync run`'s supervisor (None: none runs now)."""
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                command = (stat.parent / "cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-            if ppid == self.child.pid and b"--lane" in command and lane.encode() in command:
-                return int(stat.parent.name)
-        return None
+        return lane_pid(self.child.pid, lane)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no offset commit for the batch in flight."""
@@ -143,64 +130,6 @@ def start(settings: Settings, service: str) -> None:
 # -- index contents ---------------------------------------------------------------------------------
 
 
-def dump(search: OpenSearch, index: str, document_ids: Iterable[int]) -> dict[str, dict]:
-    """Every row of these documents: id -> all fields (vectors rounded, so float noise can't differ; a row
-    written text first has none yet)."""
-    search.indices.refresh(index=index)
-    response = search.search(
-        index=index,
-        body={"query": {"terms": {"document_id": sorted(str(d) for d in document_ids)}}, "size": 10_000},
-    )
-    out = {}
-    for hit in response["hits"]["hits"]:
-        source = hit["_source"]
-        if "embedding" in source:
-            source["embedding"] = [round(x, 5) for x in source["embedding"]]
-        out[hit["_id"]] = source
-    return out
-
-
-def without_history(rows: Mapping[str, dict]) -> dict[str, dict]:
-    """Rows without `access_version`: it counts how often a row's projection changed, so the live index
-    (which saw every change) and a rebuild (which projects once) legitimately differ there. Rows carry
-    no timestamps; every other field must be equal."""
-    return {row_id: {k: v for k, v in row.items() if k != "access_version"} for row_id, row in rows.items()}
-
-
-def rebuilt_rows(settings: Settings, engine: Engine, search: OpenSearch, document_ids: set[int]) -> dict[str, dict]:
-    """A clean rebuild of these documents, exactly as `ki rebuild` makes one (replay the CDC topics,
-    resolve the dirty keys, project from PostgreSQL into a fresh physical index), restricted to the
-    test's documents so its cost does not grow with whatever else the stack holds."""
-    index = f"ki-fault-rebuild-{uuid.uuid4().hex[:10]}"
-    with engine.connect() as conn:
-        ours = {
-            row.id
-            for row in conn.execute(
-                text("SELECT id FROM document_versions WHERE document_id = ANY(:d)"), {"d": sorted(document_ids)}
-            )
-        }
-
-    async def rebuild() -> None:
-        client = make_client(settings)
-        try:
-            writer = IndexWriter(client, settings, index=index)
-            await writer.create_physical(index)
-            keys, *_ = await asyncio.to_thread(read_topics, settings, progress=lambda _line: None)
-            projector = Projector.on_postgres(settings, engine, writer, create_embedder(settings))
-            content, access = await projector.resolve(keys)
-            replayed = (content | access) & ours
-            assert replayed == ours, f"versions missing from the CDC topics: {sorted(ours - replayed)[:10]}"
-            await projector.project_versions(sorted(replayed))
-        finally:
-            await client.close()
-
-    try:
-        asyncio.run(rebuild())
-        return dump(search, index, document_ids)
-    finally:
-        search.indices.delete(index=index, ignore=[404])
-
-
 def assert_index_equals_rebuild(
     settings: Settings, engine: Engine, search: OpenSearch, document_ids: set[int]
 ) -> dict[str, dict]:
@@ -209,26 +138,14 @@ def assert_index_equals_rebuild(
     live = dump(search, settings.retrieval.index_name, document_ids)
     rebuilt = rebuilt_rows(settings, engine, search, document_ids)
     assert rebuilt, "the rebuild produced no rows for the test's documents"
-    missing, extra = sorted(rebuilt.keys() - live.keys()), sorted(live.keys() - rebuilt.keys())
+    compared = compare_rows(live, rebuilt)
+    missing, extra, differing = compared.missing, compared.extra, compared.differing
     assert not missing and not extra, f"rows missing from the live index: {missing[:10]}, extra: {extra[:10]}"
-    live_cmp, rebuilt_cmp = without_history(live), without_history(rebuilt)
-    differing = sorted(row_id for row_id in live_cmp if live_cmp[row_id] != rebuilt_cmp[row_id])
     assert not differing, (
         f"{len(differing)} row(s) differ from the rebuild, e.g. {differing[0]}: "
-        f"{_field_diff(live_cmp[differing[0]], rebuilt_cmp[differing[0]])}"
+        f"{field_diff(without_history(live)[differing[0]], without_history(rebuilt)[differing[0]])}"
     )
     return live
-
-
-def _field_diff(live: dict, rebuilt: dict, prefix: str = "") -> str:
-    parts = []
-    for name in sorted(k for k in live.keys() | rebuilt.keys() if live.get(k) != rebuilt.get(k)):
-        a, b = live.get(name), rebuilt.get(name)
-        if isinstance(a, dict) and isinstance(b, dict):
-            parts.append(_field_diff(a, b, f"{prefix}{name}."))
-        else:
-            parts.append(f"{prefix}{name}: live {str(a)[:80]!r} != rebuilt {str(b)[:80]!r}")
-    return "; ".join(parts)
 
 
 # -- Kafka and the replication slot -----------------------------------------------------------------
