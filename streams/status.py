@@ -197,9 +197,9 @@ def print_status(settings: Settings) -> int:
             f"{lane.lane} lane, consumer group {lane.group} ({joined}): total lag {lane.total} "
             f"over {len(lane.partitions)} partitions, {len(lane.lagging)} behind"
         )
-        print(f"  worker: {describe_health(lane_health(settings, lane.lane))}")
         for p in lane.lagging:
             print(f"  {p.topic}[{p.partition}]: committed {p.committed}, end {p.end}, lag {p.lag}")
+        print(f"  worker: {describe_health(lane_health(settings, lane.lane))}")
     retained = slot_retained_bytes(settings)
     print(
         f"replication slot {settings.connect.slot_name}: "

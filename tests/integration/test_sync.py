@@ -381,5 +381,7 @@ def test_sync_status_shows_each_lane_s_group_and_lag(
         at = lines.index(next(line for line in lines if line.startswith("content lane, ")))
         assert "total lag 1 " in lines[at] and lines[at].endswith(", 1 behind"), lines
         assert lines[at + 1].startswith(f"  {topic}[") and lines[at + 1].endswith(", lag 1"), lines
+        # Then what the lane's worker says: none answers while it is stopped.
+        assert lines[at + 2] == "  worker: no answer from a worker on this machine", lines
     finally:
         worker.start()  # the module's worker, for whatever runs after
