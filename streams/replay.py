@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from opensearchpy import AsyncOpenSearch
 from sqlalchemy import Engine, text
 
 from ki.clients import kafka_error, make_client, make_engine, make_kafka_consumer
@@ -163,6 +164,22 @@ async def project_in_batches(
     return total
 
 
+async def _fresh_index(
+    settings: Settings, client: AsyncOpenSearch, physical: str, signature: str, progress: Progress
+) -> IndexWriter:
+    """The new physical index `physical` created and the writer into it. The live index's vectors are ours to reuse
+    when it was built with the same embedder (an analyzer or mapping change): then only rows whose embedded string
+    changed are embedded."""
+    sources = await indices_with_signature(client, [settings.retrieval.index_name], signature)
+    writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
+    await writer.create_physical(physical, signature)
+    for source in sources:  # rows from before `embedding_key` get it first (none left: one search)
+        await writer.key_older_rows(source)
+    if sources:
+        progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
+    return writer
+
+
 async def rebuild(
     settings: Settings, progress: Progress = _print_progress, on_progress: OnProgress = _no_progress
 ) -> str:
@@ -171,17 +188,8 @@ async def rebuild(
     client = make_client(settings)
     engine = make_engine(settings)
     try:
-        generation = time.strftime("%Y%m%d%H%M%S")
-        physical = physical_index_name(settings, embedder.signature, generation=generation)
-        # The live index's vectors are ours to reuse when it was built with the same embedder (an
-        # analyzer or mapping change): then only rows whose embedded string changed are embedded.
-        sources = await indices_with_signature(client, [settings.retrieval.index_name], embedder.signature)
-        writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
-        await writer.create_physical(physical, embedder.signature)
-        for source in sources:  # rows from before `embedding_key` get it first (none left: one search)
-            await writer.key_older_rows(source)
-        if sources:
-            progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
+        physical = physical_index_name(settings, embedder.signature, generation=time.strftime("%Y%m%d%H%M%S"))
+        writer = await _fresh_index(settings, client, physical, embedder.signature, progress)
         progress(f"rebuild: replaying the CDC topics into {physical}")
         keys, ends, _, _ = await asyncio.to_thread(read_topics, settings, progress=progress, on_progress=on_progress)
         projector = Projector.on_postgres(settings, engine, writer, embedder)
@@ -296,15 +304,8 @@ async def rebuild_from_postgres(
     physical = ""
     swapped = False
     try:
-        generation = time.strftime("%Y%m%d%H%M%S")
-        physical = physical_index_name(settings, embedder.signature, generation=generation)
-        sources = await indices_with_signature(client, [settings.retrieval.index_name], embedder.signature)
-        writer = IndexWriter(client, settings, index=physical, vector_sources=sources)
-        await writer.create_physical(physical, embedder.signature)
-        for source in sources:
-            await writer.key_older_rows(source)
-        if sources:
-            progress(f"rebuild: vectors of unchanged inputs are taken from {', '.join(sources)}")
+        physical = physical_index_name(settings, embedder.signature, generation=time.strftime("%Y%m%d%H%M%S"))
+        writer = await _fresh_index(settings, client, physical, embedder.signature, progress)
         ends = await asyncio.to_thread(stream_position, settings)
         progress(f"rebuild: stream position recorded ({len(ends)} partitions, {sum(ends.values())} events)")
         progress(f"rebuild: reading PostgreSQL into {physical}")
