@@ -811,27 +811,19 @@ class McpSettings(_Section):
     stdio_principals: list[str] = Field(default_factory=list)
 
 
-class StackSettings(_Section):
-    """The local stack's (`ki stack`, apps/dev/stack): where it lives, its JVMs and its profiles. Dev tooling;
-    of these the runtime reads only `home`, and that only where `streams.data_dir` is unset."""
+# Where the local stack keeps its state when `stack.home` is not set (apps.dev.stack.settings uses it too).
+LOCAL_STACK_HOME = "~/.cache/ki-sidecar"
 
-    home: str = "~/.cache/ki-sidecar"
-    java_home: str = ""
-    opensearch_heap: str = "1g"
-    kafka_heap: str = "512m"
-    connect_heap: str = "512m"
-    start_timeout_s: float = Field(180.0, gt=0)
-    # The local identity provider (`ki stack up --idp`, apps/dev/stack/keycloak.py): its port, and a Java 21+
-    # for it (empty: the newest under /usr/lib/jvm).
-    keycloak_port: int = Field(58180, ge=1, le=65535)
-    keycloak_java_home: str = ""
-    # The secured profile (`ki stack up --secure`, apps/dev/stack/secure.py): TLS and credentials on every
-    # service, with a CA, certificates and passwords generated into <home>/secure.
-    secure: bool = False
-    # The cluster profile (`ki stack up --cluster`, apps/dev/stack/cluster.py): three Kafka brokers and three
-    # OpenSearch nodes, node N's ports those of node 1 plus (N - 1) x `cluster_port_step`.
-    cluster: bool = False
-    cluster_port_step: int = Field(10, ge=2, le=1000)
+
+class ToolSettings(_Section):
+    """A section the runtime carries but does not read: the local stack's (`stack`, validated by its owner,
+    `apps.dev.stack.settings.stack_settings`). Any field is accepted here; config values and `KI_STACK__*`
+    variables arrive as given (a variable as JSON where it parses, else as text)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    def given(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 class Settings(_Section):
@@ -846,12 +838,12 @@ class Settings(_Section):
     api: ApiSettings = ApiSettings()
     oidc: OidcSettings = OidcSettings()
     mcp: McpSettings = McpSettings()
-    stack: StackSettings = StackSettings()
+    stack: ToolSettings = ToolSettings()
 
     def lanes_data_dir(self) -> Path:
         """The sync lanes' own files: `streams.data_dir`, else `stack.home` (the local stack's home, which
         deployments set for this before `streams.data_dir` existed; the runtime reads nothing else of `stack`)."""
-        return Path(self.streams.data_dir or self.stack.home).expanduser()
+        return Path(self.streams.data_dir or self.stack.given().get("home") or LOCAL_STACK_HOME).expanduser()
 
     def secrets(self) -> list[str]:
         """Every secret value set (passwords, the JWT secret), longest first."""
@@ -879,6 +871,9 @@ def _group_model(annotation: Any) -> type[_Group] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, _Group) else None
 
 
+_ANY_TOOL_FIELD = FieldInfo.from_annotation(Any)
+
+
 def _field_at(path: SettingPath) -> FieldInfo | None:
     """The field a path names (`("api", "jwt", "secret")`), walking sections and groups; None: no such setting."""
     model: type[BaseModel] = Settings
@@ -886,7 +881,8 @@ def _field_at(path: SettingPath) -> FieldInfo | None:
     for depth, name in enumerate(path):
         info = model.model_fields.get(name)
         if info is None:
-            return None
+            # a tool's section takes any single field; its owner validates it
+            return _ANY_TOOL_FIELD if model is ToolSettings and depth == len(path) - 1 == 1 else None
         inner = info.annotation if depth == 0 else _group_model(info.annotation)  # a section, then groups
         if depth < len(path) - 1:
             if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
@@ -1032,6 +1028,10 @@ def reference(settings: Settings) -> list[str]:
         if default != value and not secret:
             line += f"  (default {json.dumps(default, ensure_ascii=False)})"
         lines.append(line)
+    for name in Settings.model_fields:  # a tool's section: what is set of it (its owner knows the defaults)
+        section = getattr(settings, name)
+        if isinstance(section, ToolSettings):
+            lines += [f"{name}.{key} = {json.dumps(v, ensure_ascii=False)}" for key, v in section.given().items()]
     return lines
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from aiohttp import web
 
-from ki.clients import as_ki_error
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
 from search import after_answer
@@ -112,14 +111,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except KiError as exc:  # the only errors the ports raise: each adapter maps its client's where it calls it
         return error_response(exc, f"{request.method} {request.path}")
-    except Exception as exc:
-        error = as_ki_error(exc)  # a client's exception that an adapter let through: answered as its mapping says
-        if error is None:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return _error(500, "internal_error", "internal error")
-        log.warning("%s %s: %s crossed a port unmapped (map it where the client is called)",
-                    request.method, request.path, type(exc).__name__)  # fmt: skip
-        return error_response(error, f"{request.method} {request.path}")
+    except Exception:  # a bug, or a client's exception a port let through unmapped (map it where it is called)
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, "internal_error", "internal error")
 
 
 async def _principals(request: web.Request) -> list[str]:

@@ -40,6 +40,7 @@ from apps.dev.stack.manager import build_services
 from apps.dev.stack.opensearch import OpenSearch as OpenSearchNode
 from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.service import Service
+from apps.dev.stack.settings import stack_settings
 from ki.clients import make_kafka_admin
 from ki.settings import Settings
 from projections.cdc import topic_name
@@ -231,7 +232,8 @@ def test_failover_under_load_loses_nothing_and_leaks_nothing(
     worker: Worker,
     server: Server,
 ) -> None:
-    assert settings.stack.cluster and settings.opensearch.number_of_replicas == 1 and len(settings.kafka.brokers) == 3
+    assert stack_settings(settings).cluster
+    assert settings.opensearch.number_of_replicas == 1 and len(settings.kafka.brokers) == 3
     synced(settings, engine, worker)
     dlq_before = dlq_records(settings)
     observer = Observer(server, walled).start()

@@ -32,6 +32,7 @@ from apps.dev.eval import beir
 from apps.dev.eval.fusion_choice import setting_label
 from apps.dev.eval.run import FUSIONS, load_into_postgres
 from apps.dev.stack.http import request_json
+from apps.dev.stack.settings import stack_settings
 from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_engine, make_kafka_admin
@@ -276,7 +277,8 @@ def test_a_rerun_resumes_and_drop_removes_everything(run: dict, settings: Settin
         engine.dispose()
     status, _ = request_json("GET", f"{settings.connect.url.rstrip('/')}/connectors/{iso['connector']}")
     assert status == 404
-    assert not (Path(settings.stack.home).expanduser() / "eval" / iso["key"]).exists()  # config file with secrets
+    home = Path(stack_settings(settings).home).expanduser()
+    assert not (home / "eval" / iso["key"]).exists()  # config file with secrets
 
 
 # --- --config reaches the Faust worker ------------------------------------------------------------
@@ -326,4 +328,5 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
             for future in admin.delete_topics(mine, request_timeout=30).values():
                 future.result(timeout=60)
         admin.delete_consumer_groups([f"ki-test-config-{tag}"], request_timeout=30)
-        shutil.rmtree(Path(settings.stack.home).expanduser() / "faust" / f"ki-test-config-{tag}", ignore_errors=True)
+        home = Path(stack_settings(settings).home).expanduser()
+        shutil.rmtree(home / "faust" / f"ki-test-config-{tag}", ignore_errors=True)

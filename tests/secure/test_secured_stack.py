@@ -20,6 +20,7 @@ from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.http import Auth, HttpError, request_json
 from apps.dev.stack.kafka import kafka_metadata_probe
 from apps.dev.stack.secure import SecureMaterial, issue_certificate, pem_cert, read_env_file
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings
 from search.web.auth import mint_token
 from tests.integration.search_harness import Server, SyncWorker, isolated, remove_world, wait_until_indexed
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.stack
 
 @pytest.fixture(scope="module")
 def material(settings: Settings) -> SecureMaterial:
-    assert settings.stack.secure, "run with the operator's settings of the secured stack (scripts/test.sh does)"
+    assert stack_settings(settings).secure, "run with the secured stack's operator settings (scripts/test.sh does)"
     return SecureMaterial.of(settings)
 
 

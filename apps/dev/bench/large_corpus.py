@@ -51,11 +51,12 @@ from apps.dev.bench.search import find_corpus
 from apps.dev.checkout import REPO_ROOT
 from apps.dev.demo.generator import generate
 from apps.dev.stack.connector import Connector
+from apps.dev.stack.settings import stack_settings
 from apps.runtime.progress import StepReport
 from ki.clients import make_client, make_engine
 from ki.embedding import Embedder, EmbedStats, create_embedder
 from ki.errors import PermanentError
-from ki.settings import Settings, StackSettings
+from ki.settings import LOCAL_STACK_HOME, Settings
 from projections.mapping import physical_index_name
 from streams.replay import live_version_ids, project_in_batches
 from streams.sync import Projector, SyncStats
@@ -223,8 +224,8 @@ class CorpusOptions:
 
 
 def _refuse_default_home(settings: Settings) -> None:
-    default = Path(StackSettings().home).expanduser().resolve()
-    if Path(settings.stack.home).expanduser().resolve() == default:
+    default = Path(LOCAL_STACK_HOME).expanduser().resolve()
+    if Path(stack_settings(settings).home).expanduser().resolve() == default:
         raise CorpusError(
             f"ki bench corpus builds into a stack of its own, not {default} (a live worker would embed it there): "
             "set KI_STACK__HOME and shifted ports (python -m apps.dev.stack.ports --shift N), then ki stack up"
@@ -382,7 +383,7 @@ def build_corpus(settings: Settings, options: CorpusOptions) -> dict[str, Any]:
     phases.update(index.pop("phases_s"))
     chunks = index["rows_written"]
     store = index["after_merge"]["store_bytes"]
-    disk = shutil.disk_usage(Path(settings.stack.home).expanduser())
+    disk = shutil.disk_usage(Path(stack_settings(settings).home).expanduser())
     result = {
         "benchmark": "corpus",
         "command": options.command,
@@ -405,7 +406,7 @@ def build_corpus(settings: Settings, options: CorpusOptions) -> dict[str, Any]:
             "refresh_interval_during_load": "-1",
             "max_num_segments": options.segments,
         },
-        "opensearch_heap": settings.stack.opensearch_heap,
+        "opensearch_heap": stack_settings(settings).opensearch_heap,
         "store_bytes_per_100k_chunks": round(store / chunks * 100_000) if chunks else None,
         "opensearch_rss_bytes": _rss_bytes("-Dopensearch.path.conf="),
         "disk_free_bytes": disk.free,

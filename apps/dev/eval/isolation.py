@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from apps.dev.stack.settings import stack_settings
 from apps.runtime.processes import Child, pid_alive, stop_pid
 from ki import exposition
 from ki.clients import make_kafka_admin, make_sync_client
@@ -101,7 +102,7 @@ class EvalTarget:
 
     @property
     def state_dir(self) -> Path:
-        return Path(self.base.stack.home).expanduser() / "eval" / self.key
+        return Path(stack_settings(self.base).home).expanduser() / "eval" / self.key
 
 
 def make_target(
@@ -173,7 +174,8 @@ def ensure_world(target: EvalTarget, progress: Progress) -> None:
     connector = Connector(target.settings)
     try:
         what = connector.register()
-        connector.wait_running(target.base.stack.start_timeout_s, settle_s=3.0 if what != "unchanged" else 0.0)
+        settle_s = 3.0 if what != "unchanged" else 0.0
+        connector.wait_running(stack_settings(target.base).start_timeout_s, settle_s=settle_s)
     except (StackError, OSError) as exc:
         raise IsolationError(f"eval connector {connector.name}: {exc}") from None
     progress(f"eval: connector {connector.name} ({what}; slot {target.settings.connect.slot_name}, "
@@ -398,7 +400,7 @@ def _drop_kafka(target: EvalTarget) -> list[str]:
 def _drop_local_state(target: EvalTarget) -> list[str]:
     """The worker's config file (it holds secrets), pid file and working folder, and Faust's data folders."""
     removed: list[str] = []
-    faust = Path(target.base.stack.home).expanduser() / "faust"
+    faust = Path(stack_settings(target.base).home).expanduser() / "faust"
     folders = [target.state_dir, *(faust.glob(f"{target.group_prefix}*") if faust.is_dir() else [])]
     for folder in folders:
         if folder.is_dir():

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from apps.dev.stack.errors import StackError
 from apps.dev.stack.secure import read_env_file
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, with_environment
 
 NODES = 3
@@ -26,12 +27,12 @@ CLUSTER_HEAPS = {"KI_STACK__OPENSEARCH_HEAP": "768m", "KI_STACK__KAFKA_HEAP": "3
 
 
 def node_count(settings: Settings) -> int:
-    return NODES if settings.stack.cluster else 1
+    return NODES if stack_settings(settings).cluster else 1
 
 
 def node_port(port: int, node: int, settings: Settings) -> int:
     """Node `node`'s (1-based) port for the port node 1 has."""
-    return port + (node - 1) * settings.stack.cluster_port_step
+    return port + (node - 1) * stack_settings(settings).cluster_port_step
 
 
 def _first_broker(settings: Settings) -> tuple[str, int]:
@@ -69,7 +70,7 @@ def cluster_env(settings: Settings, environ: Mapping[str, str] | None = None) ->
 
 
 def env_file(settings: Settings) -> Path:
-    return Path(settings.stack.home).expanduser().resolve() / "cluster.env"
+    return Path(stack_settings(settings).home).expanduser().resolve() / "cluster.env"
 
 
 def write_env_file(settings: Settings) -> Path:
@@ -84,11 +85,11 @@ def write_env_file(settings: Settings) -> Path:
 def with_profile(settings: Settings, *, cluster: bool = False) -> Settings:
     """The settings the stack commands act on: the cluster profile's when asked for (`up --cluster`, which
     writes its env file) or when this home was started as a cluster (the file is there)."""
-    if settings.stack.cluster and len(settings.kafka.brokers) == NODES:
+    if stack_settings(settings).cluster and len(settings.kafka.brokers) == NODES:
         return settings  # already the cluster's settings (its env file was sourced)
     path = env_file(settings)
-    if cluster or settings.stack.cluster:
-        if settings.stack.secure:
+    if cluster or stack_settings(settings).cluster:
+        if stack_settings(settings).secure:
             raise StackError("the cluster profile is not secured yet: run `ki stack up --cluster` without --secure")
         write_env_file(settings)
     elif not path.is_file():

@@ -10,6 +10,7 @@ from apps.dev.stack.http import HttpError, request_json
 from apps.dev.stack.kafka import PLAIN_LOGIN, KafkaJvmService
 from apps.dev.stack.secure import CONNECT_REST_USER, SecureMaterial, connect_rest_keystore
 from apps.dev.stack.service import Runtime
+from apps.dev.stack.settings import stack_settings
 
 DEBEZIUM_POSTGRES_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
@@ -36,7 +37,7 @@ class Connect(KafkaJvmService):
 
     @property
     def heap(self) -> str:
-        return self.settings.stack.connect_heap
+        return stack_settings(self.settings).connect_heap
 
     def config(self, runtime: Runtime) -> dict[str, object]:
         prefix = self.settings.kafka.topic_prefix
@@ -46,8 +47,8 @@ class Connect(KafkaJvmService):
             # Connect creates these compacted, as replicated as every other topic of the sidecar.
             topics[f"{key}.storage.topic"] = f"{prefix}-connect-{suffix}"
             topics[f"{key}.storage.replication.factor"] = self.settings.kafka.replication_factor
-        secure = self.secure_config() if self.settings.stack.secure else {}
-        scheme = "https" if self.settings.stack.secure else "http"
+        secure = self.secure_config() if stack_settings(self.settings).secure else {}
+        scheme = "https" if stack_settings(self.settings).secure else "http"
         return {
             "bootstrap.servers": self.settings.kafka.bootstrap_servers,
             **secure,
@@ -108,7 +109,7 @@ class Connect(KafkaJvmService):
         self.user.write(self.jaas_file, jaas, mode=0o600)
 
     def system_properties(self) -> dict[str, str]:
-        return {"java.security.auth.login.config": str(self.jaas_file)} if self.settings.stack.secure else {}
+        return {"java.security.auth.login.config": str(self.jaas_file)} if stack_settings(self.settings).secure else {}
 
     def probe(self) -> str | None:
         auth = connect_auth(self.settings)

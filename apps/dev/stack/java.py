@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.dev.stack.errors import StackError
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings
 
 MIN_JAVA = 17
@@ -38,8 +39,8 @@ def _feature_version(home: Path) -> int | None:
 
 
 def _candidates(settings: Settings) -> list[tuple[str, Path]]:
-    if settings.stack.java_home:
-        return [("stack.java_home", Path(settings.stack.java_home).expanduser())]
+    if stack_settings(settings).java_home:
+        return [("stack.java_home", Path(stack_settings(settings).java_home).expanduser())]
     found: list[tuple[str, Path]] = []
     if os.environ.get("JAVA_HOME"):
         found.append(("JAVA_HOME", Path(os.environ["JAVA_HOME"])))

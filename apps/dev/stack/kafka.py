@@ -20,6 +20,7 @@ from apps.dev.stack.errors import StackError
 from apps.dev.stack.process import Launch
 from apps.dev.stack.secure import KAFKA_SUPER_USER, KAFKA_USERS, SecureMaterial
 from apps.dev.stack.service import Runtime, Service, java_properties
+from apps.dev.stack.settings import stack_settings
 from ki.clients import kafka_config
 
 LOG4J_TEMPLATE = Path(__file__).with_name("kafka-log4j2.properties")
@@ -114,7 +115,7 @@ class Kafka(KafkaJvmService):
 
     @property
     def heap(self) -> str:
-        return self.settings.stack.kafka_heap
+        return stack_settings(self.settings).kafka_heap
 
     @property
     def log_dir(self) -> Path:
@@ -127,7 +128,7 @@ class Kafka(KafkaJvmService):
         # Every node is a broker and a controller; the controllers' quorum is all of them (a majority decides).
         voters = ",".join(f"{node}@{self.controller(node)}" for node in nodes)
         # Secured: the clients' listener is SASL_SSL (PLAIN over TLS); the controller's stays on loopback.
-        client = "SASL_SSL" if self.settings.stack.secure else "PLAINTEXT"
+        client = "SASL_SSL" if stack_settings(self.settings).secure else "PLAINTEXT"
         # Internal topics as replicated as the sidecar's own (never more than there are brokers).
         replicas = min(self.settings.kafka.replication_factor, len(nodes))
         in_sync = min(self.settings.kafka.min_insync_replicas, replicas)
@@ -140,7 +141,7 @@ class Kafka(KafkaJvmService):
             "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": client,
-            **(self.secure_config() if self.settings.stack.secure else {}),
+            **(self.secure_config() if stack_settings(self.settings).secure else {}),
             "log.dirs": self.log_dir,
             "num.partitions": self.settings.kafka.partitions,
             "default.replication.factor": replicas,
@@ -177,7 +178,7 @@ class Kafka(KafkaJvmService):
 
     def after_healthy(self) -> None:
         """Secured: every role's ACLs, written as the super user (idempotent: an existing ACL stays)."""
-        if not self.settings.stack.secure:
+        if not stack_settings(self.settings).secure:
             return
         from apps.dev.stack.kafka_acls import bindings
 

@@ -22,6 +22,7 @@ from apps.dev.stack.http import HttpError, request_json
 from apps.dev.stack.java import JavaRuntime, find_java_at_least
 from apps.dev.stack.process import Launch
 from apps.dev.stack.service import Runtime, Service
+from apps.dev.stack.settings import stack_settings
 
 REALM_FILE = Path(__file__).with_name("keycloak") / "ki-realm.json"
 REALM = "ki"
@@ -34,7 +35,7 @@ class Keycloak(Service):
 
     @property
     def ports(self) -> tuple[int, ...]:
-        return (self.settings.stack.keycloak_port,)
+        return (stack_settings(self.settings).keycloak_port,)
 
     @property
     def base_url(self) -> str:
@@ -56,9 +57,10 @@ class Keycloak(Service):
         return f"-Dkc.home.dir={state_dir / 'dist'}/bin/.."
 
     def java(self, runtime: Runtime) -> JavaRuntime:
-        if runtime.java.version >= MIN_JAVA and not self.settings.stack.keycloak_java_home:
+        if runtime.java.version >= MIN_JAVA and not stack_settings(self.settings).keycloak_java_home:
             return runtime.java
-        return find_java_at_least(MIN_JAVA, self.settings.stack.keycloak_java_home, "stack.keycloak_java_home")
+        own_java = stack_settings(self.settings).keycloak_java_home
+        return find_java_at_least(MIN_JAVA, own_java, "stack.keycloak_java_home")
 
     def _unpack(self, archive: Path) -> None:
         """The distribution unpacked into the state directory once (Keycloak writes its build and its

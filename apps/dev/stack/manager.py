@@ -38,6 +38,7 @@ from apps.dev.stack.ports import reserve as reserve_ports
 from apps.dev.stack.postgres import Postgres
 from apps.dev.stack.secure import SecureMaterial, read_env_file
 from apps.dev.stack.service import Runtime, Service
+from apps.dev.stack.settings import stack_settings
 from apps.runtime.processes import Child
 from ki.settings import Settings, load_settings
 from streams.topics import lane_web_port
@@ -180,7 +181,7 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
     try:
         java = find_java(settings)
         keycloak = any(isinstance(s, Keycloak) for s in services)
-        artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=settings.stack.secure)
+        artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=stack_settings(settings).secure)
     except StackError as exc:
         _fail(str(exc))
         return None
@@ -191,7 +192,7 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
     launched: list[Service] = []
     for index, nodes in enumerate(waves := _start_waves(services), 1):
         try:
-            _bring_up(nodes, runtime, settings.stack.start_timeout_s, f"[{index}/{len(waves)}]", launched)
+            _bring_up(nodes, runtime, stack_settings(settings).start_timeout_s, f"[{index}/{len(waves)}]", launched)
         except StackError as exc:
             _say()
             _fail(str(exc))
@@ -221,7 +222,7 @@ def connect(settings: Settings, fresh: bool = True) -> int:
         _fail(f"schema migration failed: {first}")
         return 1
     _say(f"done in {time.monotonic() - started:.1f}s")
-    if settings.stack.secure:
+    if stack_settings(settings).secure:
         try:
             Postgres(settings, StackPaths.from_settings(settings)).apply_roles()
         except (psycopg.Error, OSError) as exc:
@@ -235,7 +236,7 @@ def connect(settings: Settings, fresh: bool = True) -> int:
         what = connector.register()
         _say(f"{what}, waiting for RUNNING… ", end="")
         settle = CONNECTOR_SETTLE_S if fresh or what != "unchanged" else 0.0
-        connector.wait_running(settings.stack.start_timeout_s, settle_s=settle)
+        connector.wait_running(stack_settings(settings).start_timeout_s, settle_s=settle)
     except (StackError, OSError) as exc:
         _say()
         log = StackPaths.from_settings(settings).log_file("connect")
@@ -259,10 +260,10 @@ def up(settings: Settings, *, idp: bool = False, secure: bool = False) -> int:
     """`idp`: Keycloak too (after the others: a failure of the optional provider stops only itself).
     `secure`: the secured profile (secure.py); also when `stack.secure` is set."""
     began = time.monotonic()
-    if (secure or settings.stack.secure) and settings.stack.cluster:
+    if (secure or stack_settings(settings).secure) and stack_settings(settings).cluster:
         _fail("the cluster profile is not secured yet: run `ki stack up --cluster` without --secure")
         return 2
-    if secure or settings.stack.secure:
+    if secure or stack_settings(settings).secure:
         settings = secured(settings)
     paths = StackPaths.from_settings(settings)
     services = build_services(settings, paths, optional=idp)
@@ -275,10 +276,10 @@ def up(settings: Settings, *, idp: bool = False, secure: bool = False) -> int:
             return 1
     _say(f"stack is up in {time.monotonic() - began:.1f}s; logs in {paths.logs}/<service>.log "
          "(`ki stack logs <service>`)")  # fmt: skip
-    if settings.stack.secure:
+    if stack_settings(settings).secure:
         env = SecureMaterial.of(settings).env_file("operator")
         _say(f"secured: point ki at it with `set -a; . {env}; set +a` (worker.env, api.env beside it)")
-    if settings.stack.cluster:
+    if stack_settings(settings).cluster:
         _say(f"cluster: point ki at it with `set -a; . {cluster_env_file(settings)}; set +a`")
     return 0
 
@@ -331,7 +332,7 @@ def start_service(settings: Settings, name: str | None) -> int:
         try:
             java = find_java(settings)
             keycloak = isinstance(svc, Keycloak)
-            artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=settings.stack.secure)
+            artifacts = resolve_artifacts(paths, java, _say, keycloak=keycloak, secure=stack_settings(settings).secure)
             runtime = Runtime(java=java, artifacts=artifacts)
         except StackError as exc:
             _fail(str(exc))
@@ -339,7 +340,7 @@ def start_service(settings: Settings, name: str | None) -> int:
         reserve_ports(svc.ports)
         launched: list[Service] = []
         try:
-            _bring_up([svc], runtime, settings.stack.start_timeout_s, f"[{svc.name}]", launched)
+            _bring_up([svc], runtime, stack_settings(settings).start_timeout_s, f"[{svc.name}]", launched)
         except StackError as exc:
             _say()
             _fail(str(exc))
@@ -417,7 +418,7 @@ def status(settings: Settings) -> int:
         rss = svc.rss_bytes(pid) / MIB
         _say(f"{svc.name:<13} running  pid {pid:<8} port {svc.port:<6} rss {rss:7.1f} MiB  "
              f"{'healthy' if reason is None else 'unhealthy: ' + reason}")  # fmt: skip
-    if healthy and settings.stack.cluster:
+    if healthy and stack_settings(settings).cluster:
         healthy = _cluster_status(settings)
     if healthy:
         healthy = _connector_status(settings)

@@ -17,6 +17,7 @@ from apps.dev.stack.http import NO_AUTH, Auth, HttpError, request_json
 from apps.dev.stack.process import Launch
 from apps.dev.stack.secure import ADMIN_CN, NODE_CN, SecureMaterial, distinguished_name, opensearch_security_files
 from apps.dev.stack.service import Runtime, Service
+from apps.dev.stack.settings import stack_settings
 
 LOG4J_TEMPLATE = Path(__file__).with_name("opensearch-log4j2.properties")
 CLUSTER_NAME = "ki-local"
@@ -114,13 +115,13 @@ class OpenSearch(Service):
 
     def admin_auth(self) -> Auth:
         """The stack's own probes: the security plugin's administrator, when the profile is secured."""
-        if not self.settings.stack.secure:
+        if not stack_settings(self.settings).secure:
             return NO_AUTH
         material = SecureMaterial.of(self.settings)
         return Auth("admin", material.password("opensearch", "admin"), str(material.ca_cert))
 
     def jvm_options(self) -> str:
-        heap = self.settings.stack.opensearch_heap
+        heap = stack_settings(self.settings).opensearch_heap
         logs = self.state_dir / "logs"
         lines = [
             "# Written by `ki stack up` from the settings; edits are overwritten.",
@@ -145,8 +146,8 @@ class OpenSearch(Service):
         for sub in ("config", "data", "logs", "tmp"):
             self.user.make_dir(self.state_dir / sub)
         home = self.distribution(runtime)
-        values = {**self.settings_yml(), **(self.secure_yml() if self.settings.stack.secure else {})}
-        if self.settings.stack.secure:
+        values = {**self.settings_yml(), **(self.secure_yml() if stack_settings(self.settings).secure else {})}
+        if stack_settings(self.settings).secure:
             self.write_security_config(home)
         yml = "".join(f"{key}: {json.dumps(value)}\n" for key, value in values.items())
         self.write_config(self.config_dir / "opensearch.yml", "# Written by `ki stack up`.\n" + yml)
@@ -196,7 +197,7 @@ class OpenSearch(Service):
         wanted = [
             *(m.name for m in OPENSEARCH_MODULES),
             KNN_PLUGIN,
-            *([SECURITY_PLUGIN] if self.settings.stack.secure else []),
+            *([SECURITY_PLUGIN] if stack_settings(self.settings).secure else []),
         ]
         missing = [name for name in wanted if name not in loaded]
         if status != 200 or missing:

@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings
 
 #: Parent of the per-stack directories of services that run as another account (created by root).
@@ -34,7 +35,7 @@ class StackPaths:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StackPaths:
-        return cls(Path(settings.stack.home).expanduser().resolve())
+        return cls(Path(stack_settings(settings).home).expanduser().resolve())
 
     @property
     def artifacts(self) -> Path:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, load_settings
 
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
@@ -67,7 +68,7 @@ def shifted_ports(settings: Settings, shift: int) -> dict[str, str]:
         "KI_KAFKA__CONTROLLER_PORT": settings.kafka.controller_port,
         "KI_OPENSEARCH__TRANSPORT_PORT": settings.opensearch.transport_port,
         "KI_STREAMS__WEB_PORT": settings.streams.web_port,
-        "KI_STACK__KEYCLOAK_PORT": settings.stack.keycloak_port,
+        "KI_STACK__KEYCLOAK_PORT": stack_settings(settings).keycloak_port,
     }
     env = {name: str(_moved(port, shift)) for name, port in moved.items()}
     if settings.streams.access_web_port is not None:

@@ -21,6 +21,7 @@ from apps.dev.stack.errors import StackError
 from apps.dev.stack.process import Launch
 from apps.dev.stack.secure import POSTGRES_ROLES, SecureMaterial
 from apps.dev.stack.service import Runtime, Service
+from apps.dev.stack.settings import stack_settings
 
 SUPERUSER = "postgres"
 BIN_GLOB = "/usr/lib/postgresql/*/bin"  # Debian / Ubuntu layout
@@ -75,7 +76,7 @@ class Postgres(Service):
                 "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-locale",
             ]  # fmt: skip
             process.run_once(Launch(initdb, cwd=self.state_dir), self.log_file, self.user, "initdb")
-        self.user.write(self.pgdata / "pg_hba.conf", self._hba(self.settings.stack.secure), mode=0o600)
+        self.user.write(self.pgdata / "pg_hba.conf", self._hba(stack_settings(self.settings).secure), mode=0o600)
         options = {
             "listen_addresses": self.host,
             "port": self.port,
@@ -87,7 +88,7 @@ class Postgres(Service):
             "logging_collector": "off",
             "log_line_prefix": "%m [%p] %q%u@%d ",
         }
-        if self.settings.stack.secure:
+        if stack_settings(self.settings).secure:
             options.update(self._tls_files())
         argv = [str(bin_dir / "postgres"), "-D", str(self.pgdata)]
         for key, value in options.items():

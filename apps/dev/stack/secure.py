@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, load_settings
 
 ORGANISATION = "ki-sidecar local stack"
@@ -131,7 +132,7 @@ class SecureMaterial:
 
     @classmethod
     def of(cls, settings: Settings) -> SecureMaterial:
-        return cls(Path(settings.stack.home).expanduser() / "secure")
+        return cls(Path(stack_settings(settings).home).expanduser() / "secure")
 
     @property
     def ca_cert(self) -> Path:
@@ -225,7 +226,7 @@ def client_env(settings: Settings, material: SecureMaterial, role: str) -> dict[
     }
     return {
         "KI_STACK__SECURE": "true",
-        "KI_STACK__HOME": str(Path(settings.stack.home).expanduser()),
+        "KI_STACK__HOME": str(Path(stack_settings(settings).home).expanduser()),
         "KI_DATABASE__USER": db_user,
         "KI_DATABASE__PASSWORD_FILE": str(material.password_file("postgres", db_user)),
         "KI_DATABASE__SSLMODE": "verify-full",

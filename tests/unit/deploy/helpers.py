@@ -9,6 +9,7 @@ from io import StringIO
 
 from apps.cli import build_parser
 from apps.dev.checkout import REPO_ROOT
+from apps.dev.stack.settings import StackSettings
 from ki.settings import Settings
 
 IMAGE_NAME = "ki-sidecar"
@@ -48,9 +49,12 @@ def assert_ki_command(args: list[str], where: str) -> None:
 
 
 def setting_exists(variable: str) -> bool:
-    """`KI_<SECTION>__<FIELD>` names a setting of ki/settings.py."""
+    """`KI_<SECTION>__<FIELD>` names a setting of ki/settings.py (of apps/dev/stack/settings.py for `stack`)."""
     target: object = Settings()
-    for part in variable.removeprefix("KI_").lower().split("__"):
+    parts = variable.removeprefix("KI_").lower().split("__")
+    if parts[0] == "stack":
+        target, parts = StackSettings(), parts[1:]
+    for part in parts:
         if not hasattr(target, part):
             return False
         target = getattr(target, part)

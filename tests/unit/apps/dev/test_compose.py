@@ -35,6 +35,7 @@ from apps.dev.stack.secure import (
 )
 from apps.dev.stack.secure import main as secure_main
 from apps.dev.stack.service import Runtime, java_properties
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, load_settings
 
 
@@ -385,7 +386,7 @@ def test_every_secret_a_service_reads_is_staged_from_what_the_material_command_w
     for directory, name in sorted(references):
         assert name in files.get(directory, set()), f"{directory}/{name} is read but not staged"
     # The compose file's default material directory is the default stack home's.
-    home = Settings().stack.home
+    home = stack_settings(Settings()).home
     assert home.startswith("~/")
     assert compose["x-material"]["source"] == f"${{KI_SECURE_DIR:-${{HOME}}/{home[2:]}/secure}}"
 

@@ -17,6 +17,7 @@ from apps.dev.stack.kafka import Kafka
 from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.postgres import Postgres
 from apps.dev.stack.secure import ROLES, SecureMaterial, opensearch_security_files, read_env_file
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, load_settings
 
 
@@ -58,7 +59,7 @@ def test_secrets_live_in_files_of_the_invoking_user_and_no_env_file_holds_one(tm
             if key.endswith("_FILE"):
                 assert Path(value).is_file(), (role, key)
         secured_settings = load_settings(environ=env)
-        assert secured_settings.stack.secure
+        assert stack_settings(secured_settings).secure
         assert secured_settings.database.sslmode == "verify-full"
         assert secured_settings.kafka.security_protocol == "SASL_SSL"
         assert secured_settings.opensearch.url.startswith("https://")

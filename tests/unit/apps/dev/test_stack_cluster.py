@@ -16,6 +16,7 @@ from apps.dev.stack.manager import build_services
 from apps.dev.stack.opensearch import OpenSearch
 from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.ports import shifted_ports
+from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, SettingsError, with_environment
 
 RUNTIME: Any = SimpleNamespace(artifacts=SimpleNamespace(debezium_plugin_path="/plugins"))
@@ -31,7 +32,7 @@ def test_the_profile_names_every_node_and_replicates_by_three(tmp_path: Path) ->
     assert settings.kafka.brokers == ["127.0.0.1:59092", "127.0.0.1:59102", "127.0.0.1:59112"]
     assert settings.opensearch.urls == ["http://127.0.0.1:59200", "http://127.0.0.1:59210", "http://127.0.0.1:59220"]
     assert (settings.kafka.replication_factor, settings.kafka.min_insync_replicas) == (3, 2)
-    assert settings.opensearch.number_of_replicas == 1 and settings.stack.opensearch_heap == "768m"
+    assert settings.opensearch.number_of_replicas == 1 and stack_settings(settings).opensearch_heap == "768m"
     # A heap the caller set stays theirs.
     assert cluster_env(Settings(), {"KI_STACK__OPENSEARCH_HEAP": "2g"}).get("KI_STACK__OPENSEARCH_HEAP") is None
 
@@ -40,7 +41,7 @@ def test_the_home_remembers_it_is_a_cluster_until_wiped(tmp_path: Path) -> None:
     clustered(tmp_path)
     plain = with_environment(Settings(), {"KI_STACK__HOME": str(tmp_path)})
     remembered = with_profile(plain)  # `ki stack down` / `status` without --cluster
-    assert remembered.stack.cluster and len(remembered.kafka.brokers) == 3
+    assert stack_settings(remembered).cluster and len(remembered.kafka.brokers) == 3
     (tmp_path / "cluster.env").unlink()  # what `ki stack wipe` removes
     assert with_profile(plain) == plain
 
