@@ -9,7 +9,6 @@ A ranked search: scope (beside the query's embedding) -> the plan, made once (se
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -91,7 +90,7 @@ class SearchService:
         self.scope = ScopeStage(settings, self.sql, self.metrics, self.background, self.scope_cache, self.feed)
         self.legs = LegsStage(self.scoped, r.hnsw_ef_search)
         self.ranked = ranked_search(
-            settings, sql=self.sql, scoped=self.scoped, embedding=self.embedding, legs=self.legs,
+            settings, sql=self.sql, scoped=self.scoped, embedding=self.embedding, scope=self.scope, legs=self.legs,
             signature=lambda: self.embedder.signature, reranker=self.reranker, metrics=self.metrics,
             stats=self.stats, background=self.background, name_cache=self.name_cache, feed=self.feed,
         )  # fmt: skip
@@ -186,23 +185,10 @@ class SearchService:
         return await self.legs.in_scope(request, scope, vector, plan or self.plan(request))
 
     async def search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
-        """A ranked search, released on the search grid (`api.limits.search_release_quantum_ms`)."""
-        return await self.sql.on_the_grid(self._search(principals, request), self._search_quantum_ms)
-
-    async def _search(self, principals: Sequence[str], request: SearchRequest) -> SearchResult:
-        started = time.perf_counter()
-        plan = self.plan(request)  # once: every step below reads it
-        # The query vector does not depend on the scope: a cache miss is embedded while the scope SQL runs.
-        vector = None
-        if plan.needs_vector:
-            vector = asyncio.ensure_future(self.embed_query(plan.expansion.text, principals))
-        try:
-            scope = await self.compile_scope(principals, request.filters.project_id)
-        except BaseException:
-            if vector is not None:
-                vector.cancel()
-            raise
-        return await self.search_in_scope(principals, request, scope, started=started, vector=vector, plan=plan)
+        """A ranked search on its plan (made here, once: every stage reads it), released on the search grid
+        (`api.limits.search_release_quantum_ms`)."""
+        work = self.ranked.search(principals, request, self.plan(request))
+        return await self.sql.on_the_grid(work, self._search_quantum_ms)
 
     async def search_in_scope(
         self,

@@ -46,6 +46,7 @@ from ki.errors import PermanentError
 from ki.evidence_keys import load_public_key, unverified_reason
 from ki.settings import RetrievalSettings, Settings
 from projections.text import NORMALISATION_VERSION
+from search.ranking.legs import REGISTRY
 from search.ranking.synonyms import DEFAULT_SYNONYMS
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,11 @@ log = logging.getLogger(__name__)
 Mode = Literal["hybrid", "lexical", "semantic"]
 MODES: tuple[Mode, ...] = ("hybrid", "lexical", "semantic")
 
-# What decides a ranking besides the index contents; any change invalidates a report.
+# What decides a ranking besides the index contents; any change invalidates a report. Each registered leg's
+# weight is bound by its registration (a new leg's weight enters with it; the hash's keys are sorted).
 RANKING_FIELDS: tuple[str, ...] = (
     "fusion_rrf_k",
-    "weight_lexical",
-    "weight_semantic",
-    "weight_identifier",
+    *(leg.weight_key for leg in REGISTRY),
     "version_status_boost",
     "chunk_chars",
     "chunk_overlap_chars",

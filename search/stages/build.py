@@ -21,6 +21,7 @@ from search.stages.rank import RankStage
 from search.stages.ranked import RankedSearch, post_ranking_stages
 from search.stages.rerank import RerankGateway
 from search.stages.reverify import ReverifyStage
+from search.stages.scope import ScopeStage
 from search.telemetry.metrics import SearchMetrics
 from search.telemetry.stats import StatsRecorder
 
@@ -31,6 +32,7 @@ def ranked_search(
     sql: SqlReader,
     scoped: ScopedIndex,
     embedding: EmbedStage,
+    scope: ScopeStage,
     legs: LegsStage,
     signature: Callable[[], str],
     reranker: Reranker | None,
@@ -61,4 +63,6 @@ def ranked_search(
         ranking=[RankStage(r, signature, metrics), ReverifyStage(sql.reverify, r, rerank=reranker is not None)],
         post_ranking=post_ranking,
         answer=answer_stages(settings, scoped),
+        compile_scope=scope.compile,
+        embed=embedding.embed,
     )

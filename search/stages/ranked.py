@@ -8,7 +8,8 @@ rows after ranking, so the offset cannot be pushed down into OpenSearch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from ki.settings import RetrievalSettings, Settings
 from projections.plan import VECTOR_PENDING
@@ -49,6 +50,10 @@ def post_ranking_stages(
     ]
 
 
+CompileScope = Callable[[Sequence[str], Sequence[int] | None], Awaitable[CompiledScope]]
+EmbedQuery = Callable[[str, Sequence[str]], Awaitable[list[float]]]
+
+
 class RankedSearch:
     """The stages of a ranked search in their order, and the answer they make."""
 
@@ -64,11 +69,29 @@ class RankedSearch:
         ranking: Sequence[Stage],  # fuse, re-verify and collapse
         post_ranking: Sequence[Stage],
         answer: Sequence[Stage],
+        compile_scope: CompileScope,  # the scope stage's (search.stages.scope)
+        embed: EmbedQuery,  # the embed stage's, cached per caller (search.stages.embed)
     ) -> None:
         self.settings, self.scoped, self.identities, self.metrics, self.stats = (
             settings, scoped, identities, metrics, stats
         )  # fmt: skip
         self.head, self.ranking, self.post_ranking, self.answer = head, ranking, post_ranking, answer
+        self.compile_scope, self.embed = compile_scope, embed
+
+    async def search(self, principals: Sequence[str], request: SearchRequest, plan: QueryPlan) -> SearchResult:
+        """The whole request on its plan: the caller's scope compiled, then the stages. The query vector does not
+        depend on the scope, so a cache miss is embedded while the scope's SQL runs."""
+        started = time.perf_counter()
+        vector = None
+        if plan.needs_vector:
+            vector = asyncio.ensure_future(self.embed(plan.expansion.text, principals))
+        try:
+            scope = await self.compile_scope(principals, request.filters.project_id)
+        except BaseException:
+            if vector is not None:
+                vector.cancel()
+            raise
+        return await self.run(principals, request, scope, plan, started=started, vector=vector)
 
     async def run(
         self,

@@ -1,7 +1,7 @@
 """One retrieval leg behind one interface (`Leg`): the query it sends, the setting that weights it and the modes
 that run it, its depth. The legs are registered in `search.ranking.legs.REGISTRY` (send order); adding a leg is
-one module here plus its registration there, its weight setting in `ki.settings.RetrievalSettings` and that
-setting in the ranking hash (`search.ranking.mode_gate.RANKING_FIELDS`; a unit test fails when it is not).
+one module here plus its registration there and its weight setting in `ki.settings.RetrievalSettings`; the
+registration binds that setting into the ranking hash (`search.ranking.mode_gate.RANKING_FIELDS`).
 """
 
 from __future__ import annotations

@@ -86,39 +86,46 @@ class _FlippingGate:
 
 
 def test_a_gate_flip_in_the_middle_of_a_request_does_not_change_its_plan() -> None:
-    """`SearchService.search` makes the plan before its first await and hands it to every step: the gate is
-    read once, and the steps after the flip still run the hybrid plan (embedding included)."""
+    """`SearchService.search` makes the plan before its first await and hands it to the ranked search: the gate is
+    read once, and the stages after the flip still run the hybrid plan (embedding included)."""
     from search.service import SearchService
+    from search.stages.ranked import RankedSearch
 
     gate = _FlippingGate()
     seen: list[QueryPlan] = []
     embedded: list[str] = []
 
+    async def embed(query: str, principals: Any = ()) -> list[float]:
+        embedded.append(query)
+        return [0.1]
+
+    async def compile_scope(principals: Any, project_ids: Any) -> Any:
+        await asyncio.sleep(0)  # the request yields here; the gate may change meanwhile
+        return "scope"
+
+    class Stages(RankedSearch):
+        def __init__(self) -> None:  # no stages: `run` below records what the request hands it
+            self.compile_scope, self.embed = compile_scope, embed
+
+        async def run(self, principals: Any, request: Any, scope: Any, plan: QueryPlan, **kw: Any) -> Any:
+            seen.append(plan)
+            await kw["vector"]
+            return service.plan(request)  # a later reading: the flipped gate
+
     class Probe(SearchService):
-        def __init__(self) -> None:  # no clients: the steps below are stubs that record what they are given
+        def __init__(self) -> None:  # no clients
             from search.ports import SqlReader
 
             self.settings = load_settings(environ={})
             self.synonym_groups = None
             none: Any = None
             self.sql = SqlReader(self.settings, none, none)  # only its release grid is used
-
-        async def embed_query(self, query: str, principals: Any = ()) -> list[float]:
-            embedded.append(query)
-            return [0.1]
-
-        async def compile_scope(self, principals: Any, project_ids: Any) -> Any:
-            await asyncio.sleep(0)  # the request yields here; the gate may change meanwhile
-            return "scope"
-
-        async def search_in_scope(self, principals: Any, request: Any, scope: Any, **kw: Any) -> Any:
-            seen.append(kw["plan"])
-            await kw["vector"]
-            return self.plan(request)  # a later reading: the flipped gate
+            self.ranked = Stages()
 
     Probe.gate = gate  # type: ignore[assignment]
-    later = asyncio.run(Probe().search(["user:anna"], SearchRequest(query="Kaution")))
-    assert [p.mode for p in seen] == ["hybrid"] and embedded == ["Kaution"]
+    service = Probe()
+    later = asyncio.run(service.search(["user:anna"], SearchRequest(query="Kaution")))
+    assert [p.mode for p in seen] == ["hybrid"] and embedded == ["Kaution"] and gate.reads == 2
     assert later.mode == "lexical"  # the gate did flip; the request's own plan did not follow it
 
 
