@@ -133,6 +133,7 @@ class RankedSearch:
             graph=ctx.graph,
             reason=reason,
             plan=plan.to_json() if request.explain else None,
+            answer_gate=ctx.answer_gate if request.explain else None,
         )
 
     def record(
