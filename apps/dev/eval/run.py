@@ -1373,7 +1373,12 @@ async def _coverage_record(
         "chosen_on_train": chosen,
         "measured_through_api": measured,
         "reported_on_test": reported,
-        "readings": {split: {qid: r.to_json() for qid, r in sorted(rs.items())} for split, rs in readings.items()},
+        "readings": {
+            split: {qid: {**r.to_json(), **({"ndcg@10": round(splits[split]["ndcg"][qid], 4)}
+                                            if qid in splits[split]["ndcg"] else {})}  # fmt: skip
+                    for qid, r in sorted(rs.items())}
+            for split, rs in readings.items()
+        },
     }
 
 
