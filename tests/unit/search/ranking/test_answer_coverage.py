@@ -3,6 +3,9 @@ passage, and when the gate empties an answer."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from search.ranking.coverage import (
@@ -68,3 +71,48 @@ def test_answer_evidence_reads_the_first_hits_similarity_coverage_and_identifier
     assert answer_evidence("Warschau", head, None, "cosinesimil").similarity is None  # the leg did not run
     named = [_candidate("d", "§ 573 BGB", {"identifier": 0}, ("§ 573 BGB",))]
     assert answer_evidence("§ 573 BGB", named, semantic, "cosinesimil").identifier
+
+
+class _Request:
+    def __init__(self, query: str, explain: bool = False) -> None:
+        self.query, self.explain = query, explain
+
+
+class _Identity:
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+
+
+class _Ctx:
+    """The fields the stage reads and writes (search.pipeline.QueryContext has them too)."""
+
+    def __init__(self, query: str, kept: list[Candidate], outcome: str = "none") -> None:
+        self.request, self.kept, self.identity = _Request(query), kept, _Identity(outcome)
+        self.legs = {"semantic": [LegHit("a", 0.91, {})], "lexical": []}  # cosine 0.82
+        self.answer_gate: dict | None = None
+
+
+def _stage(enabled: bool = True) -> Any:
+    from ki.settings import AnswerCoverageSettings, RetrievalSettings
+    from search.stages.coverage import AnswerCoverageStage
+
+    gate = AnswerCoverageSettings(similarity={"sig": 0.86}, min_coverage=0.5, hits=3)
+    retrieval = RetrievalSettings(answer_coverage_gate_enabled=enabled, answer_coverage_gate=gate)
+    return AnswerCoverageStage(retrieval, lambda: "sig")
+
+
+def test_the_stage_empties_an_uncovered_answer_and_never_a_named_document() -> None:
+    off_topic = [_candidate("a", "Der Igel schläft im Winter.", {"semantic": 0})]
+    ctx = _Ctx("Kündigungsfrist Mietvertrag", off_topic)
+    asyncio.run(_stage().run(ctx))
+    assert ctx.kept == [] and ctx.answer_gate == {"similarity": 0.82, "coverage": 0.0, "identifier": False,
+                                                  "empty": True}  # fmt: skip
+    named = _Ctx("Kündigungsfrist Mietvertrag", list(off_topic), outcome="unique")
+    asyncio.run(_stage().run(named))
+    assert named.kept == off_topic and named.answer_gate is not None and not named.answer_gate["empty"]
+    covered = _Ctx("Kündigungsfrist Mietvertrag", [_candidate("a", "Kündigungsfrist im Mietvertrag", {"semantic": 0})])
+    asyncio.run(_stage().run(covered))
+    assert covered.kept and covered.answer_gate is not None and covered.answer_gate["coverage"] == 1.0
+    off = _Ctx("Kündigungsfrist Mietvertrag", list(off_topic))
+    asyncio.run(_stage(enabled=False).run(off))
+    assert off.kept == off_topic  # off: read (for explain), never emptied
