@@ -116,3 +116,14 @@ def test_the_stage_empties_an_uncovered_answer_and_never_a_named_document() -> N
     off = _Ctx("Kündigungsfrist Mietvertrag", list(off_topic))
     asyncio.run(_stage(enabled=False).run(off))
     assert off.kept == off_topic  # off: read (for explain), never emptied
+
+
+def test_the_gate_is_off_as_shipped_and_its_bar_is_a_cosine() -> None:
+    from pathlib import Path
+
+    from ki.settings import AnswerCoverageSettings, load_settings
+
+    shipped = load_settings(Path(__file__).parents[4] / "config.json", environ={})
+    assert shipped.retrieval.answer_coverage_gate_enabled is False
+    with pytest.raises(ValueError, match="cosine similarity"):
+        AnswerCoverageSettings(similarity={"sig": 1.5})
