@@ -586,6 +586,7 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
         train_fusions=not args.no_train_fusions,
         categories=args.categories,
         negatives=args.negatives,
+        floor_sweep=not args.no_floor_sweep,
         self_documents=args.self_documents,
         argv=tuple(sys.argv[1:]),
     )
@@ -912,6 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "semantic floor's answer gate, swept over floors (chosen on train, reported on test)")  # fmt: skip
     ev.add_argument("--negatives", type=int, default=100,
                     help="--categories: unanswerable queries per kind and split (default 100)")  # fmt: skip
+    ev.add_argument("--no-floor-sweep", action="store_true",
+                    help="--categories: leave out the floor's sweep through the API (the coverage gate's curve, "
+                    "read from one run, and its point chosen on train still run)")  # fmt: skip
     ev.add_argument("--analyzer", help="text analyzer of the eval index (default: retrieval.text_analyzer)")
     ev.add_argument("--out", help="output folder for JSON, per-query diff and PNG (default: build/eval)")
     ev.add_argument("--worker", choices=["auto", "external"], default="auto",

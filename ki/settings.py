@@ -211,6 +211,24 @@ class GraphRagSettings(_Group):
     hop_penalty: float = Field(0.5, gt=0.0, le=1.0)
 
 
+class AnswerCoverageSettings(_Group):
+    """The answer gate's second signal (search.ranking.coverage): an answer is empty (`no_credible_evidence`) when
+    the semantic leg's best cosine similarity is below `similarity[signature]` and the best of the first `hits`
+    fused hits holds less than `min_coverage` of the question's content words. A signature without an entry: no
+    gate. Never when an identifier matched."""
+
+    similarity: dict[str, float] = Field(default_factory=dict)
+    min_coverage: float = Field(0.5, ge=0.0, le=1.0)
+    hits: int = Field(3, ge=1, le=50)
+
+    @model_validator(mode="after")
+    def _check(self) -> AnswerCoverageSettings:
+        for signature, bar in self.similarity.items():
+            if not -1.0 <= bar <= 1.0:
+                raise ValueError(f"similarity[{signature!r}] is a cosine similarity in [-1, 1], got {bar}")
+        return self
+
+
 class NameLookupSettings(_Group):
     """Name look-up, the identity preflight (search.names.keys): identifiers and exact titles named in the
     query are resolved against the caller's scope before ranking; one named document is the top hit,
@@ -331,6 +349,10 @@ class RetrievalSettings(_Section):
     # Off by default: at the shipped floor it adds little on the dev sets' train splits, at the floors where it helps
     # it costs xquad-de more than 0.01 nDCG@10 (BENCHMARKS.md, issue 50 item 3).
     semantic_floor_gates_answer: bool = False
+    # The answer's lexical coverage of the question (search.ranking.coverage): an on-topic passage that lacks the
+    # question's own words is no answer either. Off by default (BENCHMARKS.md, issue 50 item 3).
+    answer_coverage_gate_enabled: bool = False
+    answer_coverage_gate: AnswerCoverageSettings = AnswerCoverageSettings()
     # Evidence budget: total characters of hit text (and `context`) in one answer; None: no budget.
     # A request's `evidence_budget_chars` overrides it.
     evidence_budget_chars: int | None = Field(None, ge=1, le=10_000_000)

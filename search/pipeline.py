@@ -81,6 +81,7 @@ class SearchResult:
     evidence: dict[str, int] | None = None  # the evidence budget's use, when a budget applies
     graph: dict[str, Any] | None = None  # graph augmentation's outcome, when it is on
     plan: dict[str, Any] | None = None  # the request's plan (with `explain`)
+    answer_gate: dict[str, Any] | None = None  # the coverage gate's reading of the answer (with `explain`)
 
     def to_json(self, timings: bool = False) -> dict[str, Any]:
         """The answer; `timings_ms` only for operators (`timings`): server-side times tell a caller about
@@ -95,6 +96,7 @@ class SearchResult:
             "reason": self.reason,
             "synonyms_added": self.synonyms,
             "semantic_floor": self.semantic_floor,
+            "answer_gate": self.answer_gate,
             "evidence": self.evidence,
             "graph": self.graph,
             "plan": self.plan,
@@ -120,6 +122,7 @@ class QueryContext:
     legs: dict[str, list[LegHit]] = field(default_factory=dict)  # the legs as fused (after the relevance floor)
     floor: float | None = None  # the relevance floor on the semantic leg, and how many hits it dropped
     below_floor: int = 0
+    answer_gate: dict[str, Any] | None = None  # the coverage gate's reading of the answer (with `explain`)
     fused: list[Candidate] = field(default_factory=list)  # the whole fused list, before the re-verify
     kept: list[Candidate] = field(default_factory=list)  # verified and collapsed, in answer order
     verified: Verified = field(default_factory=dict)

@@ -163,6 +163,10 @@ def ranking_hash(retrieval: RetrievalSettings, embedding_signature: str | None =
         fields["semantic_floor"] = floors if embedding_signature is None else floors.get(embedding_signature)
         if retrieval.semantic_floor_gates_answer:  # enters only when on (reports measured before it still hold)
             fields["semantic_floor_gates_answer"] = True
+    if retrieval.answer_coverage_gate_enabled:  # enters only when on (reports measured before it still hold)
+        gate = retrieval.answer_coverage_gate
+        bars = gate.similarity if embedding_signature is None else gate.similarity.get(embedding_signature)
+        fields["answer_coverage_gate"] = [bars, gate.min_coverage, gate.hits]
     if retrieval.graph_rag_enabled:
         r = retrieval
         fields["graph_rag"] = [r.graph_rag.seeds, r.graph_rag.max_added, r.graph_rag.hop_penalty]

@@ -14,6 +14,7 @@ from search.ranking.scoped import ScopedIndex
 from search.stages.answer import answer_stages
 from search.stages.augment import GraphAugmenter
 from search.stages.authoritative import AuthoritativeFinder
+from search.stages.coverage import AnswerCoverageStage
 from search.stages.embed import EmbedStage
 from search.stages.identity import Identities, IdentityWait
 from search.stages.legs import LegsStage
@@ -60,7 +61,11 @@ def ranked_search(
         metrics,
         stats,
         head=[embedding, legs, IdentityWait()],
-        ranking=[RankStage(r, signature, metrics), ReverifyStage(sql.reverify, r, rerank=reranker is not None)],
+        ranking=[
+            RankStage(r, signature, metrics),
+            ReverifyStage(sql.reverify, r, rerank=reranker is not None),
+            AnswerCoverageStage(r, signature),
+        ],
         post_ranking=post_ranking,
         answer=answer_stages(settings, scoped),
         compile_scope=scope.compile,

@@ -156,6 +156,7 @@ class RankedSearch:
             graph=ctx.graph,
             reason=reason,
             plan=plan.to_json() if request.explain else None,
+            answer_gate=ctx.answer_gate if request.explain else None,
         )
 
     def record(

@@ -547,6 +547,19 @@ def _ranked_page(item: str) -> dict[str, Any]:
         "none is stored for the index's embedding signature) and how many of its hits fell below it",
         "properties": {"similarity": {"type": "number", "nullable": True}, "dropped": {"type": "integer"}},
     }
+    page["properties"]["answer_gate"] = {
+        "type": "object",
+        "description": "with `explain`: the answer's first hits as the coverage gate reads them (their best cosine "
+        "similarity, null when the semantic leg did not run; their best share of the question's content words, "
+        "null without content words), whether one of them matched an identifier, and whether the gate made the answer "
+        "empty",
+        "properties": {
+            "similarity": {"type": "number", "nullable": True},
+            "coverage": {"type": "number", "nullable": True},
+            "identifier": {"type": "boolean"},
+            "empty": {"type": "boolean"},
+        },
+    }
     page["properties"]["evidence"] = {
         "type": "object",
         "description": "when an evidence budget applies: characters allowed and used, hits left out for it, and "

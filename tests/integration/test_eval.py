@@ -206,6 +206,24 @@ def test_categories_and_unanswerable_queries_with_the_floors_curve(run: dict) ->
     assert unanswerable["no_floor"]["test"]["empty"] == 0.0  # without the floor the lexical leg always answers
 
 
+def test_the_coverage_gates_curve_is_read_from_one_run_and_its_chosen_point_holds_through_the_api(run: dict) -> None:
+    """The coverage gate's curve (retrieval.answer_coverage_gate) is computed from each answer's `answer_gate`
+    reading; the point chosen on train, measured through the API with the gate on, gives what the curve said."""
+    gate = run["record"]["categories"]["unanswerable"]["coverage_gate"]
+    assert len(gate["curve"]) == len(gate["bars"]) * len(gate["min_coverages"])
+    for split in ("train", "test"):
+        readings = gate["readings"][split]
+        assert len(readings) == 4 + sum(1 for r in readings.values() if "ndcg@10" in r)  # 4 unanswerable
+        answered = [r for r in readings.values() if r["hits"]]
+        assert answered and all(r["coverage"] is None or 0.0 <= r["coverage"] <= 1.0 for r in answered)
+    chosen = gate["chosen_on_train"]
+    if chosen is not None:  # a point within the cost on the mini set's train queries
+        at = next(p for p in gate["curve"] if p["threshold"] == chosen["threshold"])
+        for split in ("train", "test"):
+            measured = gate["measured_through_api"][split]
+            assert measured["ndcg@10"] == at[split]["ndcg@10"] and measured["empty"] == at[split]["empty"]
+
+
 def test_the_eval_went_through_its_own_world(run: dict, settings: Settings) -> None:
     record, iso = run["record"], run["record"]["isolation"]
     assert iso["database"] != settings.database.name and iso["slot"] != settings.connect.slot_name

@@ -117,5 +117,10 @@ def benchmark_record(report: Mapping[str, Any]) -> dict[str, Any]:
     `binding_of_run`, so the mode gate never takes a subsample's run for evidence (it reads only reports with a
     `binding`, and benchmarks/ holds the reports it ships)."""
     out = {key: report[key] for key in BENCHMARK_KEYS if key in report}
+    gate = (out.get("categories") or {}).get("unanswerable", {}).get("coverage_gate")
+    if gate and "readings" in gate:  # per-query readings stay in the run's own report
+        unanswerable = {**out["categories"]["unanswerable"], "coverage_gate": {k: v for k, v in gate.items()
+                                                                              if k != "readings"}}  # fmt: skip
+        out["categories"] = {**out["categories"], "unanswerable": unanswerable}
     out["binding_of_run"] = {"binding": report.get("binding"), "binding_hash": report.get("binding_hash")}
     return out

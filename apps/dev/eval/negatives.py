@@ -179,3 +179,86 @@ def markdown_curve(unanswerable: Mapping[str, Any]) -> list[str]:
         label = f"**{point['threshold']}**" if point["threshold"] == chosen else str(point["threshold"])
         rows.append(f"| {label} | on | {side(point.get('train'))} | {side(point.get('test'))} |")
     return rows
+
+
+# --- the coverage gate's curve, computed from one run's readings (retrieval.answer_coverage_gate) -------------
+# Similarity bars (cosine; 1.0: any similarity short of an exact match) and minimum coverages the curve crosses.
+COVERAGE_BARS: tuple[float, ...] = (0.8, 0.82, 0.84, 0.85, 0.86, 0.87, 0.88, 0.9, 1.0)
+COVERAGE_MINS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One query's answer without the coverage gate, as the gate would read it: its hits (corpus ids), its empty
+    reason, and the `answer_gate` explain of the API (best similarity and coverage of the first hits, whether one
+    matched an identifier)."""
+
+    hits: tuple[str, ...]
+    reason: str | None
+    similarity: float | None
+    coverage: float | None
+    identifier: bool = False
+
+    def gated(self, bar: float, min_coverage: float) -> bool:
+        """Whether the gate at (`bar`, `min_coverage`) would make this answer empty (as the API stage decides)."""
+        if not self.hits or self.identifier or self.similarity is None or self.coverage is None:
+            return False
+        return self.similarity < bar and self.coverage < min_coverage
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": len(self.hits), "reason": self.reason, "similarity": self.similarity,
+                "coverage": self.coverage, "identifier": self.identifier}  # fmt: skip
+
+
+def coverage_point(
+    readings: Mapping[str, Reading],
+    answerable_ndcg: Mapping[str, float],
+    negatives: Sequence[Unanswerable],
+    bar: float,
+    min_coverage: float,
+) -> dict[str, Any]:
+    """The answerable queries' nDCG@10 (a gated answer scores 0) and the unanswerable queries' outcomes, had the
+    coverage gate been on at (`bar`, `min_coverage`)."""
+    ndcg = [0.0 if readings[q].gated(bar, min_coverage) else v for q, v in answerable_ndcg.items()]
+    kinds: dict[str, list[str]] = {}
+    for n in negatives:
+        r = readings[n.qid]
+        hits = () if r.gated(bar, min_coverage) else r.hits
+        reason = EMPTY_REASON if r.gated(bar, min_coverage) else r.reason
+        kinds.setdefault(n.kind, []).append(outcome(hits, reason, n.removed))
+    return {
+        "threshold": [bar, min_coverage],
+        "ndcg@10": round(sum(ndcg) / len(ndcg), 4) if ndcg else 0.0,
+        "answerable_empty": round(sum(1 for q in answerable_ndcg if readings[q].gated(bar, min_coverage))
+                                  / max(len(answerable_ndcg), 1), 4),  # fmt: skip
+        **shares(o for outcomes in kinds.values() for o in outcomes),
+        "kinds": {kind: shares(outcomes) for kind, outcomes in kinds.items()},
+    }
+
+
+def coverage_curve(
+    readings: Mapping[str, Reading],
+    answerable_ndcg: Mapping[str, float],
+    negatives: Sequence[Unanswerable],
+    bars: Sequence[float] = COVERAGE_BARS,
+    mins: Sequence[float] = COVERAGE_MINS,
+) -> list[dict[str, Any]]:
+    """`coverage_point` over the grid of bars x minimum coverages."""
+    return [coverage_point(readings, answerable_ndcg, negatives, b, m) for b in bars for m in mins]
+
+
+def choose_joint(curves: Sequence[Sequence[Mapping[str, Any]]], baselines: Sequence[float], max_cost: float
+                 ) -> dict[str, Any] | None:  # fmt: skip
+    """One grid point for several data sets' train curves (same grid, same order): among the points within
+    `max_cost` nDCG@10 of each set's baseline on every set, the one with the largest smallest empty share (ties:
+    the larger mean empty share, then the smaller largest cost). None when no point fits every set."""
+    best: tuple[tuple[float, float, float], dict[str, Any]] | None = None
+    for points in zip(*curves, strict=True):
+        costs = [base - float(p["ndcg@10"]) for p, base in zip(points, baselines, strict=True)]
+        if any(c > max_cost + 1e-12 for c in costs):
+            continue
+        empties = [float(p["empty"]) for p in points]
+        key = (min(empties), sum(empties) / len(empties), -max(costs))
+        if best is None or key > best[0]:
+            best = (key, {"threshold": points[0]["threshold"], "empty": empties, "cost": [round(c, 4) for c in costs]})
+    return None if best is None else best[1]

@@ -30,7 +30,7 @@ import re
 import resource
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -41,7 +41,7 @@ from sqlalchemy import Connection, Engine, bindparam, insert, text
 
 from apps.dev.checkout import REPO_ROOT
 from apps.dev.eval import beir, citations, features, isolation, report, tuning, versioned
-from apps.dev.eval.metrics import METRICS, evaluate, per_query_scores
+from apps.dev.eval.metrics import METRICS, evaluate, per_query, per_query_scores
 from apps.dev.eval.queries import EvalError, MemoClient, Mode, Progress, hit_corpus_ids, run_queries
 from apps.dev.eval.queries import print_progress as _progress
 from apps.dev.eval.significance import paired_comparison
@@ -110,6 +110,7 @@ class EvalOptions:
     self_documents: int = 500  # documents the self-evaluation samples
     train_fusions: bool = True  # every fusion x semantic weight on the train split (where the default is chosen)
     categories: bool = False  # per-category figures, unanswerable queries, the floor's sweep (eval.negatives)
+    floor_sweep: bool = True  # --categories: the floor's sweep through the API (the coverage gate's curve is read)
     negatives: int = 100  # --categories: unanswerable queries per kind and split
     drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
@@ -1253,13 +1254,21 @@ class _Asked:
 
 
 async def _answers(
-    q: QueryPhase, run_settings: Settings, asked: Sequence[_Asked], scope: Any, client: Any, limit: int
+    q: QueryPhase,
+    run_settings: Settings,
+    asked: Sequence[_Asked],
+    scope: Any,
+    client: Any,
+    limit: int,
+    readings: dict[str, Any] | None = None,
 ) -> dict[str, tuple[list[str], str | None]]:
     """Each query's hits (corpus ids) and empty reason, in the caller's scope less the versions of its removed
-    documents (hidden from the caller, as a document missing from the corpus is)."""
+    documents (hidden from the caller, as a document missing from the corpus is). With `readings`, the queries are
+    asked with `explain` and the coverage gate's reading of each answer goes there (eval.negatives.Reading)."""
     from array import array
     from dataclasses import replace
 
+    from apps.dev.eval.negatives import Reading
     from search.request import parse_search_request
     from search.service import SearchService
 
@@ -1273,6 +1282,8 @@ async def _answers(
 
     async def one(item: _Asked) -> None:
         body = {"query": item.text, "limit": limit, "mode": "hybrid", "filters": {"project_id": [q.loaded.project_id]}}
+        if readings is not None:
+            body["explain"] = True
         request = parse_search_request(body, run_settings.api)
         narrowed = scope
         if item.removed:
@@ -1281,6 +1292,12 @@ async def _answers(
         async with gate:
             result = await service.search_in_scope(q.principals, request, narrowed)
         out[item.qid] = (hit_corpus_ids(result.hits, q.loaded.documents, q.versions), result.reason)
+        if readings is not None:
+            read = result.answer_gate or {}
+            readings[item.qid] = Reading(
+                tuple(out[item.qid][0]), result.reason, read.get("similarity"), read.get("coverage"),
+                bool(read.get("identifier")),
+            )  # fmt: skip
 
     await asyncio.gather(*(one(item) for item in asked))
     return out
@@ -1306,6 +1323,63 @@ def _derived_identifier_queries(
         if len(queries) >= DERIVED_IDENTIFIERS:
             break
     return queries, judged
+
+
+async def _coverage_record(
+    splits: dict[str, dict[str, Any]],
+    readings: dict[str, dict[str, Any]],
+    ungated: dict[str, dict[str, Any]],
+    signature: str,
+    point: Callable[..., Awaitable[dict[str, Any]]],
+    variant: Callable[..., Settings],
+    floor: float | None,
+    gates: bool,
+    hits: int,
+) -> dict[str, Any]:
+    """The coverage gate's curve over its grid, read from the answers without it (eval.negatives.coverage_curve),
+    the point chosen on train, and that point measured through the API on every split."""
+    from apps.dev.eval import negatives as neg
+
+    curves = {split: neg.coverage_curve(readings[split], s["ndcg"], s["negatives"]) for split, s in splits.items()}
+    curve = [
+        {"threshold": p["threshold"], **{split: curves[split][i] for split in curves}}
+        for i, p in enumerate(next(iter(curves.values()), []))
+    ]
+    for entry in curve:
+        for split in curves:
+            entry[split] = {k: v for k, v in entry[split].items() if k != "threshold"}
+    chosen = None
+    if "train" in curves:
+        chosen = neg.choose_threshold(curves["train"], ungated["train"]["ndcg@10"], MAX_NDCG_COST)
+    measured: dict[str, Any] | None = None
+    reported = None
+    if chosen is not None:
+        bar, minimum = chosen["threshold"]
+        gate = {"similarity": {signature: bar}, "min_coverage": minimum, "hits": hits}
+        measured = {split: await point(variant(floor, gates, gate), split) for split in splits}
+        if "test" in measured:
+            cost = ungated["test"]["ndcg@10"] - measured["test"]["ndcg@10"]
+            reported = {
+                "threshold": chosen["threshold"],
+                "test": measured["test"],
+                "test_ndcg_cost": round(cost, 4),
+                "goal_met": measured["test"]["empty"] >= 0.6 and cost <= MAX_NDCG_COST,
+            }
+    return {
+        "hits": hits,
+        "bars": list(neg.COVERAGE_BARS),
+        "min_coverages": list(neg.COVERAGE_MINS),
+        "curve": curve,
+        "chosen_on_train": chosen,
+        "measured_through_api": measured,
+        "reported_on_test": reported,
+        "readings": {
+            split: {qid: {**r.to_json(), **({"ndcg@10": round(splits[split]["ndcg"][qid], 4)}
+                                            if qid in splits[split]["ndcg"] else {})}  # fmt: skip
+                    for qid, r in sorted(rs.items())}
+            for split, rs in readings.items()
+        },
+    }
 
 
 async def _categories(
@@ -1365,11 +1439,13 @@ async def _categories(
         q.principals, [q.loaded.project_id]
     )
 
-    async def point(run_settings: Settings, split: str) -> dict[str, Any]:
+    async def point(run_settings: Settings, split: str, readings: dict[str, Any] | None = None) -> dict[str, Any]:
         s = splits[split]
         asked = [_Asked(i, data.queries[i]) for i in s["answerable"]]
         asked += [_Asked(n.qid, n.text, n.removed) for n in s["negatives"]]
-        answers = await _answers(q, run_settings, asked, scope, memo, TUNE_LIMIT)
+        answers = await _answers(q, run_settings, asked, scope, memo, TUNE_LIMIT, readings)
+        if readings is not None:
+            s["ndcg"] = {i: per_query(answers[i][0], s["qrels"][i])["ndcg@10"] for i in s["answerable"]}
         ndcg = evaluate({i: answers[i][0] for i in s["answerable"]}, s["qrels"])["ndcg@10"]
         kinds: dict[str, list[str]] = {}
         for n in s["negatives"]:
@@ -1382,20 +1458,35 @@ async def _categories(
             "kinds": {kind: neg.shares(outcomes) for kind, outcomes in kinds.items()},
         }
 
-    def variant(floor: float | None, gates: bool) -> Settings:
-        update: dict[str, Any] = {"semantic_floor_enabled": floor is not None, "semantic_floor_gates_answer": gates}
+    def variant(floor: float | None, gates: bool, coverage: dict[str, Any] | None = None) -> Settings:
+        """`coverage`: the coverage gate's settings (on), else it is off."""
+        update: dict[str, Any] = {"semantic_floor_enabled": floor is not None, "semantic_floor_gates_answer": gates,
+                                  "answer_coverage_gate_enabled": coverage is not None}  # fmt: skip
+        if coverage is not None:
+            update["answer_coverage_gate"] = coverage
         if floor is not None:
             update["semantic_floor"] = {**settings.retrieval.semantic_floor, signature: floor}
         return with_overrides(probe_settings, {"retrieval": update})
 
     started = time.monotonic()
     shipped = settings.retrieval.semantic_floor.get(signature) if settings.retrieval.semantic_floor_enabled else None
-    configured = {"floor": shipped, "gates_answer": settings.retrieval.semantic_floor_gates_answer}
-    baseline = {split: await point(variant(shipped, settings.retrieval.semantic_floor_gates_answer), split)
-                for split in splits}  # fmt: skip
+    configured: dict[str, Any] = {"floor": shipped, "gates_answer": settings.retrieval.semantic_floor_gates_answer}
+    gates_configured = settings.retrieval.semantic_floor_gates_answer
+    # The configured settings without the coverage gate, read as the gate would: its curve comes from these.
+    readings: dict[str, dict[str, Any]] = {split: {} for split in splits}
+    ungated = {split: await point(variant(shipped, gates_configured), split, readings[split]) for split in splits}
+    coverage_configured = settings.retrieval.answer_coverage_gate
+    coverage_on = settings.retrieval.answer_coverage_gate_enabled and signature in coverage_configured.similarity
+    configured["answer_coverage_gate"] = coverage_configured.model_dump() if coverage_on else None
+    baseline = ungated
+    if coverage_on:
+        gated = variant(shipped, gates_configured, coverage_configured.model_dump())
+        baseline = {split: await point(gated, split) for split in splits}
     no_floor = {split: await point(variant(None, False), split) for split in splits}
+    coverage = await _coverage_record(splits, readings, ungated, signature, point, variant, shipped, gates_configured,
+                                      coverage_configured.hits)
     curve: list[dict[str, Any]] = []
-    for floor in sweep_floors(settings.retrieval.semantic_floor.get(signature)):
+    for floor in sweep_floors(settings.retrieval.semantic_floor.get(signature)) if q.options.floor_sweep else []:
         entry: dict[str, Any] = {"threshold": floor, "gates_answer": True}
         for split in splits:
             entry[split] = await point(variant(floor, True), split)
@@ -1406,11 +1497,11 @@ async def _categories(
     chosen = None
     if "train" in splits:
         train_curve = [{"threshold": p["threshold"], **p["train"]} for p in curve]
-        chosen = neg.choose_threshold(train_curve, baseline["train"]["ndcg@10"], MAX_NDCG_COST)
+        chosen = neg.choose_threshold(train_curve, ungated["train"]["ndcg@10"], MAX_NDCG_COST)
     reported = None
     if chosen is not None and "test" in splits:
         at = next(p for p in curve if p["threshold"] == chosen["threshold"])
-        cost = baseline["test"]["ndcg@10"] - at["test"]["ndcg@10"]
+        cost = ungated["test"]["ndcg@10"] - at["test"]["ndcg@10"]
         reported = {
             "threshold": chosen["threshold"],
             "test": at["test"],
@@ -1430,8 +1521,10 @@ async def _categories(
             for split, s in splits.items()
         },
         "configured": {**configured, **baseline},
+        "without_coverage_gate": ungated,
         "no_floor": no_floor,
         "curve": curve,
+        "coverage_gate": coverage,
         "max_ndcg_cost": MAX_NDCG_COST,
         "chosen_on_train": chosen,
         "reported_on_test": reported,

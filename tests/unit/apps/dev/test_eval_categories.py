@@ -182,3 +182,39 @@ def test_a_committed_categories_record_is_no_evidence_for_the_mode_gate() -> Non
     assert parse_report("set-categories.json", record) is None
     assert record["categories"] == {"counts": {}} and "table" not in record
     assert record["binding_of_run"] == {"binding": {"dataset_sha256": "x"}, "binding_hash": "y"}
+
+
+def test_the_coverage_curve_is_read_from_the_answers_without_the_gate() -> None:
+    readings = {
+        "a1": neg.Reading(("d1",), None, 0.90, 0.2),  # similar enough at bar 0.86
+        "a2": neg.Reading(("d2",), None, 0.84, 0.3),  # emptied at (0.86, 0.5): scores 0
+        "n1": neg.Reading(("d9",), None, 0.83, 0.0),
+        "n2": neg.Reading(("d8",), None, 0.83, 0.0, identifier=True),  # never emptied
+        "n3": neg.Reading((), "no_credible_evidence", None, None),  # already empty
+    }
+    negatives = [
+        neg.Unanswerable("n1", "x", "removed_answer", frozenset({"d1"})),
+        neg.Unanswerable("n2", "y", "removed_answer", frozenset({"d2"})),
+        neg.Unanswerable("n3", "z", "real_word"),
+    ]
+    point = neg.coverage_point(readings, {"a1": 1.0, "a2": 0.5}, negatives, 0.86, 0.5)
+    assert point["threshold"] == [0.86, 0.5]
+    assert point["ndcg@10"] == 0.5 and point["answerable_empty"] == 0.5
+    assert point["empty"] == pytest.approx(0.6667, abs=1e-4) and point["wrong_hit"] == pytest.approx(0.3333, abs=1e-4)
+    assert point["kinds"]["removed_answer"]["empty"] == 0.5 and point["kinds"]["real_word"]["empty"] == 1.0
+    off = neg.coverage_point(readings, {"a1": 1.0, "a2": 0.5}, negatives, 0.80, 0.5)
+    assert off["ndcg@10"] == 0.75 and off["kinds"]["removed_answer"]["empty"] == 0.0
+    assert len(neg.coverage_curve(readings, {"a1": 1.0}, negatives)) == len(neg.COVERAGE_BARS) * len(neg.COVERAGE_MINS)
+
+
+def test_one_joint_point_fits_every_sets_cost_and_maximises_the_smallest_share() -> None:
+    first = [{"threshold": [0.8, 0.5], "ndcg@10": 0.90, "empty": 0.5},
+             {"threshold": [0.9, 0.5], "ndcg@10": 0.89, "empty": 0.7},
+             {"threshold": [1.0, 0.5], "ndcg@10": 0.80, "empty": 0.9}]  # fmt: skip
+    second = [{"threshold": [0.8, 0.5], "ndcg@10": 0.70, "empty": 0.6},
+              {"threshold": [0.9, 0.5], "ndcg@10": 0.695, "empty": 0.65},
+              {"threshold": [1.0, 0.5], "ndcg@10": 0.70, "empty": 1.0}]  # fmt: skip
+    chosen = neg.choose_joint([first, second], [0.90, 0.70], 0.01)
+    assert chosen is not None and chosen["threshold"] == [0.9, 0.5]  # [1.0, 0.5] costs the first set 0.10
+    assert chosen["empty"] == [0.7, 0.65] and chosen["cost"] == [0.01, 0.005]
+    assert neg.choose_joint([first[2:], second[2:]], [0.90, 0.70], 0.01) is None

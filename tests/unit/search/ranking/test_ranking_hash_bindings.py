@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ki.settings import GraphRagSettings, RetrievalSettings
+from ki.settings import AnswerCoverageSettings, GraphRagSettings, RetrievalSettings
 from search.ranking.legs import REGISTRY
 from search.ranking.mode_gate import RANKING_FIELDS, ranking_hash
 
@@ -33,6 +33,7 @@ NOT_RANKING: dict[str, str] = {
     "query_words_enabled": "the query words are read into the plan, not used for ranking yet",
     "neighbours_max_chunks_per_document": "context added to hits, not their order",
     "semantic_floor_enabled": "enters as `semantic_floor` when on (off changes nothing)",
+    "answer_coverage_gate_enabled": "enters as `answer_coverage_gate` when on (off changes nothing)",
     "evidence_budget_chars": "how much of the answer's text is handed out, not its order",
     "name_lookup_enabled": "the named document first, a placement after ranking",
     "name_lookup": "the named document first, a placement after ranking",
@@ -47,6 +48,7 @@ ENABLED_BY = {
     "semantic_floor": "semantic_floor_enabled",
     "semantic_floor_gates_answer": "semantic_floor_enabled",
     "graph_rag": "graph_rag_enabled",
+    "answer_coverage_gate": "answer_coverage_gate_enabled",
     "synonyms": "synonyms_enabled",
 }
 # Another value for the settings that are neither bool nor number.
@@ -55,6 +57,7 @@ OTHER_VALUE: dict[str, Any] = {
     "version_status_boost": {"final": 1.5},
     "semantic_floor": {"model-a": 0.5},
     "graph_rag": GraphRagSettings(seeds=6),
+    "answer_coverage_gate": AnswerCoverageSettings(min_coverage=0.25),
     "synonyms": [["Miete", "Pacht"]],
 }
 RANKED = [name for name in RetrievalSettings.model_fields if name not in NOT_RANKING]
