@@ -21,6 +21,7 @@ from search.access.scope import MATCH_NONE, CompiledScope, ScopeFilter, strict_f
 from search.ranking.fusion import Candidate
 from search.ranking.legs import (
     LEGS,
+    PAGE_SOURCE_INCLUDES,
     SOURCE_INCLUDES,
     LegHit,
     LegName,
@@ -212,6 +213,19 @@ class ScopedIndex:
         if any(admits(scope, h.get("_source") or {}) for h in found):
             return "no_credible_evidence"
         return "filtered_out" if len(found) < size else "no_credible_evidence"  # not sure: say less
+
+    async def page_rows(self, page: Sequence[Candidate]) -> list[Candidate]:
+        """The page's candidates with their rows' page fields (`PAGE_SOURCE_INCLUDES`: the text, the span, ...)
+        added to what the legs read, in one `mget` of the page's ids -- rows the re-verify has just admitted,
+        asked in id order, so the request is the page's and nothing else's (not its rank order either). A row
+        gone since the legs read it (its version deleted meanwhile) leaves the page."""
+        if not page:
+            return []
+        ids = {"ids": sorted({c.chunk_id for c in page})}
+        params = {"_source_includes": ",".join(PAGE_SOURCE_INCLUDES)}
+        response = await self.call(self.client.mget(index=self.index, body=ids, params=params))
+        rows = {d["_id"]: d.get("_source") or {} for d in response.get("docs", []) if d.get("found")}
+        return [replace(c, source={**rows[c.chunk_id], **c.source}) for c in page if c.chunk_id in rows]
 
     async def add_neighbours(self, hits: list[dict[str, Any]], per_document: int) -> None:
         """Chunk expansion (search.ranking.neighbours): every hit's neighbours, fetched in one `mget`, as

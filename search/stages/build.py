@@ -45,7 +45,7 @@ def ranked_search(
 ) -> RankedSearch:
     r = settings.retrieval
     identities = Identities(settings, sql, scoped, metrics, background, name_cache, feed)
-    rerank = RerankGateway(reranker, metrics).rerank if reranker is not None else None
+    rerank = RerankGateway(reranker, metrics, scoped.page_rows).rerank if reranker is not None else None
     post_ranking = post_ranking_stages(
         r,
         metrics,

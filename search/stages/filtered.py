@@ -32,7 +32,7 @@ class FilterSearch:
             if matches(c, verified) and c.version_id not in seen:
                 seen.add(c.version_id)
                 survivors.append(c)
-        page = survivors[request.offset : request.window]
+        page = await self.scoped.page_rows(survivors[request.offset : request.window])
         explain = FusionParams({}, self.settings.retrieval.fusion_rrf_k) if request.explain else None
         hits = [hit_json(c, verified[c.version_id], explain) for c in page]
         link_sources(hits, verified, self.settings.api.evidence.source_urls)

@@ -119,7 +119,8 @@ class RankedSearch:
             self.metrics.observe_legs({str(leg): ms for leg, ms in ctx.run.took_ms.items()})
         await run_stages(self.ranking, ctx)
         await run_stages(self.post_ranking, ctx)
-        page = ctx.kept[request.offset : request.window]
+        with timer.stage("page"):  # the page's text and span, read for its rows only
+            page = await self.scoped.page_rows(ctx.kept[request.offset : request.window])
         fusion = FusionParams(plan.weights, plan.fusion_rrf_k, plan.mode, plan.fusion_method)
         explain = fusion if request.explain else None
         ctx.hits = [hit_json(c, ctx.verified[c.version_id], explain) for c in page]

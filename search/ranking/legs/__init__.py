@@ -31,21 +31,25 @@ from search.ranking.legs.semantic import Semantic, knn_clause
 # The legs, in send order: a leg is one module of this package plus its line here.
 REGISTRY: tuple[Leg, ...] = (Lexical(), Semantic(), Identifier())
 LEGS: tuple[LegName, ...] = tuple(leg.name for leg in REGISTRY)
-# What fusion, re-verification, collapse and the response read from a hit. Everything else stays in
-# the index: the vector, and the principal projection (the scope filter matches its indexed terms and the
-# sync reads it back; no step after the legs needs it, and it is ~40 % of a row's `_source` on the demo
-# corpus), which OpenSearch would otherwise fetch and we decode 150 times.
+# What fusion, re-verification and collapse read from a leg's hit (its ids, status, date, promotion and
+# identifiers): every leg asks only for these, for up to 2,500 hits each. The page's own fields -- the text above
+# all, ~1.2 kB a row against ~0.2 kB for these -- are read for the page's rows only, once they are known
+# (`PAGE_SOURCE_INCLUDES`, `search.ranking.scoped.ScopedIndex.page_rows`). Never asked: the vector, and the
+# principal projection (the scope filter matches its indexed terms and the sync reads it back).
 SOURCE_INCLUDES = [
     "document_id",
     "document_version_id",
     "project_id",
     "version_status",
     "promoted",
-    "chunk_kind",
     "doc_date",
-    "language",
-    "text",
     "identifiers",
+]
+# What the page's hits show besides those (search.ranking.hits.hit_json, the answer's `vectors_pending`).
+PAGE_SOURCE_INCLUDES = [
+    "text",
+    "chunk_kind",
+    "language",
     "meta.locus",
     "meta.start",
     "meta.end",
@@ -53,7 +57,8 @@ SOURCE_INCLUDES = [
 ]
 
 __all__ = [
-    "LEGS", "MAX_LEG_DEPTH", "REGISTRY", "SOURCE_INCLUDES", "Leg", "LegName", "LegQuery", "knn_clause", "leg_depth",
+    "LEGS", "MAX_LEG_DEPTH", "PAGE_SOURCE_INCLUDES", "REGISTRY", "SOURCE_INCLUDES", "Leg", "LegName", "LegQuery",
+    "knn_clause", "leg_depth",
 ]  # fmt: skip
 
 

@@ -44,7 +44,7 @@ def test_every_leg_carries_the_strict_filter_and_knn_prefilters() -> None:
     for body in bodies.values():
         assert body["size"] == 60
         assert body["_source"] == {"includes": SOURCE_INCLUDES}
-        assert not {"embedding", "allowed_principals", "denied_principals"} & set(SOURCE_INCLUDES)
+        assert not {"embedding", "allowed_principals", "denied_principals", "text"} & set(SOURCE_INCLUDES)
     assert bodies["lexical"]["query"] == {
         "bool": {"must": [{"match": {"text": {"query": "2 BvR 1234/19"}}}], "filter": [strict]}
     }
