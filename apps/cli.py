@@ -378,8 +378,9 @@ def _bench_first_load(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.bench.first_load import FirstLoadOptions
     from apps.dev.bench.first_load import main as bench_first_load
 
-    for flag, value in (("--scale", args.scale), ("--access-rate", args.access_rate),
-                        ("--standalone-chunks", args.standalone_chunks)):  # fmt: skip
+    counts = {"--scale": args.scale, "--access-rate": args.access_rate, "--access-docs": args.access_docs,
+              "--standalone-chunks": args.standalone_chunks}  # fmt: skip
+    for flag, value in counts.items():
         if value < 1:
             raise CliError(f"{flag} must be at least 1")
     for flag, seconds in (("--probe-interval", args.probe_interval), ("--search-interval", args.search_interval),
@@ -389,7 +390,8 @@ def _bench_first_load(args: argparse.Namespace, settings: Settings) -> int:
     if args.vector_seconds < 0:
         raise CliError("--vector-seconds must be at least 0 (0: until every vector is in place)")
     options = FirstLoadOptions(
-        scale=args.scale, seed=args.seed, access_rate=args.access_rate, probe_interval=args.probe_interval,
+        scale=args.scale, seed=args.seed, access_rate=args.access_rate, access_docs=args.access_docs,
+        probe_interval=args.probe_interval,
         search_interval=args.search_interval, vector_seconds=args.vector_seconds,
         standalone_chunks=args.standalone_chunks, timeout_s=args.timeout, keep=args.keep,
         out=Path(args.out) if args.out else None, config=args.config, command="ki " + " ".join(sys.argv[1:]),
@@ -849,6 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
     first.add_argument("--scale", type=int, required=True, help="demo corpus versions (~6.2 chunks each)")
     first.add_argument("--seed", type=int, default=7, help="demo corpus seed")
     first.add_argument("--access-rate", type=int, default=100, help="access changes per second during the load")
+    first.add_argument("--access-docs", type=int, default=100, help="documents the access changes spread over")
     first.add_argument("--probe-interval", type=float, default=0.5, help="seconds between access-change probes")
     first.add_argument("--search-interval", type=float, default=0.5, help="seconds between searches")
     first.add_argument("--vector-seconds", type=float, default=120,
