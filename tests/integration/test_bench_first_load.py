@@ -44,7 +44,7 @@ def test_a_tiny_first_load_is_keyword_searchable_and_measured_and_nothing_is_lef
     assert keyword["first_commit_to_all_searchable_s"] > 0
     assert keyword["access"]["probes"]["sent"] > 0 and keyword["access"]["commit_to_visible_s"]["p99"] > 0
     assert {"writing", "catching_up", "keyword_phase"} <= set(keyword["cpu_cores"])
-    assert keyword["cpu_cores"]["keyword_phase"]["sync worker"] > 0
+    assert keyword["cpu_cores"]["keyword_phase"]["opensearch"] > 0
     assert result["searches"]["keyword"]["ms"]["n"] > 0
     assert vectors["time_boxed"] and vectors["embedder_alone"]["chunks_per_s"] > 0
     assert vectors["ratio_to_embedder_alone"] is not None
