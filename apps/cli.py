@@ -372,6 +372,33 @@ def _bench_soak(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError(str(exc)) from exc
 
 
+def _bench_first_load(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from apps.dev.bench.first_load import FirstLoadOptions
+    from apps.dev.bench.first_load import main as bench_first_load
+
+    counts = {"--scale": args.scale, "--access-rate": args.access_rate, "--access-docs": args.access_docs,
+              "--standalone-chunks": args.standalone_chunks}  # fmt: skip
+    for flag, value in counts.items():
+        if value < 1:
+            raise CliError(f"{flag} must be at least 1")
+    for flag, seconds in (("--probe-interval", args.probe_interval), ("--search-interval", args.search_interval),
+                          ("--timeout", args.timeout)):  # fmt: skip
+        if seconds <= 0:
+            raise CliError(f"{flag} must be above 0")
+    if args.vector_seconds < 0:
+        raise CliError("--vector-seconds must be at least 0 (0: until every vector is in place)")
+    options = FirstLoadOptions(
+        scale=args.scale, seed=args.seed, access_rate=args.access_rate, access_docs=args.access_docs,
+        probe_interval=args.probe_interval,
+        search_interval=args.search_interval, vector_seconds=args.vector_seconds,
+        standalone_chunks=args.standalone_chunks, timeout_s=args.timeout, keep=args.keep,
+        out=Path(args.out) if args.out else None, config=args.config, command="ki " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    return bench_first_load(settings, options)
+
+
 def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.checkout import require_checkout
 
@@ -463,6 +490,8 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         return _bench_principals(args, settings)
     if args.what == "corpus":
         return _bench_corpus(args, settings)
+    if args.what == "first-load":
+        return _bench_first_load(args, settings)
     if args.what == "embedder":
         from pathlib import Path
 
@@ -817,6 +846,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: drawn from the anchors' nearest-neighbour cosines)")  # fmt: skip
     corpus.add_argument("--segments", type=int, default=1, help="force-merge to this many segments")
     corpus.add_argument("--out", default="benchmarks", help="output folder (default benchmarks)")
+
+    first = kind("first-load", "a first load through the real CDC path: until keyword-searchable, then vectors, "
+                 "with access changes and searches meanwhile")  # fmt: skip
+    first.add_argument("--scale", type=int, required=True, help="demo corpus versions (~6.2 chunks each)")
+    first.add_argument("--seed", type=int, default=7, help="demo corpus seed")
+    first.add_argument("--access-rate", type=int, default=100, help="access changes per second during the load")
+    first.add_argument("--access-docs", type=int, default=100, help="documents the access changes spread over")
+    first.add_argument("--probe-interval", type=float, default=0.5, help="seconds between access-change probes")
+    first.add_argument("--search-interval", type=float, default=0.5, help="seconds between searches")
+    first.add_argument("--vector-seconds", type=float, default=120,
+                       help="time box of the vector phase (0: until every vector is in place)")  # fmt: skip
+    first.add_argument("--standalone-chunks", type=int, default=64,
+                       help="chunks the embedder embeds alone for its own rate")  # fmt: skip
+    first.add_argument("--timeout", type=float, default=4 * 3600, help="seconds the keyword phase may take")
+    first.add_argument("--keep", action="store_true", help="leave the corpus in PostgreSQL and the index")
+    first.add_argument("--out", help="the JSON file (default benchmarks/first-load-<chunks>.json)")
 
     many = kind("principals", "a caller in very many groups (memberships in SQL) against one of one group")
     many.add_argument("--groups", type=int, default=25_000, help="groups of the many-group caller")
