@@ -64,7 +64,7 @@ def ranked_search(
         ranking=[
             RankStage(r, signature, metrics),
             ReverifyStage(sql.reverify, r, rerank=reranker is not None),
-            AnswerCoverageStage(r, signature),
+            AnswerCoverageStage(r, signature, scoped.page_rows),
         ],
         post_ranking=post_ranking,
         answer=answer_stages(settings, scoped),

@@ -10,14 +10,15 @@ from collections.abc import Callable
 from ki.settings import RetrievalSettings
 from search.pipeline import QueryContext, Stage
 from search.ranking.coverage import answer_evidence, coverage_empties_answer
+from search.stages.rerank import PageRows
 
 
 class AnswerCoverageStage(Stage):
     name = "answer_gate"
     timed = False
 
-    def __init__(self, retrieval: RetrievalSettings, signature: Callable[[], str]) -> None:
-        self.retrieval, self.signature = retrieval, signature
+    def __init__(self, retrieval: RetrievalSettings, signature: Callable[[], str], page_rows: PageRows) -> None:
+        self.retrieval, self.signature, self.page_rows = retrieval, signature, page_rows
 
     def applies(self, ctx: QueryContext) -> bool:
         return bool(ctx.kept) and (self.retrieval.answer_coverage_gate_enabled or ctx.request.explain)
@@ -25,7 +26,10 @@ class AnswerCoverageStage(Stage):
     async def run(self, ctx: QueryContext) -> None:
         r, gate = self.retrieval, self.retrieval.answer_coverage_gate
         semantic = ctx.legs.get("semantic") if "semantic" in ctx.legs else None
-        evidence = answer_evidence(ctx.request.query, ctx.kept[: gate.hits], semantic, r.vector_space_type)
+        # The legs read no text: the first hits' rows are read here (re-verified ids only), and kept for the page.
+        head = await self.page_rows(ctx.kept[: gate.hits])
+        ctx.kept = head + ctx.kept[gate.hits :]
+        evidence = answer_evidence(ctx.request.query, head, semantic, r.vector_space_type)
         bar = gate.similarity.get(self.signature()) if r.answer_coverage_gate_enabled else None
         empty = (
             bar is not None

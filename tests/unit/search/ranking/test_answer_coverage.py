@@ -4,6 +4,7 @@ passage, and when the gate empties an answer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -92,13 +93,37 @@ class _Ctx:
         self.answer_gate: dict | None = None
 
 
-def _stage(enabled: bool = True) -> Any:
+class _Index:
+    """The page rows' read, as the index answers it: the legs' candidates carry no text, the rows do."""
+
+    def __init__(self, texts: dict[str, str]) -> None:
+        self.texts, self.asked = texts, []  # type: list[str]
+
+    async def page_rows(self, page: Any) -> list[Candidate]:
+        self.asked += [c.chunk_id for c in page]
+        return [dataclasses.replace(c, source={**c.source, "text": self.texts[c.chunk_id]}) for c in page]
+
+
+def _stage(enabled: bool = True, index: _Index | None = None) -> Any:
     from ki.settings import AnswerCoverageSettings, RetrievalSettings
     from search.stages.coverage import AnswerCoverageStage
 
     gate = AnswerCoverageSettings(similarity={"sig": 0.86}, min_coverage=0.5, hits=3)
     retrieval = RetrievalSettings(answer_coverage_gate_enabled=enabled, answer_coverage_gate=gate)
-    return AnswerCoverageStage(retrieval, lambda: "sig")
+    async def as_they_are(page: Any) -> list[Candidate]:
+        return list(page)
+
+    return AnswerCoverageStage(retrieval, lambda: "sig", index.page_rows if index else as_they_are)
+
+
+def test_the_stage_reads_the_first_hits_text_from_the_index() -> None:
+    bare = [Candidate(chunk, 1.0, {}, ranks={"semantic": 0}) for chunk in ("a", "b", "c", "d")]
+    index = _Index({"a": "Die Kündigungsfrist im Mietvertrag", "b": "x", "c": "y", "d": "z"})
+    ctx = _Ctx("Kündigungsfrist Mietvertrag", bare)
+    asyncio.run(_stage(index=index).run(ctx))
+    assert index.asked == ["a", "b", "c"]  # the gate's first hits only
+    assert ctx.answer_gate is not None and ctx.answer_gate["coverage"] == 1.0 and not ctx.answer_gate["empty"]
+    assert [c.chunk_id for c in ctx.kept] == ["a", "b", "c", "d"] and ctx.kept[0].source["text"]
 
 
 def test_the_stage_empties_an_uncovered_answer_and_never_a_named_document() -> None:
