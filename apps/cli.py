@@ -84,6 +84,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _embed(args: argparse.Namespace, settings: Settings) -> int:
+    from apps.runtime.embed_server import ServerLimits, serve
+
+    if not 1 <= args.port <= 65535:
+        raise CliError("--port must be a port number (1-65535)")
+    limits = ServerLimits(running=args.running, waiting=args.waiting, max_inputs=args.max_inputs,
+                          retry_after_s=args.retry_after)  # fmt: skip
+    return serve(settings, host=args.host, port=args.port, limits=limits, api_key_env=args.api_key_env)
+
+
 def _token(args: argparse.Namespace, settings: Settings) -> int:
     from search.web.auth import mint_token
 
@@ -681,6 +691,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     serve.set_defaults(handler=_serve)
+
+    embed = sub.add_parser(
+        "embed", help="serve the local embedder as an OpenAI-compatible POST /v1/embeddings (for other hosts' "
+        "content lanes: embedding.provider openai)",
+    )  # fmt: skip
+    embed.add_argument("action", choices=["serve"])
+    embed.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; off loopback "
+                       "the variable --api-key-env names must hold the key clients send)")  # fmt: skip
+    embed.add_argument("--port", type=int, default=56080, help="port (default 56080)")
+    embed.add_argument("--running", type=int, default=1,
+                       help="requests embedded at once (each on embedding.threads model runs; default 1)")  # fmt: skip
+    embed.add_argument("--waiting", type=int, default=8,
+                       help="requests queued for a turn; beyond them a request gets 503 + Retry-After (default 8)")
+    embed.add_argument("--max-inputs", type=int, default=256, help="texts per request at most (default 256)")
+    embed.add_argument("--retry-after", type=int, default=1, help="seconds a refused request is told to wait")
+    embed.add_argument("--api-key-env", default="KI_EMBEDDING_API_KEY",
+                       help="variable holding the bearer key clients must send (unset or empty: no key)")  # fmt: skip
+    embed.set_defaults(handler=_embed)
 
     token = sub.add_parser("token", help="mint a signed bearer token for local use")
     token.add_argument("--sub", required=True, help="subject: the caller is user:<sub> (api.jwt.claims_carry_kinds: "

@@ -215,6 +215,15 @@ class BaseEmbedder:
     def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
         return self._embed(texts, self.query_prefix)
 
+    def embed_verbatim(self, texts: Sequence[str]) -> list[list[float]]:
+        """Like :meth:`embed`, the texts exactly as given: no prefix. For a server embedding for clients that
+        add their model's prefixes themselves (`ki embed serve`)."""
+        return self._embed(texts, "")
+
+    def count_verbatim_tokens(self, text: str) -> int:
+        """Tokens the model sees for ``text`` as given (no prefix), special tokens included, before any cut."""
+        return self._count_prefixed(text)
+
     def count_tokens(self, text: str) -> int:
         if not isinstance(text, str):
             raise EmbeddingError(f"count_tokens() takes a str, got {type(text).__name__}")
@@ -299,6 +308,7 @@ def create_embedder(settings: Settings) -> Embedder:
             api_key_env=emb.api_key_env,
             timeout_s=emb.timeout_s,
             retries=emb.retries,
+            concurrency=emb.concurrency,
             send_dimensions=emb.send_dimensions,
             max_tokens=emb.max_tokens,
             query_prefix=emb.query_prefix,

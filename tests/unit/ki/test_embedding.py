@@ -30,12 +30,6 @@ def cos(a: list[float], b: list[float]) -> float:
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def e5_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One model cache per test session: multilingual-e5-small is converted once, here."""
-    return tmp_path_factory.mktemp("models")
-
-
 @pytest.fixture(scope="module")
 def local() -> LocalEmbedder:
     return LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=256)
@@ -635,7 +629,14 @@ def peer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Peer]:
 
 
 def http_embedder(peer: Peer, **kwargs: Any) -> HttpEmbedder:
+    """An embedder whose sleeps are recorded, not slept: its clock moves by each sleep instead."""
     sleeps: list[float] = []
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
     options: dict[str, Any] = {
         "url": peer.url,
         "model": "test-embed",
@@ -644,7 +645,8 @@ def http_embedder(peer: Peer, **kwargs: Any) -> HttpEmbedder:
         "api_key_env": "KI_TEST_EMBED_KEY",
         "timeout_s": 5.0,
         "retries": 2,
-        "sleep": sleeps.append,
+        "sleep": sleep,
+        "clock": lambda: now[0],
     }
     options.update(kwargs)
     embedder = HttpEmbedder(**options)
@@ -824,3 +826,31 @@ def test_http_prefixes_token_estimate_and_truncation_count(peer: Peer) -> None:
     e5_like.embed_queries(["Kaution?"])
     assert [r["body"]["input"] for r in peer.requests] == [["passage: Kaution"], ["query: Kaution?"]]
     assert e5_like.count_tokens("Kaution") == plain.count_tokens("passage: Kaution")
+
+
+def test_http_concurrency_keeps_requests_in_flight_at_once(peer: Peer) -> None:
+    # Each request waits at the barrier for the other: one request at a time would break it (HTTP 500 below).
+    barrier = threading.Barrier(2, timeout=10)
+    ok = peer.ok
+
+    def meet_then_answer(inputs: list[str], dims: int | None = None, reverse: bool = False) -> dict[str, Any]:
+        barrier.wait()
+        return ok(inputs, dims, reverse)
+
+    peer.ok = meet_then_answer  # type: ignore[method-assign]
+    embedder = http_embedder(peer, batch_size=2, concurrency=2)
+    assert len(embedder.embed(["a", "b", "c", "d"])) == 4
+    assert sorted(r["body"]["input"] for r in peer.requests) == [["a", "b"], ["c", "d"]]
+    with pytest.raises(EmbeddingError, match="concurrency"):
+        http_embedder(peer, concurrency=0)
+
+
+def test_http_retry_after_holds_back_every_request_of_the_embedder(peer: Peer) -> None:
+    peer.replies.append((429, {"error": {"message": "busy"}}, {"Retry-After": "1.5"}))
+    embedder = http_embedder(peer, batch_size=1)
+    assert len(embedder.embed(["a", "b"])) == 2
+    # the refused request waited the server's 1.5 s; the next one went out at once, after the hold
+    assert embedder.sleeps == [1.5]  # type: ignore[attr-defined]
+    embedder._hold_back(3.0)  # as another thread's refused request does
+    embedder.embed(["c"])
+    assert embedder.sleeps == [1.5, 3.0]  # type: ignore[attr-defined]
