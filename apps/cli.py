@@ -483,6 +483,12 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         for flag, value in (("--texts", args.texts), ("--rounds", args.rounds)):
             if value < 1:
                 raise CliError(f"{flag} must be at least 1")
+        if args.remote:
+            from apps.dev.bench.embedder import remote_main
+
+            out = Path(args.out) if args.out else Path("benchmarks/embedder-remote.json")
+            return remote_main(settings, texts=args.texts, rounds=args.rounds, out=out,
+                               command="ki " + " ".join(sys.argv[1:]))  # fmt: skip
         out = Path(args.out) if args.out else Path("benchmarks/embedder.json")
         return bench_embedder(settings, texts=args.texts, rounds=args.rounds, out=out,
                               command="ki " + " ".join(sys.argv[1:]))  # fmt: skip
@@ -902,7 +908,14 @@ def build_parser() -> argparse.ArgumentParser:
     embedder_bench = kind("embedder", "the local embedder's texts/s at ~256 and ~480 tokens, before and after")
     embedder_bench.add_argument("--texts", type=int, default=16, help="texts per length")
     embedder_bench.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
-    embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json)")
+    embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json, with --remote "
+                                "benchmarks/embedder-remote.json)")  # fmt: skip
+    embedder_bench.add_argument(
+        "--remote", action="store_true",
+        help="instead: the local embedder against the same model behind `ki embed serve` in a second process "
+        "(the HTTP provider at a few request sizes and requests in flight), and the local speed-ups that change "
+        "the vectors, at ~480 and ~64 tokens",
+    )  # fmt: skip
 
     reuse_bench = kind("reuse", "the share of rows whose vector the store can share, as configured and per variant")
     reuse_bench.add_argument("--out", help="output file (default benchmarks/reuse-demo.json)")

@@ -65,9 +65,10 @@ def _error(status: int, message: str, *, param: str | None = None, kind: str = "
     return web.json_response(body, status=status, headers=headers)
 
 
-def create_app(embedder: Embedder, *, model: str, aliases: tuple[str, ...] = (), limits: ServerLimits = ServerLimits(),
+def create_app(embedder: Embedder, *, model: str, aliases: tuple[str, ...] = (), limits: ServerLimits | None = None,
                api_key: str = "") -> web.Application:  # fmt: skip
     """The server's app over a loaded `embedder` that answers to `model` (and its `aliases`)."""
+    limits = limits or ServerLimits()
     admission = Admission(running=limits.running, waiting=limits.waiting)
     turns = asyncio.Semaphore(limits.running)
     names = (model, *aliases, embedder.signature)

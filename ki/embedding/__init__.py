@@ -299,7 +299,18 @@ def create_embedder(settings: Settings) -> Embedder:
         return embedder
     if emb.provider == "openai":
         from ki.embedding.http import HttpEmbedder
+        from ki.embedding.local import resolve_local_model, token_counter
 
+        counter = token_counter(emb.model)
+        query_prefix, passage_prefix = emb.query_prefix, emb.passage_prefix
+        signature_model = None
+        if counter is not None:
+            # A model we ship, served elsewhere: the local provider's signature under any of its names, and its
+            # prefixes unless set, or its vectors would not be the local ones.
+            spec = resolve_local_model(emb.model)
+            signature_model = spec.name
+            if not (query_prefix or passage_prefix):
+                query_prefix, passage_prefix = spec.query_prefix, spec.passage_prefix
         return HttpEmbedder(
             url=emb.url,
             model=emb.model,
@@ -311,7 +322,9 @@ def create_embedder(settings: Settings) -> Embedder:
             concurrency=emb.concurrency,
             send_dimensions=emb.send_dimensions,
             max_tokens=emb.max_tokens,
-            query_prefix=emb.query_prefix,
-            passage_prefix=emb.passage_prefix,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            token_counter=counter,
+            signature_model=signature_model,
         )
     raise EmbeddingError(f"unknown embedding provider {emb.provider!r}")  # pragma: no cover - Literal

@@ -18,7 +18,11 @@ Prefixes: none by default; ``query_prefix`` / ``passage_prefix`` (settings ``emb
 ``embedding.passage_prefix``) are prepended to queries / documents for remote models that expect them
 (e.g. ``query: `` / ``passage: `` for an e5 model behind the endpoint).
 
-Token counts: there is no tokenizer on this side, so :meth:`HttpEmbedder.count_tokens` is an estimate,
+Token counts: for a model the local provider knows (``multilingual-e5-small``, ``all-MiniLM-L6-v2``, e.g.
+behind ``ki embed serve``) its shipped tokenizer counts, so chunks are cut as the local provider cuts them
+(and, when ``query_prefix`` and ``passage_prefix`` are both left empty, its prefixes are used): the two
+providers share one embedding signature, so they must give one index the same rows and vectors. For any
+other model there is no tokenizer on this side, so :meth:`HttpEmbedder.count_tokens` is an estimate,
 deliberately on the high side for chunking: ``ceil(utf8_bytes(passage_prefix + text) / 3) + 2``.
 Subword tokenizers of current embedding models average 3.5-4.5 characters per token on German and
 English prose (a byte or two more for umlauts), so real counts stay below the estimate except for
@@ -75,6 +79,8 @@ class HttpEmbedder(BaseEmbedder):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         concurrency: int = 1,
+        token_counter: Callable[[str], int] | None = None,
+        signature_model: str | None = None,
         max_tokens: int = 512,
         query_prefix: str = "",
         passage_prefix: str = "",
@@ -104,12 +110,15 @@ class HttpEmbedder(BaseEmbedder):
         self._sleep = sleep
         self._clock = clock
         self.concurrency = concurrency
+        self._token_counter = token_counter
         # Until when (on `clock`) no request goes out: the latest Retry-After a server asked of us.
         self._hold_until = 0.0
         self._hold_lock = threading.Lock()
-        self._requests = ThreadPoolExecutor(concurrency, thread_name_prefix="ki-embed-http") if concurrency > 1 else None
+        pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ki-embed-http") if concurrency > 1 else None
+        self._requests = pool
         self._dimensions = dimensions
-        self._signature = make_signature(model, dimensions)
+        # `signature_model`: the name the signature is made of, when `model` is one of its aliases
+        self._signature = make_signature(signature_model or model, dimensions)
         # Own opener: proxy settings are read from the environment once, here.
         self._opener = urllib.request.build_opener()
 
@@ -174,7 +183,10 @@ class HttpEmbedder(BaseEmbedder):
     # -- BaseEmbedder hooks --------------------------------------------------------------------
 
     def _count_prefixed(self, text: str) -> int:
-        """Estimate (see the module docstring): 2 special tokens + one token per 3 UTF-8 bytes."""
+        """The model's tokenizer's count if we have it, else an estimate (see the module docstring): 2 special
+        tokens + one token per 3 UTF-8 bytes."""
+        if self._token_counter is not None:
+            return self._token_counter(text)
         return math.ceil(len(text.encode("utf-8")) / 3) + 2
 
     def _run_batches(self, batches: list[list[str]]) -> Iterable[Sequence[Sequence[float]]]:

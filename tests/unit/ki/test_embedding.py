@@ -545,6 +545,22 @@ def test_factory_builds_the_configured_provider(e5_cache_dir: Path) -> None:
     assert remote.dimensions == 1536
 
 
+def test_factory_gives_a_remote_model_we_ship_its_tokenizer_and_prefixes(e5: LocalEmbedder) -> None:
+    remote = create_embedder(_settings(provider="openai", model="intfloat/multilingual-e5-small",
+                                       url="http://127.0.0.1:9"))  # fmt: skip
+    assert isinstance(remote, HttpEmbedder)
+    assert (remote.query_prefix, remote.passage_prefix) == ("query: ", "passage: ")
+    text = "Die Kündigung bedarf der Schriftform gemäß § 568 BGB; maßgeblich ist der Zugang."
+    assert remote.count_tokens(text) == e5.count_tokens(text)  # chunks are cut as the local provider cuts them
+    assert remote.signature == e5.signature
+    chosen = create_embedder(_settings(provider="openai", model="multilingual-e5-small", url="http://127.0.0.1:9",
+                                       query_prefix="q: "))  # fmt: skip
+    assert (chosen.query_prefix, chosen.passage_prefix) == ("q: ", "")  # type: ignore[attr-defined]
+    other = create_embedder(_settings(provider="openai", model="text-embedding-3-small", url="http://127.0.0.1:9",
+                                      embedding_dimensions=1536))  # fmt: skip
+    assert other.count_tokens("abcdef") == 4  # the estimate: 6 bytes / 3 + 2
+
+
 def test_factory_rejects_dimension_mismatch_for_local_model(e5_cache_dir: Path) -> None:
     with pytest.raises(EmbeddingError, match="rebuild"):
         create_embedder(_settings(embedding_dimensions=1536, model_cache_dir=str(e5_cache_dir)))

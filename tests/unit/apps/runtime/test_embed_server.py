@@ -10,6 +10,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ class Running:
     loop: asyncio.AbstractEventLoop
 
 
+@contextmanager
 def run_in_thread(app: web.Application) -> Iterator[Running]:
     """Serve `app` on a free port of 127.0.0.1 from a thread of its own until the generator is closed."""
     loop = asyncio.new_event_loop()
@@ -127,7 +129,8 @@ def e5(e5_cache_dir: Path) -> LocalEmbedder:
 
 @pytest.fixture(scope="module")
 def server(e5: LocalEmbedder) -> Iterator[Running]:
-    yield from run_in_thread(create_app(e5, model=MODEL, aliases=("intfloat/multilingual-e5-small",)))
+    with run_in_thread(create_app(e5, model=MODEL, aliases=("intfloat/multilingual-e5-small",))) as running:
+        yield running
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], Any]:
@@ -151,7 +154,8 @@ def test_the_http_provider_through_the_server_gives_the_local_vectors(server: Ru
     remote = HttpEmbedder(url=server.url + "/v1", model=MODEL, dimensions=384, batch_size=2, concurrency=2,
                           api_key_env="", query_prefix="query: ", passage_prefix="passage: ")  # fmt: skip
     assert remote.signature == e5.signature  # the same index serves both providers
-    for got, expected in ((remote.embed(TEXTS), e5.embed(TEXTS)), (remote.embed_queries(TEXTS), e5.embed_queries(TEXTS))):
+    pairs = ((remote.embed(TEXTS), e5.embed(TEXTS)), (remote.embed_queries(TEXTS), e5.embed_queries(TEXTS)))
+    for got, expected in pairs:
         cosines = (np.array(got) * np.array(expected)).sum(axis=1)
         assert cosines.min() >= 0.9999, cosines
     assert remote.stats.batches == 4  # 3 texts in requests of 2, twice
@@ -204,16 +208,21 @@ def test_a_saturated_server_answers_503_with_retry_after_and_the_key_is_required
                      api_key="k-123")  # fmt: skip
     body = json.dumps({"model": "gated", "input": ["a"]}).encode()
     key = {"Authorization": "Bearer k-123"}
-    for running in run_in_thread(app):
-        assert post(running.url, body)[0] == 401
-        assert post(running.url, body, {"Authorization": "Bearer wrong"})[0] == 401
+    with run_in_thread(app) as running:
+        url = running.url
+        assert post(url, body)[0] == 401
+        assert post(url, body, {"Authorization": "Bearer wrong"})[0] == 401
         first: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: first.update(reply=post(running.url, body, key)))
+
+        def hold_the_turn() -> None:
+            first["reply"] = post(url, body, key)
+
+        thread = threading.Thread(target=hold_the_turn)
         thread.start()
         assert embedder.started.wait(timeout=30)  # the first request holds the one turn
-        status, headers, reply = post(running.url, body, key)
+        status, headers, reply = post(url, body, key)
         assert (status, headers.get("Retry-After"), reply["error"]["type"]) == (503, "7", "server_busy")
         embedder.gate.set()
         thread.join(timeout=30)
         assert first["reply"][0] == 200
-        assert post(running.url, body, key)[0] == 200  # admitted again once the first left
+        assert post(url, body, key)[0] == 200  # admitted again once the first left
