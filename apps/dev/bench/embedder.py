@@ -78,9 +78,10 @@ def main(settings: Settings, *, texts: int, rounds: int, out: Path, command: str
         f"bench embedder: loading {emb.model} (the previous graph is built once into {emb.model_cache_dir})", flush=True
     )
 
-    def embedder(**layout: bool) -> LocalEmbedder:
+    def embedder(*, previous_graph: bool = False, runs_in_parallel: bool = True) -> LocalEmbedder:
         return LocalEmbedder(emb.model, batch_size=emb.batch_size, max_tokens=emb.max_tokens, threads=emb.threads,
-                             cache_dir=emb.model_cache_dir, **layout)  # fmt: skip
+                             cache_dir=emb.model_cache_dir, previous_graph=previous_graph,
+                             runs_in_parallel=runs_in_parallel)  # fmt: skip
 
     before = embedder(previous_graph=True, runs_in_parallel=False)
     fused_one_run = embedder(runs_in_parallel=False)

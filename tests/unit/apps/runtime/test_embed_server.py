@@ -30,7 +30,7 @@ MODEL = "multilingual-e5-small"
 
 
 def parse(body: Any, **limits: Any) -> Any:
-    options = {"models": (MODEL, "intfloat/multilingual-e5-small"), "dimensions": 384, "max_inputs": 4,
+    options: dict[str, Any] = {"models": (MODEL, "intfloat/multilingual-e5-small"), "dimensions": 384, "max_inputs": 4,
                "max_chars": 50} | limits  # fmt: skip
     return parse_embeddings_request(body, **options)
 
