@@ -16,8 +16,9 @@ machine measures what the protocol costs (`ki bench embedder --remote`). Wire fo
 * Auth: when the variable ``api_key_env`` names is set and non-empty, every request must carry
   ``Authorization: Bearer <it>`` (else 401). Off loopback the server refuses to start without one: the
   texts are a firm's documents.
-* ``GET /healthz``: 200 ``{"status": "ok", "model", "dimensions", "running", "waiting"}`` once the model is
-  loaded (the server listens only then).
+* ``GET /healthz``: 200 ``{"status": "ok", "model", "dimensions", "admitted", "refused", "served_requests",
+  "served_texts", "running", "waiting"}`` once the model is loaded (the server listens only then): requests in
+  the server now, refused with 503 and answered since the start, and the limits.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def create_app(embedder: Embedder, *, model: str, aliases: tuple[str, ...] = (),
     """The server's app over a loaded `embedder` that answers to `model` (and its `aliases`)."""
     limits = limits or ServerLimits()
     admission = Admission(running=limits.running, waiting=limits.waiting)
+    served = {"requests": 0, "texts": 0}  # answered 200 since the start
     turns = asyncio.Semaphore(limits.running)
     names = (model, *aliases, embedder.signature)
     verbatim = getattr(embedder, "embed_verbatim", None)
@@ -106,12 +108,15 @@ def create_app(embedder: Embedder, *, model: str, aliases: tuple[str, ...] = (),
             return _error(500, str(exc), kind="server_error")
         finally:
             admission.leave()
+        served["requests"] += 1
+        served["texts"] += len(vectors)
         reply = embeddings_reply(vectors, model=model, tokens=tokens, encoding_format=parsed.encoding_format)
         return web.json_response(reply)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "model": model, "dimensions": embedder.dimensions,
                                   "admitted": admission.admitted, "refused": admission.refused,
+                                  "served_requests": served["requests"], "served_texts": served["texts"],
                                   "running": limits.running, "waiting": limits.waiting})  # fmt: skip
 
     app = web.Application(client_max_size=limits.max_body_bytes)

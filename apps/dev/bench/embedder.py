@@ -55,7 +55,7 @@ def texts_of_length(embedder: LocalEmbedder, tokens: int, count: int) -> list[st
 
 
 def _rates(
-    embedders: Mapping[str, Embedder], texts: list[str], rounds: int
+    embedders: Mapping[str, Embedder], texts: list[str], rounds: int, samples_out: dict[str, list[float]] | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Median texts/s of one `embed` call over all `texts` per embedder, the embedders taking turns within
     each round (so none meets a quieter machine); and each embedder's vectors."""
@@ -68,6 +68,8 @@ def _rates(
             started = time.perf_counter()
             vectors[name] = embedder.embed(texts)
             samples[name].append(len(texts) / (time.perf_counter() - started))
+    if samples_out is not None:
+        samples_out.update(samples)
     return {name: statistics.median(s) for name, s in samples.items()}, vectors
 
 
@@ -187,7 +189,9 @@ def remote_main(settings: Settings, *, texts: int, rounds: int, out: Path, comma
             layouts: dict[str, Embedder] = {"local": shipped, **remotes}
             if tokens == 480:
                 layouts |= candidates
-            rates, vectors = _rates(layouts, sample, rounds)
+            samples: dict[str, list[float]] = {}
+            load_before = os.getloadavg()[0]
+            rates, vectors = _rates(layouts, sample, rounds, samples)
             reference = np.array(vectors["local"])
             cosine = {name: float((np.array(v) * reference).sum(axis=1).min()) for name, v in vectors.items()}
             for name, rate in rates.items():
@@ -198,6 +202,9 @@ def remote_main(settings: Settings, *, texts: int, rounds: int, out: Path, comma
                 "texts_per_s": {name: round(rate, 2) for name, rate in rates.items()},
                 "vs_local": {name: round(rate / rates["local"], 3) for name, rate in rates.items()},
                 "cosine_to_local_min": {name: round(c, 7) for name, c in cosine.items()},
+                "texts_per_s_per_round": {name: [round(x, 2) for x in xs] for name, xs in samples.items()},
+                # the machine is shared: its 1-minute load average before and after this length's rounds
+                "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             }
     finally:
         server.stop()

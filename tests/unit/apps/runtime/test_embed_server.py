@@ -226,3 +226,6 @@ def test_a_saturated_server_answers_503_with_retry_after_and_the_key_is_required
         thread.join(timeout=30)
         assert first["reply"][0] == 200
         assert post(url, body, key)[0] == 200  # admitted again once the first left
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+            health = json.loads(response.read())
+        assert (health["refused"], health["served_requests"], health["served_texts"]) == (1, 2, 2)
