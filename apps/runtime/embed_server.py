@@ -53,11 +53,13 @@ class ServerLimits:
     max_body_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("running", "max_inputs", "max_chars", "retry_after_s", "max_body_bytes"):
+        # named as `ki embed serve`'s flags where it has one
+        for name, shown in (("running", "--running"), ("max_inputs", "--max-inputs"), ("max_chars", "max_chars"),
+                            ("retry_after_s", "--retry-after"), ("max_body_bytes", "max_body_bytes")):  # fmt: skip
             if getattr(self, name) < 1:
-                raise SettingsError(f"ki embed serve: {name.replace('_', '-')} must be at least 1")
+                raise SettingsError(f"ki embed serve: {shown} must be at least 1")
         if self.waiting < 0:
-            raise SettingsError("ki embed serve: waiting must be at least 0")
+            raise SettingsError("ki embed serve: --waiting must be at least 0")
 
 
 def _error(status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error",

@@ -229,3 +229,29 @@ def test_a_saturated_server_answers_503_with_retry_after_and_the_key_is_required
         with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
             health = json.loads(response.read())
         assert (health["refused"], health["served_requests"], health["served_texts"]) == (1, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--port", "0"], {}, "--port must be a port number"),
+        (["--retry-after", "0"], {}, "--retry-after must be at least 1"),
+        ([], {"KI_EMBEDDING__PROVIDER": "openai"}, "embedding.provider must be 'local'"),
+        (["--host", "0.0.0.0"], {}, "not a loopback address and $KI_EMBEDDING_API_KEY is not set"),
+    ],
+)
+def test_ki_embed_serve_refuses_with_one_line(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from apps.cli import main
+
+    monkeypatch.delenv("KI_EMBEDDING_API_KEY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["embed", "serve", *argv]) == 2  # before any model is loaded
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
