@@ -23,6 +23,7 @@ special token) and counted in ``stats.truncated``. An empty string is embedded l
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -156,12 +157,19 @@ def token_counter(model: str) -> Callable[[str], int] | None:
             _verify_sha256(path, spec.tokenizer_sha256)
     except EmbeddingError:
         return None
+    tokenizer = _counting_tokenizer(str(path))
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+@functools.lru_cache(maxsize=4)
+def _counting_tokenizer(path: str) -> Any:
+    """One tokenizer per file and process (XLM-R's loads for seconds); no padding, no cut. Thread-safe to use."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer = Tokenizer.from_file(path)
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    return lambda text: len(tokenizer.encode(text).ids)
+    return tokenizer
 
 
 class LocalEmbedder(BaseEmbedder):
