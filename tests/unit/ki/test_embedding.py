@@ -726,7 +726,7 @@ def test_http_retries_503_then_succeeds(peer: Peer) -> None:
     assert len(embedder.embed(["a"])) == 1
     assert len(peer.requests) == 3
     assert embedder.sleeps[0] == pytest.approx(0.1, rel=0.3)  # type: ignore[attr-defined]
-    assert embedder.sleeps[1] == 0.25  # type: ignore[attr-defined]  # Retry-After wins
+    assert embedder.sleeps[1] == pytest.approx(0.25)  # type: ignore[attr-defined]  # Retry-After wins
     assert embedder.stats.batches == 1
 
 
@@ -866,7 +866,7 @@ def test_http_retry_after_holds_back_every_request_of_the_embedder(peer: Peer) -
     embedder = http_embedder(peer, batch_size=1)
     assert len(embedder.embed(["a", "b"])) == 2
     # the refused request waited the server's 1.5 s; the next one went out at once, after the hold
-    assert embedder.sleeps == [1.5]  # type: ignore[attr-defined]
+    assert embedder.sleeps == pytest.approx([1.5])  # type: ignore[attr-defined]
     embedder._hold_back(3.0)  # as another thread's refused request does
     embedder.embed(["c"])
-    assert embedder.sleeps == [1.5, 3.0]  # type: ignore[attr-defined]
+    assert embedder.sleeps == pytest.approx([1.5, 3.0])  # type: ignore[attr-defined]
