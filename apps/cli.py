@@ -84,6 +84,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _embed(args: argparse.Namespace, settings: Settings) -> int:
+    from apps.runtime.embed_server import ServerLimits, serve
+
+    if not 1 <= args.port <= 65535:
+        raise CliError("--port must be a port number (1-65535)")
+    limits = ServerLimits(running=args.running, waiting=args.waiting, max_inputs=args.max_inputs,
+                          retry_after_s=args.retry_after)  # fmt: skip
+    return serve(settings, host=args.host, port=args.port, limits=limits, api_key_env=args.api_key_env)
+
+
 def _token(args: argparse.Namespace, settings: Settings) -> int:
     from search.web.auth import mint_token
 
@@ -502,6 +512,12 @@ def _bench(args: argparse.Namespace, settings: Settings) -> int:
         for flag, value in (("--texts", args.texts), ("--rounds", args.rounds)):
             if value < 1:
                 raise CliError(f"{flag} must be at least 1")
+        if args.remote:
+            from apps.dev.bench.embedder import remote_main
+
+            out = Path(args.out) if args.out else Path("benchmarks/embedder-remote.json")
+            return remote_main(settings, texts=args.texts, rounds=args.rounds, out=out,
+                               command="ki " + " ".join(sys.argv[1:]))  # fmt: skip
         out = Path(args.out) if args.out else Path("benchmarks/embedder.json")
         return bench_embedder(settings, texts=args.texts, rounds=args.rounds, out=out,
                               command="ki " + " ".join(sys.argv[1:]))  # fmt: skip
@@ -712,6 +728,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     serve.set_defaults(handler=_serve)
 
+    embed = sub.add_parser(
+        "embed", help="serve the local embedder as an OpenAI-compatible POST /v1/embeddings (for other hosts' "
+        "content lanes: embedding.provider openai)",
+    )  # fmt: skip
+    embed.add_argument("action", choices=["serve"])
+    embed.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; off loopback "
+                       "the variable --api-key-env names must hold the key clients send)")  # fmt: skip
+    embed.add_argument("--port", type=int, default=56080, help="port (default 56080)")
+    embed.add_argument("--running", type=int, default=1,
+                       help="requests embedded at once (each on embedding.threads model runs; default 1)")  # fmt: skip
+    embed.add_argument("--waiting", type=int, default=8,
+                       help="requests queued for a turn; beyond them a request gets 503 + Retry-After (default 8)")
+    embed.add_argument("--max-inputs", type=int, default=256, help="texts per request at most (default 256)")
+    embed.add_argument("--retry-after", type=int, default=1, help="seconds a refused request is told to wait")
+    embed.add_argument("--api-key-env", default="KI_EMBEDDING_API_KEY",
+                       help="variable holding the bearer key clients must send (unset or empty: no key)")  # fmt: skip
+    embed.set_defaults(handler=_embed)
+
     token = sub.add_parser("token", help="mint a signed bearer token for local use")
     token.add_argument("--sub", required=True, help="subject: the caller is user:<sub> (api.jwt.claims_carry_kinds: "
                        "a kind:name subject is that principal)")  # fmt: skip
@@ -920,7 +954,14 @@ def build_parser() -> argparse.ArgumentParser:
     embedder_bench = kind("embedder", "the local embedder's texts/s at ~256 and ~480 tokens, before and after")
     embedder_bench.add_argument("--texts", type=int, default=16, help="texts per length")
     embedder_bench.add_argument("--rounds", type=int, default=3, help="rounds (median reported)")
-    embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json)")
+    embedder_bench.add_argument("--out", help="output file (default benchmarks/embedder.json, with --remote "
+                                "benchmarks/embedder-remote.json)")  # fmt: skip
+    embedder_bench.add_argument(
+        "--remote", action="store_true",
+        help="instead: the local embedder against the same model behind `ki embed serve` in a second process "
+        "(the HTTP provider at a few request sizes and requests in flight), and the local speed-ups that change "
+        "the vectors, at ~480 and ~64 tokens",
+    )  # fmt: skip
 
     reuse_bench = kind("reuse", "the share of rows whose vector the store can share, as configured and per variant")
     reuse_bench.add_argument("--out", help="output file (default benchmarks/reuse-demo.json)")

@@ -533,6 +533,8 @@ class EmbeddingSettings(_Section):
     api_key_env: str = "KI_EMBEDDING_API_KEY"
     timeout_s: float = Field(30.0, gt=0)
     retries: int = Field(3, ge=0, le=20)
+    # openai provider: requests in flight at once for one `embed` call (each of up to batch_size texts)
+    concurrency: int = Field(1, ge=1, le=64)
     # local provider: model runs at once, one thread each (0 = one per CPU core)
     threads: int = Field(0, ge=0, le=256)
     # local provider: where models converted on first use are cached (multilingual-e5-small)

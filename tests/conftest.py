@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -42,6 +43,12 @@ if os.environ.get("KI_TEST_SECURE") != "1":
     collect_ignore.append("secure")
 if os.environ.get("KI_TEST_CLUSTER") != "1":
     collect_ignore.append("cluster")
+
+
+@pytest.fixture(scope="session")
+def e5_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache per test session: multilingual-e5-small is converted once, here."""
+    return tmp_path_factory.mktemp("models")
 
 
 @pytest.fixture(scope="session")

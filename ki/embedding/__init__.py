@@ -215,6 +215,15 @@ class BaseEmbedder:
     def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
         return self._embed(texts, self.query_prefix)
 
+    def embed_verbatim(self, texts: Sequence[str]) -> list[list[float]]:
+        """Like :meth:`embed`, the texts exactly as given: no prefix. For a server embedding for clients that
+        add their model's prefixes themselves (`ki embed serve`)."""
+        return self._embed(texts, "")
+
+    def count_verbatim_tokens(self, text: str) -> int:
+        """Tokens the model sees for ``text`` as given (no prefix), special tokens included, before any cut."""
+        return self._count_prefixed(text)
+
     def count_tokens(self, text: str) -> int:
         if not isinstance(text, str):
             raise EmbeddingError(f"count_tokens() takes a str, got {type(text).__name__}")
@@ -290,7 +299,18 @@ def create_embedder(settings: Settings) -> Embedder:
         return embedder
     if emb.provider == "openai":
         from ki.embedding.http import HttpEmbedder
+        from ki.embedding.local import resolve_local_model, token_counter
 
+        counter = token_counter(emb.model)
+        query_prefix, passage_prefix = emb.query_prefix, emb.passage_prefix
+        signature_model = None
+        if counter is not None:
+            # A model we ship, served elsewhere: the local provider's signature under any of its names, and its
+            # prefixes unless set, or its vectors would not be the local ones.
+            spec = resolve_local_model(emb.model)
+            signature_model = spec.name
+            if not (query_prefix or passage_prefix):
+                query_prefix, passage_prefix = spec.query_prefix, spec.passage_prefix
         return HttpEmbedder(
             url=emb.url,
             model=emb.model,
@@ -299,9 +319,12 @@ def create_embedder(settings: Settings) -> Embedder:
             api_key_env=emb.api_key_env,
             timeout_s=emb.timeout_s,
             retries=emb.retries,
+            concurrency=emb.concurrency,
             send_dimensions=emb.send_dimensions,
             max_tokens=emb.max_tokens,
-            query_prefix=emb.query_prefix,
-            passage_prefix=emb.passage_prefix,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            token_counter=counter,
+            signature_model=signature_model,
         )
     raise EmbeddingError(f"unknown embedding provider {emb.provider!r}")  # pragma: no cover - Literal

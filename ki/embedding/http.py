@@ -8,11 +8,21 @@ Retries: up to ``retries`` more attempts, with exponential backoff (honouring a 
 (transient). Any other status, or a reply that is not the expected JSON, raises :class:`EmbeddingError`
 (permanent) at once.
 
+Concurrency: one ``embed`` call's texts go out in requests of ``batch_size`` texts, ``concurrency`` of them in
+flight at once (``embedding.concurrency``; the content lane's micro-batch, ``streams.embed_micro_batch_rows``,
+is one call, so it should hold ``batch_size * concurrency`` texts to fill them). Back-pressure: a server that
+answers 429/503 with ``Retry-After`` holds back *every* request of this embedder, not only the refused one,
+until that time has passed; then the refused request is sent again (its retries count as above).
+
 Prefixes: none by default; ``query_prefix`` / ``passage_prefix`` (settings ``embedding.query_prefix`` /
 ``embedding.passage_prefix``) are prepended to queries / documents for remote models that expect them
 (e.g. ``query: `` / ``passage: `` for an e5 model behind the endpoint).
 
-Token counts: there is no tokenizer on this side, so :meth:`HttpEmbedder.count_tokens` is an estimate,
+Token counts: for a model the local provider knows (``multilingual-e5-small``, ``all-MiniLM-L6-v2``, e.g.
+behind ``ki embed serve``) its shipped tokenizer counts, so chunks are cut as the local provider cuts them
+(and, when ``query_prefix`` and ``passage_prefix`` are both left empty, its prefixes are used): the two
+providers share one embedding signature, so they must give one index the same rows and vectors. For any
+other model there is no tokenizer on this side, so :meth:`HttpEmbedder.count_tokens` is an estimate,
 deliberately on the high side for chunking: ``ceil(utf8_bytes(passage_prefix + text) / 3) + 2``.
 Subword tokenizers of current embedding models average 3.5-4.5 characters per token on German and
 English prose (a byte or two more for umlauts), so real counts stay below the estimate except for
@@ -25,10 +35,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ki.backoff import Backoff
@@ -65,6 +77,10 @@ class HttpEmbedder(BaseEmbedder):
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 20.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        concurrency: int = 1,
+        token_counter: Callable[[str], int] | None = None,
+        signature_model: str | None = None,
         max_tokens: int = 512,
         query_prefix: str = "",
         passage_prefix: str = "",
@@ -82,6 +98,8 @@ class HttpEmbedder(BaseEmbedder):
             raise EmbeddingError(f"embedding dimensions must be >= 1, got {dimensions}")
         if retries < 0:
             raise EmbeddingError(f"embedding.retries must be >= 0, got {retries}")
+        if concurrency < 1:
+            raise EmbeddingError(f"embedding.concurrency must be >= 1, got {concurrency}")
         self.endpoint = url.rstrip("/") + "/embeddings"
         self.model = model
         self.api_key_env = api_key_env
@@ -90,8 +108,17 @@ class HttpEmbedder(BaseEmbedder):
         self.send_dimensions = send_dimensions
         self.backoff = Backoff(base_s=backoff_base_s, max_s=backoff_max_s, jitter=0.25)
         self._sleep = sleep
+        self._clock = clock
+        self.concurrency = concurrency
+        self._token_counter = token_counter
+        # Until when (on `clock`) no request goes out: the latest Retry-After a server asked of us.
+        self._hold_until = 0.0
+        self._hold_lock = threading.Lock()
+        pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ki-embed-http") if concurrency > 1 else None
+        self._requests = pool
         self._dimensions = dimensions
-        self._signature = make_signature(model, dimensions)
+        # `signature_model`: the name the signature is made of, when `model` is one of its aliases
+        self._signature = make_signature(signature_model or model, dimensions)
         # Own opener: proxy settings are read from the environment once, here.
         self._opener = urllib.request.build_opener()
 
@@ -126,23 +153,46 @@ class HttpEmbedder(BaseEmbedder):
             snippet = raw[:_BODY_SNIPPET].decode("utf-8", "replace")
             raise EmbeddingError(f"{self.endpoint} returned invalid JSON: {snippet!r}") from exc
 
+    def _hold_back(self, seconds: float) -> None:
+        """No request of this embedder goes out for `seconds` (a server's Retry-After)."""
+        with self._hold_lock:
+            self._hold_until = max(self._hold_until, self._clock() + seconds)
+
+    def _wait_for_turn(self) -> None:
+        wait = self._hold_until - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+
     def _request(self, payload: dict[str, Any]) -> Any:
         body = json.dumps(payload).encode("utf-8")
         attempt = 0
         while True:
+            self._wait_for_turn()
             try:
                 return self._post(body)
             except EmbeddingUnavailable as exc:
                 if attempt >= self.retries:
                     raise EmbeddingUnavailable(f"{exc} (gave up after {attempt + 1} attempts)") from exc
-                self._sleep(self.backoff.delay(attempt, exc.retry_after))
+                delay = self.backoff.delay(attempt, exc.retry_after)
+                if exc.retry_after is not None:
+                    self._hold_back(delay)  # the server is saturated: the other requests wait too
+                else:
+                    self._sleep(delay)
                 attempt += 1
 
     # -- BaseEmbedder hooks --------------------------------------------------------------------
 
     def _count_prefixed(self, text: str) -> int:
-        """Estimate (see the module docstring): 2 special tokens + one token per 3 UTF-8 bytes."""
+        """The model's tokenizer's count if we have it, else an estimate (see the module docstring): 2 special
+        tokens + one token per 3 UTF-8 bytes."""
+        if self._token_counter is not None:
+            return self._token_counter(text)
         return math.ceil(len(text.encode("utf-8")) / 3) + 2
+
+    def _run_batches(self, batches: list[list[str]]) -> Iterable[Sequence[Sequence[float]]]:
+        if self._requests is None or len(batches) < 2:
+            return map(self._embed_batch, batches)
+        return self._requests.map(self._embed_batch, batches)
 
     def _embed_batch(self, texts: list[str]) -> list[Sequence[float]]:
         self._stats.record_truncated(sum(self._count_prefixed(t) > self.max_tokens for t in texts))

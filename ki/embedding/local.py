@@ -23,14 +23,15 @@ special token) and counted in ``stats.truncated``. An empty string is embedded l
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -145,6 +146,32 @@ def resolve_local_model(model: str) -> LocalModelSpec:
     return spec
 
 
+def token_counter(model: str) -> Callable[[str], int] | None:
+    """Token counts by the shipped tokenizer of `model` if the local provider knows it (e.g. e5 served by
+    `ki embed serve`, or by any other server), for the HTTP provider: it then cuts chunks exactly as the local
+    provider does, so both fill one index with the same rows. None for another model, or without the package."""
+    try:
+        spec = resolve_local_model(model)
+        path = _package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)
+        if spec.tokenizer_sha256:
+            _verify_sha256(path, spec.tokenizer_sha256)
+    except EmbeddingError:
+        return None
+    tokenizer = _counting_tokenizer(str(path))
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+@functools.lru_cache(maxsize=4)
+def _counting_tokenizer(path: str) -> Any:
+    """One tokenizer per file and process (XLM-R's loads for seconds); no padding, no cut. Thread-safe to use."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(path)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 class LocalEmbedder(BaseEmbedder):
     """A local encoder (see the module docstring) on the CPU. Thread-safe; one instance per process is enough."""
 
@@ -158,10 +185,17 @@ class LocalEmbedder(BaseEmbedder):
         cache_dir: str | Path | None = None,
         previous_graph: bool = False,
         runs_in_parallel: bool = True,
+        disabled_optimizers: tuple[str, ...] = (),
+        batch_mates: bool = False,
     ) -> None:
         """Two baselines for `ki bench embedder`, the same vectors more slowly: ``previous_graph``, e5's graph
         of plain ONNX ops (converter 1) instead of the fused one; ``runs_in_parallel=False``, one model run at
-        a time on all ``threads`` (as before) instead of ``threads`` single-threaded runs at once."""
+        a time on all ``threads`` (as before) instead of ``threads`` single-threaded runs at once.
+
+        Two candidates it measures, each faster and each other vectors (a new embedding signature, so never
+        the default here): ``disabled_optimizers``, onnxruntime graph fusions left off (e.g.
+        ``SkipLayerNormFusion``); ``batch_mates``, ``batch_size`` texts per run where the model allows one
+        (``LocalModelSpec.max_batch``: each vector then depends on its batch mates)."""
         spec = resolve_local_model(model)
         if not 3 <= max_tokens <= spec.max_positions:
             raise EmbeddingError(
@@ -176,7 +210,7 @@ class LocalEmbedder(BaseEmbedder):
             passage_prefix=spec.passage_prefix,
         )
         self.spec = spec
-        if spec.max_batch is not None:
+        if spec.max_batch is not None and not batch_mates:
             self.batch_size = min(self.batch_size, spec.max_batch)
         self.threads = threads or (os.cpu_count() or 1)
         self._dimensions = spec.dimensions
@@ -208,7 +242,10 @@ class LocalEmbedder(BaseEmbedder):
         # vectors move to cosine 0.9986: a new embedding signature, left for the next change that needs one.
         try:
             self._session = ort.InferenceSession(
-                str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
+                str(self.model_path),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+                **({"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}),
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EmbeddingError(f"local embedding model: cannot load {self.model_path}: {exc}") from exc

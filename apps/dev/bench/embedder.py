@@ -5,6 +5,11 @@ new embedding signature, and a rebuild). Three layouts, to say where a gain come
 * before: e5's graph of plain ONNX ops (converter 1), one model run at a time on every core;
 * the fused graph (attention and GELU as onnxruntime contrib ops), one run at a time on every core;
 * shipped: the fused graph, one single-threaded run per core at once.
+
+`--remote` (:func:`remote_main`): the shipped embedder in this process against the same model behind
+`ki embed serve` in a second process, spoken to by the HTTP provider at a few request sizes and requests in
+flight, taking turns in each round; and at ~480 tokens the two remaining local speed-ups that change the
+vectors (the fused skip + LayerNorm kernel off; 4 texts per model run), with their cosine to the shipped ones.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ki.embedding.local import LocalEmbedder
+from apps.runtime.processes import Child, free_port
+from ki.embedding import Embedder
+from ki.embedding.http import HttpEmbedder
+from ki.embedding.local import LocalEmbedder, resolve_local_model
 from ki.settings import Settings
 
 # Distinct German contract prose; numbered so that no two texts are equal.
@@ -45,7 +55,7 @@ def texts_of_length(embedder: LocalEmbedder, tokens: int, count: int) -> list[st
 
 
 def _rates(
-    embedders: dict[str, LocalEmbedder], texts: list[str], rounds: int
+    embedders: Mapping[str, Embedder], texts: list[str], rounds: int, samples_out: dict[str, list[float]] | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Median texts/s of one `embed` call over all `texts` per embedder, the embedders taking turns within
     each round (so none meets a quieter machine); and each embedder's vectors."""
@@ -58,6 +68,8 @@ def _rates(
             started = time.perf_counter()
             vectors[name] = embedder.embed(texts)
             samples[name].append(len(texts) / (time.perf_counter() - started))
+    if samples_out is not None:
+        samples_out.update(samples)
     return {name: statistics.median(s) for name, s in samples.items()}, vectors
 
 
@@ -68,9 +80,10 @@ def main(settings: Settings, *, texts: int, rounds: int, out: Path, command: str
         f"bench embedder: loading {emb.model} (the previous graph is built once into {emb.model_cache_dir})", flush=True
     )
 
-    def embedder(**layout: bool) -> LocalEmbedder:
+    def embedder(*, previous_graph: bool = False, runs_in_parallel: bool = True) -> LocalEmbedder:
         return LocalEmbedder(emb.model, batch_size=emb.batch_size, max_tokens=emb.max_tokens, threads=emb.threads,
-                             cache_dir=emb.model_cache_dir, **layout)  # fmt: skip
+                             cache_dir=emb.model_cache_dir, previous_graph=previous_graph,
+                             runs_in_parallel=runs_in_parallel)  # fmt: skip
 
     before = embedder(previous_graph=True, runs_in_parallel=False)
     fused_one_run = embedder(runs_in_parallel=False)
@@ -105,4 +118,97 @@ def main(settings: Settings, *, texts: int, rounds: int, out: Path, command: str
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"bench embedder: wrote {out}", file=sys.stderr, flush=True)
+    return 0
+
+
+# (texts per request, requests in flight) of the HTTP provider; the server runs 2 requests at once, each on
+# embedding.threads model runs.
+REMOTE_LAYOUTS = ((1, 1), (1, 2), (4, 1), (8, 2))
+SERVER_RUNNING = 2
+
+
+def _server_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+            return bool(json.loads(response.read()).get("status") == "ok")
+    except OSError:
+        return False
+
+
+def remote_main(settings: Settings, *, texts: int, rounds: int, out: Path, command: str) -> int:
+    emb = settings.embedding
+    spec = resolve_local_model(emb.model)
+    common: dict[str, Any] = {"max_tokens": emb.max_tokens, "threads": emb.threads, "cache_dir": emb.model_cache_dir}
+    shipped = LocalEmbedder(emb.model, batch_size=emb.batch_size, **common)
+    candidates = {
+        "local_skip_layernorm_fusion_off": LocalEmbedder(
+            emb.model, batch_size=emb.batch_size, disabled_optimizers=("SkipLayerNormFusion",), **common
+        ),
+        "local_4_texts_per_run": LocalEmbedder(emb.model, batch_size=4, batch_mates=True, **common),
+    }
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_env = {
+        "KI_EMBEDDING__PROVIDER": "local",
+        "KI_EMBEDDING__MODEL": emb.model,
+        "KI_EMBEDDING__MAX_TOKENS": str(emb.max_tokens),
+        "KI_EMBEDDING__THREADS": str(emb.threads),
+        "KI_EMBEDDING__MODEL_CACHE_DIR": emb.model_cache_dir,
+    }
+    argv = [sys.executable, "-m", "apps.cli", "embed", "serve", "--port", str(port), "--running",
+            str(SERVER_RUNNING), "--waiting", "16", "--api-key-env", ""]  # fmt: skip
+    server = Child(argv, Path("build/bench/embed-serve.log"), env=server_env).start()
+    print(f"bench embedder --remote: ki embed serve on {url} (log build/bench/embed-serve.log)", flush=True)
+    try:
+        problem = server.wait_ready(lambda: _server_ready(url), timeout_s=300)
+        if problem:
+            print(f"bench embedder --remote: the server {problem}", file=sys.stderr)
+            return 1
+        remotes = {
+            f"remote_{batch}_per_request_{flight}_in_flight": HttpEmbedder(
+                url=url + "/v1", model=spec.name, dimensions=shipped.dimensions, batch_size=batch,
+                concurrency=flight, api_key_env="", timeout_s=300, max_tokens=emb.max_tokens,
+                query_prefix=spec.query_prefix, passage_prefix=spec.passage_prefix,
+            )  # fmt: skip
+            for batch, flight in REMOTE_LAYOUTS
+        }
+        result: dict[str, Any] = {
+            "command": command,
+            "model": shipped.signature,
+            "cores": os.cpu_count() or 1,
+            "threads": shipped.threads,
+            "server": {"running": SERVER_RUNNING, "threads": shipped.threads, "process": "second, same machine"},
+            "texts_per_length": texts,
+            "rounds": rounds,
+            "lengths": {},
+        }
+        for tokens in (480, 64):
+            sample = texts_of_length(shipped, tokens, texts)
+            measured = [shipped.count_tokens(t) for t in sample]
+            print(f"bench embedder --remote: {texts} texts of ~{tokens} tokens", flush=True)
+            layouts: dict[str, Embedder] = {"local": shipped, **remotes}
+            if tokens == 480:
+                layouts |= candidates
+            samples: dict[str, list[float]] = {}
+            load_before = os.getloadavg()[0]
+            rates, vectors = _rates(layouts, sample, rounds, samples)
+            reference = np.array(vectors["local"])
+            cosine = {name: float((np.array(v) * reference).sum(axis=1).min()) for name, v in vectors.items()}
+            for name, rate in rates.items():
+                print(f"  {name}: {rate:.2f} texts/s = {rate / rates['local']:.3f}x local, cosine min "
+                      f"{cosine[name]:.7f}", flush=True)  # fmt: skip
+            result["lengths"][str(tokens)] = {
+                "tokens_median": int(statistics.median(measured)),
+                "texts_per_s": {name: round(rate, 2) for name, rate in rates.items()},
+                "vs_local": {name: round(rate / rates["local"], 3) for name, rate in rates.items()},
+                "cosine_to_local_min": {name: round(c, 7) for name, c in cosine.items()},
+                "texts_per_s_per_round": {name: [round(x, 2) for x in xs] for name, xs in samples.items()},
+                # the machine is shared: its 1-minute load average before and after this length's rounds
+                "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            }
+    finally:
+        server.stop()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"bench embedder --remote: wrote {out}", file=sys.stderr, flush=True)
     return 0

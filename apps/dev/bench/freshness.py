@@ -870,7 +870,10 @@ def run_freshness_bench(settings: Settings, options: FreshnessOptions) -> dict[s
             engine.dispose()
     result["cleanup"] = removal.as_dict()
     result["refresh_interval"] = settings.opensearch.refresh_interval
-    result["embedding"] = {"model": settings.embedding.model, "threads": settings.embedding.threads}
+    emb = settings.embedding
+    result["embedding"] = {"provider": emb.provider, "model": emb.model, "threads": emb.threads}
+    if emb.provider == "openai":  # the server's address stays out: it may name an internal host
+        result["embedding"] |= {"batch_size": emb.batch_size, "concurrency": emb.concurrency}
     result["machine"] = machine(load_start)
     return result
 

@@ -30,12 +30,6 @@ def cos(a: list[float], b: list[float]) -> float:
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def e5_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One model cache per test session: multilingual-e5-small is converted once, here."""
-    return tmp_path_factory.mktemp("models")
-
-
 @pytest.fixture(scope="module")
 def local() -> LocalEmbedder:
     return LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=256)
@@ -551,6 +545,22 @@ def test_factory_builds_the_configured_provider(e5_cache_dir: Path) -> None:
     assert remote.dimensions == 1536
 
 
+def test_factory_gives_a_remote_model_we_ship_its_tokenizer_and_prefixes(e5: LocalEmbedder) -> None:
+    remote = create_embedder(_settings(provider="openai", model="intfloat/multilingual-e5-small",
+                                       url="http://127.0.0.1:9"))  # fmt: skip
+    assert isinstance(remote, HttpEmbedder)
+    assert (remote.query_prefix, remote.passage_prefix) == ("query: ", "passage: ")
+    text = "Die Kündigung bedarf der Schriftform gemäß § 568 BGB; maßgeblich ist der Zugang."
+    assert remote.count_tokens(text) == e5.count_tokens(text)  # chunks are cut as the local provider cuts them
+    assert remote.signature == e5.signature
+    chosen = create_embedder(_settings(provider="openai", model="multilingual-e5-small", url="http://127.0.0.1:9",
+                                       query_prefix="q: "))  # fmt: skip
+    assert (chosen.query_prefix, chosen.passage_prefix) == ("q: ", "")  # type: ignore[attr-defined]
+    other = create_embedder(_settings(provider="openai", model="text-embedding-3-small", url="http://127.0.0.1:9",
+                                      embedding_dimensions=1536))  # fmt: skip
+    assert other.count_tokens("abcdef") == 4  # the estimate: 6 bytes / 3 + 2
+
+
 def test_factory_rejects_dimension_mismatch_for_local_model(e5_cache_dir: Path) -> None:
     with pytest.raises(EmbeddingError, match="rebuild"):
         create_embedder(_settings(embedding_dimensions=1536, model_cache_dir=str(e5_cache_dir)))
@@ -635,7 +645,14 @@ def peer(monkeypatch: pytest.MonkeyPatch) -> Iterator[Peer]:
 
 
 def http_embedder(peer: Peer, **kwargs: Any) -> HttpEmbedder:
+    """An embedder whose sleeps are recorded, not slept: its clock moves by each sleep instead."""
     sleeps: list[float] = []
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
     options: dict[str, Any] = {
         "url": peer.url,
         "model": "test-embed",
@@ -644,7 +661,8 @@ def http_embedder(peer: Peer, **kwargs: Any) -> HttpEmbedder:
         "api_key_env": "KI_TEST_EMBED_KEY",
         "timeout_s": 5.0,
         "retries": 2,
-        "sleep": sleeps.append,
+        "sleep": sleep,
+        "clock": lambda: now[0],
     }
     options.update(kwargs)
     embedder = HttpEmbedder(**options)
@@ -708,7 +726,7 @@ def test_http_retries_503_then_succeeds(peer: Peer) -> None:
     assert len(embedder.embed(["a"])) == 1
     assert len(peer.requests) == 3
     assert embedder.sleeps[0] == pytest.approx(0.1, rel=0.3)  # type: ignore[attr-defined]
-    assert embedder.sleeps[1] == 0.25  # type: ignore[attr-defined]  # Retry-After wins
+    assert embedder.sleeps[1] == pytest.approx(0.25)  # type: ignore[attr-defined]  # Retry-After wins
     assert embedder.stats.batches == 1
 
 
@@ -824,3 +842,31 @@ def test_http_prefixes_token_estimate_and_truncation_count(peer: Peer) -> None:
     e5_like.embed_queries(["Kaution?"])
     assert [r["body"]["input"] for r in peer.requests] == [["passage: Kaution"], ["query: Kaution?"]]
     assert e5_like.count_tokens("Kaution") == plain.count_tokens("passage: Kaution")
+
+
+def test_http_concurrency_keeps_requests_in_flight_at_once(peer: Peer) -> None:
+    # Each request waits at the barrier for the other: one request at a time would break it (HTTP 500 below).
+    barrier = threading.Barrier(2, timeout=10)
+    ok = peer.ok
+
+    def meet_then_answer(inputs: list[str], dims: int | None = None, reverse: bool = False) -> dict[str, Any]:
+        barrier.wait()
+        return ok(inputs, dims, reverse)
+
+    peer.ok = meet_then_answer  # type: ignore[method-assign]
+    embedder = http_embedder(peer, batch_size=2, concurrency=2)
+    assert len(embedder.embed(["a", "b", "c", "d"])) == 4
+    assert sorted(r["body"]["input"] for r in peer.requests) == [["a", "b"], ["c", "d"]]
+    with pytest.raises(EmbeddingError, match="concurrency"):
+        http_embedder(peer, concurrency=0)
+
+
+def test_http_retry_after_holds_back_every_request_of_the_embedder(peer: Peer) -> None:
+    peer.replies.append((429, {"error": {"message": "busy"}}, {"Retry-After": "1.5"}))
+    embedder = http_embedder(peer, batch_size=1)
+    assert len(embedder.embed(["a", "b"])) == 2
+    # the refused request waited the server's 1.5 s; the next one went out at once, after the hold
+    assert embedder.sleeps == pytest.approx([1.5])  # type: ignore[attr-defined]
+    embedder._hold_back(3.0)  # as another thread's refused request does
+    embedder.embed(["c"])
+    assert embedder.sleeps == pytest.approx([1.5, 3.0])  # type: ignore[attr-defined]
