@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --test
 
-main_home=$(.venv/bin/python -c 'from ki.settings import load_settings; print(load_settings().stack.home)')
+main_home=$(.venv/bin/python -c 'from ki.settings import load_settings; from apps.dev.stack.settings import stack_settings; print(stack_settings(load_settings()).home)')
 main_home=${main_home/#\~/$HOME}
 export KI_STACK__HOME="${KI_TEST_STACK_HOME:-$HOME/.cache/ki-sidecar-test}"
 
