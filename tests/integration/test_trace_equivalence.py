@@ -109,11 +109,18 @@ class Tracer:
         perform = transport.perform_request
 
         async def traced(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            answer = await perform(method, url, *args, **kwargs)
+            # Entered when the request starts, as a statement is (its hits added when it answers): appended on the
+            # answer, the legs' `_msearch` fell before or after the identity preflight's statements by how fast
+            # OpenSearch answered on a loaded machine, and W's traces never settled.
             trace = TRACE.get()
+            at = -1
             if trace is not None:
                 body = kwargs.get("body", args[1] if len(args) > 1 else None)
-                trace.append(("opensearch", method, url, _body(body), _hits(answer)))
+                trace.append(("opensearch", method, url, _body(body)))
+                at = len(trace) - 1
+            answer = await perform(method, url, *args, **kwargs)
+            if trace is not None:
+                trace[at] = (*trace[at], _hits(answer))
             return answer
 
         transport.perform_request = traced
