@@ -1,0 +1,132 @@
+"""Token counts, exactly ``len(tokenizer.encode(text).ids)``, several times faster for SentencePiece tokenizers.
+
+The chunker asks for one count per body chunk (`projections.chunking`: does the window fit the model?), and a
+first load's plan step spent most of its time in those ``encode`` calls (BENCHMARKS.md, issue 53 item 2). A
+Metaspace pre-tokenizer (XLM-R's, hence e5's) cuts the normalised text before every ``▁`` (a space) and the
+Unigram model tokenises each piece on its own, so a text's count is the special tokens plus the sum of its
+pieces' counts: legal German repeats its words, and a piece's count is remembered. The normaliser still runs
+on the whole text, in the tokenizer itself, exactly as ``encode`` runs it.
+
+Only for exactly that pipeline (checked on the tokenizer's own description and on a probe of texts against
+``encode`` when the counter is made); any other tokenizer -- or a text holding one of its added tokens, which
+``encode`` would match before normalising -- is counted by ``encode`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["exact_token_counter"]
+
+_METASPACE = "\u2581"
+_PIECE = re.compile(f"{_METASPACE}[^{_METASPACE}]*|[^{_METASPACE}]+")
+# Distinct pieces remembered per counter (a few MB); past it the memory starts afresh.
+_MAX_PIECES = 200_000
+# Texts the fast count must agree with `encode` on before it is used.
+_PROBES = (
+    "",
+    " ",
+    "Kündigung nach § 573 Abs. 2 BGB",
+    "  zwei  Leerzeichen\tund\nZeilen\r\n\n  Ende  ",
+    "passage: Titel | Vertrag\nDer Mieter zahlt 1.234,56 € bis zum 3. Werktag (vgl. BGH, Urt. v. 1.2.2024).",
+    "Straße\u00a0Nr.\u200912 – „Anführung“ … ﬁ ① ㎏ Ａ\u200b\u0308 😀👨\u200d👩\u200d👧 \u2581x\u2581\u2581y",
+    "https://example.org/a_b?c=d&e=f Donaudampfschifffahrtsgesellschaftskapitän",
+)
+
+
+def _description(tokenizer: Any) -> dict[str, Any]:
+    """The parts of the tokenizer's JSON description the fast count depends on (not its vocabulary)."""
+
+    def state(component: Any) -> Any:
+        return json.loads(component.__getstate__()) if component is not None else None
+
+    return {
+        "model": {"type": type(tokenizer.model).__name__},
+        "pre_tokenizer": state(tokenizer.pre_tokenizer),
+        "post_processor": state(tokenizer.post_processor),
+        "truncation": tokenizer.truncation,
+        "padding": tokenizer.padding,
+        "added_tokens": [{"content": t.content} for t in tokenizer.get_added_tokens_decoder().values()],
+    }
+
+
+def _is_metaspace_unigram(described: dict[str, Any]) -> bool:
+    pre = described.get("pre_tokenizer") or {}
+    post = described.get("post_processor") or {}
+    return (
+        (described.get("model") or {}).get("type") == "Unigram"
+        and pre.get("type") == "Metaspace"
+        and pre.get("replacement") == _METASPACE
+        and pre.get("split", True) is True
+        and (pre.get("prepend_scheme") == "always" or ("prepend_scheme" not in pre and pre.get("add_prefix_space")))
+        and post.get("type") == "TemplateProcessing"
+        and described.get("truncation") is None
+        and described.get("padding") is None
+    )
+
+
+def _special_tokens(described: dict[str, Any]) -> int | None:
+    """Tokens the template adds around one text, or None if it does more than add fixed special tokens."""
+    template = described["post_processor"]
+    single = template.get("single") or []
+    total = 0
+    for item in single:
+        if "Sequence" in item:
+            continue
+        special = item.get("SpecialToken")
+        if special is None:
+            return None
+        ids = (template.get("special_tokens") or {}).get(special["id"], {}).get("ids")
+        if ids is None:
+            return None
+        total += len(ids)
+    if sum("Sequence" in item for item in single) != 1:
+        return None
+    return total
+
+
+def exact_token_counter(tokenizer: Any) -> Callable[[str], int]:
+    """A function giving ``len(tokenizer.encode(text).ids)`` for any text (the tokenizer's own padding and
+    truncation as they are now), by pieces where the tokenizer allows it (see the module docstring)."""
+
+    def by_encode(text: str) -> int:
+        return len(tokenizer.encode(text).ids)
+
+    described = _description(tokenizer)
+    if not _is_metaspace_unigram(described):
+        return by_encode
+    specials = _special_tokens(described)
+    if specials is None:
+        return by_encode
+    added = tuple(token["content"] for token in described.get("added_tokens") or [] if token["content"])
+    normalizer = tokenizer.normalizer
+    model = tokenizer.model
+    memory: dict[str, int] = {}
+
+    def by_pieces(text: str) -> int:
+        if any(token in text for token in added):
+            return by_encode(text)  # `encode` splits added tokens off before anything else
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        if any(token in normalized for token in added):
+            return by_encode(text)
+        if not normalized:
+            return specials
+        normalized = normalized.replace(" ", _METASPACE)
+        if normalized[0] != _METASPACE:
+            normalized = _METASPACE + normalized
+        if len(memory) > _MAX_PIECES:
+            memory.clear()
+        total = specials
+        for piece in _PIECE.findall(normalized):
+            count = memory.get(piece)
+            if count is None:
+                count = memory[piece] = len(model.tokenize(piece))
+            total += count
+        return total
+
+    if any(by_pieces(probe) != by_encode(probe) for probe in _PROBES):
+        return by_encode
+    return by_pieces
