@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,63 @@ _PROBES = (
     "Straße\u00a0Nr.\u200912 – „Anführung“ … ﬁ ① ㎏ Ａ\u200b\u0308 😀👨\u200d👩\u200d👧 \u2581x\u2581\u2581y",
     "https://example.org/a_b?c=d&e=f Donaudampfschifffahrtsgesellschaftskapitän",
 )
+
+
+# XLM-R's normaliser: a character map (per grapheme cluster), then every run of spaces made one.
+_XLMR_NORMALISER = ["Precompiled", ("Replace", {"Regex": " {2,}"}, " ")]
+_SPACE_RUN = re.compile(" {2,}")
+# Characters that are a grapheme cluster of their own in any text (no mark, joiner, format character, CR or
+# Prepend), in the blocks German texts are written in: Latin, Greek, Cyrillic, Hebrew, punctuation, currency.
+_OWN_CLUSTER_BLOCKS = ((0x0000, 0x0600), (0x2000, 0x2070), (0x20A0, 0x20D0))
+_NOT_OWN_CLUSTER = frozenset({"Mn", "Mc", "Me", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+class _CharwiseNormaliser:
+    """XLM-R's normaliser by string replacements, for texts whose every character is its own grapheme cluster:
+    the character map then maps character by character (the tokenizer maps whole clusters), so each one's
+    mapping is learnt once from the tokenizer. None for any other text (the tokenizer's normaliser runs)."""
+
+    def __init__(self, normalizer: Any) -> None:
+        self._normalizer = normalizer
+        self._known: set[str] = set()
+        self._changes: dict[str, str] = {}  # the known characters the map changes, and what into
+
+    def _learn(self, char: str) -> bool:
+        code = ord(char)
+        if char == "\r" or unicodedata.category(char) in _NOT_OWN_CLUSTER:
+            return False
+        if not any(low <= code < high for low, high in _OWN_CLUSTER_BLOCKS):
+            return False
+        mapped = self._normalizer.normalize_str(char)
+        if mapped != char:
+            # Replaced one after the other, so what a character becomes must not be replaced again.
+            if any(self._normalizer.normalize_str(part) != part for part in mapped):
+                return False
+            self._changes[char] = mapped
+        self._known.add(char)
+        return True
+
+    def __call__(self, text: str) -> str | None:
+        chars = set(text)
+        unknown = chars - self._known
+        if unknown and not all(self._learn(char) for char in unknown):
+            return None
+        for char in chars & self._changes.keys():
+            text = text.replace(char, self._changes[char])
+        return _SPACE_RUN.sub(" ", text)
+
+
+def _normaliser_steps(normalizer: Any) -> list[Any] | None:
+    if normalizer is None:
+        return None
+    described = json.loads(normalizer.__getstate__())
+    steps: list[Any] = []
+    for step in described.get("normalizers", [described]):
+        if step.get("type") == "Replace":
+            steps.append(("Replace", step.get("pattern"), step.get("content")))
+        else:
+            steps.append(step.get("type"))
+    return steps
 
 
 def _description(tokenizer: Any) -> dict[str, Any]:
@@ -105,11 +163,14 @@ def exact_token_counter(tokenizer: Any) -> Callable[[str], int]:
     normalizer = tokenizer.normalizer
     model = tokenizer.model
     memory: dict[str, int] = {}
+    charwise = _CharwiseNormaliser(normalizer) if _normaliser_steps(normalizer) == _XLMR_NORMALISER else None
 
     def by_pieces(text: str) -> int:
         if any(token in text for token in added):
             return by_encode(text)  # `encode` splits added tokens off before anything else
-        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        normalized = charwise(text) if charwise is not None else None
+        if normalized is None:
+            normalized = normalizer.normalize_str(text) if normalizer is not None else text
         if any(token in normalized for token in added):
             return by_encode(text)
         if not normalized:
