@@ -114,7 +114,7 @@ def _description(tokenizer: Any) -> dict[str, Any]:
 def _is_metaspace_unigram(described: dict[str, Any]) -> bool:
     pre = described.get("pre_tokenizer") or {}
     post = described.get("post_processor") or {}
-    return (
+    return bool(
         (described.get("model") or {}).get("type") == "Unigram"
         and pre.get("type") == "Metaspace"
         and pre.get("replacement") == _METASPACE

@@ -93,6 +93,10 @@ def chunk_all(
     return time.perf_counter() - started, spans
 
 
+def _with_prefix(counter: Callable[[str], int]) -> Callable[[str], int]:
+    return lambda text: counter("passage: " + text)
+
+
 def measure(sets: dict[str, list[Text]], baseline: ModuleType, rounds: int, settings: Settings) -> dict[str, Any]:
     spec = resolve_local_model(MODEL)
     tokenizer = _counting_tokenizer(str(_package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)))
@@ -108,13 +112,13 @@ def measure(sets: dict[str, list[Text]], baseline: ModuleType, rounds: int, sett
         new_spans: list[list[tuple[int, int]]] = []
         for round_ in range(rounds):
             counter = token_counter(MODEL)  # a fresh one: no pieces remembered from the round before
-            assert counter is not None
-
-            def new_count(text: str, counter: Callable[[str], int] = counter) -> int:
-                return counter("passage: " + text)
-
-            sides = [("old", baseline.split_text, baseline.TokenBudget, encode_count),
-                     ("new", split_text, TokenBudget, new_count)]  # fmt: skip
+            if counter is None:
+                raise SystemExit(f"the {MODEL} tokenizer is not installed")
+            new_count = _with_prefix(counter)
+            sides: list[tuple[str, Splitter, Any, Callable[[str], int]]] = [
+                ("old", baseline.split_text, baseline.TokenBudget, encode_count),
+                ("new", split_text, TokenBudget, new_count),
+            ]
             for side, split, budget_type, count in sides if round_ % 2 == 0 else sides[::-1]:
                 seconds, spans = chunk_all(texts, split, budget_type, count, settings)
                 (old_seconds if side == "old" else new_seconds).append(seconds)

@@ -43,7 +43,8 @@ def e5_tokens() -> Callable[[str], int]:
 
 
 # (name, chunk_chars, overlap_chars, counter, max_tokens, header) -- counter None: no token budget.
-CONFIGS: list[tuple[str, int, int, str | None, int, str]] = [
+Config = tuple[str, int, int, str | None, int, str]
+CONFIGS: list[Config] = [
     ("chars-1200-120", 1200, 120, None, 0, ""),
     ("chars-300-40", 300, 40, None, 0, ""),
     ("chars-50-0", 50, 0, None, 0, ""),
@@ -61,7 +62,7 @@ def fits_for(counter: str | None, max_tokens: int, header: str) -> Callable[[str
     return (lambda window: budget.fits(f"{header}\n{window}")) if header else budget.fits
 
 
-def chunk_spans(text: str, config: tuple[str, int, int, str | None, int, str]) -> list[list[int]]:
+def chunk_spans(text: str, config: Config) -> list[list[int]]:
     _, chunk_chars, overlap, counter, max_tokens, header = config
     fits = fits_for(counter, max_tokens, header)
     return [[c.start, c.end] for c in split_text(text, chunk_chars, overlap, fits)]
@@ -71,16 +72,12 @@ def _synthetic_texts() -> dict[str, str]:
     rng = random.Random(53)
     words = ["Kündigung", "§", "573", "Abs.", "2", "BGB", "Mieter", "Vermieter", "Frist", "1.2.2024", "Rn.", "12"]
     url = "https://www.gesetze-im-internet.de/bgb/__573.html?" + "&".join(f"p{i}=wert{i * 7919}" for i in range(120))
-    table = "\n".join(
-        "| " + " | ".join(f"{rng.randint(0, 10**6):>9}" for _ in range(8)) + " |" for _ in range(60)
-    )
+    table = "\n".join("| " + " | ".join(f"{rng.randint(0, 10**6):>9}" for _ in range(8)) + " |" for _ in range(60))
     return {
         "empty": "",
         "whitespace-only": " \n\t\u00a0\n  ",
         "short": "Kurzer Vertrag.",
-        "short-paragraphs": "\n\n".join(
-            f"{i}. Der Mieter zahlt die Miete bis zum {i}. Werktag." for i in range(1, 80)
-        ),
+        "short-paragraphs": "\n\n".join(f"{i}. Der Mieter zahlt die Miete bis zum {i}. Werktag." for i in range(1, 80)),
         "long-compound-word": ("Donaudampfschifffahrtsgesellschaftskapitänsmützen" * 60) + " Ende.",
         "url-and-table": f"Siehe {url} und die Tabelle:\n{table}\nQuelle: {url}",
         "citations-dense": " ".join(rng.choice(words) for _ in range(2500)),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.projections.chunking_golden import CONFIGS, GOLDEN, chunk_spans
+from tests.unit.projections.chunking_golden import CONFIGS, GOLDEN, Config, chunk_spans
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,6 @@ def test_golden_file_covers_every_configuration(golden: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_windows_are_the_golden_ones(golden: dict[str, Any], config: tuple[str, int, int, str | None, int, str]) -> None:
+def test_windows_are_the_golden_ones(golden: dict[str, Any], config: Config) -> None:
     for name, text in golden["texts"].items():
         assert chunk_spans(text, config) == golden["spans"][name][config[0]], name
