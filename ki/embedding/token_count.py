@@ -160,34 +160,40 @@ def exact_token_counter(tokenizer: Any) -> Callable[[str], int]:
     specials = _special_tokens(described)
     if specials is None:
         return by_encode
-    added = tuple(token["content"] for token in described.get("added_tokens") or [] if token["content"])
+    added = [token["content"] for token in described.get("added_tokens") or [] if token["content"]]
+    holds_added = re.compile("|".join(map(re.escape, added))).search if added else lambda text: None
     normalizer = tokenizer.normalizer
     model = tokenizer.model
     memory: dict[str, int] = {}
+    remembered = memory.__getitem__
     charwise = _CharwiseNormaliser(normalizer) if _normaliser_steps(normalizer) == _XLMR_NORMALISER else None
 
     def by_pieces(text: str) -> int:
-        if any(token in text for token in added):
+        if holds_added(text):
             return by_encode(text)  # `encode` splits added tokens off before anything else
         normalized = charwise(text) if charwise is not None else None
         if normalized is None:
             normalized = normalizer.normalize_str(text) if normalizer is not None else text
-        if any(token in normalized for token in added):
-            return by_encode(text)
+            if holds_added(normalized):
+                return by_encode(text)
         if not normalized:
             return specials
         normalized = normalized.replace(" ", _METASPACE)
         if normalized[0] != _METASPACE:
             normalized = _METASPACE + normalized
-        if len(memory) > _MAX_PIECES:
-            memory.clear()
-        total = specials
-        for piece in _PIECE.findall(normalized):
-            count = memory.get(piece)
-            if count is None:
-                count = memory[piece] = len(model.tokenize(piece))
-            total += count
-        return total
+        pieces = _PIECE.findall(normalized)
+        try:
+            return specials + sum(map(remembered, pieces))
+        except KeyError:  # a piece not seen before: count the new ones (a local table: another thread may clear)
+            if len(memory) > _MAX_PIECES:
+                memory.clear()
+            counts: dict[str, int] = {}
+            for piece in set(pieces):
+                count = memory.get(piece)
+                if count is None:
+                    count = memory[piece] = len(model.tokenize(piece))
+                counts[piece] = count
+            return specials + sum(map(counts.__getitem__, pieces))
 
     if any(by_pieces(probe) != by_encode(probe) for probe in _PROBES):
         return by_encode
