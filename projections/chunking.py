@@ -93,12 +93,17 @@ def _fitting_end(text: str, start: int, end: int, floor: int, fits: Callable[[st
         earliest = max(floor, start + (limit - start) // 2)
         return _find_cut(text, earliest, limit) if limit - earliest > 1 else limit
 
+    # Neighbouring limits often cut at the same newline or space: each window is asked about once.
+    answers: dict[int, bool] = {}
     best = floor + 1
     lo, hi = floor + 1, end  # every limit >= hi is known not to fit
     while lo < hi:
         mid = (lo + hi) // 2
         cut = cut_at(mid)
-        if fits(text[start:cut]):
+        fitting = answers.get(cut)
+        if fitting is None:
+            fitting = answers[cut] = fits(text[start:cut])
+        if fitting:
             best, lo = max(best, cut), mid + 1
         else:
             hi = mid

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ki.embedding import BaseEmbedder, EmbeddingError, make_signature
+from ki.embedding.token_count import exact_token_counter
 from ki.files import file_sha256
 
 __all__ = ["DEFAULT_CACHE_DIR", "LocalEmbedder", "LocalModelSpec", "LOCAL_MODELS"]
@@ -157,8 +158,7 @@ def token_counter(model: str) -> Callable[[str], int] | None:
             _verify_sha256(path, spec.tokenizer_sha256)
     except EmbeddingError:
         return None
-    tokenizer = _counting_tokenizer(str(path))
-    return lambda text: len(tokenizer.encode(text).ids)
+    return exact_token_counter(_counting_tokenizer(str(path)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -228,6 +228,7 @@ class LocalEmbedder(BaseEmbedder):
         tokenizer.no_padding()  # we pad per batch, to the longest text, not to a fixed length
         tokenizer.no_truncation()  # we cut ourselves, to know the full length (count_tokens, stats)
         self._tokenizer = tokenizer
+        self._count_tokens = exact_token_counter(tokenizer)  # the chunker counts every window
 
         options = ort.SessionOptions()
         # One thread per model run and `threads` runs at once (texts are independent): measured 1.2-1.4x
@@ -281,7 +282,7 @@ class LocalEmbedder(BaseEmbedder):
         return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     def _count_prefixed(self, text: str) -> int:
-        return len(self._tokenizer.encode(text).ids)
+        return self._count_tokens(text)
 
     def _run_batches(self, batches: list[list[str]]) -> Iterable[np.ndarray]:
         # onnxruntime sessions take concurrent runs; each run tokenises its own texts on its thread
