@@ -389,7 +389,8 @@ def _bench_first_load(args: argparse.Namespace, settings: Settings) -> int:
     from apps.dev.bench.first_load import main as bench_first_load
 
     counts = {"--scale": args.scale, "--access-rate": args.access_rate, "--access-docs": args.access_docs,
-              "--standalone-chunks": args.standalone_chunks}  # fmt: skip
+              "--standalone-chunks": args.standalone_chunks,
+              "--versions-per-transaction": args.versions_per_transaction}  # fmt: skip
     for flag, value in counts.items():
         if value < 1:
             raise CliError(f"{flag} must be at least 1")
@@ -403,7 +404,8 @@ def _bench_first_load(args: argparse.Namespace, settings: Settings) -> int:
         scale=args.scale, seed=args.seed, access_rate=args.access_rate, access_docs=args.access_docs,
         probe_interval=args.probe_interval,
         search_interval=args.search_interval, vector_seconds=args.vector_seconds,
-        standalone_chunks=args.standalone_chunks, timeout_s=args.timeout, keep=args.keep,
+        standalone_chunks=args.standalone_chunks, versions_per_transaction=args.versions_per_transaction,
+        timeout_s=args.timeout, keep=args.keep,
         out=Path(args.out) if args.out else None, config=args.config, command="ki " + " ".join(sys.argv[1:]),
     )  # fmt: skip
     return bench_first_load(settings, options)
@@ -893,6 +895,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time box of the vector phase (0: until every vector is in place)")  # fmt: skip
     first.add_argument("--standalone-chunks", type=int, default=64,
                        help="chunks the embedder embeds alone for its own rate")  # fmt: skip
+    first.add_argument("--versions-per-transaction", type=int, default=1,
+                       help="whole documents per PostgreSQL transaction up to this many versions (1: one document)")
     first.add_argument("--timeout", type=float, default=4 * 3600, help="seconds the keyword phase may take")
     first.add_argument("--keep", action="store_true", help="leave the corpus in PostgreSQL and the index")
     first.add_argument("--out", help="the JSON file (default benchmarks/first-load-<chunks>.json)")

@@ -26,7 +26,8 @@ def test_a_tiny_first_load_is_keyword_searchable_and_measured_and_nothing_is_lef
 ) -> None:
     out = tmp_path / "first-load.json"
     argv = [sys.executable, "-m", "apps.cli", "bench", "first-load", "--scale", str(SCALE), "--vector-seconds", "3",
-            "--standalone-chunks", "4", "--access-rate", "20", "--access-docs", "10", "--out", str(out)]  # fmt: skip
+            "--standalone-chunks", "4", "--access-rate", "20", "--access-docs", "10", "--versions-per-transaction", "4",
+            "--out", str(out)]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=550,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert done.returncode == 0, f"ki bench first-load failed ({done.returncode}):\n{done.stderr[-4000:]}"
@@ -38,7 +39,7 @@ def test_a_tiny_first_load_is_keyword_searchable_and_measured_and_nothing_is_lef
     assert result["keyword"]["chunks"] >= SCALE
     last = result["progress"][-1]
     assert last["versions_written"] == SCALE and last["chunks_searchable"] == result["keyword"]["chunks"]
-    assert result["postgres"]["documents_per_transaction"] == 1
+    assert result["postgres"]["versions_per_transaction"] == 4
 
     keyword, vectors = result["keyword"], result["vectors"]
     assert keyword["first_commit_to_all_searchable_s"] > 0

@@ -3,8 +3,9 @@ keyword-searchable and then until its vectors are in place, with access changes 
 
 Unlike `ki bench corpus` (a direct bulk path with a bank of shared vectors) nothing is taken around the
 sync: the demo generator (`ki demo generate`'s German contracts, opinions and decisions with their grants,
-source objects and observations) writes `scale` versions to PostgreSQL **one document per transaction**
-(the document, its versions, objects, observations and grants), as an upstream system commits them, while
+source objects and observations) writes `scale` versions to PostgreSQL **one document per transaction** (the document,
+its versions, objects, observations and grants) or whole documents of about `--versions-per-transaction`
+versions per transaction (an upstream system's import batch), as an upstream system commits them, while
 the Debezium connector runs (its stream, not its snapshot: the stack's connector exists before the load and
 a firm's first load arrives through the same stream as every later change; the snapshot would need the
 connector created after the data, which no running installation does). Both lanes of the sync worker
@@ -93,11 +94,13 @@ def size_name(chunks: int) -> str:
 
 
 class _Writer(threading.Thread):
-    """The demo corpus into PostgreSQL, one document (versions, objects, observations, grants) per transaction."""
+    """The demo corpus into PostgreSQL, whole documents (versions, objects, observations, grants) per transaction:
+    one document, or as many as make `per_transaction` versions (an upstream system's import batch)."""
 
-    def __init__(self, engine: Engine, scale: int, seed: int, label: str) -> None:
+    def __init__(self, engine: Engine, scale: int, seed: int, label: str, per_transaction: int = 1) -> None:
         super().__init__(daemon=True)
         self.engine, self.scale, self.seed, self.label = engine, scale, seed, label
+        self.per_transaction = per_transaction
         self.versions = 0
         self.finished: float | None = None  # monotonic
         self.error: BaseException | None = None
@@ -108,8 +111,8 @@ class _Writer(threading.Thread):
 
     def run(self) -> None:
         try:
-            summary = generate(self.engine, scale=self.scale, seed=self.seed, batch_size=1, label=self.label,
-                               progress=self._note)  # fmt: skip
+            summary = generate(self.engine, scale=self.scale, seed=self.seed, batch_size=self.per_transaction,
+                               label=self.label, progress=self._note)  # fmt: skip
             self.versions = summary.versions
         except BaseException as exc:  # reported by the main thread
             self.error = exc
@@ -323,6 +326,7 @@ class FirstLoadOptions:
     search_interval: float = 0.5
     vector_seconds: float = 120  # 0: until every vector is in place
     standalone_chunks: int = 64
+    versions_per_transaction: int = 1  # 1: one document per transaction; more: whole documents up to this many
     timeout_s: float = 4 * 3600
     keep: bool = False
     out: Path | None = None  # default benchmarks/first-load-<chunks>.json
@@ -346,6 +350,8 @@ def run_first_load(settings: Settings, options: FirstLoadOptions) -> dict[str, A
     if options.scale < 1 or options.access_rate < 1 or options.probe_interval <= 0 or options.search_interval <= 0:
         raise ValueError("scale and access rate must be at least 1, the intervals above 0")
     label = bench_label("first-load")
+    per_transaction = ("one document per transaction" if options.versions_per_transaction == 1 else
+                       f"whole documents, about {options.versions_per_transaction} versions per transaction")
     tag = label.rsplit(" ", 1)[1]
     load_start = os.getloadavg()
     engine = make_engine(settings)
@@ -356,7 +362,7 @@ def run_first_load(settings: Settings, options: FirstLoadOptions) -> dict[str, A
     _progress("first-load: " + worker.ensure())
     result: dict[str, Any] = {"benchmark": "first-load", "command": options.command, "label": label,
                               "scale": options.scale, "seed": options.seed, "index_rows_at_start": rows_at_start,
-                              "path": "PostgreSQL (one document per transaction) -> Debezium stream -> Kafka ->"
+                              "path": f"PostgreSQL ({per_transaction}) -> Debezium stream -> Kafka ->"
                                       " both sync lanes -> OpenSearch"}  # fmt: skip
     run: _Run | None = None
     api: ServeChild | None = None
@@ -384,9 +390,9 @@ def run_first_load(settings: Settings, options: FirstLoadOptions) -> dict[str, A
         run.capture.start()
         run.capture.ready.wait(15)
 
-        _progress(f"first-load: writing {options.scale} versions, one document per transaction; access changes"
+        _progress(f"first-load: writing {options.scale} versions, {per_transaction}; access changes"
                   f" at {options.access_rate}/s, a search every {options.search_interval} s")  # fmt: skip
-        writer = _Writer(engine, options.scale, options.seed, label)
+        writer = _Writer(engine, options.scale, options.seed, label, options.versions_per_transaction)
         load = _Load(settings, engine, search, writer, processes, label)
         writer.start()
         searches.start()
@@ -429,7 +435,8 @@ def run_first_load(settings: Settings, options: FirstLoadOptions) -> dict[str, A
         _progress(f"  {alone['chunks_per_s']} chunks/s alone; the content lane reached {lane_rate:.2f}")
 
         versions = len(load.expected or ())
-        result["postgres"] = {"versions": versions, "documents_per_transaction": 1, "written_s": load.written_s,
+        result["postgres"] = {"versions": versions, "versions_per_transaction": options.versions_per_transaction,
+                              "written_s": load.written_s,
                               "versions_per_s": round(versions / max(load.written_s or 0, 1e-9), 1)}  # fmt: skip
         result["keyword"] = {
             "versions_searchable": len(load.expected or ()) - len(load.missing),
@@ -539,8 +546,9 @@ def table(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"{result['postgres']['versions']} versions, {kw['chunks']} chunks; PostgreSQL written in"
-        f" {result['postgres']['written_s']} s ({result['postgres']['versions_per_s']} versions/s, one document per"
-        f" transaction); vectors: content lane {vec['lane_chunks_per_s']} chunks/s, embedder alone"
+        f" {result['postgres']['written_s']} s ({result['postgres']['versions_per_s']} versions/s, up to"
+        f" {result['postgres']['versions_per_transaction']} versions per transaction);"
+        f" vectors: content lane {vec['lane_chunks_per_s']} chunks/s, embedder alone"
         f" {vec['embedder_alone']['chunks_per_s']} chunks/s, ratio {vec['ratio_to_embedder_alone']}",
     ]
     for phase, cores in kw["cpu_cores"].items():
