@@ -317,8 +317,14 @@ def test_the_dashboard_shows_what_metrics_reports(
     browser.find_element(By.ID, "nav-ops").click()
 
     def figure(key: str) -> str | None:
-        found = browser.find_elements(By.CSS_SELECTOR, f"#ops .figure[data-key='{key}'] .value")
-        return found[0].get_attribute("data-value") if found else None
+        # The dashboard re-renders every 3 s: an element found just before a refresh is gone when it is read.
+        for _ in range(5):
+            try:
+                found = browser.find_elements(By.CSS_SELECTOR, f"#ops .figure[data-key='{key}'] .value")
+                return found[0].get_attribute("data-value") if found else None
+            except StaleElementReferenceException:
+                continue
+        raise AssertionError(f"the figure {key} was re-rendered under every one of 5 reads")
 
     def agree() -> dict[str, tuple[str | None, str]] | None:
         api = _metrics(f"{server.base}/metrics", server.operator_token())
@@ -334,9 +340,12 @@ def test_the_dashboard_shows_what_metrics_reports(
             "vectors-pending": str(int(next(s.value for s in lane if s.name == "ki_sync_rows_vector_pending"))),
         }
         shown = {key: figure(key) for key in truth}
+        last["shown"], last["truth"] = shown, truth
         return None if shown != truth else {k: (shown[k], truth[k]) for k in truth}
 
-    matched = wait_for(agree, timeout=60, interval=1.0, what="the dashboard's figures equal to /metrics")
+    last: dict[str, dict[str, str | None]] = {}
+    matched = wait_for(agree, timeout=60, interval=1.0,
+                       what=lambda: f"the dashboard's figures equal to /metrics (last: {last})")  # fmt: skip
     assert matched["alias-target"][1].startswith(index_prefix(server))
     assert int(matched["index-rows"][1]) >= len(data.docs)
     for key in ("lag-content", "lag-access", "fresh-content", "api-rate", "api-latency", "slot-retained"):

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
+from apps.dev.bench.cleanup import Footprint, delete_from_postgres
 from apps.dev.demo.generator import GenerationSummary, demo_data_exists, generate
 from ki.acl import resolve_caller, visible_scope
 from ki.clients import make_engine
@@ -27,11 +28,13 @@ def engine(settings: Settings) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def run(engine: Engine) -> GenerationSummary:
+def run(engine: Engine) -> Iterator[GenerationSummary]:
     lines: list[str] = []
     summary = generate(engine, scale=SCALE, seed=11, progress=lines.append, batch_size=20)
     assert lines and any(f"{SCALE}/{SCALE} versions" in line for line in lines)
-    return summary
+    yield summary
+    # Removed again: a later `ki demo` would find it and wait for the content lane to embed all its rows.
+    delete_from_postgres(engine, Footprint.ending_in(summary.label))
 
 
 RUN_DOCS = """
