@@ -7,7 +7,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.text import normalise_text, reading_offsets
+from projections.text import _TABLE, normalise_text, reading_offsets
 
 
 def test_decomposed_umlauts_are_composed() -> None:
@@ -88,3 +88,15 @@ def test_reading_offsets_skip_what_normalisation_drops() -> None:
     start = normalised.index("gung")
     assert raw[offsets[start] : offsets[start + 3] + 1] == "gung"
     assert raw[offsets[normalised.index("final")] : offsets[len(normalised) - 1] + 1] == "\ufb01nal"
+
+
+def test_every_replaced_character_is_seen_by_the_quick_check() -> None:
+    # The quick check skips the table for texts without any of its characters: each one must trip it.
+    for code, replacement in _TABLE.items():
+        text = f"Kündigung{chr(code)}frist"
+        assert normalise_text(text) == unicodedata.normalize("NFC", f"Kündigung{replacement or ''}frist"), hex(code)
+
+
+@given(st.text())
+def test_the_quick_check_gives_what_the_whole_table_gives(text: str) -> None:
+    assert normalise_text(text) == unicodedata.normalize("NFC", text.translate(_TABLE))
