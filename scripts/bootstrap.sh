@@ -14,17 +14,27 @@ command -v unzip >/dev/null || need_apt+=(unzip)
 command -v javac >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 # With --test: the console's browser tests drive Debian's Chromium through its version-matched
 # driver (nothing is downloaded at run time), and promtool checks monitoring/prometheus.yml.
-chromium_version=156.0.8078.114-1~deb12u1
+# Debian ships Chromium through its security archive, which withdraws a build when the next one lands: when the
+# pinned build is gone, both packages take the archive's current build (still one version for the pair).
+chromium_version=156.0.8078.129-1~deb12u1
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 need_test_apt=()
 if [ "${1:-}" = "--test" ]; then
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    $sudo_cmd apt-get update -qq
+    if ! apt-cache madison chromium | awk -v v="$chromium_version" '$3 == v {found = 1} END {exit !found}'; then
+      current=$(apt-cache policy chromium | awk '/Candidate:/ {print $2}')
+      echo "bootstrap: chromium $chromium_version is no longer in the archive; installing its current build $current"
+      chromium_version=$current
+    fi
+  fi
   command -v chromium >/dev/null || need_test_apt+=("chromium=$chromium_version")
   command -v chromedriver >/dev/null || need_test_apt+=("chromium-driver=$chromium_version")
   command -v promtool >/dev/null || need_test_apt+=(prometheus=2.42.0+ds-5+deb12u1)
   # The console script's text cutting is unit-tested under Node.js (tests/unit/search/web/test_console_assets.py).
   command -v node >/dev/null || need_test_apt+=(nodejs)
 fi
-sudo_cmd=""
-[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing system packages: ${need_apt[*]}"
   $sudo_cmd apt-get update -qq
