@@ -37,6 +37,7 @@ from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_engine, make_kafka_admin
 from ki.settings import Settings, load_settings, with_overrides
+from search.ranking.coverage import content_words, coverage
 from search.ranking.mode_gate import parse_report, parse_reports
 from tests.conftest import wait_for
 
@@ -216,6 +217,15 @@ def test_the_coverage_gates_curve_is_read_from_one_run_and_its_chosen_point_hold
         assert len(readings) == 4 + sum(1 for r in readings.values() if "ndcg@10" in r)  # 4 unanswerable
         answered = [r for r in readings.values() if r["hits"]]
         assert answered and all(r["coverage"] is None or 0.0 <= r["coverage"] <= 1.0 for r in answered)
+    # The side file for offline study: every query of the curve with its reading and the first hits' texts, from
+    # which the gate's coverage is recomputed as the API computed it.
+    lines = [json.loads(line) for line in (run["out"] / "mietrecht-mini-gate-readings.jsonl").read_text().splitlines()]
+    assert {(r["split"], r["qid"]) for r in lines} == {(s, q) for s in ("train", "test") for q in gate["readings"][s]}
+    for r in lines:
+        assert len(r["texts"]) == min(len(r["hits"]), 3), r
+        if r["hits"]:
+            recomputed = coverage(content_words(r["query"]), r["texts"])
+            assert r["coverage"] == (None if recomputed is None else round(recomputed, 4)), r
     chosen = gate["chosen_on_train"]
     if chosen is not None:  # a point within the cost on the mini set's train queries
         at = next(p for p in gate["curve"] if p["threshold"] == chosen["threshold"])

@@ -198,6 +198,7 @@ class Reading:
     similarity: float | None
     coverage: float | None
     identifier: bool = False
+    texts: tuple[str, ...] = ()  # the first hits' texts, as the gate read them (kept out of the report)
 
     def gated(self, bar: float, min_coverage: float) -> bool:
         """Whether the gate at (`bar`, `min_coverage`) would make this answer empty (as the API stage decides)."""

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import platform
 import re
 import resource
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -112,6 +113,7 @@ class EvalOptions:
     categories: bool = False  # per-category figures, unanswerable queries, the floor's sweep (eval.negatives)
     floor_sweep: bool = True  # --categories: the floor's sweep through the API (the coverage gate's curve is read)
     negatives: int = 100  # --categories: unanswerable queries per kind and split
+    answerable: int = 100  # --categories: answerable queries per split beside them (sampled with NEGATIVE_SEED)
     drop: bool = False  # only drop the eval's world
     argv: tuple[str, ...] = ()
 
@@ -1232,7 +1234,6 @@ async def _measure_features(
 # --- categories and unanswerable queries (issue 50, item 3) ----------------------------------------
 
 NEGATIVE_SEED = 50  # the unanswerable queries' seed: the same queries every run
-SWEEP_ANSWERABLE = 100  # answerable queries per split the sweep runs (sampled with NEGATIVE_SEED)
 DERIVED_IDENTIFIERS = 100  # identifier queries derived from the relevant documents' titles, at most
 MAX_NDCG_COST = 0.01  # what the answer gate may cost on the answerable train queries (nDCG@10)
 SWEEP_STEPS = 4  # the sweep's floors: the configured one (else SWEEP_CENTRE) +- this many steps of SWEEP_STEP
@@ -1279,6 +1280,7 @@ async def _answers(
         by_corpus.setdefault(corpus_id, []).append(version_id)
     gate = asyncio.Semaphore(q.options.concurrency)
     out: dict[str, tuple[list[str], str | None]] = {}
+    settings_hits = run_settings.retrieval.answer_coverage_gate.hits
 
     async def one(item: _Asked) -> None:
         body = {"query": item.text, "limit": limit, "mode": "hybrid", "filters": {"project_id": [q.loaded.project_id]}}
@@ -1297,6 +1299,7 @@ async def _answers(
             readings[item.qid] = Reading(
                 tuple(out[item.qid][0]), result.reason, read.get("similarity"), read.get("coverage"),
                 bool(read.get("identifier")),
+                tuple(str(h.get("text") or "") for h in result.hits[: settings_hits]),
             )  # fmt: skip
 
     await asyncio.gather(*(one(item) for item in asked))
@@ -1382,6 +1385,24 @@ async def _coverage_record(
     }
 
 
+def _write_gate_readings(
+    path: Path, queries: Mapping[str, str], splits: dict[str, dict[str, Any]], readings: dict[str, dict[str, Any]]
+) -> None:
+    """Each query of the coverage gate's curve with its reading and the first hits' texts, one JSON line each: the
+    input to study another answer-gate signal offline (build/ only: the texts are the data set's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for split, s in splits.items():
+            asked = [(i, queries[i], "answerable", s["ndcg"].get(i)) for i in s["answerable"]]
+            asked += [(n.qid, n.text, n.kind, None) for n in s["negatives"]]
+            for qid, text, kind, ndcg in asked:
+                r = readings[split][qid]
+                line = {"split": split, "qid": qid, "kind": kind, "query": text, "ndcg@10": ndcg, "hits": list(r.hits),
+                        "reason": r.reason, "similarity": r.similarity, "coverage": r.coverage,
+                        "identifier": r.identifier, "texts": list(r.texts)}  # fmt: skip
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
 async def _categories(
     q: QueryPhase, test_queries: list[tuple[str, str]], runs: dict[str, dict[str, list[str]]]
 ) -> dict[str, Any]:
@@ -1429,7 +1450,7 @@ async def _categories(
         if not qrels:
             continue
         ids = sorted(qrels)
-        answerable = sorted(random.Random(f"{NEGATIVE_SEED}:{split}").sample(ids, min(SWEEP_ANSWERABLE, len(ids))))
+        answerable = sorted(random.Random(f"{NEGATIVE_SEED}:{split}").sample(ids, min(q.options.answerable, len(ids))))
         negatives = neg.real_word_queries(words[split], q.options.negatives, NEGATIVE_SEED, split)
         negatives += neg.removed_answer_queries(qrels, data.queries, q.options.negatives, NEGATIVE_SEED, split)
         splits[split] = {"answerable": answerable, "qrels": {i: qrels[i] for i in answerable}, "negatives": negatives}
@@ -1482,6 +1503,7 @@ async def _categories(
     if coverage_on:
         gated = variant(shipped, gates_configured, coverage_configured.model_dump())
         baseline = {split: await point(gated, split) for split in splits}
+    _write_gate_readings(q.options.out_dir / f"{data.dataset.name}-gate-readings.jsonl", data.queries, splits, readings)
     no_floor = {split: await point(variant(None, False), split) for split in splits}
     coverage = await _coverage_record(splits, readings, ungated, signature, point, variant, shipped, gates_configured,
                                       coverage_configured.hits)

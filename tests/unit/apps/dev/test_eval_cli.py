@@ -11,6 +11,7 @@ from apps.cli import main
         (["--limit-docs", "0"], "--limit-docs must be at least 1"),
         (["--queries", "-3"], "--queries must be at least 1"),
         (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--answerable", "0"], "--answerable must be at least 1"),
         (["--timeout", "0"], "--timeout must be positive"),
         (["--worker-port", "70000"], "--worker-port must be a port number"),
         (["--data", "/nonexistent/scifact"], "--data /nonexistent/scifact: no such directory"),
