@@ -349,16 +349,32 @@ class Projector:
             text_chars = len(state.version.text or "") if state else 0
             expected = expected_rows(text_chars, retrieval.chunk_chars, retrieval.chunk_overlap_chars)
             if plans and rows + expected > limit:
-                lost |= await self._write_versions(list(plans), plans, existing, stats, {})
+                lost |= await self._write_text_slice(plans, existing, states, grants, stats)
                 plans, rows, limit = {}, 0, min(full, 2 * limit)
             plan = plans[version_id] = self._plan(version_id, existing, states, grants, stats, embeds=False)
             rows += len(plan.writes) + len(plan.deletes)
             if rows >= limit:
-                lost |= await self._write_versions(list(plans), plans, existing, stats, {})
+                lost |= await self._write_text_slice(plans, existing, states, grants, stats)
                 plans, rows, limit = {}, 0, min(full, 2 * limit)
         if plans:
-            lost |= await self._write_versions(list(plans), plans, existing, stats, {})
+            lost |= await self._write_text_slice(plans, existing, states, grants, stats)
         return lost
+
+    async def _write_text_slice(
+        self,
+        plans: Mapping[int, ContentPlan],
+        existing: Mapping[int, Mapping[str, ExistingRow]],
+        states: Mapping[int, VersionSnapshot],
+        grants: Mapping[int, GrantedPrincipals],
+        stats: SyncStats,
+    ) -> set[int]:
+        """Write one slice of text-first rows, then check their access against PostgreSQL, as the content lane
+        does after embedding: with several access workers a grant's partition and its version's may be
+        another worker's, whose access work may have read the index before these rows existed. A version whose
+        projection changed since its read is projected again. Returns the versions to redo."""
+        lost = await self._write_versions(list(plans), plans, existing, stats, {})
+        basis = {v: _access_basis(states[v], grants.get(v)) for v in plans if v not in lost and v in states}
+        return lost | await self._access_changed(basis)
 
     async def _read_rows(
         self, version_ids: list[int], *, refresh_if_missing: bool = True, **fields: Sequence[str]

@@ -392,6 +392,21 @@ def test_a_grant_committed_while_the_content_was_embedded_is_projected_before_th
     assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
 
 
+def test_a_grant_committed_while_text_first_rows_were_cut_is_projected_before_the_batch_ends() -> None:
+    """The access lane's text-first rows are checked against PostgreSQL after their write: with several access
+    workers the grant may be another worker's, whose access work read the index before these rows existed."""
+
+    def revoke(db: Source) -> None:
+        db.granted[11] = BOB
+
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE}, after_read=revoke)
+    stats = run(projector.apply(content(11), lane="access"))
+    assert stats.conflict_rounds == 1 and embedder.calls == []
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
+    # Nothing changed since: the check finds nothing and no second round runs.
+    assert run(projector.apply(content(11), lane="access")).conflict_rounds == 0
+
+
 def test_a_new_version_reuses_its_predecessors_vectors_for_repeated_paragraphs() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     run(projector.apply(content(11)))
