@@ -373,8 +373,11 @@ class Projector:
         another worker's, whose access work may have read the index before these rows existed. A version whose
         projection changed since its read is projected again. Returns the versions to redo."""
         lost = await self._write_versions(list(plans), plans, existing, stats, {})
+        started = time.perf_counter()
         basis = {v: _access_basis(states[v], grants.get(v)) for v in plans if v not in lost and v in states}
-        return lost | await self._access_changed(basis)
+        lost |= await self._access_changed(basis)
+        stats.timed("recheck", started)
+        return lost
 
     async def _read_rows(
         self, version_ids: list[int], *, refresh_if_missing: bool = True, **fields: Sequence[str]

@@ -35,6 +35,9 @@ def test_a_tiny_first_load_is_keyword_searchable_and_measured_and_nothing_is_lef
 
     # Every version the generator committed is live in PostgreSQL and has its rows in the index.
     assert result["postgres"]["versions"] == SCALE
+    # The load began with the access lane caught up (whatever earlier tests left in its stream was applied first).
+    backlog = result["backlog_at_start"]
+    assert set(backlog["lag_events"]) == {"access", "content"} and backlog["access_caught_up_after_s"] >= 0
     assert result["keyword"]["versions_searchable"] == SCALE
     assert result["keyword"]["chunks"] >= SCALE
     last = result["progress"][-1]
