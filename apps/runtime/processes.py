@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,8 +30,23 @@ POLL_INTERVAL_S = 0.25
 Outcome = Literal["ready", "exited", "timed out"]
 
 
+# Below the kernel's ephemeral range (Linux: 32768-60999): a port handed out by `bind(0)` is one of those, and any
+# outgoing connection (a Kafka or OpenSearch client's) may take it before the child binds it (a CI run's sync
+# worker exited on "address already in use" that way). Ports here only collide with another free_port().
+_CHOSEN_PORTS = (20000, 32767)
+
+
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now (for a child's web or API port)."""
+    """A loopback TCP port nobody listens on right now (for a child's web or API port), chosen at random below the
+    ephemeral range so that no outgoing connection takes it meanwhile; the kernel's choice if none is free."""
+    for _ in range(50):
+        port = random.randint(*_CHOSEN_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

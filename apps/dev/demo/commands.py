@@ -130,11 +130,13 @@ def _wait_until_synced(settings: Settings, engine: Engine, poll_s: float = 2.0, 
 
 
 def example_requests() -> list[tuple[str, dict[str, Any]]]:
-    """(path, body) pairs that return hits on the demo corpus."""
+    """(path, body) pairs that return hits on the demo corpus whenever the demo user sees any of it. The filter
+    example names no status: a small corpus (`--scale 12`) can leave the partner a single visible document, one
+    with no final version yet (a status filter answered 0 hits in one CI run)."""
     return [
         ("/v1/search", {"query": "fristlose Kündigung wegen Zahlungsverzug", "limit": 3}),
         ("/v1/search", {"query": "§ 535 BGB", "limit": 3, "explain": True}),
-        ("/v1/search/filter", {"filters": {"version_status": ["final"]}, "limit": 3}),
+        ("/v1/search/filter", {"filters": {"language": ["de"]}, "limit": 3}),
     ]
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from apps.runtime.processes import START_MARKER, Child, pid_alive, stop_pid
+from apps.runtime.processes import START_MARKER, Child, free_port, pid_alive, stop_pid
 
 # Writes $GREETING to stdout, touches its ready file, then sleeps until signalled.
 _SERVE = """
@@ -77,3 +78,13 @@ def test_a_child_can_get_an_environment_of_its_own(tmp_path: Path, monkeypatch: 
         child = Child([sys.executable, "-c", probe], log, env=env, inherit_env=inherit).start()
         assert child.wait_ready(lambda: False, timeout_s=30) == "exited with code 0"
         assert log.read_text().splitlines()[-1] == expected
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable() -> None:
+    """Outgoing connections take their local ports from the kernel's ephemeral range; a port chosen there could be
+    taken before the child binds it."""
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p <= 32767 for p in ports) and len(ports) > 1  # Linux's range starts at 32768
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
