@@ -323,14 +323,18 @@ _NEIGHBOURS = (
 # are shorter than that (`visible_carriers`), so prefix equality is key equality.
 TITLE_KEY_PREFIX = 255
 _TITLE_KEY = f"left(ki_identity_key({{title}}), {TITLE_KEY_PREFIX})"
-_NAMED = (
-    "SELECT n.id FROM unnest(CAST(:title_keys AS text[])) AS k(key)"
+# `_NAMED_PAIRS` says which key found which document, so the preflight's answer is read from the probes and no
+# document's title or identifiers are folded again (folding every visible carrier once per key asked cost
+# 0.2 ms a pair: 3 s for "Schadensersatz 823 BGB" over 1,500 visible carriers of "BGB").
+_NAMED_PAIRS = (
+    "SELECT k.key, 'title' AS why, n.id FROM unnest(CAST(:title_keys AS text[])) AS k(key)"
     " CROSS JOIN LATERAL (SELECT id FROM documents WHERE deleted_at IS NULL"
     f" AND {_TITLE_KEY.format(title='title')} = k.key) n"
-    " UNION ALL SELECT n.id FROM unnest(CAST(:identifier_keys AS text[])) AS k(key)"
+    " UNION ALL SELECT k.key, 'identifier' AS why, n.id FROM unnest(CAST(:identifier_keys AS text[])) AS k(key)"
     " CROSS JOIN LATERAL (SELECT id FROM documents"
     " WHERE deleted_at IS NULL AND ki_identity_keys(identifiers) @> ARRAY[k.key]) n"
 )
+_NAMED = f"SELECT named.id FROM ({_NAMED_PAIRS}) named"
 
 _NARROWING = {
     "project_ids": "AND d.project_id = ANY(CAST(:project_ids AS bigint[]))",
@@ -555,14 +559,10 @@ _OBSERVATIONS_SQL = {
 }
 # Per identity key asked, the documents carrying it that the caller may see (the identity preflight).
 _NAMED_SELECT = """
-    SELECT DISTINCT g.key, g.why, d.id AS document_id, d.project_id, d.title
+    SELECT DISTINCT named.key, named.why, d.id AS document_id, d.project_id, d.title
     FROM verdicts v
+    JOIN (""" + _NAMED_PAIRS + """) named ON named.id = v.document_id
     JOIN documents d ON d.id = v.document_id
-    JOIN (SELECT k AS key, 'title' AS why FROM unnest(CAST(:title_keys AS text[])) AS k
-          UNION ALL
-          SELECT k, 'identifier' FROM unnest(CAST(:identifier_keys AS text[])) AS k) g
-      ON (g.why = 'title' AND """ + _TITLE_KEY.format(title="d.title") + """ = g.key)
-      OR (g.why = 'identifier' AND ki_identity_keys(d.identifiers) @> ARRAY[g.key])
 """
 _NAMED_SQL = {resolve: _visible_sql(("named",), _NAMED_SELECT, resolve=resolve) for resolve in get_args(Walk)}
 
