@@ -563,6 +563,7 @@ _NAMED_SELECT = """
     FROM verdicts v
     JOIN (""" + _NAMED_PAIRS + """) named ON named.id = v.document_id
     JOIN documents d ON d.id = v.document_id
+    ORDER BY named.key, named.why, d.id
 """
 _NAMED_SQL = {resolve: _visible_sql(("named",), _NAMED_SELECT, resolve=resolve) for resolve in get_args(Walk)}
 
