@@ -22,21 +22,6 @@ from search.telemetry.metrics import SearchMetrics
 
 log = logging.getLogger(__name__)
 
-# A stale scope is compiled again no sooner than this many times its last compile's duration after that compile
-# ended (and never later than half the time a stale entry may be answered). While changes keep coming -- an import
-# marks every scope stale many times a second -- a caller who searches steadily then costs PostgreSQL at most
-# 1/(1 + REFRESH_SPACING) of a core in background compiles, not a whole one (100k chunks, a caller who sees every
-# project: 0.2-0.3 s a compile, back to back for the whole load).
-REFRESH_SPACING = 3.0
-# Past this many remembered scopes, the ones whose spacing has run out are forgotten.
-SPACING_KEYS = 1024
-
-
-def refresh_not_before(ended: float, took: float, stale_s: float) -> float:
-    """When the next background compile of a scope may start, its last one having ended at `ended` after `took`
-    seconds; `stale_s`: how long a stale entry may be answered (`api.caches.scope_stale_s`)."""
-    return ended + min(REFRESH_SPACING * max(took, 0.0), stale_s / 2)
-
 
 class ScopeStage:
     name = "scope"
@@ -52,10 +37,8 @@ class ScopeStage:
     ) -> None:
         self.settings, self.sql, self.metrics, self.background = settings, sql, metrics, background
         self.cache, self.feed = cache, feed
-        # Refreshes of stale entries running in the background, one per scope at a time, each spaced from the
-        # one before by its cost (`refresh_not_before`).
+        # Refreshes of stale entries running in the background, one per scope at a time.
         self._refreshing: set[tuple[object, ...]] = set()
-        self._not_before: dict[tuple[object, ...], float] = {}
 
     def usable_cache(self) -> ScopeCache | None:
         """The scope cache, if its invalidation feed is current (else None: compile in SQL)."""
@@ -121,29 +104,19 @@ class ScopeStage:
     ) -> None:
         """Compile a stale scope again in the background, once per scope at a time."""
         key = (ScopeCache.raw_key(principals), None if project_ids is None else tuple(sorted(set(project_ids))))
-        now = time.monotonic()
-        if key in self._refreshing or self.cache is None or self._not_before.get(key, 0.0) > now:
+        if key in self._refreshing or self.cache is None:
             return
         self._refreshing.add(key)
 
         async def refresh() -> None:
-            started = time.monotonic()
             try:
                 await self._compile_and_cache(principals, project_ids, self.cache, caller)
             except Exception as exc:  # noqa: BLE001 - the stale entry expires; the next request compiles it
                 log.warning("scope refresh failed: %s", exc)
             finally:
                 self._refreshing.discard(key)
-                self._space(key, started)
 
         self.background.start(refresh())
-
-    def _space(self, key: tuple[object, ...], started: float) -> None:
-        """Remember when this scope's next background compile may start."""
-        ended = time.monotonic()
-        if len(self._not_before) >= SPACING_KEYS:
-            self._not_before = {k: t for k, t in self._not_before.items() if t > ended}
-        self._not_before[key] = refresh_not_before(ended, ended - started, self.settings.api.caches.scope_stale_s)
 
     def _observe(self, scope: CompiledScope, started: float) -> None:
         self.metrics.scope_seconds.observe(time.perf_counter() - started)
