@@ -30,6 +30,7 @@ from ki.errors import (
     IndexReadOnly,
     IndexSchemaError,
     ItemFailure,
+    SearchUnavailable,
     TransientError,
     bulk_error,
 )
@@ -271,12 +272,28 @@ class IndexWriter:
                 return keyed  # only conflicts left: those rows were rewritten, with their key
 
     async def create_physical(self, physical: str, embedding_signature: str | None = None) -> None:
+        """Create the index and return once its primary shards are active, whoever created it."""
         try:
             await self.client.indices.create(index=physical, body=index_body(self.settings, embedding_signature))
         except OpenSearchException as exc:
             error = opensearch_error(exc)
             if not isinstance(error, AlreadyExists):  # another writer created it first: fine
                 raise error from exc
+        # The loser of a creation race (the two lanes start together) hears "already exists" at once, before
+        # the winner's primary shard has started; an alias pointed at the index then would answer every
+        # search with 503 (all shards failed) until it has.
+        # OpenSearch's `timeout` within the client's: opensearch-py reads `timeout` as the latter when it has no
+        # `request_timeout`.
+        request_s = self.settings.opensearch.timeout_s
+        wait = f"{request_s / 2:g}s"
+        for _ in range(self.settings.opensearch.max_retries + 1):
+            health = await self._with_retries(lambda: self.client.cluster.health(
+                index=physical, wait_for_status="yellow", timeout=wait, request_timeout=request_s, ignore=408
+            ))  # fmt: skip
+            if not health.get("timed_out"):
+                return
+            log.warning("opensearch: no primary shard of %s active after %s; waiting on", physical, wait)
+        raise SearchUnavailable(f"OpenSearch: the primary shards of {physical} did not start")
 
     async def swap_alias(self, physical: str) -> list[str]:
         """Point the alias at `physical` atomically; return the indices it pointed at before."""
