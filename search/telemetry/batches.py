@@ -64,8 +64,11 @@ class BatchWriter(Generic[Row]):
 
     async def _run(self) -> None:
         while True:
+            # `asyncio.timeout`, not `wait_for`: on Python 3.11 the latter drops a cancellation that arrives as
+            # the wake-up does, and `close` would wait for this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.flush_s)
+                async with asyncio.timeout(self.flush_s):
+                    await self._wake.wait()
             self._wake.clear()
             await self.flush()
 

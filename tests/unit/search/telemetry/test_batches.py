@@ -51,3 +51,34 @@ def test_a_flush_returns_only_after_rows_another_flush_took_are_committed() -> N
         assert committed == ["a"]
 
     asyncio.run(scenario())
+
+
+def test_close_ends_the_background_task_even_when_it_was_just_woken() -> None:
+    """A close in the same turn as the wake-up must still end the task: `asyncio.wait_for` (Python 3.11) returns
+    the woken result and drops a cancellation that arrives then, and the loop would run on, `close` waiting for it
+    forever (a test's shutdown hung 10 minutes)."""
+    written: list[str] = []
+
+    async def write(conn: Any, rows: list[str]) -> None:
+        written.extend(rows)
+
+    async def scenario() -> None:
+        writer: BatchWriter[str] = BatchWriter(
+            _Transactions(),
+            "rows",
+            write,
+            buffer_rows=10,
+            batch_rows=1,
+            flush_s=60,  # type: ignore[arg-type]
+        )
+        writer.start()
+        for _ in range(3):  # the task is waiting for its wake-up
+            await asyncio.sleep(0)
+        writer.record("a")  # a full batch: wakes the task
+        await asyncio.sleep(0)  # the wake-up is delivered; the task has not run on yet
+        closing = asyncio.create_task(writer.close())
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        assert done, "close() did not return: the background task ran on"
+        assert written == ["a"]
+
+    asyncio.run(scenario())
