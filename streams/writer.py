@@ -209,6 +209,8 @@ class IndexWriter:
         else:
             if not await self.client.indices.exists(index=expected):
                 await self.create_physical(expected, embedding_signature)
+            else:  # another lane's, perhaps created a moment ago
+                await self.wait_for_primaries(expected)
             await self.client.indices.update_aliases(
                 body={"actions": [{"add": {"index": expected, "alias": self.alias}}]}
             )
@@ -279,9 +281,12 @@ class IndexWriter:
             error = opensearch_error(exc)
             if not isinstance(error, AlreadyExists):  # another writer created it first: fine
                 raise error from exc
-        # The loser of a creation race (the two lanes start together) hears "already exists" at once, before
-        # the winner's primary shard has started; an alias pointed at the index then would answer every
-        # search with 503 (all shards failed) until it has.
+        await self.wait_for_primaries(physical)
+
+    async def wait_for_primaries(self, physical: str) -> None:
+        """Return once the index's primary shards are active. The two lanes start together: the one that did not
+        create the index finds it (or hears "already exists") before the creator's primary shard has started,
+        and an alias pointed at it then would answer every search with 503 (all shards failed) until it has."""
         # OpenSearch's `timeout` within the client's: opensearch-py reads `timeout` as the latter when it has no
         # `request_timeout`.
         request_s = self.settings.opensearch.timeout_s
