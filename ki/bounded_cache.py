@@ -14,7 +14,10 @@ Refresh instead of drop (`mark_stale`, `mark_stale_where`, `mark_all_stale`): an
 be answered as stale (`lookup`), so that its owner serves it once more while it computes the value again in the
 background. A miss costs a caller a round trip that a hit does not; dropping on another caller's change would
 let the next request tell by its time that something changed (search.access.scope_cache). A stale entry
-older than the owner's bound is a miss after all.
+older than the owner's bound is a miss after all. For the same reason a value computed while an invalidation
+arrived may be kept as stale instead of refused (`put(..., raced_since=...)`): stale since the computation began,
+so it is answered no longer than a value stored then and invalidated at once would be. Under a stream of changes
+(an import) every store races one, and refusing them all would leave the owner computing on every request.
 """
 
 from __future__ import annotations
@@ -166,10 +169,27 @@ class BoundedCache(Generic[K, V]):
 
     # --- stores --------------------------------------------------------------------------------
 
-    def put(self, key: K, value: V, generation: int | None = None) -> bool:
+    def now(self) -> float:
+        """This cache's clock (a `raced_since` reading)."""
+        return self._clock()
+
+    def put(self, key: K, value: V, generation: int | None = None, *, raced_since: float | None = None) -> bool:
         """Store, unless an invalidation arrived since `generation` was read (None: no race to guard
-        against) or the value alone is heavier than the weight bound; True if stored."""
-        return self._store({key: value}, generation) == 1
+        against) or the value alone is heavier than the weight bound; True if stored. With `raced_since`
+        (`now()` when `generation` was read) a value that raced an invalidation is kept as stale since then,
+        unless the entry held is newer (not stale, or stale since later)."""
+        with self._guard.lock:
+            if raced_since is None or generation is None or generation == self._guard.generation:
+                return self._store({key: value}, generation) == 1
+            self.stats.stale_stores += 1
+            held = self._entries.get(key)
+            since = None if held is None else self._stale_since(key, held[3])
+            if held is not None and (since is None or since >= raced_since):
+                return False
+            if self._store({key: value}, None) != 1:
+                return False
+            self._stale[key] = raced_since
+            return True
 
     def put_many(self, entries: Mapping[K, V], generation: int | None = None) -> bool:
         """Store every entry that fits; False (and nothing stored) if the generation is stale."""

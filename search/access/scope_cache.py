@@ -23,13 +23,15 @@ Why this cannot leak: the SQL re-verify of every hit runs on every request with 
 afresh in the same statement, so a scope that is too broad (a revocation not yet seen) only costs
 candidates. A scope that is too narrow (a new grant not yet seen) hides a document until the event
 arrives -- the same staleness the index itself has. The service uses the cache only while the
-invalidation feed is healthy (`search.access.invalidation`), and never stores an entry computed before an
-invalidation that arrived while it was computed (`generation`).
+invalidation feed is healthy (`search.access.invalidation`), and keeps an entry computed while an invalidation
+arrived only as stale since its computation began (`generation`, `raced_since`): never fresh, and answered no
+longer than any stale entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -118,17 +120,28 @@ class ScopeCache:
     few thousand such callers exhaust memory. A caller's resolution and the scopes compiled from it share
     one lock and one generation: any invalidation refuses both stores computed before it."""
 
-    def __init__(self, max_entries: int, max_ids: int, max_principals: int | None = None) -> None:
+    def __init__(
+        self,
+        max_entries: int,
+        max_ids: int,
+        max_principals: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_entries, self.max_ids = max_entries, max_ids
         self._guard = StoreGuard()
         self._callers: BoundedCache[RawKey, Caller] = BoundedCache(
             max_entries,
             max_weight=max_principals,
             weigh=lambda _raw, caller: max(1, len(caller.principals)),
+            clock=clock,
             guard=self._guard,
         )
         self._scopes: BoundedCache[ScopeKey, CompiledScope] = BoundedCache(
-            max_entries, max_weight=max_ids, weigh=lambda key, scope: scope.size + len(key[0]), guard=self._guard
+            max_entries,
+            max_weight=max_ids,
+            weigh=lambda key, scope: scope.size + len(key[0]),
+            clock=clock,
+            guard=self._guard,
         )
 
     @staticmethod
@@ -144,8 +157,11 @@ class ScopeCache:
 
     @property
     def generation(self) -> int:
-        """Read before the SQL runs; handed back to `put_caller` / `put_scope`."""
+        """Read before the SQL runs; handed back to `put_caller` / `put_scope` (with `now()` read beside it)."""
         return self._guard.generation
+
+    def now(self) -> float:
+        return self._scopes.now()
 
     @property
     def ids_held(self) -> int:
@@ -167,13 +183,16 @@ class ScopeCache:
         """The compiled scope and whether it is stale (to be refreshed), as `caller`."""
         return self._scopes.lookup(key, max_stale_s)
 
-    def put_caller(self, key: RawKey, caller: Caller, generation: int) -> bool:
-        return self._callers.put(key, caller, generation)
+    def put_caller(self, key: RawKey, caller: Caller, generation: int, raced_since: float | None = None) -> bool:
+        return self._callers.put(key, caller, generation, raced_since=raced_since)
 
-    def put_scope(self, key: ScopeKey, scope: CompiledScope, generation: int) -> bool:
-        """Store unless an invalidation arrived since `generation` was read (before the SQL ran), or the
-        scope alone exceeds the id bound."""
-        return self._scopes.put(key, scope, generation)
+    def put_scope(
+        self, key: ScopeKey, scope: CompiledScope, generation: int, raced_since: float | None = None
+    ) -> bool:
+        """Store unless the scope alone exceeds the id bound. One that raced an invalidation (arrived since
+        `generation` was read, before the SQL ran) is refused, or with `raced_since` (`now()` read then) kept
+        as stale since then: answered at most as long as any stale entry, refreshed like one."""
+        return self._scopes.put(key, scope, generation, raced_since=raced_since)
 
     def apply(self, invalidation: Invalidation) -> None:
         if invalidation.empty:

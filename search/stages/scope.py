@@ -54,7 +54,7 @@ class ScopeStage:
 
     async def compile(self, principals: Sequence[str], project_ids: Sequence[int] | None) -> CompiledScope:
         """The caller's scope: from the cache when its feed is current and it holds it, else in SQL
-        (and then cached, unless an invalidation arrived meanwhile). A cached scope that a change has made
+        (and then cached; as stale if an invalidation arrived meanwhile). A cached scope that a change has made
         stale is answered once more while it is compiled again in the background (search.access.scope_cache):
         the request costs what a hit costs, whoever changed what."""
         started = time.perf_counter()
@@ -84,9 +84,10 @@ class ScopeStage:
         self, principals: Sequence[str], project_ids: Sequence[int] | None, cache: ScopeCache | None,
         caller: Caller | None,
     ) -> CompiledScope:  # fmt: skip
-        """The scope compiled in SQL (the caller resolved there too unless given), stored in `cache` unless an
-        invalidation arrived meanwhile."""
-        generation = cache.generation if cache is not None else 0
+        """The scope compiled in SQL (the caller resolved there too unless given), stored in `cache` (as stale if
+        an invalidation arrived meanwhile)."""
+        # Read together before the SQL runs: a store that raced an invalidation is kept stale since `began`.
+        generation, began = (cache.generation, cache.now()) if cache is not None else (0, 0.0)
         security, max_terms = self.settings.security, self.settings.opensearch.max_terms_count
 
         def run(conn: Connection) -> tuple[CompiledScope, Caller]:
@@ -95,8 +96,8 @@ class ScopeStage:
 
         scope, resolved = await self.sql.read(run)
         if cache is not None:
-            cache.put_caller(ScopeCache.raw_key(principals), resolved, generation)
-            cache.put_scope(ScopeCache.scope_key(resolved, project_ids), scope, generation)
+            cache.put_caller(ScopeCache.raw_key(principals), resolved, generation, raced_since=began)
+            cache.put_scope(ScopeCache.scope_key(resolved, project_ids), scope, generation, raced_since=began)
         return scope
 
     def _refresh_later(

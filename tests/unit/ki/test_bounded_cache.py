@@ -55,6 +55,39 @@ def test_a_value_computed_before_an_invalidation_is_refused() -> None:
     assert cache.put("a", 1, cache.generation)
 
 
+def test_a_value_that_raced_an_invalidation_is_kept_stale_since_its_computation_began() -> None:
+    now = [100.0]
+    cache: BoundedCache[str, int] = BoundedCache(5, clock=lambda: now[0])
+    generation, began = cache.generation, cache.now()
+    now[0] = 101.0
+    cache.mark_all_stale()  # a change arrives while the value is computed
+    now[0] = 102.0
+    assert cache.put("a", 1, generation, raced_since=began)
+    assert cache.lookup("a", max_stale_s=5.0) == (1, True)  # answered, as stale: the owner refreshes it
+    assert cache.stats.stale_stores == 1
+    now[0] = began + 5.0
+    assert cache.lookup("a", max_stale_s=5.0) == (None, False)  # stale since it began: 5 s later, a miss
+
+
+def test_a_raced_value_never_replaces_a_newer_one() -> None:
+    now = [100.0]
+    cache: BoundedCache[str, int] = BoundedCache(5, clock=lambda: now[0])
+    old_generation, old_began = cache.generation, cache.now()
+    cache.mark_all_stale()
+    now[0] = 101.0
+    assert cache.put("a", 2, cache.generation)  # a later computation stored fresh meanwhile
+    assert not cache.put("a", 1, old_generation, raced_since=old_began)
+    assert cache.lookup("a", max_stale_s=5.0) == (2, False)
+    now[0] = 102.0
+    cache.mark_stale(["a"])  # the newer one went stale at 102: a value begun at 100 is older still
+    assert not cache.put("a", 1, old_generation, raced_since=old_began)
+    assert cache.lookup("a", max_stale_s=5.0) == (2, True)
+    newer_generation, newer_began = cache.generation, cache.now() + 0.5
+    cache.mark_all_stale()
+    assert cache.put("a", 3, newer_generation, raced_since=newer_began)  # begun after it went stale: newer
+    assert cache.lookup("a", max_stale_s=5.0) == (3, True)
+
+
 def test_discard_and_discard_where_drop_only_what_they_name() -> None:
     cache: BoundedCache[str, list[int]] = BoundedCache(10, max_weight=100, weigh=lambda _key, value: len(value))
     cache.put_many({"a": [1], "b": [1, 2], "c": [1, 2, 3]})
