@@ -515,7 +515,9 @@ def check(
     assert set(got) <= want, (got, want)
     limit = query.body["limit"]
     missing = want - set(got)
-    if missing and not foreign and (len(want) <= limit or len(got) < limit):
+    # A full page that says nothing more follows missed some: the API's scope did not hold them yet.
+    unaware = len(got) == limit and body["has_more"] is False
+    if missing and not foreign and (len(want) <= limit or len(got) < limit or unaware):
         late = {x for x in missing if any(x not in expected(query, hits, w, raw, security)[1] for w in recent)}
         assert missing <= late, f"missing {sorted(missing - late)}; {why}"
         tally.cache_lagged += 1
@@ -523,8 +525,7 @@ def check(
         tally.foreign_pages += 1
     elif len(want) <= limit:
         assert body["has_more"] is False or missing, body["has_more"]
-    elif len(got) == limit:
-        assert body["has_more"] is True, (got, want)
+    elif len(got) == limit:  # says more follow, or missed only what became visible late (checked above)
         tally.truncated += 1
 
     # What this query exercised.
