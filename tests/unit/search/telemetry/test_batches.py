@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from search.telemetry.batches import BatchWriter
@@ -17,6 +17,11 @@ class _Transactions:
     @contextlib.asynccontextmanager
     async def begin(self) -> AsyncIterator[None]:
         yield None
+
+
+def _writer(write: Callable[[Any, list[str]], Awaitable[None]], *, batch_rows: int) -> BatchWriter[str]:
+    """A writer of ten buffered rows at most that flushes on a full batch (its timer: a minute)."""
+    return BatchWriter(_Transactions(), "rows", write, buffer_rows=10, batch_rows=batch_rows, flush_s=60)  # type: ignore[arg-type]
 
 
 def test_a_flush_returns_only_after_rows_another_flush_took_are_committed() -> None:
@@ -29,14 +34,7 @@ def test_a_flush_returns_only_after_rows_another_flush_took_are_committed() -> N
         committed.extend(rows)
 
     async def scenario() -> None:
-        writer: BatchWriter[str] = BatchWriter(
-            _Transactions(),
-            "rows",
-            slow_write,
-            buffer_rows=10,
-            batch_rows=10,
-            flush_s=60,  # type: ignore[arg-type]
-        )
+        writer = _writer(slow_write, batch_rows=10)
         writer.record("a")
         background = asyncio.create_task(writer.flush())  # takes "a" from the buffer, then waits in the write
         await write_started.wait()
@@ -63,14 +61,7 @@ def test_close_ends_the_background_task_even_when_it_was_just_woken() -> None:
         written.extend(rows)
 
     async def scenario() -> None:
-        writer: BatchWriter[str] = BatchWriter(
-            _Transactions(),
-            "rows",
-            write,
-            buffer_rows=10,
-            batch_rows=1,
-            flush_s=60,  # type: ignore[arg-type]
-        )
+        writer = _writer(write, batch_rows=1)
         writer.start()
         for _ in range(3):  # the task is waiting for its wake-up
             await asyncio.sleep(0)
