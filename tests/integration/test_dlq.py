@@ -27,7 +27,8 @@ from sqlalchemy import Engine, text
 from apps.cli import main
 from ki import exposition
 from ki.clients import make_kafka_admin
-from ki.settings import Settings
+from ki.settings import Settings, load_settings
+from streams.status import consumer_lag
 from tests.conftest import wait_for
 from tests.integration.search_harness import SyncWorker, isolated, remove_world
 from tests.integration.world import World
@@ -154,8 +155,12 @@ def test_a_refused_version_is_listed_replayed_after_the_fix_and_another_dropped_
         good = w.version(w.document(project, f"Gut {w.tag}"), "Der Vertrag ist wirksam geschlossen.")
         w.observe(good, obj)
     try:
-        # A version indexed as usual: the index before anything is dead-lettered.
-        before = wait_for(lambda: rows(search, env), timeout=90, what="the first version indexed")
+        # A version indexed as usual: the index before anything is dead-lettered, read once the lane has committed
+        # it (rows read the moment the first one is searchable may be some of the version's only).
+        wait_for(lambda: rows(search, env), timeout=90, what="the first version indexed")
+        ours = load_settings(environ={**os.environ, **env})
+        wait_for(lambda: all(p.lag == 0 for p in consumer_lag(ours, "content")), timeout=90, what="it committed")
+        before = rows(search, env)
         assert {v for v, _, _ in before.values()} == {good}
 
         Embeddings.refused.add(refused)

@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from opensearchpy import OpenSearch
+from opensearchpy import OpenSearch, TransportError
 from sqlalchemy import Engine
 
 from ki import exposition
@@ -69,6 +69,7 @@ DIMENSIONS = 16
 # latter was a permanent failure, so its batch went to the dead-letter topic after `streams.max_attempts`.
 BLOCKS = ["index.blocks.read_only_allow_delete", "index.blocks.write"]
 DISK_MONITOR = "cluster.routing.allocation.disk.threshold_enabled"
+PRIMER = "pressure-test-primer"
 
 
 class Embeddings(BaseHTTPRequestHandler):
@@ -247,13 +248,16 @@ def test_bulk_rejected_with_429_slows_the_lanes_dead_letters_nothing_and_every_c
     documents = {first_doc}
     try:
         wait_for(lambda: first in versions_indexed(search, alias) or None, timeout=120, what="the first version")
+        (physical,) = search.indices.get_alias(name=alias)
         search.cluster.put_settings(body={"transient": REJECT_EVERY_BULK})
         try:
-            # The shard's first success under these settings is ours: a row written again as it is. Otherwise
-            # the two lanes' writes can arrive together, both count as the first, and nothing is rejected.
-            row = search.search(index=alias, body={"size": 1, "query": {"term": {"document_version_id": first}}})
-            hit = row["hits"]["hits"][0]
-            search.index(index=hit["_index"], id=hit["_id"], body=hit["_source"])
+            # The shard's first success under these settings is ours, a row of no version (removed below): the
+            # two lanes' writes can arrive together, both count as the first, and then nothing is rejected.
+            try:
+                search.index(index=physical, id=PRIMER, body={"document_version_id": "-1"})
+            except TransportError as exc:  # a lane's write came first: rejecting already
+                if exc.status_code != 429:
+                    raise
             throttled_before = sum(metric(port, "ki_sync_throttled_total") for port in lanes.values())
             with engine.begin() as conn:
                 w = World(conn, tag=w.tag)
@@ -274,6 +278,7 @@ def test_bulk_rejected_with_429_slows_the_lanes_dead_letters_nothing_and_every_c
             assert worker.process.alive, f"the worker died; see {worker.log_path}"
         finally:
             search.cluster.put_settings(body={"transient": dict.fromkeys(REJECT_EVERY_BULK)})
+            search.delete(index=physical, id=PRIMER, refresh=True, ignore=404)
         wait_for(lambda: second in versions_indexed(search, alias) or None, timeout=120, what="the change to land")
         wait_for(lambda: not any(p.lag for p in worker_lag(ours).values()), timeout=120, what="every change committed")
         assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
