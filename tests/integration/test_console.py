@@ -174,23 +174,39 @@ def open_console(driver: WebDriver, server: Server) -> None:
 
 
 def sign_in_as(driver: WebDriver, server: Server, principal: str, filter_text: str) -> None:
-    """Through the demo-user picker, as a person would: filter, click the user."""
+    """Through the demo-user picker, as a person would: filter, wait for the list to show that filter's users,
+    click the user."""
     open_console(driver, server)
     wait_for(lambda: driver.find_element(By.ID, "demo").is_displayed(), timeout=60, what="the demo-user picker")
     driver.find_element(By.ID, "demo-filter").send_keys(filter_text)
     selector = f"button.demo-user[data-principal='{principal}']"
 
+    def listed() -> list[str]:
+        try:
+            buttons = driver.find_elements(By.CSS_SELECTOR, "button.demo-user")
+            return [b.get_attribute("data-principal") or "" for b in buttons]
+        except StaleElementReferenceException:
+            return []
+
     def click_the_user() -> bool:
-        # Each keystroke of the filter re-renders the list when its answer arrives: a button found before
-        # the last answer may be gone by the click, so look again.
+        # Each keystroke of the filter may ask for a list; click only once the list is the whole filter's
+        # (the administrator is always listed), and look again if it was redrawn between finding and clicking.
+        shown = listed()
+        if principal not in shown or any(filter_text.lower() not in p.lower() for p in shown if p != "user:demo-admin"):
+            return False
         try:
             driver.find_element(By.CSS_SELECTOR, selector).click()
         except (NoSuchElementException, StaleElementReferenceException):
             return False
         return True
 
-    wait_for(click_the_user, timeout=60, what=f"{principal} in the picker, clicked")
-    wait_for(lambda: principal in visible_text(driver, "who"), timeout=60, what=f"signed in as {principal}")
+    wait_for(click_the_user, timeout=60, what=lambda: f"{principal} in the picker, clicked; listed: {listed()}")
+    wait_for(
+        lambda: principal in visible_text(driver, "who"),
+        timeout=60,
+        what=lambda: f"signed in as {principal}; the page says {visible_text(driver, 'who')!r}, "
+        f"error {visible_text(driver, 'error')!r}",
+    )
 
 
 def search(driver: WebDriver, query: str, mode: str = "hybrid", project: str = "") -> dict[int, str]:

@@ -103,13 +103,19 @@ function renderWho() {
   $("who").textContent = signedIn ? `signed in as ${state.me.principals[0]}${state.me.admin ? " (administrator)" : ""}` : "";
 }
 
+let demoUsersAsked = 0;
+
 async function loadDemoUsers(filter = "") {
+  // Answers may arrive out of order: only the newest filter's answer is drawn, so a list never changes under
+  // a click to show an older filter's users.
+  const asked = ++demoUsersAsked;
   let answer;
   try {
     const response = await fetch(`/console/demo/users?q=${encodeURIComponent(filter)}`);
     if (!response.ok) return;  // not in demo mode
     answer = await response.json();
   } catch (_) { return; }
+  if (asked !== demoUsersAsked) return;
   $("demo").hidden = false;
   $("demo-users").replaceChildren(...answer.users.map((user) => el("li", {},
     el("button", { type: "button", class: "demo-user", "data-principal": user.principal, text: user.label,
