@@ -165,8 +165,10 @@ def overview(
     dlq = next((v for v in (first(s, "ki_sync_dlq_records") for s in answering) if v is not None), None)
     # Dead letters no `ki dlq replay` / `drop` has handled yet, and the oldest one's wait: every lane reads them.
     waiting = next((s for s in answering if first(s, "ki_sync_dlq_waiting_records") is not None), None)
-    # Rows written text first that wait for their vector: the content lane (which adds them) reports it.
-    pending = next((s for s in answering if first(s, "ki_sync_rows_vector_pending") is not None), None)
+    # Rows written text first that wait for their vector: the content lane (which adds them) reports it; every
+    # other lane's process has the gauge too, at 0.
+    content = lanes.get("content")
+    pending = content if not isinstance(content, str) and content is not None else None
     return {
         "at": round(reading.at, 3),
         "window_s": window_s,

@@ -112,6 +112,10 @@ def test_overview_counts_the_apis_work_not_the_dashboards_polling() -> None:
     assert out["dlq_records"] == 5 and out["slot_retained_bytes"] == 4096
     assert out["dlq_waiting"] == {"records": 2, "oldest_s": 61.5}  # not replayed or dropped yet
     assert out["vectors_pending"] == {"rows": 12, "oldest_s": 3.25}
+    # Every lane's process has the gauge; only the content lane's counts (the others' reads 0, and sorts first).
+    idle = parse_exposition("# TYPE ki_sync_rows_vector_pending gauge\nki_sync_rows_vector_pending 0\n")
+    three = overview(api, {"access": idle, "content": content, "principals": idle}, reading, base, window_s=300)
+    assert three["vectors_pending"] == {"rows": 12, "oldest_s": 3.25}
 
 
 def test_overview_over_a_window_uses_only_what_happened_in_it() -> None:
