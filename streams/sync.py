@@ -533,7 +533,10 @@ class Projector:
         existing = await self._read_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
         stats.timed("read", started)
         started = time.perf_counter()
-        grants = await asyncio.to_thread(self.source.grants, version_ids)
+        # Only versions with rows need their projection: during a bulk import most dirtied versions have none yet
+        # (their rows are written later, from PostgreSQL as it is then).
+        with_rows = [version_id for version_id in version_ids if existing.get(version_id)]
+        grants = await asyncio.to_thread(self.source.grants, with_rows) if with_rows else {}
         stats.timed("grants", started)
         ops: list[BulkOp | None] = []
         for version_id in version_ids:

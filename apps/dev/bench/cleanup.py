@@ -27,6 +27,7 @@ from typing import Any
 from opensearchpy import OpenSearch
 from sqlalchemy import Engine, text
 
+from apps.dev.demo.generator import NAME_SEPARATOR
 from apps.dev.worker_process import SyncWorker
 from ki.clients import make_engine, make_sync_client
 from ki.settings import Settings
@@ -200,7 +201,10 @@ def remove_bench_rows(
 def clean(settings: Settings) -> int:
     """`ki bench clean`: remove what any benchmark run left behind (current and earlier labels)."""
     total = 0
-    for footprint in (Footprint(f"^{re.escape(LABEL_PREFIX)} "), Footprint(LEGACY_LABEL)):
+    # A name is the label (most benchmarks), ends in it (`ki bench first-load`'s demo projects: `<name> · <label>`),
+    # or is a label of the runs before.
+    labelled = (Footprint(f"^{re.escape(LABEL_PREFIX)} "), Footprint(f"{re.escape(NAME_SEPARATOR + LABEL_PREFIX)} "))
+    for footprint in (*labelled, Footprint(LEGACY_LABEL)):
         removal = remove_bench_rows(settings, footprint, what="bench clean")
         total += removal.index_rows_left
     search = make_sync_client(settings, timeout_s=30)

@@ -365,6 +365,22 @@ def test_an_access_change_updates_the_projection_and_bumps_access_version_withou
     assert run(projector.apply(granted_to("user:bob"), lane="access")).access_rows_updated == 0
 
 
+def test_access_only_work_asks_for_the_projection_of_versions_with_rows_only() -> None:
+    """During a bulk import a batch's grants and observations dirty thousands of versions whose rows are not
+    written yet (their text comes later, from PostgreSQL as it is then): no projection is computed for them."""
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+    run(projector.apply(content(11)))  # 12 has no rows yet
+    db.granted.update({11: BOB, 12: BOB})
+    db.access_dirty = {11, 12}
+    asked: list[list[int]] = []
+    grants = db.grants
+    db.grants = lambda version_ids: asked.append(list(version_ids)) or grants(version_ids)  # type: ignore[method-assign]
+    stats = run(projector.project_access([11, 12]))
+    assert asked == [[11]] and not index.of(12)
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
+    assert stats.access_rows_updated == len(index.of(11))
+
+
 def test_a_lost_write_race_refreshes_and_projects_again_without_embedding_again() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     index.races[11] = 1
