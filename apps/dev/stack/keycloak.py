@@ -56,6 +56,9 @@ class Keycloak(Service):
     def command_marker(self, state_dir: Path) -> str:
         return f"-Dkc.home.dir={state_dir / 'dist'}/bin/.."
 
+    def start_timeout_s(self, stack_default_s: float) -> float:
+        return stack_settings(self.settings).keycloak_start_timeout_s
+
     def java(self, runtime: Runtime) -> JavaRuntime:
         if runtime.java.version >= MIN_JAVA and not stack_settings(self.settings).keycloak_java_home:
             return runtime.java

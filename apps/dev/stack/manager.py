@@ -136,7 +136,7 @@ def _bring_up(nodes: list[Service], runtime: Runtime, timeout_s: float, label: s
             waiting.append((svc, child.pid, child))
     for svc, pid, started in waiting:
         with _naming(svc):
-            svc.wait_healthy(pid, timeout_s, started)
+            svc.wait_healthy(pid, svc.start_timeout_s(timeout_s), started)
             svc.after_healthy()
         name = f"{label} {svc.name}: " if len(nodes) > 1 else ""
         _say(f"{name}ready in {time.monotonic() - began:.1f}s (pid {pid}, port {svc.port})")

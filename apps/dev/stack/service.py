@@ -141,6 +141,11 @@ class Service(ABC):
             self.user.check_can_reach(path, f"{self.name} needs")
         return process.spawn(launch, self.log_file, self.pid_file, self.user)
 
+    def start_timeout_s(self, stack_default_s: float) -> float:
+        """How long a start may take before it counts as failed: the stack's `start_timeout_s` unless the
+        service knows it is slower."""
+        return stack_default_s
+
     def wait_healthy(self, pid: int, timeout_s: float, child: Child | None = None) -> None:
         """Poll `probe` until healthy; fail early when the process dies, or at the deadline."""
         reason: str | None = "not probed yet"

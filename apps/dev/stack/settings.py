@@ -20,10 +20,12 @@ class StackSettings(BaseModel):
     kafka_heap: str = "512m"
     connect_heap: str = "512m"
     start_timeout_s: float = Field(180.0, gt=0)
-    # The local identity provider (`ki stack up --idp`, apps/dev/stack/keycloak.py): its port, and a Java 21+
-    # for it (empty: the newest under /usr/lib/jvm).
+    # The local identity provider (`ki stack up --idp`, apps/dev/stack/keycloak.py): its port, a Java 21+ for it
+    # (empty: the newest under /usr/lib/jvm), and its own start deadline: each start rebuilds its server
+    # (Quarkus augmentation) and imports the realm, minutes of CPU on a small, busy machine.
     keycloak_port: int = Field(58180, ge=1, le=65535)
     keycloak_java_home: str = ""
+    keycloak_start_timeout_s: float = Field(600.0, gt=0)
     # The secured profile (`ki stack up --secure`, apps/dev/stack/secure.py): TLS and credentials on every
     # service, with a CA, certificates and passwords generated into <home>/secure.
     secure: bool = False

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from apps.dev.stack.keycloak import Keycloak
+from apps.dev.stack.opensearch import OpenSearch
+from apps.dev.stack.paths import StackPaths
 from apps.dev.stack.settings import StackSettings, stack_settings
 from ki.errors import SettingsError
 from ki.settings import LOCAL_STACK_HOME, Settings, load_settings
@@ -48,3 +51,12 @@ def test_a_wrong_stack_setting_is_one_readable_line(environ: dict[str, str], nam
 
 def test_the_runtime_section_declares_no_stack_field() -> None:
     assert Settings.model_fields["stack"].annotation.model_fields == {}
+
+
+def test_keycloak_gets_its_own_start_deadline_and_the_others_the_stacks(tmp_path: Path) -> None:
+    environ = {"KI_STACK__HOME": str(tmp_path), "KI_STACK__KEYCLOAK_START_TIMEOUT_S": "900"}
+    settings = load_settings(environ=environ)
+    paths = StackPaths(tmp_path)
+    stack_default = stack_settings(settings).start_timeout_s
+    assert Keycloak(settings, paths).start_timeout_s(stack_default) == 900.0
+    assert OpenSearch(settings, paths).start_timeout_s(stack_default) == stack_default == 180.0
