@@ -763,8 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument(
         "--lane",
         default="all",
-        choices=["all", "access", "content"],
-        help="run: both lanes as child processes (default), or one lane in this process",
+        choices=["all", "access", "content", "principals"],
+        help="run: every lane as a child process (default), or one lane in this process",
     )
     sync.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
     sync.set_defaults(handler=_sync)

@@ -548,12 +548,15 @@ class EmbeddingSettings(_Section):
 
 
 class StreamsSettings(_Section):
-    # The content lane's consumer group; the access lane's is `<app_id>-access` (streams.topics).
+    # The content lane's consumer group; the access and principals lanes' are `<app_id>-access` and
+    # `<app_id>-principals` (projections.lanes).
     app_id: str = Field("ki-sidecar", pattern=r"^[A-Za-z0-9_.-]+$")
-    # /metrics of the content lane and of the access lane (each lane is its own process); the access
-    # lane's port defaults to web_port + 1, so overriding web_port alone moves both.
+    # /metrics of the content, access and principals lanes (each lane is its own process); the access lane's
+    # port defaults to web_port + 1 and the principals lane's to web_port + 2, so overriding web_port alone
+    # moves them all.
     web_port: int = Field(56066, ge=1, le=65535)
     access_web_port: int | None = Field(None, ge=1, le=65535)
+    principals_web_port: int | None = Field(None, ge=1, le=65535)
     # The address the lanes' /metrics and /healthz listen on: loopback unless a scraper in another container
     # or pod must reach them (they say nothing about documents: counts, lag, timings).
     web_bind: str = Field("127.0.0.1", min_length=1)
@@ -601,8 +604,12 @@ class StreamsSettings(_Section):
     vector_sources: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9*][a-z0-9_.*+-]*$")]] = []
 
     def lane_web_port(self, lane: str) -> int:
-        """The port of a lane's /metrics ("content" or "access")."""
-        return self.web_port if lane == "content" else self.access_web_port or self.web_port + 1
+        """The port of a lane's /metrics ("content", "access" or "principals")."""
+        if lane == "content":
+            return self.web_port
+        if lane == "principals":
+            return self.principals_web_port or self.web_port + 2
+        return self.access_web_port or self.web_port + 1
 
 
 #: A principal in the settings: well-formed (`kind:name`, `ki.principals`), kept as written.

@@ -1,13 +1,16 @@
 """The Faust app of one sync lane: CDC topics in, conditional index writes out.
 
-The sync runs as two lanes (`streams.topics.Lane`), each its own Faust app, process and consumer group,
-so that access changes never queue behind embedding:
+The sync runs as three lanes (`streams.topics.Lane`), each its own Faust app, process and consumer group,
+so that access changes never queue behind embedding, nor behind a bulk import's text:
 * the **access lane** reads every captured table in big batches (`streams.batch_max_events`,
   `streams.batch_linger_ms`) and writes everything that needs no new vector: principal projections,
   soft deletes, and any content change that leaves every embedded string as it is (decided by the rows'
   content hash). A version whose embedded strings changed only gets its projection rewritten here;
 * the **content lane** reads the content tables in small batches (`streams.content_batch_max_events`)
-  and embeds in micro-batches (`streams.embed_micro_batch_rows`), each written as soon as it is done.
+  and embeds in micro-batches (`streams.embed_micro_batch_rows`), each written as soon as it is done;
+* the **principals lane** reads only the access tables and rewrites the principal projection of the rows
+  search can see (`Projector.apply_principals`): a fast path the access lane backs (it applies the same
+  changes), so it never dead-letters.
 Both lanes read the index before PostgreSQL and write conditionally, so neither can overwrite the other
 with older state: a lost race is projected again from fresh reads (keeping the vectors already computed).
 
@@ -157,6 +160,7 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
         max_attempts=settings.streams.max_attempts,
         write_block=write_block,
         progress=progress,
+        fast_path=lane == "principals",
     )
 
     @app.agent(source, name=f"cdc-{lane}")

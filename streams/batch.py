@@ -93,8 +93,11 @@ class BatchHandler:
         progress: LaneProgress | None = None,
         pause_poll: Backoff = PAUSE_POLL,
         monotonic: Callable[[], float] = time.monotonic,
+        fast_path: bool = False,
     ) -> None:
-        self.lane, self.content_topics = lane, frozenset(content_topics)
+        """`fast_path`: another lane applies every record of this one too (the principals lane's are the access
+        lane's), so this lane dead-letters nothing: what it cannot read or apply it skips, with a warning."""
+        self.lane, self.content_topics, self.fast_path = lane, frozenset(content_topics), fast_path
         self.apply, self.dead_letter, self.checkpoint = apply, dead_letter, checkpoint
         self.max_attempts, self.backoff, self.sleep, self.clock = max_attempts, backoff, sleep, clock
         self.write_block, self.progress, self.pause_poll, self.monotonic = write_block, progress, pause_poll, monotonic
@@ -118,7 +121,11 @@ class BatchHandler:
                 decoded = decode(message.topic, message.key, message.value)
                 event_keys = dirty_keys(decoded)
             except (PoisonEvent, ValueError, TypeError) as exc:
-                if self.lane == "content" or message.topic not in self.content_topics:
+                if self.fast_path:
+                    log.warning("%s lane skips an unreadable record of %s (the access lane has it too): %s",
+                                self.lane, message.topic, exc)  # fmt: skip
+                    self.checkpoint.skipped(message)
+                elif self.lane == "content" or message.topic not in self.content_topics:
                     await self.dead_letter(message, Failure.undecodable(exc))
                     self.checkpoint.dead_lettered(message)
                 else:
@@ -135,6 +142,12 @@ class BatchHandler:
         try:
             await self.apply_until_done(keys)
         except GaveUp as gave_up:
+            if self.fast_path:
+                log.warning("%s lane skips %d record(s) it could not apply (the access lane has them too): %s",
+                            self.lane, len(to_apply), gave_up.cause)  # fmt: skip
+                for message in to_apply:
+                    self.checkpoint.skipped(message)
+                return
             failure = Failure.not_applied(gave_up.cause, gave_up.attempts)
             for message in to_apply:
                 await self.dead_letter(message, failure)

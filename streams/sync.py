@@ -159,10 +159,14 @@ class Projector:
     async def apply(self, keys: DirtyKeys, lane: Lane | None = None) -> SyncStats:
         """Project what `keys` dirtied. `lane` (`streams.topics.Lane`) limits the work to one lane:
         "access" writes everything without embedding (rows that need a vector as text first) and leaves
-        the vectors to the content lane; "content" embeds and writes content; None (rebuild, tests) does both."""
+        the vectors to the content lane; "content" embeds and writes content; "principals" only rewrites the
+        principal projection of rows already searchable (`apply_principals`); None (rebuild, tests) does both
+        of the first two."""
         stats = SyncStats()
         if not keys:
             return stats
+        if lane == "principals":
+            return await self.apply_principals(keys, stats)
         started = time.perf_counter()
         content, access = await self.resolve(keys)
         # Documents deleted outright no longer have versions in PostgreSQL: find their rows in the index.
@@ -179,6 +183,20 @@ class Projector:
             for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):
                 await self.project_access(ordered[start : start + ACCESS_SLICE_VERSIONS], stats)
         await self.project_versions(content, stats, embed=lane != "access")
+        return stats
+
+    async def apply_principals(self, keys: DirtyKeys, stats: SyncStats) -> SyncStats:
+        """The principals lane's work: every version `keys` dirtied gets the principal projection PostgreSQL
+        gives it now, on the rows search can see now; nothing else. A version without visible rows is left
+        alone, without the refresh the access lane forces: the access lane applies the same change anyway
+        (it reads these topics too), and it is the one that must never miss a row. Whatever more a change
+        needs (rows rebuilt, a truncate's sweep) is the access lane's work too."""
+        started = time.perf_counter()
+        content, access = await self.resolve(keys)
+        stats.timed("resolve", started)
+        ordered = sorted(content | access)
+        for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):
+            await self.project_access(ordered[start : start + ACCESS_SLICE_VERSIONS], stats, refresh_if_missing=False)
         return stats
 
     async def _after_truncate(
@@ -520,17 +538,28 @@ class Projector:
 
     # -- access-only path ----------------------------------------------------------------------
 
-    async def project_access(self, version_ids: Iterable[int], stats: SyncStats | None = None) -> SyncStats:
-        """Rewrite only the principal projection of these versions' rows: no splitting, no embedding."""
+    async def project_access(
+        self, version_ids: Iterable[int], stats: SyncStats | None = None, *, refresh_if_missing: bool = True
+    ) -> SyncStats:
+        """Rewrite only the principal projection of these versions' rows: no splitting, no embedding. Without
+        `refresh_if_missing` (the principals lane) rows written since the last refresh may be missed."""
         stats = stats or SyncStats()
-        await self._until_settled("access", self._project_access_once, version_ids, stats)
+
+        async def once(ids: list[int], round_stats: SyncStats) -> set[int]:
+            return await self._project_access_once(ids, round_stats, refresh_if_missing=refresh_if_missing)
+
+        await self._until_settled("access", once, version_ids, stats)
         return stats
 
-    async def _project_access_once(self, version_ids: list[int], stats: SyncStats) -> set[int]:
+    async def _project_access_once(
+        self, version_ids: list[int], stats: SyncStats, *, refresh_if_missing: bool = True
+    ) -> set[int]:
         started = time.perf_counter()
         # Index first, PostgreSQL second: a projection read after the seq_no it is conditioned on can
         # only be newer than what that seq_no holds, so a conditional write never regresses the row.
-        existing = await self._read_rows(version_ids, with_doc_values=PRINCIPAL_FIELDS)
+        existing = await self._read_rows(
+            version_ids, refresh_if_missing=refresh_if_missing, with_doc_values=PRINCIPAL_FIELDS
+        )
         stats.timed("read", started)
         started = time.perf_counter()
         # Only versions with rows need their projection: during a bulk import most dirtied versions have none yet

@@ -1,4 +1,4 @@
-"""`ki sync run`: the sync's two lanes (`streams.topics.LANES`), each a process of its own, held together.
+"""`ki sync run`: the sync's lanes (`streams.topics.LANES`), each a process of its own, held together.
 
 Why processes: the content lane spends its time embedding (CPU in onnxruntime and the tokenizer, which
 also holds the GIL at times); in one process the access lane's event loop would stall behind it. As
@@ -12,7 +12,8 @@ is incompatible) reaches the operator. The lanes die with the supervisor. A lane
 and it neither fetches nor resolves any for `streams.stall_after_s`, or it stops answering -- is killed and
 started again (`streams.liveness`).
 To scale out, run `ki sync run` on N machines (each lane's partitions are shared among its group's
-members), or run the lanes apart with `--lane access` / `--lane content` where the CPU is.
+members), or run the lanes apart with `--lane access` / `--lane content` / `--lane principals` where the
+CPU is.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ki.errors import KiError, RequestInvalid
 from ki.settings import ApiSettings, Settings
+from projections.lanes import LANES
 from search import after_answer
 from search.compose import start_search_runtime
 from search.consistency import ConsistencyGate, answer_consistent
@@ -387,7 +388,7 @@ def lane_metrics_urls(settings: Settings) -> dict[str, str]:
     """Each sync lane's /metrics: `api.ops.lane_urls`, else the local lanes' ports."""
     if settings.api.ops.lane_urls:
         return dict(settings.api.ops.lane_urls)
-    return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in ("content", "access")}
+    return {lane: f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/metrics" for lane in LANES}
 
 
 def build_app(

@@ -20,11 +20,13 @@ from aiohttp import web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from apps.dev.checkout import REPO_ROOT
+from apps.dev.stack.ports import lane_port_env
 from apps.runtime.processes import Child as Process
 from apps.runtime.processes import free_port
 from ki import exposition
 from ki.clients import make_kafka_admin, make_kafka_consumer, make_sync_client
 from ki.settings import Settings, load_settings
+from projections.lanes import LANES
 from search.web.auth import mint_token
 from tests.conftest import wait_for
 
@@ -94,17 +96,18 @@ class SyncWorker(Child):
         self, env: dict[str, str], lane: str | None = None, *, command: list[str] | None = None, cwd: Path = REPO_ROOT
     ) -> None:
         # Ports of its own: another module's worker may still hold settings.streams.web_port.
-        self.port, self.access_port = free_port(), free_port()
-        ports = {"KI_STREAMS__WEB_PORT": str(self.port), "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_port)}
-        self.lane = lane  # None: both lanes
+        self.ports: dict[str, int] = {lane: free_port() for lane in LANES}
+        self.port, self.access_port = self.ports["content"], self.ports["access"]
+        # What an API (or another process) needs to read this worker's lanes.
+        self.lane_env = lane_port_env(self.ports)
+        self.lane = lane  # None: every lane
         args = ["sync", "run", *(["--lane", lane] if lane else [])]
         name = "search-sync-worker" + (f"-{lane}" if lane else "")
-        super().__init__(name, args, {**env, **ports}, command=command, cwd=cwd)
+        super().__init__(name, args, {**env, **self.lane_env}, command=command, cwd=cwd)
 
     def start(self, ready_url: str = "", timeout: float = 120) -> None:
         self.process.start()
-        lanes = {"content": self.port, "access": self.access_port}
-        urls = [f"http://127.0.0.1:{port}/metrics" for lane, port in lanes.items() if self.lane in (None, lane)]
+        urls = [f"http://127.0.0.1:{port}/metrics" for lane, port in self.ports.items() if self.lane in (None, lane)]
         why = self.process.wait_ready(lambda: all(exposition.answers(url) for url in urls), timeout)
         assert why is None, f"{self.name} ({self.lane or 'both'} lanes): {why}; see {self.log_path}"
 
@@ -206,14 +209,17 @@ def isolated(
     uid = uuid.uuid4().hex[:8]
     env = {"KI_RETRIEVAL__INDEX_NAME": f"{prefix}-{uid}", "KI_STREAMS__APP_ID": f"{group_prefix or prefix}-{uid}"}
     group = env["KI_STREAMS__APP_ID"]
-    position_at_end(settings, group)
+    # The content lane's group, and the principals lane's (a fast path: history is the access lane's work).
+    for positioned in (group, f"{group}-principals"):
+        position_at_end(settings, positioned)
     try:
         yield env
     finally:
         client = make_sync_client(settings, timeout_s=30)
         client.indices.delete(index=f"{env['KI_RETRIEVAL__INDEX_NAME']}--*", ignore_unavailable=True)
         admin = make_kafka_admin(settings)
-        for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+        groups = [group, *(f"{group}-{lane}" for lane in LANES if lane != "content")]
+        for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
             with contextlib.suppress(Exception):  # best effort; a leftover empty group is harmless
                 future.result(timeout=60)
 
@@ -228,8 +234,7 @@ def synced_api(
     with isolated(settings, prefix=prefix) as env:
         worker = SyncWorker(env, lane)
         worker.start()
-        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
-        server = Server(name, **env, **lanes, **server_env)
+        server = Server(name, **env, **worker.lane_env, **server_env)
         try:
             server.start()
             yield server, worker, env

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 from apps.dev.checkout import REPO_ROOT
 from apps.dev.index_compare import compare_rows, dump, field_diff, rebuilt_rows, without_history
 from apps.dev.stack.manager import start_service, stop_service
+from apps.dev.stack.ports import lane_port_env
 from apps.dev.worker_process import lane_pid
 from apps.runtime.processes import Child, free_port
 from ki import exposition
@@ -46,6 +47,8 @@ class Worker:
         self.settings = settings
         self.web_port = web_port or free_port()
         self.access_web_port = access_web_port or free_port()
+        self.ports: dict[Lane, int] = {"content": self.web_port, "access": self.access_web_port,
+                                       "principals": free_port()}  # fmt: skip
         self.lanes: tuple[Lane, ...] = (lane,) if lane else LANES
         self.log_path = REPO_ROOT / "build" / f"{name}.log"
         self.child = Child(
@@ -54,8 +57,7 @@ class Worker:
             cwd=REPO_ROOT,
             env={
                 "PYTHONUNBUFFERED": "1",
-                "KI_STREAMS__WEB_PORT": str(self.web_port),
-                "KI_STREAMS__ACCESS_WEB_PORT": str(self.access_web_port),
+                **lane_port_env(self.ports),
                 **(env or {}),
             },
         )
@@ -88,7 +90,7 @@ class Worker:
         return self.child.returncode
 
     def _metrics_url(self, lane: Lane) -> str:
-        return f"http://127.0.0.1:{self.web_port if lane == 'content' else self.access_web_port}/metrics"
+        return f"http://127.0.0.1:{self.ports[lane]}/metrics"
 
     def _metrics_ready(self) -> bool:
         return all(exposition.answers(self._metrics_url(lane), "ki_sync_events_total") for lane in self.lanes)

@@ -318,6 +318,7 @@ def test_a_worker_started_with_config_uses_it(settings: Settings, tmp_path: Path
     data = settings.model_dump(mode="json")
     data["streams"].update({"app_id": f"ki-test-config-{tag}", "web_port": port, "dlq_topic": f"ki_test_{tag}.dlq"})
     data["streams"]["access_web_port"] = free_port()  # never web_port + 1: that port may be taken
+    data["streams"]["principals_web_port"] = free_port()
     data["kafka"]["topic_prefix"] = f"ki_test_{tag}"
     data["retrieval"]["index_name"] = f"ki-test-config-{tag}"
     config = tmp_path / "config.json"

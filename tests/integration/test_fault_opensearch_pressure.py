@@ -12,7 +12,7 @@ on its next disk check after the watermarks are put back (`cluster.info.update.i
 run sets an operator's `index.blocks.write` instead (answered 403): before, that was a permanent failure and
 the lanes dead-lettered their batches after `streams.max_attempts`.
 
-Observed: both lanes pause instead of failing -- `/healthz` answers 200 `paused` with the reason (not a
+Observed: every lane pauses instead of failing -- `/healthz` answers 200 `paused` with the reason (not a
 stall: the supervisor must not restart them in a loop), `ki_sync_lane_paused{reason="index_read_only"}` is 1,
 nothing is dead-lettered although `streams.max_attempts` is 1, and no offset is committed past the changes
 written while the index was read-only. Lifting the block (OpenSearch does so itself once the disk is below
@@ -32,7 +32,6 @@ fixed vector per text) so the content lane needs no model.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -49,7 +48,6 @@ from opensearchpy import OpenSearch, TransportError
 from sqlalchemy import Engine
 
 from ki import exposition
-from ki.clients import make_kafka_admin
 from ki.settings import Settings, load_settings
 from tests.conftest import wait_for
 from tests.integration.search_harness import SyncWorker, isolated, position_at_end, remove_world
@@ -96,7 +94,7 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
     threading.Thread(target=server.serve_forever, name="read-only-test-embeddings", daemon=True).start()
     try:
         with isolated(settings, prefix="ki-read-only-test") as isolation:
-            # `isolated` positions the content lane's group (streams.app_id); the access lane has its own, which
+            # `isolated` positions the content and principals lanes' groups; the access lane has its own, which
             # would otherwise read every change the stack ever captured into this index.
             access_group = f"{isolation['KI_STREAMS__APP_ID']}-access"
             position_at_end(settings, access_group)
@@ -108,11 +106,7 @@ def env(settings: Settings) -> Iterator[dict[str, str]]:
                 "KI_RETRIEVAL__EMBEDDING_DIMENSIONS": str(DIMENSIONS),
                 # One permanent failure would dead-letter a batch at once: a block must not be one.
                 "KI_STREAMS__MAX_ATTEMPTS": "1",
-            }
-            admin = make_kafka_admin(settings)  # kept: its futures never complete once it is gone
-            for future in admin.delete_consumer_groups([access_group], request_timeout=30).values():
-                with contextlib.suppress(Exception):  # best effort, as `isolated` does with its own group
-                    future.result(timeout=60)
+            }  # `isolated` removes every lane's group afterwards
     finally:
         server.shutdown()
 
@@ -139,14 +133,14 @@ def versions_indexed(search: OpenSearch, alias: str) -> set[int]:
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=["flood-stage", "write-block"])
-def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resume_when_it_is_lifted(
+def test_a_read_only_index_pauses_every_lane_dead_letters_nothing_and_they_resume_when_it_is_lifted(
     block: str, env: dict[str, str], engine: Engine, search: OpenSearch
 ) -> None:
     ours = load_settings(environ={**os.environ, **env})  # the isolated index and consumer groups
     alias = ours.retrieval.index_name
     worker = SyncWorker(env)
     worker.start()
-    lanes = {"content": worker.port, "access": worker.access_port}
+    lanes = dict(worker.ports)
     with engine.begin() as conn:
         w = World(conn)
         project, source = w.project("Schreibschutz"), w.source("local_fs")
@@ -181,12 +175,11 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
                 assert "index read-only" in body["paused"], body
                 assert metric(port, "ki_sync_lane_paused", lane=lane, reason="index_read_only") == 1
             # What an operator reads: `ki sync status` says each lane's worker is paused, and why.
-            ports = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
             status = subprocess.run([sys.executable, "-m", "apps.cli", "sync", "status"],
-                                    env={**os.environ, **env, **ports}, capture_output=True, text=True,
+                                    env={**os.environ, **env, **worker.lane_env}, capture_output=True, text=True,
                                     timeout=120)  # fmt: skip
             workers = [line.strip() for line in status.stdout.splitlines() if line.strip().startswith("worker:")]
-            assert len(workers) == 2 and all(w.startswith("worker: paused (") for w in workers), status.stdout
+            assert len(workers) == len(lanes) and all(w.startswith("worker: paused (") for w in workers), status.stdout
             # Paused, not failing: nothing dead-lettered, nothing written, nothing committed past the block.
             assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
             assert versions_indexed(search, alias) == {first}
@@ -202,7 +195,7 @@ def test_a_read_only_index_pauses_both_lanes_dead_letters_nothing_and_they_resum
             ok = all(health(port)[1]["status"] == "ok" for port in lanes.values())
             return ok and second in versions_indexed(search, alias)
 
-        wait_for(resumed, timeout=120, what="both lanes to resume and the change written meanwhile to land")
+        wait_for(resumed, timeout=120, what="every lane to resume and the change written meanwhile to land")
         for lane, port in lanes.items():
             assert metric(port, "ki_sync_lane_paused", lane=lane, reason="index_read_only") == 0
         assert sum(metric(port, "ki_sync_dlq_events_total") for port in lanes.values()) == 0
@@ -236,7 +229,7 @@ def test_bulk_rejected_with_429_slows_the_lanes_dead_letters_nothing_and_every_c
     alias = ours.retrieval.index_name
     worker = SyncWorker(env)
     worker.start()
-    lanes = {"content": worker.port, "access": worker.access_port}
+    lanes = dict(worker.ports)
     with engine.begin() as conn:
         w = World(conn)
         project, source = w.project("Gegendruck"), w.source("local_fs")

@@ -141,7 +141,7 @@ def test_migrate_serve_and_sync_find_a_new_document_without_a_config_file(
     assert done.returncode == 0 and done.stdout.startswith("schema: "), done.stderr[-3000:]
     with isolated(settings, prefix="ki-package-test") as env:
         worker = SyncWorker(env, command=installed.ki, cwd=installed.empty)
-        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+        lanes = worker.lane_env
         server = Server("package-api", command=installed.ki, cwd=installed.empty, **env, **lanes)
         with engine.begin() as conn:
             w = World(conn)

@@ -57,7 +57,7 @@ def scene(engine: Engine, settings: Settings) -> Iterator[tuple[Scene, Server]]:
     with isolated(settings, prefix="ki-promoted") as env:
         worker = SyncWorker({**env, "KI_STREAMS__EXPIRY_SWEEP_S": "1"})
         worker.start()
-        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+        lanes = worker.lane_env
         server = Server("promoted-api", **env, **lanes)
         sources: list[int] = []
         projects: list[int] = []

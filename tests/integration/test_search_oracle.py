@@ -280,7 +280,7 @@ def _ranking(settings: Settings, signature: str) -> oracle.Ranking:
 def stack(engine: Engine, settings: Settings) -> Iterator[Stack]:
     with isolated(settings, prefix="ki-oracle") as env:
         worker = SyncWorker(env)
-        lanes = {"KI_STREAMS__WEB_PORT": str(worker.port), "KI_STREAMS__ACCESS_WEB_PORT": str(worker.access_port)}
+        lanes = worker.lane_env
         servers = {
             m: Server(f"oracle-api-{m}", **env, **lanes, **API_ENV, KI_RETRIEVAL__FUSION_METHOD=m) for m in METHODS
         }

@@ -51,7 +51,7 @@ def other_config(tmp_path: Path, settings: Settings, search: OpenSearch) -> Iter
     tag = uuid.uuid4().hex[:8]
     data = json.loads((REPO_ROOT / "config.json").read_text(encoding="utf-8"))
     data.setdefault("retrieval", {})["index_name"] = f"config-test-{tag}"
-    ports = {"web_port": free_port(), "access_web_port": free_port()}
+    ports = {"web_port": free_port(), "access_web_port": free_port(), "principals_web_port": free_port()}
     data.setdefault("streams", {}).update({"app_id": f"ki-config-test-{tag}", **ports})
     path = tmp_path / "other-config.json"
     path.write_text(json.dumps(data), encoding="utf-8")

@@ -113,6 +113,7 @@ def make_target(
     embedding_signature: str,
     web_port: int | None = None,
     access_web_port: int | None = None,
+    principals_web_port: int | None = None,
 ) -> EvalTarget:
     """The eval's settings derived from `base` (validated like a config file)."""
     name = f"{DB_PREFIX}{key}"
@@ -128,8 +129,10 @@ def make_target(
             "streams": {
                 "app_id": f"{INDEX_PREFIX}{key}-{digest}",
                 "dlq_topic": f"{name}.dlq",
-                "web_port": web_port or base.streams.web_port + 2,  # +1 is the main access lane's
-                "access_web_port": access_web_port,  # None: web_port + 1, never the main worker's
+                "web_port": web_port or base.streams.web_port + 3,  # +1, +2: the main access, principals lanes'
+                # None: web_port + 1 and + 2, never the main worker's
+                "access_web_port": access_web_port,
+                "principals_web_port": principals_web_port,
                 # Worlds share vectors, never rows: a string another eval index (same embedder) embedded
                 # is taken from there, e.g. every row of an analyzer variant of the same data set.
                 "vector_sources": [f"{INDEX_PREFIX}*"],

@@ -630,6 +630,7 @@ async def evaluate_dataset(
         settings, key, analyzer=analyzer, embedding_signature=embedder.signature,
         web_port=options.worker_port or free_port(),
         access_web_port=None if options.worker_port else free_port(),
+        principals_web_port=None if options.worker_port else free_port(),
     )  # fmt: skip
     es = target.settings
     if options.drop or options.fresh:

@@ -41,7 +41,7 @@ from apps.dev.stack.service import Runtime, Service
 from apps.dev.stack.settings import stack_settings
 from apps.runtime.processes import Child
 from ki.settings import Settings, load_settings
-from streams.topics import lane_web_port
+from streams.topics import LANES, lane_web_port
 
 #: Start order; `down` walks it backwards.
 SERVICE_TYPES: tuple[type[Service], ...] = (Postgres, Kafka, OpenSearch, Connect)
@@ -187,7 +187,7 @@ def _start_services(settings: Settings, paths: StackPaths, services: list[Servic
         return None
     runtime = Runtime(java=java, artifacts=artifacts)
     # The services' ports and the sync lanes' web ports (workers restart often; each must get its port back).
-    lanes = [lane_web_port(settings, "content"), lane_web_port(settings, "access")]
+    lanes = [lane_web_port(settings, lane) for lane in LANES]
     reserve_ports([*(port for svc in services for port in svc.ports), *lanes])
     launched: list[Service] = []
     for index, nodes in enumerate(waves := _start_waves(services), 1):

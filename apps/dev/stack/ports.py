@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -71,13 +71,20 @@ def shifted_ports(settings: Settings, shift: int) -> dict[str, str]:
         "KI_STACK__KEYCLOAK_PORT": stack_settings(settings).keycloak_port,
     }
     env = {name: str(_moved(port, shift)) for name, port in moved.items()}
-    if settings.streams.access_web_port is not None:
-        env["KI_STREAMS__ACCESS_WEB_PORT"] = str(_moved(settings.streams.access_web_port, shift))
+    lanes = {"access": settings.streams.access_web_port, "principals": settings.streams.principals_web_port}
+    env |= lane_port_env({lane: _moved(port, shift) for lane, port in lanes.items() if port is not None})
     brokers = (broker.rpartition(":") for broker in settings.kafka.brokers)
     env["KI_KAFKA__BOOTSTRAP_SERVERS"] = ",".join(f"{host}:{_moved(int(port), shift)}" for host, _, port in brokers)
     env["KI_CONNECT__URL"] = _moved_url(settings.connect.url, shift)
     env["KI_OPENSEARCH__URL"] = ",".join(_moved_url(url, shift) for url in settings.opensearch.urls)
     return env
+
+
+def lane_port_env(ports: Mapping[str, int]) -> dict[str, str]:
+    """`KI_*` variables giving each named sync lane (`projections.lanes`) its web port."""
+    names = {"content": "KI_STREAMS__WEB_PORT", "access": "KI_STREAMS__ACCESS_WEB_PORT",
+             "principals": "KI_STREAMS__PRINCIPALS_WEB_PORT"}  # fmt: skip
+    return {names[lane]: str(port) for lane, port in ports.items()}
 
 
 def _moved(port: int, shift: int) -> int:

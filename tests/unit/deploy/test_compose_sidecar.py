@@ -13,10 +13,11 @@ from apps.dev.checkout import REPO_ROOT
 from apps.dev.stack.cluster import cluster_env
 from apps.dev.stack.secure import SecureMaterial, client_env
 from ki.settings import Settings, load_settings
+from projections.lanes import LANES
 from tests.unit.deploy.helpers import PROBE, assert_ki_command, image, setting_exists
 
 FILES = ("docker-compose.yml", "docker-compose.secure.yml", "docker-compose.cluster.yml")
-SIDECAR = {"ki-migrate", "ki-sync-access", "ki-sync-content", "ki-api", "ki-mcp"}
+SIDECAR = {"ki-migrate", *(f"ki-sync-{lane}" for lane in LANES), "ki-api", "ki-mcp"}
 LONG_RUNNING = SIDECAR - {"ki-migrate"}
 JWT_SECRET = "/run/secrets/ki-api-jwt"
 
@@ -115,7 +116,7 @@ def test_the_servers_listen_beyond_loopback_only_with_a_secret_of_the_operators(
             assert mapping.startswith("127.0.0.1:") and mapping.endswith(f":{port}"), mapping
     assert compose["secrets"]["ki-api-jwt"]["file"] == "${KI_API_JWT_SECRET_FILE:-./deploy/api-jwt.secret}"
     assert "deploy/api-jwt.secret" in (REPO_ROOT / ".gitignore").read_text().splitlines()
-    for service_name in ("ki-sync-access", "ki-sync-content", "ki-migrate"):
+    for service_name in (*(f"ki-sync-{lane}" for lane in LANES), "ki-migrate"):
         assert "ports" not in services[service_name] and "secrets" not in services[service_name]
 
 
@@ -135,7 +136,7 @@ def test_on_the_compose_network_the_clients_reach_the_services_by_name_and_scale
             assert settings.kafka.min_insync_replicas == int(profile["KI_KAFKA__MIN_INSYNC_REPLICAS"])
             assert settings.opensearch.number_of_replicas == int(profile["KI_OPENSEARCH__NUMBER_OF_REPLICAS"])
     partitions = Settings().kafka.partitions
-    for lane in ("access", "content"):
+    for lane in LANES:
         assert 1 <= services[f"ki-sync-{lane}"]["deploy"]["replicas"] <= partitions
     api = services["ki-api"]
     first, last = (int(port) for port in api["ports"][0].split(":")[1].split("-"))
@@ -153,7 +154,7 @@ def test_in_the_secured_namespace_each_service_logs_in_as_its_role_from_staged_f
     script = services["secure-files"]["entrypoint"][2]
     (stage,) = [line.split() for line in script.splitlines() if line.strip().startswith("stage 10001 ki ")]
     staged_names = {Path(pattern).name for pattern in stage[3:]}
-    roles = {"ki-migrate": "operator", "ki-sync-access": "worker", "ki-sync-content": "worker", "ki-api": "api",
+    roles = {"ki-migrate": "operator", **{f"ki-sync-{lane}": "worker" for lane in LANES}, "ki-api": "api",
              "ki-mcp": "api"}  # fmt: skip
     for service_name, role in roles.items():
         service = services[service_name]

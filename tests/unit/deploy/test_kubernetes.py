@@ -13,6 +13,7 @@ import yaml
 
 from apps.dev.checkout import REPO_ROOT
 from ki.settings import Settings
+from projections.lanes import LANES
 from tests.unit.deploy.helpers import PROBE, assert_ki_command, image, setting_exists
 
 KUBERNETES = REPO_ROOT / "deploy" / "kubernetes"
@@ -50,7 +51,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(version: str) ->
 
 def test_the_expected_objects_are_there() -> None:
     kinds = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _documents()}
-    for component in ("ki-api", "ki-mcp", "ki-sync-access", "ki-sync-content"):
+    for component in ("ki-api", "ki-mcp", *(f"ki-sync-{lane}" for lane in LANES)):
         assert ("Deployment", component) in kinds and ("PodDisruptionBudget", component) in kinds, component
     assert {("Job", "ki-migrate"), ("HorizontalPodAutoscaler", "ki-api"), ("Service", "ki-api"),
             ("Service", "ki-mcp"), ("ConfigMap", "ki-config"), ("ConfigMap", "ki-env"),
@@ -96,7 +97,7 @@ def test_probes_reach_the_endpoints_the_servers_have() -> None:
     assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     mcp = _container(workloads["ki-mcp"])
     assert mcp["ports"][0]["containerPort"] == settings.mcp.port and mcp["readinessProbe"]["tcpSocket"]
-    for lane in ("access", "content"):
+    for lane in LANES:
         container = _container(workloads[f"ki-sync-{lane}"])
         assert container["args"] == ["sync", "run", "--lane", lane]
         url = f"http://127.0.0.1:{settings.streams.lane_web_port(lane)}/healthz"  # loopback: only an exec probe
@@ -125,7 +126,7 @@ def test_settings_come_from_the_configmap_and_secrets_only_from_mounted_files() 
                 assert Path(variable["value"]).name in mounted, (name, variable)
             assert "PASSWORD" not in variable["name"] or variable["name"].endswith("_FILE"), variable
         # Each role mounts only its own logins.
-        role = {"ki-migrate": "operator", "ki-sync-access": "worker", "ki-sync-content": "worker",
+        role = {"ki-migrate": "operator", **{f"ki-sync-{lane}": "worker" for lane in LANES},
                 "ki-api": "api", "ki-mcp": "api"}[name]  # fmt: skip
         assert all(not key.startswith(("database-", "kafka-", "opensearch-")) or key.endswith(role) for key in mounted)
 
@@ -134,7 +135,7 @@ def test_the_lanes_are_sized_by_the_partitions_and_disruptions_keep_the_servers_
     partitions = Settings().kafka.partitions
     documents = [doc for _, doc in _documents()]
     workloads = _workloads()
-    for lane in ("access", "content"):
+    for lane in LANES:
         assert 1 <= workloads[f"ki-sync-{lane}"]["spec"]["replicas"] <= partitions, lane
     budgets = {doc["metadata"]["name"]: doc["spec"] for doc in documents if doc["kind"] == "PodDisruptionBudget"}
     for server in ("ki-api", "ki-mcp"):

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from apps.dev.checkout import REPO_ROOT
+from projections.lanes import LANES
 from tests.unit.deploy.helpers import assert_ki_command, setting_exists
 
 SYSTEMD = REPO_ROOT / "deploy" / "systemd"
 KI = "/opt/ki-sidecar/bin/ki"
 #: Each unit as systemd would load it (the template with each lane as its instance).
-UNITS = {"ki-sync@access.service": "ki-sync@.service", "ki-sync@content.service": "ki-sync@.service",
+UNITS = {**{f"ki-sync@{lane}.service": "ki-sync@.service" for lane in LANES},
          "ki-api.service": "ki-api.service", "ki-mcp.service": "ki-mcp.service"}  # fmt: skip
 HARDENING = {
     "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
@@ -119,7 +120,7 @@ def test_the_unit_runs_a_command_ki_accepts(instance: str) -> None:
     argv = shlex.split(exec_start)
     assert argv[0] == KI
     assert_ki_command(argv[1:], f"deploy/systemd/{instance}")
-    expected = {"access": ["sync", "run", "--lane", "access"], "content": ["sync", "run", "--lane", "content"]}
+    expected = {lane: ["sync", "run", "--lane", lane] for lane in LANES}
     if lane:
         assert argv[1:] == expected[lane]
     else:

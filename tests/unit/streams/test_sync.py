@@ -381,6 +381,29 @@ def test_access_only_work_asks_for_the_projection_of_versions_with_rows_only() -
     assert stats.access_rows_updated == len(index.of(11))
 
 
+def test_the_principals_lane_rewrites_only_the_projection_of_rows_it_can_see() -> None:
+    projector, db, index, embedder = world(snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE})
+    run(projector.apply(content(11)))  # 12 has no rows yet: its import waits in the access lane
+    embedded, bulks, refreshes = embedder.embedded, len(index.bulks), index.refreshes
+    db.granted.update({11: BOB, 12: BOB})
+    db.access_dirty = {11, 12}
+    stats = run(projector.apply(granted_to("user:bob"), lane="principals"))
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
+    assert stats.access_rows_updated == len(index.of(11)) and stats.versions_projected == 0
+    # No rows made for 12 (the access lane writes them, from PostgreSQL as it is then), nothing embedded, one
+    # bulk of partial updates, and no refresh forced to look for rows the access lane may have just written.
+    assert not index.of(12) and embedder.embedded == embedded
+    assert len(index.bulks) == bulks + 1 and all(op.kind == "update" for op in index.bulks[-1])
+    assert index.refreshes == refreshes
+
+
+def test_the_principals_lane_leaves_content_keys_alone() -> None:
+    """A content key reaching the principals lane (it reads no content table) makes no rows and no vectors."""
+    projector, db, index, embedder = world(snapshot())
+    stats = run(projector.apply(content(11), lane="principals"))
+    assert not index.rows and embedder.embedded == 0 and stats.rows_written == 0
+
+
 def test_a_lost_write_race_refreshes_and_projects_again_without_embedding_again() -> None:
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     index.races[11] = 1

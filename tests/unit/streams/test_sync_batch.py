@@ -277,6 +277,20 @@ def test_the_access_lane_releases_an_undecodable_content_record_it_leaves_to_the
     assert lane.dead == [] and lane.released.offsets == [2]
 
 
+def test_the_principals_lane_dead_letters_nothing_and_releases_what_it_cannot_read_or_apply() -> None:
+    """Every record of the principals lane is the access lane's too, which dead-letters what can never be applied:
+    the fast path skips it (a second dead letter would be a duplicate) and goes on."""
+    poison_grant = Record(ACCESS_TOPIC, b'{"id": 2}', b"{not json", offset=4)
+    grant = Record(ACCESS_TOPIC, b'{"id": 1}', envelope(after={"id": 1}), offset=5)
+    lane = Lane("principals", failures=[PermanentError("mapping rejects the update")] * 3, fast_path=True)
+    lane.handle(poison_grant, grant)
+    assert lane.dead == [] and lane.applied == [] and len(lane.waits) == 2  # tried max_attempts times
+    assert lane.released.offsets == [4, 5]
+    transient = Lane("principals", failures=[TransientError("opensearch away")] * 4, fast_path=True)
+    transient.handle(grant)
+    assert len(transient.applied) == 1 and transient.dead == []  # transient failures are waited out as anywhere
+
+
 def test_a_failing_batch_is_released_after_its_dead_letters() -> None:
     lane = Lane(failures=[PermanentError("mapping rejects the row")] * 3)
     lane.handle(GOOD)

@@ -37,6 +37,7 @@ from apps.dev.stack.secure import main as secure_main
 from apps.dev.stack.service import Runtime, java_properties
 from apps.dev.stack.settings import stack_settings
 from ki.settings import Settings, load_settings
+from projections.lanes import LANES
 
 
 def _compose() -> dict:
@@ -49,7 +50,7 @@ def _host_ports(service: dict) -> set[int]:
 
 
 #: The sidecar's own services (the Dockerfile's image; tests/unit/deploy/test_compose_sidecar.py checks them).
-SIDECAR = {"ki-migrate", "ki-sync-access", "ki-sync-content", "ki-api", "ki-mcp"}
+SIDECAR = {"ki-migrate", *(f"ki-sync-{lane}" for lane in LANES), "ki-api", "ki-mcp"}
 
 
 def test_compose_has_the_four_services_on_the_configured_ports() -> None:

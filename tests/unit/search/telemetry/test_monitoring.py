@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 import streams.metrics  # noqa: F401 - registers the worker's metrics in the default registry
 from apps.dev.checkout import REPO_ROOT
 from ki.settings import load_settings
+from projections.lanes import LANES
 from search.telemetry.metrics import SearchMetrics
 
 MONITORING = REPO_ROOT / "monitoring"
@@ -75,5 +76,5 @@ def test_scrape_targets_are_the_configured_ports() -> None:
         job["job_name"]: {t for c in job["static_configs"] for t in c["targets"]} for job in config["scrape_configs"]
     }
     assert targets["ki-search-api"] == {f"{settings.api.host}:{settings.api.port}"}
-    lanes = {f"127.0.0.1:{settings.streams.lane_web_port(lane)}" for lane in ("content", "access")}
+    lanes = {f"127.0.0.1:{settings.streams.lane_web_port(lane)}" for lane in LANES}
     assert targets["ki-sync"] == lanes
