@@ -387,7 +387,11 @@ def test_the_principals_lane_rewrites_only_the_projection_of_rows_it_can_see() -
     embedded, bulks, refreshes = embedder.embedded, len(index.bulks), index.refreshes
     db.granted.update({11: BOB, 12: BOB})
     db.access_dirty = {11, 12}
+    asked: list[list[int]] = []
+    grants = db.grants
+    db.grants = lambda version_ids: asked.append(list(version_ids)) or grants(version_ids)  # type: ignore[method-assign]
     stats = run(projector.apply(granted_to("user:bob"), lane="principals"))
+    assert asked == [[11]]  # PostgreSQL is asked for the projection of versions with rows only
     assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
     assert stats.access_rows_updated == len(index.of(11)) and stats.versions_projected == 0
     # No rows made for 12 (the access lane writes them, from PostgreSQL as it is then), nothing embedded, one
