@@ -113,9 +113,11 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_lanes(settings, config=args.config, loglevel=args.loglevel)
     if args.action == "run":
-        from streams.topics import ensure_topics
+        from streams.topics import ensure_topics, start_new_partitions_at_end
 
         ensure_topics(settings)
+        if args.lane == "principals":  # a fast path: history is the access lane's
+            start_new_partitions_at_end(settings, "principals")
         from streams.app import create_app
 
         if args.lane == "content" and settings.streams.content_nice:

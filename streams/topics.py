@@ -6,10 +6,10 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
-from ki.clients import kafka_error, make_kafka_admin
+from ki.clients import kafka_error, make_kafka_admin, make_kafka_consumer
 from ki.db.models import CAPTURED_TABLES
 from ki.errors import AlreadyExists
 from ki.settings import Settings
@@ -26,6 +26,7 @@ __all__ = [
     "lane_topics",
     "lane_web_port",
     "not_compacted",
+    "start_new_partitions_at_end",
     "topic_ids",
 ]
 
@@ -38,6 +39,29 @@ def cdc_topics(settings: Settings) -> list[str]:
 
 def lane_web_port(settings: Settings, lane: Lane) -> int:
     return settings.streams.lane_web_port(lane)
+
+
+def start_new_partitions_at_end(settings: Settings, lane: Lane, timeout: float = 30.0) -> int:
+    """Commit the log end for each partition of the lane's topics its group holds no offset for; returns how many.
+
+    For the principals lane, a fast path: what was written before it first ran (an upgrade's years of grants)
+    is the access lane's, which reads it anyway. A consumer-side "latest" would not do: a group without
+    committed offsets counts its whole log as lag (status, liveness). Partitions of a group already consuming
+    have offsets, so a running group is never moved."""
+    consumer = make_kafka_consumer(settings, consumer_group(settings, lane), **{"enable.auto.commit": False})
+    try:
+        partitions = []
+        for topic in lane_topics(settings, lane):
+            metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
+            partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        unset = [tp for tp in consumer.committed(partitions, timeout=timeout) if tp.offset < 0]
+        ends = [TopicPartition(tp.topic, tp.partition, consumer.get_watermark_offsets(tp, timeout=timeout)[1])
+                for tp in unset]  # fmt: skip
+        if ends:
+            consumer.commit(offsets=ends, asynchronous=False)
+        return len(ends)
+    finally:
+        consumer.close()
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
