@@ -55,8 +55,12 @@ class CapturedTable:
     new rows (`id`, the primary key, is also read from the record's key, which carries it even when neither row
     image does). `inserts_dirty_nothing`: a new row cannot change any existing index row (whatever refers to
     it is written afterwards, with an event of its own). `scope`: None when no change of it alters who sees
-    what.
-    """
+    what. `points_at`: (column, table) pairs naming the row an inserted row attaches to (itself for `id`). An
+    insert made by the transaction that also last wrote that row is the principals lane's to skip
+    (`projections.dirty.written_with`): when the row is new, every link from it to a version was written by that
+    transaction or later, with an event of its own; when the transaction changed the row,
+    that change's own event re-projects every version it reaches (in the access lane for a document or a
+    version, which are content tables)."""
 
     name: str
     replica_identity: ReplicaIdentity
@@ -64,6 +68,7 @@ class CapturedTable:
     dirty_keys: tuple[tuple[str, tuple[str, ...]], ...]
     scope: ScopeRole | None
     inserts_dirty_nothing: bool = False
+    points_at: tuple[tuple[str, str], ...] = ()
 
 
 #: Every captured table, parents before children (the publication's order).
@@ -72,6 +77,7 @@ CAPTURED: tuple[CapturedTable, ...] = (
         "projects", replica_identity="default", sync_path="access",
         dirty_keys=(("access_projects", ("id",)),),
         scope=ScopeRole("every_change"),
+        points_at=(("id", "projects"),),
     ),
     CapturedTable(
         "matters", replica_identity="full", sync_path="content",
@@ -89,11 +95,13 @@ CAPTURED: tuple[CapturedTable, ...] = (
         "sources", replica_identity="full", sync_path="access",
         dirty_keys=(("access_sources", ("id",)),),
         scope=ScopeRole("every_change"),
+        points_at=(("id", "sources"),),
     ),
     CapturedTable(
         "source_objects", replica_identity="full", sync_path="access",
         dirty_keys=(("access_source_objects", ("id",)),),
         scope=ScopeRole("every_change"),
+        points_at=(("id", "source_objects"),),
     ),
     CapturedTable(
         # Who is in the group changed: every version granted to the group (or a group containing it).
@@ -121,6 +129,7 @@ CAPTURED: tuple[CapturedTable, ...] = (
         "source_observations", replica_identity="full", sync_path="access",
         dirty_keys=(("access_versions", ("document_version_id",)),),
         scope=ScopeRole("every_change"),
+        points_at=(("document_version_id", "document_versions"),),
     ),
     CapturedTable(
         # Old and new target both: a grant moved from project A to project B changes both.
@@ -131,6 +140,7 @@ CAPTURED: tuple[CapturedTable, ...] = (
             ("access_source_objects", ("source_object_id",)),
         ),
         scope=ScopeRole("grantee_scopes", ("principal",)),
+        points_at=(("project_id", "projects"), ("document_id", "documents"), ("source_object_id", "source_objects")),
     ),
 )  # fmt: skip
 

@@ -102,11 +102,13 @@ def _mark_unavailable(row: Mapping[str, Any], placeholders: Collection[str]) -> 
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
     """The event's `source` block, as far as the worker reads it: `ts_ms` (commit time) and `snapshot`
-    feed the freshness metric."""
+    feed the freshness metric; `tx_id`, the writing transaction's id, lets the principals lane skip what a
+    transaction inserted beside the rows it points at (`projections.dirty.written_with`)."""
 
     lsn: int | None
     ts_ms: int | None
     snapshot: bool
+    tx_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +251,8 @@ def decode(
         lsn=_optional_int(src.get("lsn"), "source.lsn"),
         ts_ms=_optional_int(src.get("ts_ms"), "source.ts_ms"),
         snapshot=_snapshot_flag(src.get("snapshot")),
+        # Only an optimisation reads it: an unreadable one means no skip, never a poison event.
+        tx_id=src["txId"] if isinstance(src.get("txId"), int) and not isinstance(src["txId"], bool) else None,
     )
     if op in ROW_OPS and source.lsn is None:
         raise PoisonEvent("source.lsn missing: not a Debezium change event")

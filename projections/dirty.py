@@ -17,9 +17,9 @@ versions on the content path (which re-embeds nothing unless a text changed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ki import table_roles
 from ki.table_roles import HEARTBEAT_TABLE
@@ -34,6 +34,14 @@ CONTENT_TABLES: tuple[str, ...] = table_roles.CONTENT_TABLES
 
 #: The one DirtyKeys field that holds principal names (read as text, folded) rather than ids.
 _PRINCIPAL_KEYS = "access_principals"
+
+
+class WrittenWith(NamedTuple):
+    """Row `row_id` of `table`, when transaction `tx_id` (PostgreSQL's xid) was the last to write it."""
+
+    table: str
+    row_id: int
+    tx_id: int
 
 
 @dataclass
@@ -53,10 +61,31 @@ class DirtyKeys:
     #: Tables truncated upstream: every indexed version is checked (rows of versions gone are deleted, the
     #: principal projection of the others rewritten), as `ki reconcile` would.
     truncated: set[str] = field(default_factory=set)
+    #: The principals lane's inserts (`written_with`): each one's keys, dirty unless the row it points at was
+    #: last written by the inserting transaction (`settled`).
+    unless_written_with: dict[WrittenWith, DirtyKeys] = field(default_factory=dict)
 
     def update(self, other: DirtyKeys) -> None:
         for name in self.__dataclass_fields__:
-            getattr(self, name).update(getattr(other, name))
+            if name != "unless_written_with":
+                getattr(self, name).update(getattr(other, name))
+        for anchor, keys in other.unless_written_with.items():
+            self.unless_written_with.setdefault(anchor, DirtyKeys()).update(keys)
+
+    def settled(self, written_with: Collection[WrittenWith]) -> tuple[DirtyKeys, int]:
+        """These keys without conditions: each conditional insert's keys kept unless its row is in
+        `written_with` (what PostgreSQL says the inserting transaction last wrote); and how many were dropped."""
+        keys = DirtyKeys()
+        dropped = 0
+        for name in self.__dataclass_fields__:
+            if name != "unless_written_with":
+                getattr(keys, name).update(getattr(self, name))
+        for anchor, conditional in self.unless_written_with.items():
+            if anchor in written_with:
+                dropped += 1
+            else:
+                keys.update(conditional)
+        return keys, dropped
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
@@ -90,9 +119,34 @@ def _texts(rows: Iterable[Mapping[str, Any] | None], *columns: str) -> set[str]:
     return out
 
 
-def dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
+def written_with(event: ChangeEvent) -> WrittenWith | None:
+    """The row an inserted row points at (`ki.table_roles` `points_at`), with the inserting transaction: the
+    insert needs no principals-lane work when that transaction also last wrote the row. None for anything but
+    an insert that points at exactly one row (a grant names one target) and carries its transaction id."""
+    role = table_roles.TABLE_ROLES.get(event.table)
+    if role is None or event.op != "c" or event.source.tx_id is None or event.after is None:
+        return None
+    targets = [
+        (table, event.after[column]) for column, table in role.points_at
+        if isinstance(event.after.get(column), int) and not isinstance(event.after.get(column), bool)
+    ]  # fmt: skip
+    if len(targets) != 1:
+        return None
+    table, row_id = targets[0]
+    return WrittenWith(table, row_id, event.source.tx_id)
+
+
+def dirty_keys(event: ChangeEvent | Tombstone, *, fast_path: bool = False) -> DirtyKeys:
     """The keys one event dirties, as its table's `dirty_keys` role says (`ki.table_roles`). Both the old and
-    the new row count: a grant moved from project A to project B changes both."""
+    the new row count: a grant moved from project A to project B changes both. For a fast-path lane (the
+    principals lane, which the access lane backs) an insert's keys are conditional on the row it points at
+    (`written_with`): skipping one it needed delays that change to the access lane's pace, never loses it."""
+    keys = _dirty_keys(event)
+    anchor = written_with(event) if fast_path and isinstance(event, ChangeEvent) and keys else None
+    return DirtyKeys(unless_written_with={anchor: keys}) if anchor is not None else keys
+
+
+def _dirty_keys(event: ChangeEvent | Tombstone) -> DirtyKeys:
     keys = DirtyKeys()
     if isinstance(event, Tombstone) or event.table in IGNORED_TABLES:
         return keys  # a tombstone only follows a delete event that was already handled

@@ -119,7 +119,7 @@ class BatchHandler:
         for message in messages:
             try:
                 decoded = decode(message.topic, message.key, message.value)
-                event_keys = dirty_keys(decoded)
+                event_keys = dirty_keys(decoded, fast_path=self.fast_path)
             except (PoisonEvent, ValueError, TypeError) as exc:
                 if self.fast_path:
                     log.warning("%s lane skips an unreadable record of %s (the access lane has it too): %s",
@@ -240,7 +240,8 @@ def _log_if_slow(lane: Lane, stats: Any, seconds: float) -> None:
     if seconds < SLOW_BATCH_S:
         return
     stages = ", ".join(f"{stage} {spent:.2f}s" for stage, spent in stats.seconds.items())
+    skipped = f", {stats.inserts_skipped} insert(s) skipped" if getattr(stats, "inserts_skipped", 0) else ""
     log.info(
-        "%s lane: batch took %.2fs (%d version(s) projected, %d access-only, %d row(s) written): %s",
-        lane, seconds, stats.versions_projected, stats.access_versions, stats.rows_written, stages,
+        "%s lane: batch took %.2fs (%d version(s) projected, %d access-only, %d row(s) written%s): %s",
+        lane, seconds, stats.versions_projected, stats.access_versions, stats.rows_written, skipped, stages,
     )  # fmt: skip

@@ -7,7 +7,7 @@ interface, so that the projector's decisions can be tested without a database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,9 +16,10 @@ from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import BigInteger, Text
 
+from ki import table_roles
 from ki.acl import GrantedPrincipals, expand_principals, version_projections
 from ki.settings import SecuritySettings
-from projections.dirty import DirtyKeys
+from projections.dirty import DirtyKeys, WrittenWith
 from projections.rows import DocumentState, NotableClause, VersionState
 
 _IDS = ARRAY(BigInteger)
@@ -29,6 +30,23 @@ def _sql(statement: str, **types: Any) -> Any:
 
 
 _EXISTING = _sql("SELECT id FROM document_versions WHERE id = ANY(:ids)", ids=_IDS)
+
+# Which (table, row, transaction) triples name a row that transaction was the last to write: its xmin, a 32-bit
+# xid, equals the transaction id Debezium reports (compared modulo 2^32 should a connector report the epoch too).
+# The tables are the registry's, never input.
+_POINTED_AT = sorted({table for t in table_roles.CAPTURED for _, table in t.points_at})
+_WRITTEN_BY = _sql(
+    "SELECT a.tbl, a.id, a.tx FROM unnest(CAST(:tables AS text[]), :ids, :txs) AS a(tbl, id, tx) WHERE CASE a.tbl "
+    + " ".join(
+        f"WHEN '{table}' THEN EXISTS (SELECT 1 FROM {table} t WHERE t.id = a.id"
+        " AND t.xmin::text::bigint = a.tx % 4294967296)"
+        for table in _POINTED_AT
+    )
+    + " ELSE false END",
+    tables=ARRAY(Text),
+    ids=_IDS,
+    txs=_IDS,
+)
 
 # Dirty keys -> version ids. Each statement returns one column `id`.
 _RESOLVE_CONTENT = _sql(
@@ -245,6 +263,16 @@ class PostgresSource:
                     if row.id is not None
                 }
         return content, access
+
+    def written_by(self, anchors: Collection[WrittenWith]) -> set[WrittenWith]:
+        """Those of `anchors` whose row their transaction was the last to write."""
+        if not anchors:
+            return set()
+        listed = list(anchors)
+        columns = {"tables": [a.table for a in listed], "ids": [a.row_id for a in listed]}
+        with self.engine.connect() as conn:
+            found = conn.execute(_WRITTEN_BY, {**columns, "txs": [a.tx_id for a in listed]})
+            return {WrittenWith(row.tbl, row.id, row.tx) for row in found}
 
     def versions(self, version_ids: Sequence[int]) -> tuple[dict[int, VersionSnapshot], dict[int, GrantedPrincipals]]:
         """The state and the principal projection of each version that still exists."""

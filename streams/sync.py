@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -29,7 +29,7 @@ from ki.acl import GrantedPrincipals
 from ki.embedding import Embedder
 from ki.settings import Settings
 from projections.chunking import TokenBudget
-from projections.dirty import DirtyKeys
+from projections.dirty import DirtyKeys, WrittenWith
 from projections.plan import (
     PRINCIPAL_FIELDS,
     VECTOR_PENDING,
@@ -73,6 +73,7 @@ class SyncStats:
     rows_text_first: int = 0  # rows sent without their vector (text first), by a lane that does not embed
     access_rows_updated: int = 0
     conflict_rounds: int = 0
+    inserts_skipped: int = 0  # the principals lane's: inserts made with the row they point at (DirtyKeys.settled)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def timed(self, name: str, started: float) -> None:
@@ -92,6 +93,10 @@ class VersionSource(Protocol):
 
     def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
         """The existing versions whose content, resp. whose access, `keys` dirtied."""
+        ...
+
+    def written_by(self, anchors: Collection[WrittenWith]) -> set[WrittenWith]:
+        """Those of `anchors` whose row their transaction was the last to write."""
         ...
 
     def versions(
@@ -192,7 +197,12 @@ class Projector:
         (it reads these topics too), and it is the one that must never miss a row. Whatever more a change
         needs (rows rebuilt, a truncate's sweep) is the access lane's work too."""
         started = time.perf_counter()
-        content, access = await self.resolve(keys)
+        if keys.unless_written_with:
+            # A bulk import's grants and observations point at the versions and objects inserted with them:
+            # their rows do not exist yet, or were written from PostgreSQL after that transaction.
+            written = await asyncio.to_thread(self.source.written_by, keys.unless_written_with.keys())
+            keys, stats.inserts_skipped = keys.settled(written)
+        content, access = await self.resolve(keys) if keys else (set(), set())
         stats.timed("resolve", started)
         ordered = sorted(content | access)
         for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):

@@ -11,7 +11,9 @@ from sqlalchemy import Engine, text
 
 from ki.db.models import CAPTURED_TABLES
 from ki.settings import Settings
-from projections.cdc import topic_name
+from projections.cdc import ChangeEvent, decode, topic_name
+from projections.dirty import WrittenWith, written_with
+from streams.source import PostgresSource
 from tests.conftest import wait_for
 from tests.integration.world import World
 
@@ -119,3 +121,56 @@ def test_insert_update_delete_arrive_as_c_u_d_and_tombstone(engine: Engine, sett
         assert ops == ["c", "u", "d", "tombstone"]
     finally:
         consumer.close()
+
+
+def test_an_insert_made_with_the_row_it_points_at_is_recognised_from_its_event(
+    engine: Engine, settings: Settings
+) -> None:
+    """The principals lane's skip (`projections.dirty.written_with`) rests on Debezium's txId being the xid
+    PostgreSQL stores as the row's xmin: an import's grants and observations are found written with their
+    document, version and object; once those rows are written again by another transaction, no longer."""
+    topics = [topic_name(settings.kafka.topic_prefix, t) for t in ("grants", "source_observations")]
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "cdc-written-with",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+    project = source = 0  # removed at the end, with everything below them
+    try:
+        start = [tp for topic in topics for tp in _end_offsets(consumer, topic)]
+        with engine.begin() as conn:  # one upstream import: a document with its version, object and grants
+            w = World(conn)
+            project, source = w.project(), w.source("sharepoint")
+            obj, doc = w.source_object(source), w.document(project, "Vertrag")
+            version = w.version(doc, "Text", status="draft", latest=False)
+            ours = {
+                ("source_observations", w.observe(version, obj)),
+                ("grants", w.grant("document", doc, "user:a")),
+                ("grants", w.grant("source_object", obj, "user:b")),
+            }
+        if len(start) < len(topics):
+            wait_for(lambda: all(_end_offsets(consumer, t) for t in topics), timeout=60, what="both topics")
+            start = [TopicPartition(tp.topic, tp.partition, 0) for t in topics for tp in _end_offsets(consumer, t)]
+        consumer.assign(start)
+        anchors: dict[tuple[str, int], WrittenWith | None] = {}
+
+        def all_of_ours() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and not message.error() and message.value():
+                event = decode(message.topic(), message.key(), message.value())
+                if isinstance(event, ChangeEvent) and (event.table, (event.after or {}).get("id")) in ours:
+                    anchors[(event.table, event.after["id"])] = written_with(event)  # type: ignore[index]
+            return set(anchors) == ours
+
+        wait_for(all_of_ours, timeout=60, interval=0, what="the import's grant and observation events")
+        found = {a for a in anchors.values() if a is not None}
+        assert {(a.table, a.row_id) for a in found} == {("document_versions", version), ("documents", doc),
+                                                          ("source_objects", obj)}  # fmt: skip
+        source_reads = PostgresSource(engine, settings.security)
+        assert source_reads.written_by(found) == found
+        with engine.begin() as conn:  # another transaction writes the document and the object again
+            conn.execute(text("UPDATE documents SET title = 'Vertrag (neu)' WHERE id = :d"), {"d": doc})
+            conn.execute(text("UPDATE source_objects SET acl_known = true WHERE id = :o"), {"o": obj})
+        assert {(a.table, a.row_id) for a in source_reads.written_by(found)} == {("document_versions", version)}
+    finally:
+        consumer.close()
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM projects WHERE id = :p"), {"p": project})
+            conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source})

@@ -135,6 +135,13 @@ def test_every_column_a_role_reads_is_a_column_of_its_table(table: CapturedTable
         assert set(table.scope.columns) <= columns
         # Only a rule on columns reads columns; it cannot work without any.
         assert bool(table.scope.columns) == (table.scope.effect != "every_change")
+    for column, pointed_at in table.points_at:
+        # A column of the table naming a row of a captured table by its id (a foreign key to it, or the row itself).
+        assert column in columns and pointed_at in table_roles.TABLE_ROLES
+        targets = {fk.column.table.name for fk in MODEL_TABLES[table.name].columns[column].foreign_keys}
+        assert targets == {pointed_at} if column != "id" else pointed_at == table.name
+    # Only the access tables' inserts are the principals lane's to skip (it reads no content table).
+    assert not table.points_at or table.sync_path == "access"
 
 
 @pytest.mark.parametrize("table", CAPTURED, ids=lambda t: t.name)
@@ -149,8 +156,9 @@ def test_every_captured_table_names_dirty_keys_of_its_own_sync_path(table: Captu
 
 def test_every_dirty_key_is_named_by_some_table() -> None:
     named = {field_name for table in CAPTURED for field_name, _ in table.dirty_keys}
-    # `truncated` is named by a truncate of any table (no row image), not by a column.
-    assert named == {f.name for f in dataclasses.fields(DirtyKeys)} - {"truncated"}
+    # `truncated` is named by a truncate of any table (no row image), not by a column; `unless_written_with` holds
+    # other keys, on a condition (an insert's, in the principals lane).
+    assert named == {f.name for f in dataclasses.fields(DirtyKeys)} - {"truncated", "unless_written_with"}
 
 
 @pytest.mark.parametrize("table", CAPTURED, ids=lambda t: t.name)

@@ -63,6 +63,15 @@ def test_decode_create():
     assert event.table == "document_versions" and event.op == "c" and event.key == {"id": 42}
     assert event.after == VERSION_ROW and event.before is None
     assert event.source.lsn == 1000 and event.source.ts_ms == 1_700_000_000_000 and not event.source.snapshot
+    assert event.source.tx_id == 777
+
+
+@pytest.mark.parametrize("tx_id", ["777", None, True, 7.5])
+def test_a_transaction_id_that_is_not_an_integer_is_left_out_and_poisons_nothing(tx_id: object) -> None:
+    value = json.loads(envelope(after=VERSION_ROW))
+    value["source"]["txId"] = tx_id
+    event = decode(TOPIC, KEY, json.dumps(value))
+    assert isinstance(event, ChangeEvent) and event.source.tx_id is None
 
 
 def test_decode_update_delete_and_snapshot_read():

@@ -3,11 +3,15 @@ import json
 import pytest
 
 from projections.cdc import decode
-from projections.dirty import DirtyKeys, dirty_keys
+from projections.dirty import DirtyKeys, WrittenWith, dirty_keys, written_with
 
 
-def _event(table: str, op: str, *, before: dict | None = None, after: dict | None = None, key: dict | None = None):
-    value = {"op": op, "before": before, "after": after, "source": {"lsn": 100, "ts_ms": 1, "table": table}}
+def _event(
+    table: str, op: str, *, before: dict | None = None, after: dict | None = None, key: dict | None = None,
+    tx: int | None = None,
+):  # fmt: skip
+    source = {"lsn": 100, "ts_ms": 1, "table": table, **({"txId": tx} if tx is not None else {})}
+    value = {"op": op, "before": before, "after": after, "source": source}
     row = after or before or {}
     return decode(f"ki.public.{table}", json.dumps(key or {"id": row.get("id", 1)}), json.dumps(value))
 
@@ -104,3 +108,48 @@ def test_a_truncate_names_its_table_and_no_row(table: str) -> None:
     assert keys.truncated == {table} and bool(keys) and not keys.names_access
     marker = {"op": "m", "source": {"lsn": 101, "ts_ms": 1}, "message": {"prefix": f"ki.truncate.{table}"}}
     assert dirty_keys(decode("ki.message", json.dumps({"prefix": "x"}), json.dumps(marker))).truncated == {table}
+
+
+@pytest.mark.parametrize(
+    ("table", "after", "anchor"),
+    [
+        ("grants", {"id": 1, "scope": "document", "document_id": 20, "principal": "u:a"}, ("documents", 20)),
+        ("grants", {"id": 1, "scope": "project", "project_id": 10, "principal": "u:a"}, ("projects", 10)),
+        ("grants", {"id": 1, "source_object_id": 30, "principal": "u:a"}, ("source_objects", 30)),
+        ("source_observations", {"id": 2, "document_version_id": 7, "source_object_id": 30}, ("document_versions", 7)),
+        ("source_objects", {"id": 30, "source_id": 4}, ("source_objects", 30)),
+    ],
+)
+def test_an_insert_points_at_one_row_with_its_transaction(table: str, after: dict, anchor: tuple[str, int]) -> None:
+    assert written_with(_event(table, "c", after=after, tx=901)) == WrittenWith(*anchor, 901)
+
+
+@pytest.mark.parametrize(
+    ("table", "op", "after", "tx"),
+    [
+        ("grants", "u", {"id": 1, "document_id": 20, "principal": "u:a"}, 901),  # a change, not an insert
+        ("grants", "r", {"id": 1, "document_id": 20, "principal": "u:a"}, 901),  # a snapshot read
+        ("grants", "c", {"id": 1, "document_id": 20, "principal": "u:a"}, None),  # no transaction id
+        ("grants", "c", {"id": 1, "document_id": 20, "project_id": 10, "principal": "u:a"}, 901),  # two targets
+        ("group_memberships", "c", {"id": 3, "group_principal": "group:g", "member_principal": "u:a"}, 901),
+        ("documents", "c", {"id": 20, "project_id": 10}, 901),  # content: the access lane's
+    ],
+)
+def test_anything_else_points_at_nothing(table: str, op: str, after: dict, tx: int | None) -> None:
+    assert written_with(_event(table, op, after=after, tx=tx)) is None
+
+
+def test_only_a_fast_path_lane_makes_an_insert_conditional_and_settling_keeps_what_was_not_written_with_it() -> None:
+    grant = _event("grants", "c", after={"id": 1, "document_id": 20, "principal": "u:a"}, tx=901)
+    observation = _event("source_observations", "c", after={"id": 2, "document_version_id": 7}, tx=902)
+    revoked = _event("grants", "d", before={"id": 5, "document_id": 21, "principal": "u:b"}, tx=903)
+    assert dirty_keys(grant).access_documents == {20} and not dirty_keys(grant).unless_written_with
+    keys = DirtyKeys()
+    for event in (grant, observation, revoked):
+        keys.update(dirty_keys(event, fast_path=True))
+    assert keys and keys.access_documents == {21} and len(keys.unless_written_with) == 2
+    # The document was written by the grant's transaction; the version was written again since.
+    settled, dropped = keys.settled({WrittenWith("documents", 20, 901)})
+    assert dropped == 1 and not settled.unless_written_with
+    assert settled.access_documents == {21} and settled.access_versions == {7}
+    assert keys.access_documents == {21}  # settling leaves the batch's keys as they were

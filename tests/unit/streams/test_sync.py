@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -18,7 +18,7 @@ import pytest
 import streams.sync
 from ki.acl import GrantedPrincipals
 from ki.settings import load_settings
-from projections.dirty import DirtyKeys
+from projections.dirty import DirtyKeys, WrittenWith
 from projections.rows import DocumentState, VersionState
 from streams.source import AccessBasis, VersionSnapshot
 from streams.sync import MAX_CONFLICT_ROUNDS, Projector
@@ -66,8 +66,15 @@ class Source:
     granted: dict[int, GrantedPrincipals] = field(default_factory=dict)
     access_dirty: set[int] = field(default_factory=set)
     after_read: Any = None
+    #: Rows whose last writer is the transaction named (PostgreSQL's xmin), and what the sync asked about them.
+    written: set[WrittenWith] = field(default_factory=set)
+    resolved: list[DirtyKeys] = field(default_factory=list)
+
+    def written_by(self, anchors: Collection[WrittenWith]) -> set[WrittenWith]:
+        return set(anchors) & self.written
 
     def resolve(self, keys: DirtyKeys) -> tuple[set[int], set[int]]:
+        self.resolved.append(keys)
         asked = keys.content_versions | keys.access_versions
         dirty_access = self.access_dirty if keys.names_access else set()
         return {v for v in self.states if v in asked}, {v for v in dirty_access if v in self.states}
@@ -399,6 +406,27 @@ def test_the_principals_lane_rewrites_only_the_projection_of_rows_it_can_see() -
     assert not index.of(12) and embedder.embedded == embedded
     assert len(index.bulks) == bulks + 1 and all(op.kind == "update" for op in index.bulks[-1])
     assert index.refreshes == refreshes
+
+
+def test_the_principals_lane_skips_inserts_made_with_the_row_they_point_at_and_applies_the_rest() -> None:
+    """A bulk import's grants point at documents its own transactions wrote: nothing to read or write for them.
+    A grant inserted on a document written earlier is applied at once."""
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    db.granted[11] = BOB
+    db.access_dirty = {11}
+    new_document = WrittenWith("documents", 2, 901)
+    with_its_document = DirtyKeys(unless_written_with={new_document: DirtyKeys(access_documents={2})})
+    db.written = {new_document}
+    bulks, resolves = len(index.bulks), len(db.resolved)
+    stats = run(projector.apply(with_its_document, lane="principals"))
+    assert stats.inserts_skipped == 1 and len(db.resolved) == resolves and len(index.bulks) == bulks
+    assert all(r.source["allowed_principals"] == ["user:alice"] for r in index.of(11).values())
+    older_document = WrittenWith("documents", 1, 902)
+    on_an_older_document = DirtyKeys(unless_written_with={older_document: DirtyKeys(access_documents={1})})
+    stats = run(projector.apply(on_an_older_document, lane="principals"))
+    assert stats.inserts_skipped == 0 and db.resolved[-1].access_documents == {1}
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
 
 
 def test_the_principals_lane_leaves_content_keys_alone() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from ki.backoff import Backoff
 from ki.errors import IndexReadOnly, IndexSchemaError, ItemFailure, PermanentError, TransientError, bulk_error
-from projections.dirty import DirtyKeys
+from projections.dirty import DirtyKeys, WrittenWith
 from streams import metrics
 from streams.batch import BatchHandler
 from streams.checkpoint import Checkpoint
@@ -289,6 +289,17 @@ def test_the_principals_lane_dead_letters_nothing_and_releases_what_it_cannot_re
     transient = Lane("principals", failures=[TransientError("opensearch away")] * 4, fast_path=True)
     transient.handle(grant)
     assert len(transient.applied) == 1 and transient.dead == []  # transient failures are waited out as anywhere
+
+
+def test_only_the_fast_path_lane_reads_an_insert_as_conditional_on_the_row_it_points_at() -> None:
+    grant = Record(ACCESS_TOPIC, b'{"id": 1}', envelope(after={"id": 1, "document_id": 20, "principal": "u:a"}))
+    principals, access = Lane("principals", fast_path=True), Lane("access")
+    principals.handle(grant)
+    access.handle(grant)
+    assert principals.applied == [DirtyKeys(unless_written_with={WrittenWith("documents", 20, 777): DirtyKeys(
+        access_documents={20})})]  # fmt: skip
+    assert access.applied == [DirtyKeys(access_documents={20})]
+    assert principals.released.offsets == access.released.offsets == [grant.offset]
 
 
 def test_a_failing_batch_is_released_after_its_dead_letters() -> None:
