@@ -6,6 +6,8 @@ empty table can leave a topic to be auto-created with the wrong cleanup policy.
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
@@ -15,6 +17,8 @@ from ki.errors import AlreadyExists
 from ki.settings import Settings
 from projections.cdc import message_topic, topic_name
 from projections.lanes import LANES, Lane, consumer_group, lane_topics
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LANES",
@@ -47,7 +51,11 @@ def start_new_partitions_at_end(settings: Settings, lane: Lane, timeout: float =
     For the principals lane, a fast path: what was written before it first ran (an upgrade's years of grants)
     is the access lane's, which reads it anyway. A consumer-side "latest" would not do: a group without
     committed offsets counts its whole log as lag (status, liveness). Partitions of a group already consuming
-    have offsets, so a running group is never moved."""
+    have offsets, so a running group is never moved.
+
+    Never fatal: when it cannot (topics just created again, whose leaders are not elected yet; a restarted
+    lane whose predecessor is still a member, so the group refuses a commit from outside), the lane reads those
+    partitions from their start instead, which is slower, never wrong."""
     consumer = make_kafka_consumer(settings, consumer_group(settings, lane), **{"enable.auto.commit": False})
     try:
         partitions = []
@@ -60,6 +68,10 @@ def start_new_partitions_at_end(settings: Settings, lane: Lane, timeout: float =
         if ends:
             consumer.commit(offsets=ends, asynchronous=False)
         return len(ends)
+    except (KafkaException, KeyError) as exc:
+        log.warning("%s lane: new partitions not positioned at their end (%s); it reads them from their start",
+                    lane, kafka_error(exc) if isinstance(exc, KafkaException) else f"topic {exc} missing")  # fmt: skip
+        return 0
     finally:
         consumer.close()
 
