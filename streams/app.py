@@ -132,7 +132,7 @@ def create_app(settings: Settings, lane: Lane, embedder: Embedder | None = None)
                 sources = await indices_with_signature(client, settings.streams.vector_sources, loaded.signature)
                 if sources:
                     log.info("stored vectors of identical strings are also taken from %s", ", ".join(sources))
-                writer = IndexWriter(client, settings, vector_sources=sources)
+                writer = IndexWriter(client, settings, vector_sources=sources, waits_for_refresh=lane == "principals")
                 await writer.ensure_index(loaded.signature)
                 state["writer"] = writer
                 state["projector"] = Projector.on_postgres(settings, make_engine(settings), writer, loaded)

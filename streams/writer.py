@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class IndexWriter:
         *,
         index: str | None = None,
         vector_sources: Sequence[str] = (),
+        waits_for_refresh: bool = False,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -193,6 +195,11 @@ class IndexWriter:
         # seq_no, the conditional write would lose a race against ourselves, and the batch would be redone.
         self._unpublished: dict[int, float] = {}
         self._publish_after_s = interval_seconds(settings.opensearch.refresh_interval) * 1.5
+        # `waits_for_refresh` (the principals lane, which rewrites the same versions several times a second): each
+        # `_bulk` returns once the index's periodic refresh has published it (`refresh=wait_for`), so its next
+        # read needs no forced refresh; forcing one per batch wrote a segment per batch into an index under load.
+        # Not when periodic refreshes are off: nothing would publish the write.
+        self.waits_for_refresh = waits_for_refresh and math.isfinite(self._publish_after_s)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -524,7 +531,7 @@ class IndexWriter:
                         failures[op.doc_id] = outcome
                 elif outcome == "written":
                     result.written += 1
-                    if op.group.isdigit():
+                    if op.group.isdigit() and not self.waits_for_refresh:  # published on return
                         self._unpublished[int(op.group)] = time.monotonic()
                 else:
                     result.conflicts.add(op.group or op.doc_id)
@@ -553,9 +560,8 @@ class IndexWriter:
         coordinating rejection, a full write queue) is answered as every item pushed back, so it takes the
         items' path: sent again with backoff, then `BulkThrottled` (a write block's 429 raises, as any refusal)."""
         try:
-            response: dict[str, Any] = await self.client.bulk(
-                body=body, params={"refresh": "true" if refresh else "false"}
-            )
+            publish = "true" if refresh else "wait_for" if self.waits_for_refresh else "false"
+            response: dict[str, Any] = await self.client.bulk(body=body, params={"refresh": publish})
             return response
         except TransportError as exc:
             failure = ItemFailure(exc.status_code, str(exc.error)) if isinstance(exc.status_code, int) else None

@@ -209,3 +209,40 @@ def test_a_bulk_request_rejected_with_429_as_a_whole_is_retried_then_throttled(m
     client = _RejectingClient([_rejected("cluster_block_exception")])
     with pytest.raises(IndexReadOnly):
         asyncio.run(IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1").bulk(_ops("a")))
+
+
+class _PublishingClient(_BulkClient):
+    """Records each `_bulk`'s refresh parameter and every forced refresh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refresh_params: list[str] = []
+        self.refreshes = 0
+        self.indices = self
+
+    async def bulk(self, body: bytes, params: dict[str, str]) -> dict[str, Any]:
+        self.refresh_params.append(params["refresh"])
+        return {"errors": False, "items": [{"index": {"status": 201}} for _ in body.decode().splitlines()[::2]]}
+
+    async def refresh(self, index: str) -> None:
+        self.refreshes += 1
+
+
+@pytest.mark.parametrize(("waits", "interval", "sent", "forced"), [
+    (False, "1s", "false", 1),  # reading a version it just wrote forces a refresh first
+    (True, "1s", "wait_for", 0),  # the write returned once published: nothing to force
+    (True, "-1", "false", 1),  # no periodic refresh would ever publish it: forced as before
+])  # fmt: skip
+def test_a_writer_that_waits_for_the_periodic_refresh_forces_none(
+    waits: bool, interval: str, sent: str, forced: int
+) -> None:
+    client = _PublishingClient()
+    settings = Settings.model_validate({"opensearch": {"refresh_interval": interval}})
+    writer = IndexWriter(cast(AsyncOpenSearch, client), settings, index="phys--1", waits_for_refresh=waits)
+
+    async def write_then_read() -> None:
+        await writer.bulk(_ops("a"))
+        await writer._publish_own_writes([7])  # what every read of version 7's rows does first
+
+    asyncio.run(write_then_read())
+    assert client.refresh_params == [sent] and client.refreshes == forced
