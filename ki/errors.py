@@ -82,6 +82,12 @@ class SearchUnavailable(Unavailable):
     service = "opensearch"
 
 
+class WriteContention(TransientError):
+    """Rows kept losing write races to other writers (the other lanes, other workers) for a sync's bounded
+    rounds: contention, which passes as the writers move on, never a fault of the records themselves, so
+    the batch is retried with backoff and never dead-lettered."""
+
+
 class ConnectionLost(Unavailable):
     """A pooled PostgreSQL connection that the server had closed meanwhile (a restart, an idle timeout): the
     pool replaces it, so the same read on a fresh connection can succeed at once (`search.ports.SqlReader`)."""

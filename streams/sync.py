@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ki.acl import GrantedPrincipals
 from ki.embedding import Embedder
+from ki.errors import WriteContention
 from ki.settings import Settings
 from projections.chunking import TokenBudget
 from projections.dirty import DirtyKeys, WrittenWith
@@ -54,6 +56,9 @@ if TYPE_CHECKING:  # the production wiring only names the engine type
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_ROUNDS = 8
+#: After a lost write race a writer waits a random part of this (doubling each round, at most a second) before
+#: reading again: two lanes rewriting the same rows then stop colliding round after round.
+CONTENTION_PAUSE_S = 0.05
 #: Access-only work is read and written this many versions at a time (a batch's is far fewer; a truncate's is
 #: every indexed version).
 ACCESS_SLICE_VERSIONS = 2000
@@ -195,7 +200,8 @@ class Projector:
         gives it now, on the rows search can see now; nothing else. A version without visible rows is left
         alone, without the refresh the access lane forces: the access lane applies the same change anyway
         (it reads these topics too), and it is the one that must never miss a row. Whatever more a change
-        needs (rows rebuilt, a truncate's sweep) is the access lane's work too."""
+        needs (rows rebuilt, a truncate's sweep) is the access lane's work too, and so is a version that keeps losing
+        write races (`WriteContention`): this lane moves on rather than retry the batch."""
         started = time.perf_counter()
         if keys.unless_written_with:
             # A bulk import's grants and observations point at the versions and objects inserted with them:
@@ -206,7 +212,11 @@ class Projector:
         stats.timed("resolve", started)
         ordered = sorted(content | access)
         for start in range(0, len(ordered), ACCESS_SLICE_VERSIONS):
-            await self.project_access(ordered[start : start + ACCESS_SLICE_VERSIONS], stats, refresh_if_missing=False)
+            part = ordered[start : start + ACCESS_SLICE_VERSIONS]
+            try:
+                await self.project_access(part, stats, refresh_if_missing=False)
+            except WriteContention as exc:  # the access lane writes them too; waiting here only delays the rest
+                log.warning("principals lane leaves to the access lane what kept losing write races: %s", exc)
         return stats
 
     async def _after_truncate(
@@ -265,15 +275,16 @@ class Projector:
         what the last refresh published; a conflict usually means our read was older than a write we (or
         another worker or lane) just made, so the index is refreshed before the losers are read again."""
         pending = set(version_ids)
-        for _ in range(MAX_CONFLICT_ROUNDS):
+        for round_no in range(MAX_CONFLICT_ROUNDS):
             if not pending:
                 return
             pending = await project_once(sorted(pending), stats)
             if pending:
                 stats.conflict_rounds += 1
                 log.info("%s: %d version(s) lost a write race; refreshing and projecting again", path, len(pending))
+                await asyncio.sleep(random.random() * min(CONTENTION_PAUSE_S * 2**round_no, 1.0))
                 await self.index.refresh()
-        raise RuntimeError(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
+        raise WriteContention(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
 
     async def _project_versions_once(
         self,

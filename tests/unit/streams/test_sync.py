@@ -17,6 +17,7 @@ import pytest
 
 import streams.sync
 from ki.acl import GrantedPrincipals
+from ki.errors import TransientError, WriteContention
 from ki.settings import load_settings
 from projections.dirty import DirtyKeys, WrittenWith
 from projections.rows import DocumentState, VersionState
@@ -445,12 +446,34 @@ def test_a_lost_write_race_refreshes_and_projects_again_without_embedding_again(
     assert embedder.embedded == len({r.source["meta"]["content_hash"] for r in index.of(11).values()})
 
 
-def test_a_version_that_keeps_losing_fails_the_batch_after_the_bounded_rounds() -> None:
+def test_a_version_that_keeps_losing_fails_the_batch_as_contention_after_the_bounded_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Contention is transient: the batch is retried with backoff, never dead-lettered."""
+    monkeypatch.setattr(streams.sync, "CONTENTION_PAUSE_S", 0.0)
     projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
     index.races[11] = 10_000
-    with pytest.raises(RuntimeError, match="kept conflicting"):
+    with pytest.raises(WriteContention, match="kept conflicting"):
         run(projector.apply(content(11)))
     assert index.refreshes == MAX_CONFLICT_ROUNDS
+    assert isinstance(WriteContention("x"), TransientError)
+
+
+def test_the_principals_lane_leaves_a_version_that_keeps_losing_to_the_access_lane(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(streams.sync, "CONTENTION_PAUSE_S", 0.0)
+    projector, db, index, embedder = world(
+        snapshot(), snapshot(version_id=12, document_id=2), granted={11: ALICE, 12: ALICE}
+    )
+    run(projector.apply(content(11, 12)))
+    db.granted.update({11: BOB, 12: BOB})
+    db.access_dirty = {11, 12}
+    index.races[11] = 10_000
+    stats = run(projector.apply(granted_to("user:bob"), lane="principals"))  # no error: the batch is done
+    assert stats.conflict_rounds == MAX_CONFLICT_ROUNDS
+    assert all(r.source["allowed_principals"] == ["user:alice"] for r in index.of(11).values())
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(12).values())
 
 
 def test_a_grant_committed_while_the_content_was_embedded_is_projected_before_the_batch_ends() -> None:
