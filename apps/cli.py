@@ -128,8 +128,9 @@ def _sync(args: argparse.Namespace, settings: Settings) -> int:
         from ki.embedding import create_embedder
 
         # The model first: loading it holds the GIL for seconds (minutes at a low priority on a busy machine),
-        # which would stall a joined worker's heartbeats until the group drops it.
-        embedder = create_embedder(settings)
+        # which would stall a joined worker's heartbeats until the group drops it. Only the content lane embeds:
+        # the others need the tokenizer (they cut text) and the signature, never the model.
+        embedder = create_embedder(settings, lazy=args.lane != "content")
         app = create_app(settings, args.lane, embedder)  # this process's settings (--config, $KI_CONFIG, KI_*)
         # Faust spells "warning" as "warn".
         sys.argv = ["ki sync", "worker", "--loglevel", {"warning": "warn"}.get(args.loglevel, args.loglevel)]

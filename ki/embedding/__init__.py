@@ -271,8 +271,9 @@ class BaseEmbedder:
         return f"{type(self).__name__}(signature={self._signature!r}, batch_size={self.batch_size})"
 
 
-def create_embedder(settings: Settings) -> Embedder:
-    """The provider chosen by ``settings.embedding.provider``.
+def create_embedder(settings: Settings, *, lazy: bool = False) -> Embedder:
+    """The provider chosen by ``settings.embedding.provider``; ``lazy``: a local model loads on its first
+    embedding (for processes that mostly or only count tokens).
 
     Raises :class:`EmbeddingError` if the provider's vector length disagrees with
     ``settings.retrieval.embedding_dimensions`` (the index mapping is built from that setting).
@@ -289,6 +290,7 @@ def create_embedder(settings: Settings) -> Embedder:
             max_tokens=emb.max_tokens,
             threads=emb.threads,
             cache_dir=emb.model_cache_dir,
+            lazy=lazy,
         )
         if embedder.dimensions != dims:
             raise EmbeddingError(

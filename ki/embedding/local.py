@@ -187,6 +187,7 @@ class LocalEmbedder(BaseEmbedder):
         runs_in_parallel: bool = True,
         disabled_optimizers: tuple[str, ...] = (),
         batch_mates: bool = False,
+        lazy: bool = False,
     ) -> None:
         """Two baselines for `ki bench embedder`, the same vectors more slowly: ``previous_graph``, e5's graph
         of plain ONNX ops (converter 1) instead of the fused one; ``runs_in_parallel=False``, one model run at
@@ -195,7 +196,11 @@ class LocalEmbedder(BaseEmbedder):
         Two candidates it measures, each faster and each other vectors (a new embedding signature, so never
         the default here): ``disabled_optimizers``, onnxruntime graph fusions left off (e.g.
         ``SkipLayerNormFusion``); ``batch_mates``, ``batch_size`` texts per run where the model allows one
-        (``LocalModelSpec.max_batch``: each vector then depends on its batch mates)."""
+        (``LocalModelSpec.max_batch``: each vector then depends on its batch mates).
+
+        ``lazy``: the model is built and loaded on the first embedding, not here. For processes that only count
+        tokens (the sync's access and principals lanes cut text but never embed): the tokenizer loads in
+        milliseconds, the model takes seconds of a busy machine's CPU and a few hundred MB each."""
         spec = resolve_local_model(model)
         if not 3 <= max_tokens <= spec.max_positions:
             raise EmbeddingError(
@@ -219,9 +224,7 @@ class LocalEmbedder(BaseEmbedder):
         tokenizer_path = _package_file(spec.tokenizer_package, spec.tokenizer_file, spec.pip_hint)
         if spec.tokenizer_sha256:
             _verify_sha256(tokenizer_path, spec.tokenizer_sha256)
-        self.model_path = self._model_file(spec, cache_dir, previous_graph)
 
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -230,6 +233,28 @@ class LocalEmbedder(BaseEmbedder):
         self._tokenizer = tokenizer
         self._count_tokens = exact_token_counter(tokenizer)  # the chunker counts every window
 
+        self._cache_dir, self._previous_graph = cache_dir, previous_graph
+        self._runs_in_parallel, self._disabled_optimizers = runs_in_parallel, tuple(disabled_optimizers)
+        self._loading = threading.Lock()
+        self._session: Any = None
+        self._runs: ThreadPoolExecutor | None = None
+        self._input_names: set[str] = set()
+        self.model_path: Path | None = None
+        if not lazy:
+            self.load()
+
+    def load(self) -> None:
+        """Build (first time only, cached) and load the model; once, whichever thread asks first."""
+        with self._loading:
+            if self._session is None:
+                self._load()
+
+    def _load(self) -> None:
+        import onnxruntime as ort
+
+        spec = self.spec
+        self.model_path = self._model_file(spec, self._cache_dir, self._previous_graph)
+        runs_in_parallel, disabled_optimizers = self._runs_in_parallel, self._disabled_optimizers
         options = ort.SessionOptions()
         # One thread per model run and `threads` runs at once (texts are independent): measured 1.2-1.4x
         # the texts/s of one run on every core, and a short query is no slower (`ki bench embedder`).
@@ -242,7 +267,7 @@ class LocalEmbedder(BaseEmbedder):
         # 5x the time of the two ops it replaces), but the int8 activations round differently and e5's
         # vectors move to cosine 0.9986: a new embedding signature, left for the next change that needs one.
         try:
-            self._session = ort.InferenceSession(
+            session = ort.InferenceSession(
                 str(self.model_path),
                 sess_options=options,
                 providers=["CPUExecutionProvider"],
@@ -250,12 +275,14 @@ class LocalEmbedder(BaseEmbedder):
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EmbeddingError(f"local embedding model: cannot load {self.model_path}: {exc}") from exc
-        parallel = runs_in_parallel and self.threads > 1
-        self._runs = ThreadPoolExecutor(self.threads, thread_name_prefix="ki-embed") if parallel else None
-        self._input_names = {i.name for i in self._session.get_inputs()}
-        missing = {"input_ids", "attention_mask"} - self._input_names
+        input_names = {i.name for i in session.get_inputs()}
+        missing = {"input_ids", "attention_mask"} - input_names
         if missing:
             raise EmbeddingError(f"local embedding model {self.model_path} lacks inputs {sorted(missing)}")
+        parallel = runs_in_parallel and self.threads > 1
+        self._runs = ThreadPoolExecutor(self.threads, thread_name_prefix="ki-embed") if parallel else None
+        self._input_names = input_names
+        self._session = session  # last: a session set means the model is ready
 
     @staticmethod
     def _model_file(spec: LocalModelSpec, cache_dir: str | Path | None, previous_graph: bool) -> Path:
@@ -285,6 +312,7 @@ class LocalEmbedder(BaseEmbedder):
         return self._count_tokens(text)
 
     def _run_batches(self, batches: list[list[str]]) -> Iterable[np.ndarray]:
+        self.load()
         # onnxruntime sessions take concurrent runs; each run tokenises its own texts on its thread
         if self._runs is None or len(batches) < 2:
             return map(self._embed_batch, batches)

@@ -74,6 +74,17 @@ def test_local_is_deterministic(local: LocalEmbedder) -> None:
     assert first == second
 
 
+def test_a_lazy_local_embedder_counts_tokens_without_the_model_and_loads_it_on_the_first_embedding(
+    local: LocalEmbedder,
+) -> None:
+    lazy = LocalEmbedder("all-MiniLM-L6-v2", batch_size=4, max_tokens=256, lazy=True)
+    assert lazy.model_path is None and lazy.signature == local.signature
+    assert [lazy.count_tokens(s) for s in SENTENCES] == [local.count_tokens(s) for s in SENTENCES]
+    assert lazy.model_path is None  # counting loaded nothing
+    assert np.abs(np.array(lazy.embed(SENTENCES)) - np.array(local.embed(SENTENCES))).max() < 1e-6
+    assert lazy.model_path == local.model_path
+
+
 def test_local_batching_matches_one_by_one(local: LocalEmbedder) -> None:
     # batch_size=4 with 7 texts of very different lengths: batches are length-sorted and padded.
     batched = np.array(local.embed(SENTENCES))
@@ -326,6 +337,7 @@ def test_e5_second_load_reuses_the_cache(
     from ki.embedding import e5_onnx
 
     path = e5.model_path
+    assert path is not None
     assert path.name == e5_onnx.cached_model_name(E5_SHA256)
     assert E5_SHA256[:16] in path.name and f"-c{e5_onnx.CONVERTER_VERSION}-" in path.name
     mtime = path.stat().st_mtime_ns
@@ -528,7 +540,7 @@ def test_factory_builds_the_configured_provider(e5_cache_dir: Path) -> None:
     assert isinstance(default, LocalEmbedder)
     assert default.signature == "multilingual-e5-small-384"
     assert default.max_tokens == 512
-    assert default.model_path.parent == e5_cache_dir
+    assert default.model_path is not None and default.model_path.parent == e5_cache_dir
     local = create_embedder(_settings(model="all-MiniLM-L6-v2", max_tokens=256))
     assert isinstance(local, LocalEmbedder)
     assert local.signature == "all-minilm-l6-v2-384"
