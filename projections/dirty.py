@@ -66,20 +66,21 @@ class DirtyKeys:
     unless_written_with: dict[WrittenWith, DirtyKeys] = field(default_factory=dict)
 
     def update(self, other: DirtyKeys) -> None:
+        self._update_unconditional(other)
+        for anchor, keys in other.unless_written_with.items():
+            self.unless_written_with.setdefault(anchor, DirtyKeys()).update(keys)
+
+    def _update_unconditional(self, other: DirtyKeys) -> None:
         for name in self.__dataclass_fields__:
             if name != "unless_written_with":
                 getattr(self, name).update(getattr(other, name))
-        for anchor, keys in other.unless_written_with.items():
-            self.unless_written_with.setdefault(anchor, DirtyKeys()).update(keys)
 
     def settled(self, written_with: Collection[WrittenWith]) -> tuple[DirtyKeys, int]:
         """These keys without conditions: each conditional insert's keys kept unless its row is in
         `written_with` (what PostgreSQL says the inserting transaction last wrote); and how many were dropped."""
         keys = DirtyKeys()
+        keys._update_unconditional(self)
         dropped = 0
-        for name in self.__dataclass_fields__:
-            if name != "unless_written_with":
-                getattr(keys, name).update(getattr(self, name))
         for anchor, conditional in self.unless_written_with.items():
             if anchor in written_with:
                 dropped += 1
@@ -126,13 +127,12 @@ def written_with(event: ChangeEvent) -> WrittenWith | None:
     role = table_roles.TABLE_ROLES.get(event.table)
     if role is None or event.op != "c" or event.source.tx_id is None or event.after is None:
         return None
-    targets = [
-        (table, event.after[column]) for column, table in role.points_at
-        if isinstance(event.after.get(column), int) and not isinstance(event.after.get(column), bool)
-    ]  # fmt: skip
-    if len(targets) != 1:
+    after = event.after
+    targets = [(table, after.get(column)) for column, table in role.points_at]
+    ids = [(table, row_id) for table, row_id in targets if isinstance(row_id, int) and not isinstance(row_id, bool)]
+    if len(ids) != 1:
         return None
-    table, row_id = targets[0]
+    table, row_id = ids[0]
     return WrittenWith(table, row_id, event.source.tx_id)
 
 
