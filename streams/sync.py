@@ -284,7 +284,9 @@ class Projector:
                 log.info("%s: %d version(s) lost a write race; refreshing and projecting again", path, len(pending))
                 await asyncio.sleep(random.random() * min(CONTENTION_PAUSE_S * 2**round_no, 1.0))
                 await self.index.refresh()
-        raise WriteContention(f"versions {sorted(pending)[:10]} kept conflicting after {MAX_CONFLICT_ROUNDS} rounds")
+        if pending:  # the last round may have settled them
+            rounds = MAX_CONFLICT_ROUNDS
+            raise WriteContention(f"versions {sorted(pending)[:10]} kept conflicting after {rounds} rounds")
 
     async def _project_versions_once(
         self,

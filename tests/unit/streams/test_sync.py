@@ -459,6 +459,18 @@ def test_a_version_that_keeps_losing_fails_the_batch_as_contention_after_the_bou
     assert isinstance(WriteContention("x"), TransientError)
 
 
+def test_a_version_that_wins_in_the_last_round_is_written_and_fails_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams.sync, "CONTENTION_PAUSE_S", 0.0)
+    projector, db, index, embedder = world(snapshot(), granted={11: ALICE})
+    run(projector.apply(content(11)))
+    db.granted[11] = BOB
+    db.access_dirty = {11}
+    index.races[11] = len(index.of(11)) * (MAX_CONFLICT_ROUNDS - 1)  # each row's update loses, round after round
+    stats = run(projector.apply(granted_to("user:bob"), lane="access"))
+    assert stats.conflict_rounds == MAX_CONFLICT_ROUNDS - 1 and index.races[11] == 0
+    assert all(r.source["allowed_principals"] == ["user:bob"] for r in index.of(11).values())
+
+
 def test_the_principals_lane_leaves_a_version_that_keeps_losing_to_the_access_lane(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
