@@ -278,13 +278,14 @@ class Projector:
         for round_no in range(MAX_CONFLICT_ROUNDS):
             if not pending:
                 return
+            if round_no:  # a lost race: pause a random moment, so that two writers do not meet again, then re-read
+                await asyncio.sleep(random.random() * min(CONTENTION_PAUSE_S * 2 ** (round_no - 1), 1.0))
+                await self.index.refresh()
             pending = await project_once(sorted(pending), stats)
             if pending:
                 stats.conflict_rounds += 1
                 log.info("%s: %d version(s) lost a write race; refreshing and projecting again", path, len(pending))
-                await asyncio.sleep(random.random() * min(CONTENTION_PAUSE_S * 2**round_no, 1.0))
-                await self.index.refresh()
-        if pending:  # the last round may have settled them
+        if pending:  # the last round lost too: no pause or refresh after it, the batch's retry backs off anyway
             rounds = MAX_CONFLICT_ROUNDS
             raise WriteContention(f"versions {sorted(pending)[:10]} kept conflicting after {rounds} rounds")
 
