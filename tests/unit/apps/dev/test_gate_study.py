@@ -46,3 +46,22 @@ def test_point_and_study_gate_below_both_bars_and_choose_on_train():
     assert result["chosen_on_train"]["train_empty"] == 1.0 and result["chosen_on_train"]["train_cost"] == 0.0
     # On test the train choice empties an answerable query that train never showed: its cost is reported.
     assert result["chosen_on_train"]["test_cost"] == 0.5 and result["ceiling_on_test"]["test_cost"] <= 0.01
+
+
+def test_passage_sentences_split_at_ends_and_lines_and_keep_short_pieces_with_a_neighbour():
+    from apps.dev.eval.gate_study import passage_sentences
+
+    text = "§ 573\nDer Vermieter kann kündigen. Nur bei berechtigtem Interesse! Ja.\nWann endet die Frist?"
+    # The heading joins the first sentence, the one-word "Ja." joins the next: no piece below three words.
+    assert passage_sentences(text) == [
+        "§ 573 Der Vermieter kann kündigen.", "Nur bei berechtigtem Interesse!", "Ja. Wann endet die Frist?"
+    ]  # fmt: skip
+    assert passage_sentences("Kurz.") == ["Kurz."]
+    assert passage_sentences("   ") == []
+
+
+def test_study_uses_the_grid_it_is_given():
+    rows = [_row("train", "answerable", 0.84, 0.85, 1.0), _row("train", "removed_answer", 0.84, 0.82),
+            _row("test", "answerable", 0.84, 0.85, 1.0), _row("test", "removed_answer", 0.84, 0.81)]  # fmt: skip
+    # A cosine grid separates 0.82 from 0.85; the coverage grid's steps of 0.05 from 0.1 cannot (0.85 is on it).
+    assert study(rows, "plain", 0.01, (0.83,))["chosen_on_train"]["test_empty"] == 1.0
