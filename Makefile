@@ -16,5 +16,6 @@ unit:
 
 lint:
 	.venv/bin/ruff check ki projections streams search apps scripts tests
+	.venv/bin/ruff format --check ki projections streams search apps scripts tests
 	.venv/bin/mypy ki projections streams search apps
 	.venv/bin/lint-imports

@@ -744,8 +744,12 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--port", type=int, default=56080, help="port (default 56080)")
     embed.add_argument("--running", type=int, default=1,
                        help="requests embedded at once (each on embedding.threads model runs; default 1)")  # fmt: skip
-    embed.add_argument("--waiting", type=int, default=8,
-                       help="requests queued for a turn; beyond them a request gets 503 + Retry-After (default 8)")
+    embed.add_argument(
+        "--waiting",
+        type=int,
+        default=8,
+        help="requests queued for a turn; beyond them a request gets 503 + Retry-After (default 8)",
+    )
     embed.add_argument("--max-inputs", type=int, default=256, help="texts per request at most (default 256)")
     embed.add_argument("--retry-after", type=int, default=1, help="seconds a refused request is told to wait")
     embed.add_argument("--api-key-env", default="KI_EMBEDDING_API_KEY",
@@ -899,8 +903,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time box of the vector phase (0: until every vector is in place)")  # fmt: skip
     first.add_argument("--standalone-chunks", type=int, default=64,
                        help="chunks the embedder embeds alone for its own rate")  # fmt: skip
-    first.add_argument("--versions-per-transaction", type=int, default=1,
-                       help="whole documents per PostgreSQL transaction up to this many versions (1: one document)")
+    first.add_argument(
+        "--versions-per-transaction",
+        type=int,
+        default=1,
+        help="whole documents per PostgreSQL transaction up to this many versions (1: one document)",
+    )
     first.add_argument("--timeout", type=float, default=4 * 3600, help="seconds the keyword phase may take")
     first.add_argument("--keep", action="store_true", help="leave the corpus in PostgreSQL and the index")
     first.add_argument("--out", help="the JSON file (default benchmarks/first-load-<chunks>.json)")

@@ -558,13 +558,17 @@ _OBSERVATIONS_SQL = {
     for resolve in (None, *get_args(Walk))
 }
 # Per identity key asked, the documents carrying it that the caller may see (the identity preflight).
-_NAMED_SELECT = """
+_NAMED_SELECT = (
+    """
     SELECT DISTINCT named.key, named.why, d.id AS document_id, d.project_id, d.title
     FROM verdicts v
-    JOIN (""" + _NAMED_PAIRS + """) named ON named.id = v.document_id
+    JOIN ("""
+    + _NAMED_PAIRS
+    + """) named ON named.id = v.document_id
     JOIN documents d ON d.id = v.document_id
     ORDER BY named.key, named.why, d.id
 """
+)
 _NAMED_SQL = {resolve: _visible_sql(("named",), _NAMED_SELECT, resolve=resolve) for resolve in get_args(Walk)}
 
 

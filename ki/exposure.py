@@ -60,6 +60,7 @@ def weak_secret(secret: str) -> str | None:
         return f"has too little entropy (about {secret_bits(given):.0f} bits; at least {MIN_SECRET_BITS:.0f})"
     return None
 
+
 Server = Literal["api", "mcp"]
 
 

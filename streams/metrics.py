@@ -42,9 +42,7 @@ CONSUMER_LAG = Gauge(
     "ki_sync_consumer_lag", "records behind the log end, per lane's consumer group", ["lane", "topic", "partition"]
 )
 DLQ_RECORDS = Gauge("ki_sync_dlq_records", "records in the dead-letter topic (every lane's, since it was created)")
-DLQ_WAITING = Gauge(
-    "ki_sync_dlq_waiting_records", "dead letters no `ki dlq replay` or `ki dlq drop` has handled yet"
-)
+DLQ_WAITING = Gauge("ki_sync_dlq_waiting_records", "dead letters no `ki dlq replay` or `ki dlq drop` has handled yet")
 DLQ_OLDEST_WAITING = Gauge(
     "ki_sync_dlq_oldest_waiting_seconds", "how long the oldest dead letter not handled yet has waited (0: none)"
 )

@@ -219,9 +219,7 @@ class Projector:
                 log.warning("principals lane leaves to the access lane what kept losing write races: %s", exc)
         return stats
 
-    async def _after_truncate(
-        self, content: set[int], access: set[int], tables: set[str]
-    ) -> tuple[set[int], set[int]]:
+    async def _after_truncate(self, content: set[int], access: set[int], tables: set[str]) -> tuple[set[int], set[int]]:
         """A TRUNCATE names no row: every indexed version is checked, as `ki reconcile` does, but only as much
         as a truncate can change it. Versions gone from PostgreSQL (a content table truncated, or cascaded
         into) go on the content path, which deletes their rows; every other indexed version has its principal

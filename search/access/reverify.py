@@ -88,8 +88,15 @@ def reverify(
 
     return {
         v: VerifiedVersion(
-            v, o.document_id, o.project_id, o.title, numbers[v], latest[o.document_id], tuple(sorted(objects[v])),
-            tuple(refs[i] for i in sorted(objects[v]) if i in refs), compared(v, o.document_id),
+            v,
+            o.document_id,
+            o.project_id,
+            o.title,
+            numbers[v],
+            latest[o.document_id],
+            tuple(sorted(objects[v])),
+            tuple(refs[i] for i in sorted(objects[v]) if i in refs),
+            compared(v, o.document_id),
         )  # fmt: skip
         for v, o in answered.items()
     }

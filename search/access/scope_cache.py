@@ -186,9 +186,7 @@ class ScopeCache:
     def put_caller(self, key: RawKey, caller: Caller, generation: int, raced_since: float | None = None) -> bool:
         return self._callers.put(key, caller, generation, raced_since=raced_since)
 
-    def put_scope(
-        self, key: ScopeKey, scope: CompiledScope, generation: int, raced_since: float | None = None
-    ) -> bool:
+    def put_scope(self, key: ScopeKey, scope: CompiledScope, generation: int, raced_since: float | None = None) -> bool:
         """Store unless the scope alone exceeds the id bound. One that raced an invalidation (arrived since
         `generation` was read, before the SQL ran) is refused, or with `raced_since` (`now()` read then) kept
         as stale since then: answered at most as long as any stale entry, refreshed like one."""

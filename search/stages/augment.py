@@ -58,7 +58,11 @@ class Augment(Protocol):
     """The augmentation port (`GraphAugmenter.augment`)."""
 
     def __call__(
-        self, principals: Sequence[str], request: SearchRequest, scope: CompiledScope, kept: list[Candidate],
+        self,
+        principals: Sequence[str],
+        request: SearchRequest,
+        scope: CompiledScope,
+        kept: list[Candidate],
         verified: Verified,
     ) -> Awaitable[tuple[list[Candidate], Verified, dict[str, Any]]]: ...  # fmt: skip
 

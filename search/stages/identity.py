@@ -230,6 +230,3 @@ class NamedDocumentFirst(Stage):
         r = self.retrieval
         ctx.kept = put_first(hit, ctx.kept, per_document=r.collapse_per_document,
                              max_chunks_per_document=r.max_chunks_per_document)  # fmt: skip
-
-
-

@@ -77,6 +77,12 @@ class ReverifyStage(Stage):
         need = max(ctx.request.window, RERANK_TOP_N if self.rerank else 0) + 1
         need += ctx.identity.unique is not None
         ctx.kept, ctx.verified = await verified_head(
-            self.reverify, self.retrieval, ctx.principals, ctx.scope, ctx.fused, need, ctx.request.as_of,
+            self.reverify,
+            self.retrieval,
+            ctx.principals,
+            ctx.scope,
+            ctx.fused,
+            need,
+            ctx.request.as_of,
             ctx.plan.compare_with,
         )

@@ -79,8 +79,13 @@ class AuditLog(BatchWriter[AccessRecord]):
     def __init__(self, engine: AsyncEngine, api: ApiSettings, on_dropped: Any = None) -> None:
         async def write(conn: AsyncConnection, rows: list[AccessRecord]) -> None:
             params = [
-                {"principals": list(r.principals), "endpoint": r.endpoint, "status": r.status,
-                 "document_ids": list(r.document_ids), "version_ids": list(r.version_ids)}  # fmt: skip
+                {
+                    "principals": list(r.principals),
+                    "endpoint": r.endpoint,
+                    "status": r.status,
+                    "document_ids": list(r.document_ids),
+                    "version_ids": list(r.version_ids),
+                }  # fmt: skip
                 for r in rows
             ]
             await conn.execute(_INSERT, params)
@@ -120,4 +125,3 @@ def record_of(principals: Sequence[str], endpoint: str, status: int, answer: Any
     if status != 200:
         return AccessRecord(tuple(principals), endpoint, status, ())
     return AccessRecord(tuple(principals), endpoint, status, named_documents(answer), read_versions(answer))
-

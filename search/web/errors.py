@@ -35,8 +35,11 @@ _UNAVAILABLE: list[tuple[type[Unavailable], str, str]] = [
     (SearchUnavailable, "search_unavailable", "the search index is unavailable; no partial answer is given"),
     (RerankUnavailable, "rerank_unavailable", "the reranker failed; no unreranked answer is given"),
     (EmbeddingUnavailable, "embedding_unavailable", "the embedding service is unavailable; no partial answer"),
-    (IdentityProviderUnavailable, "identity_provider_unavailable",
-     "the identity provider's signing keys could not be fetched, so the token cannot be checked"),
+    (
+        IdentityProviderUnavailable,
+        "identity_provider_unavailable",
+        "the identity provider's signing keys could not be fetched, so the token cannot be checked",
+    ),
     (Unavailable, "service_unavailable", "a service the search needs is unavailable; no partial answer is given"),
 ]
 

@@ -429,7 +429,7 @@ _HIT = {
         },
         "compare": {
             "type": "object",
-            "description": "present when the query asks for a comparison (\"vorherige Fassung\", "
+            "description": 'present when the query asks for a comparison ("vorherige Fassung", '
             "\"seit 2019 geändert\"): this hit's version (`later`) and the caller's own version it is compared "
             "with (`earlier`; `version_id` null when they see none on that side)",
             "properties": {

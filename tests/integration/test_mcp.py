@@ -260,9 +260,7 @@ def test_a_hit_says_where_to_read_on_and_its_chunk_is_read_from_the_stored_text(
         token = str(conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one())
     error, over_mcp = call(mcp.url, anna, "search", {**body, "consistency_token": token})
     assert not error and over_mcp["consistency"]["consistent"] is True
-    assert [(h["span"], h["evidence"]) for h in over_mcp["hits"]] == [
-        (h["span"], h["evidence"]) for h in found["hits"]
-    ]
+    assert [(h["span"], h["evidence"]) for h in over_mcp["hits"]] == [(h["span"], h["evidence"]) for h in found["hits"]]
     # The span reads the stored text (soft hyphen and all); the chunk by its id is the same characters.
     status, page = api.call(hit["evidence"]["text_permalink"], token=anna)
     assert status == 200 and page["text"] == stored[hit["span"]["start"] : hit["span"]["end"]]

@@ -116,9 +116,15 @@ def test_a_useless_semantic_leg_ends_keyword_only_in_every_api_process(
     record = _world("gesetze-mini-constant", tmp_path, constant_embeddings)
     # The deployment's own key: `ki eval --self` signs, the API trusts it (an unsigned report is no evidence).
     private, public = make_keys(tmp_path / "keys")
-    deployment = _as_deployment(record, {**constant_embeddings, "KI_RETRIEVAL__MODE_GATE__SELF_EVAL_REFRESH_S": "1",
-                                         "KI_RETRIEVAL__MODE_GATE__SIGNING_KEY_FILE": str(private),
-                                         "KI_RETRIEVAL__MODE_GATE__TRUSTED_KEY_FILES": json.dumps([str(public)])})
+    deployment = _as_deployment(
+        record,
+        {
+            **constant_embeddings,
+            "KI_RETRIEVAL__MODE_GATE__SELF_EVAL_REFRESH_S": "1",
+            "KI_RETRIEVAL__MODE_GATE__SIGNING_KEY_FILE": str(private),
+            "KI_RETRIEVAL__MODE_GATE__TRUSTED_KEY_FILES": json.dumps([str(public)]),
+        },
+    )
     server = Server("self-eval-api", **deployment)
     server.start()
     try:

@@ -470,8 +470,11 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
             for round_no in range(1, STABLE_ROUNDS + 1):
                 again = {name: loop.run(tracer.run(call))
                          for name, call in requests(scene, service, f"w{round_no}r").items()}  # fmt: skip
-                moved = [n for n in before
-                         if _normalised(again[n][1], scene, f"w{round_no}r") != _normalised(before[n][1], scene, phase)]
+                moved = [
+                    n
+                    for n in before
+                    if _normalised(again[n][1], scene, f"w{round_no}r") != _normalised(before[n][1], scene, phase)
+                ]
                 phase, before = f"w{round_no}r", again
                 if not moved:
                     break
@@ -526,7 +529,8 @@ def test_hidden_rows_change_no_trace_and_no_answer(engine: Engine, isolation: di
                 got_answer = _normalised(_json(answer_w2), scene, "w2")
                 # Only another row of the same version shown (and fetched): the term-statistics residual.
                 row_moved = (requests_got, got_answer) != (requests_want, want_answer) and (
-                    _version_level(requests_got), _version_level(got_answer)
+                    _version_level(requests_got),
+                    _version_level(got_answer),
                 ) == (_version_level(requests_want), _version_level(want_answer))
                 if row_moved and name.startswith("search"):
                     print(f"{name}: another row of the same version represents it (term statistics)")

@@ -249,34 +249,44 @@ def add_compared_documents(
     `hidden_first` a first final version observed nowhere (hidden from everyone) comes before it. Answers the
     shown versions."""
     rows = conn.execute(
-        text("INSERT INTO documents (project_id, title)"
-             " SELECT :p, 'Fassungen ' || w FROM unnest(CAST(:w AS text[])) AS w RETURNING id, title"),
+        text(
+            "INSERT INTO documents (project_id, title)"
+            " SELECT :p, 'Fassungen ' || w FROM unnest(CAST(:w AS text[])) AS w RETURNING id, title"
+        ),
         {"p": project, "w": list(words)},
     ).all()
     by_word = {r.title.removeprefix("Fassungen "): int(r.id) for r in rows}
     documents = [by_word[w] for w in words]
     if hidden_first:
         conn.execute(
-            text("INSERT INTO document_versions (document_id, version_no, status, text)"
-                 " SELECT d, 1, 'final', 'Frühere Fassung.' FROM unnest(CAST(:docs AS bigint[])) AS d"),
+            text(
+                "INSERT INTO document_versions (document_id, version_no, status, text)"
+                " SELECT d, 1, 'final', 'Frühere Fassung.' FROM unnest(CAST(:docs AS bigint[])) AS d"
+            ),
             {"docs": documents},
         )
     rows = conn.execute(
-        text("INSERT INTO document_versions (document_id, version_no, status, text)"
-             " SELECT d, 2, 'final', w || ' Mietvertrag.'"
-             " FROM unnest(CAST(:docs AS bigint[]), CAST(:w AS text[])) AS x(d, w) RETURNING id, document_id"),
+        text(
+            "INSERT INTO document_versions (document_id, version_no, status, text)"
+            " SELECT d, 2, 'final', w || ' Mietvertrag.'"
+            " FROM unnest(CAST(:docs AS bigint[]), CAST(:w AS text[])) AS x(d, w) RETURNING id, document_id"
+        ),
         {"docs": documents, "w": list(words)},
     ).all()
     shown = {int(r.document_id): int(r.id) for r in rows}
     versions = [shown[d] for d in documents]
     conn.execute(
-        text("UPDATE documents SET latest_final_version_id = x.v"
-             " FROM unnest(CAST(:docs AS bigint[]), CAST(:versions AS bigint[])) AS x(d, v) WHERE documents.id = x.d"),
+        text(
+            "UPDATE documents SET latest_final_version_id = x.v"
+            " FROM unnest(CAST(:docs AS bigint[]), CAST(:versions AS bigint[])) AS x(d, v) WHERE documents.id = x.d"
+        ),
         {"docs": documents, "versions": versions},
     )
     conn.execute(
-        text("INSERT INTO source_observations (document_version_id, source_object_id)"
-             " SELECT v, :o FROM unnest(CAST(:versions AS bigint[])) AS v"),
+        text(
+            "INSERT INTO source_observations (document_version_id, source_object_id)"
+            " SELECT v, :o FROM unnest(CAST(:versions AS bigint[])) AS v"
+        ),
         {"versions": versions, "o": obj},
     )
     return versions

@@ -166,9 +166,16 @@ def remote_main(settings: Settings, *, texts: int, rounds: int, out: Path, comma
             return 1
         remotes = {
             f"remote_{batch}_per_request_{flight}_in_flight": HttpEmbedder(
-                url=url + "/v1", model=spec.name, dimensions=shipped.dimensions, batch_size=batch,
-                concurrency=flight, api_key_env="", timeout_s=300, max_tokens=emb.max_tokens,
-                query_prefix=spec.query_prefix, passage_prefix=spec.passage_prefix,
+                url=url + "/v1",
+                model=spec.name,
+                dimensions=shipped.dimensions,
+                batch_size=batch,
+                concurrency=flight,
+                api_key_env="",
+                timeout_s=300,
+                max_tokens=emb.max_tokens,
+                query_prefix=spec.query_prefix,
+                passage_prefix=spec.passage_prefix,
             )  # fmt: skip
             for batch, flight in REMOTE_LAYOUTS
         }

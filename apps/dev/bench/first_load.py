@@ -378,8 +378,11 @@ def run_first_load(settings: Settings, options: FirstLoadOptions) -> dict[str, A
     if options.scale < 1 or options.access_rate < 1 or options.probe_interval <= 0 or options.search_interval <= 0:
         raise ValueError("scale and access rate must be at least 1, the intervals above 0")
     label = bench_label("first-load")
-    per_transaction = ("one document per transaction" if options.versions_per_transaction == 1 else
-                       f"whole documents, about {options.versions_per_transaction} versions per transaction")
+    per_transaction = (
+        "one document per transaction"
+        if options.versions_per_transaction == 1
+        else f"whole documents, about {options.versions_per_transaction} versions per transaction"
+    )
     tag = label.rsplit(" ", 1)[1]
     load_start = os.getloadavg()
     engine = make_engine(settings)

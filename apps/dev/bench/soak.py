@@ -685,8 +685,10 @@ class Soak:
             else:
                 if time.monotonic() - said >= 30:
                     said = time.monotonic()
-                    _say(f"  lanes {sum(behind.values())} event(s) behind the log end at the probe's finding"
-                         f" ({time.monotonic() - began:.0f} s): {dict(sorted(behind.items()))}")
+                    _say(
+                        f"  lanes {sum(behind.values())} event(s) behind the log end at the probe's finding"
+                        f" ({time.monotonic() - began:.0f} s): {dict(sorted(behind.items()))}"
+                    )
                 stop.wait(1.0)
         recovery = max(found_s, lag_zero_s) if lag_zero_s is not None else None
         return {"probe_found_s": found_s, "lag_zero_s": lag_zero_s, "recovery_s": recovery}

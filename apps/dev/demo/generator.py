@@ -821,9 +821,7 @@ _SET_LATEST = text(
 ).bindparams(bindparam("doc_ids"), bindparam("version_ids"))
 
 
-def _write_batch(
-    conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary: GenerationSummary
-) -> list[Placed]:
+def _write_batch(conn: Any, batch: list[DocumentBundle], ids: SetupIds, summary: GenerationSummary) -> list[Placed]:
     doc_ids = _insert_returning(conn, _table(Document), [b.document for b in batch])
     version_rows: list[Row] = []
     for doc_id, bundle in zip(doc_ids, batch, strict=True):

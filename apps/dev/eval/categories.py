@@ -26,12 +26,12 @@ from search.query_words import parse_query
 CATEGORIES: tuple[str, ...] = ("identifier", "exact_title", "question", "concept")
 
 _QUESTION_WORDS = (
-        # German interrogatives (with the prepositional forms a question starts with)
-        "wer wen wem wessen was wann wo woher wohin warum weshalb weswegen wieso wie welche welcher welches "
-        "welchen welchem womit wofür wovon worauf woran worin worüber wodurch wozu inwiefern inwieweit "
-        "ist sind kann können darf dürfen muss müssen gibt hat haben wird werden "
-        # English
-        "who whom whose what when where why which how is are can could does do did may must should will would"
+    # German interrogatives (with the prepositional forms a question starts with)
+    "wer wen wem wessen was wann wo woher wohin warum weshalb weswegen wieso wie welche welcher welches "
+    "welchen welchem womit wofür wovon worauf woran worin worüber wodurch wozu inwiefern inwieweit "
+    "ist sind kann können darf dürfen muss müssen gibt hat haben wird werden "
+    # English
+    "who whom whose what when where why which how is are can could does do did may must should will would"
 )
 QUESTION_WORDS = frozenset(_QUESTION_WORDS.split())
 

@@ -230,8 +230,9 @@ def coverage_point(
     return {
         "threshold": [bar, min_coverage],
         "ndcg@10": round(sum(ndcg) / len(ndcg), 4) if ndcg else 0.0,
-        "answerable_empty": round(sum(1 for q in answerable_ndcg if readings[q].gated(bar, min_coverage))
-                                  / max(len(answerable_ndcg), 1), 4),  # fmt: skip
+        "answerable_empty": round(
+            sum(1 for q in answerable_ndcg if readings[q].gated(bar, min_coverage)) / max(len(answerable_ndcg), 1), 4
+        ),  # fmt: skip
         **shares(o for outcomes in kinds.values() for o in outcomes),
         "kinds": {kind: shares(outcomes) for kind, outcomes in kinds.items()},
     }

@@ -1378,9 +1378,13 @@ async def _coverage_record(
         "measured_through_api": measured,
         "reported_on_test": reported,
         "readings": {
-            split: {qid: {**r.to_json(), **({"ndcg@10": round(splits[split]["ndcg"][qid], 4)}
-                                            if qid in splits[split]["ndcg"] else {})}  # fmt: skip
-                    for qid, r in sorted(rs.items())}
+            split: {
+                qid: {
+                    **r.to_json(),
+                    **({"ndcg@10": round(splits[split]["ndcg"][qid], 4)} if qid in splits[split]["ndcg"] else {}),
+                }  # fmt: skip
+                for qid, r in sorted(rs.items())
+            }
             for split, rs in readings.items()
         },
     }
@@ -1506,8 +1510,9 @@ async def _categories(
         baseline = {split: await point(gated, split) for split in splits}
     _write_gate_readings(q.options.out_dir / f"{data.dataset.name}-gate-readings.jsonl", data.queries, splits, readings)
     no_floor = {split: await point(variant(None, False), split) for split in splits}
-    coverage = await _coverage_record(splits, readings, ungated, signature, point, variant, shipped, gates_configured,
-                                      coverage_configured.hits)
+    coverage = await _coverage_record(
+        splits, readings, ungated, signature, point, variant, shipped, gates_configured, coverage_configured.hits
+    )
     curve: list[dict[str, Any]] = []
     for floor in sweep_floors(settings.retrieval.semantic_floor.get(signature)) if q.options.floor_sweep else []:
         entry: dict[str, Any] = {"threshold": floor, "gates_answer": True}

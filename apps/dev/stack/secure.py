@@ -290,7 +290,10 @@ def opensearch_security_files(settings: Settings, material: SecureMaterial) -> d
                 {
                     "index_patterns": ki_indices,
                     "allowed_actions": [
-                        "read", "indices_monitor", "indices:admin/get", "indices:admin/aliases/get",
+                        "read",
+                        "indices_monitor",
+                        "indices:admin/get",
+                        "indices:admin/aliases/get",
                         "indices:admin/refresh",
                     ],
                 }

@@ -27,8 +27,7 @@ def test_two_stacks_resolving_at_once_build_an_artifact_once(tmp_path: Path):
     builds: list[int] = []
     results: list[Path] = []
     threads = [
-        threading.Thread(target=lambda: results.append(_resolver(tmp_path)._ensure("kafka-x", build)))
-        for _ in range(2)
+        threading.Thread(target=lambda: results.append(_resolver(tmp_path)._ensure("kafka-x", build))) for _ in range(2)
     ]
 
     def build(staging: Path) -> None:

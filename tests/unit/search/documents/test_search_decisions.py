@@ -10,6 +10,7 @@ from search.request import WindowTooDeep, parse_decision_request
 
 API = ApiSettings(limits=LimitsSettings(max_query_chars=50, max_limit=20, max_filter_values=3))
 
+
 def test_decision_request_defaults_and_filters() -> None:
     req = parse_decision_request({"query": "Kaution", "filters": {"project_id": 4}}, API)
     assert (req.limit, req.offset, req.filters.project_id, req.filters.document_id) == (10, 0, [4], None)

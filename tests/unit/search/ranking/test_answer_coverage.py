@@ -110,6 +110,7 @@ def _stage(enabled: bool = True, index: _Index | None = None) -> Any:
 
     gate = AnswerCoverageSettings(similarity={"sig": 0.86}, min_coverage=0.5, hits=3)
     retrieval = RetrievalSettings(answer_coverage_gate_enabled=enabled, answer_coverage_gate=gate)
+
     async def as_they_are(page: Any) -> list[Candidate]:
         return list(page)
 
