@@ -24,6 +24,11 @@ def lane_pid(supervisor_pid: int | None, lane: Lane) -> int | None:
     return None
 
 
+#: Each lane imports its libraries and joins its consumer group before it answers; the content lane also loads
+#: the embedding model. That takes 30-40 s on two idle cores, and has taken over 120 s beside a busy test lane.
+READY_TIMEOUT_S = 300.0
+
+
 class SyncWorker:
     """The sync worker of this stack: reuse the running one, or run `ki sync run` as a child until `stop()`."""
 
@@ -38,9 +43,13 @@ class SyncWorker:
         self.child: Child | None = None
 
     def answers(self) -> bool:
-        return all(exposition.answers(url, timeout_s=2) for url in self.urls)
+        return not self.silent()
 
-    def ensure(self, timeout: float = 120) -> str:
+    def silent(self) -> list[str]:
+        """The lanes whose /metrics does not answer now."""
+        return [lane for lane, url in zip(LANES, self.urls, strict=True) if not exposition.answers(url, timeout_s=2)]
+
+    def ensure(self, timeout: float = READY_TIMEOUT_S) -> str:
         """Make sure a worker answers; returns what was done, for the caller's progress line."""
         if self.answers():
             return "using the sync worker already running"
@@ -49,9 +58,16 @@ class SyncWorker:
             self.log_path,
             env={"PYTHONUNBUFFERED": "1", **({"KI_CONFIG": self.config} if self.config else {})},
         ).start()
-        why = self.child.wait_ready(self.answers, timeout, interval_s=0.5)
+        silent: list[str] = []
+
+        def ready() -> bool:
+            silent[:] = self.silent()
+            return not silent
+
+        why = self.child.wait_ready(ready, timeout, interval_s=0.5)
         if why is not None:
-            raise RuntimeError(f"the sync worker did not come up ({why}); see {self.log_path}")
+            lanes = f"; silent: {', '.join(silent)} lane" if silent else ""
+            raise RuntimeError(f"the sync worker did not come up ({why}{lanes}); see {self.log_path}")
         return f"started a sync worker (pid {self.child.pid}, log {self.log_path})"
 
     def stop(self) -> None:

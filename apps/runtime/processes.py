@@ -137,7 +137,9 @@ class Child:
         """Start it; output appended to `log_path`. Raises OSError when the command cannot be started."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(f"\n{START_MARKER} starting {' '.join(self.argv)}\n".encode())
+            # The wall-clock time: how long the child took to come up can be read from its own log lines.
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            log.write(f"\n{START_MARKER} {when} starting {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
                 self.argv,

@@ -108,8 +108,10 @@ class Observer:
             self._stop.wait(0.1)
 
     def window(self, since: float, until: float) -> dict[str, float]:
-        """Searches between two instants: how many, how many failed, p99 seconds, the longest failing run."""
-        inside = [s for s in self.samples if since <= s[0] < until]
+        """Searches that were in flight between two instants (a search that began before `since` and answered
+        after it counts: on two loaded cores one search can outlast a short outage): how many, how many failed,
+        p99 seconds, the longest run of failed searches."""
+        inside = [s for s in self.samples if s[0] < until and s[0] + s[2] >= since]
         failed, longest, run_start = 0, 0.0, None
         for at, status, _ in inside:
             if status != 200:
@@ -121,6 +123,10 @@ class Observer:
         latencies = sorted(s[2] for s in inside)
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0
         return {"searches": len(inside), "failed": failed, "p99_s": round(p99, 3), "longest_error_run_s": longest}
+
+    def answered_since(self, since: float) -> int:
+        """Searches begun at or after `since` that have answered (whatever the status)."""
+        return sum(1 for s in self.samples if s[0] >= since)
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +266,10 @@ def test_failover_under_load_loses_nothing_and_leaks_nothing(
             stream.wait_for_more(LOAD_PER_STEP)
             restarted.append(restarts.submit(start, settings, service.name))
             current_again = index_current(settings, engine, search, world, n)
+            # Searches begun after the kill must have answered before the window closes: without them the
+            # window would judge only the searches the kill interrupted.
+            wait_for(lambda since=began: observer.answered_since(since) >= 3, timeout=120, interval=0.2,
+                     what=f"three searches begun after the kill of {service.name} to answer")  # fmt: skip
             # The searches from the kill until the index is current again: the failover as callers saw it.
             figures = observer.window(began, time.monotonic())
             report[f"kill {service.name} ({role})"] = {**figures, "index_current_again_s": current_again}

@@ -16,8 +16,9 @@ from sqlalchemy import Engine, text
 
 from apps.dev.checkout import REPO_ROOT
 
-# `faults`: it kills a lane, so it runs in the lane of the fault tests, one fault at a time.
-pytestmark = [pytest.mark.stack, pytest.mark.faults, pytest.mark.timeout(600)]
+# `faults`: it kills a lane, so it runs in the lane of the fault tests, one fault at a time. It starts the sync
+# worker twice, and beside CI's busy lanes each start has taken over two minutes: hence the long timeouts.
+pytestmark = [pytest.mark.stack, pytest.mark.faults, pytest.mark.timeout(1200)]
 
 
 def test_a_short_soak_with_a_killed_lane_loses_nothing_leaks_nothing_and_cleans_up(
@@ -26,7 +27,7 @@ def test_a_short_soak_with_a_killed_lane_loses_nothing_leaks_nothing_and_cleans_
     out = tmp_path / "soak.json"
     argv = [sys.executable, "-m", "apps.cli", "bench", "soak", "--minutes", "0.4", "--rate", "20",
             "--fault-every", "12", "--faults", "kill", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=550,
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1100,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     assert done.returncode == 0, f"ki bench soak failed ({done.returncode}):\n{done.stderr[-4000:]}"
     result = json.loads(out.read_text())
