@@ -4,10 +4,11 @@
 # runs every test (unit and against the real services), and always stops the stack again.
 #
 # Without arguments the tests run in two lanes at once, each on a stack of its own: the fault-injection
-# tests (`-m faults`: services stopped, workers killed; mostly waiting) and the long independent ones
-# (`-m second_lane`: rebuilds, benchmark smoke runs) on a second stack whose ports are shifted by 1000 and
-# whose home is "$KI_STACK__HOME-faults" (log: build/test-faults.log), everything else here. With
-# arguments: one lane, `pytest "$@"`.
+# tests (`-m faults`: services stopped, workers killed; mostly waiting), the long independent ones
+# (`-m second_lane`: rebuilds, benchmark smoke runs) and the unit tests (`-m "not stack"`: no services, they
+# fill the fault tests' waits) on a second stack whose ports are shifted by 1000 and whose home is
+# "$KI_STACK__HOME-faults" (log: build/test-faults.log), the other stack tests here. With arguments: one
+# lane, `pytest "$@"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --test
@@ -15,6 +16,9 @@ scripts/bootstrap.sh --test
 main_home=$(.venv/bin/python -c 'from ki.settings import load_settings; from apps.dev.stack.settings import stack_settings; print(stack_settings(load_settings()).home)')
 main_home=${main_home/#\~/$HOME}
 export KI_STACK__HOME="${KI_TEST_STACK_HOME:-$HOME/.cache/ki-sidecar-test}"
+# The test stacks live for minutes: Kafka, Connect and Keycloak with the quick JIT only (stack.quick_jit) spend
+# about half the CPU, which the other lanes' stacks on the same cores need.
+export KI_STACK__QUICK_JIT="${KI_STACK__QUICK_JIT:-true}"
 
 # One lane: a fresh stack at $KI_STACK__HOME (and the ports in the environment), pytest, the stack stopped.
 run_lane() {
@@ -74,13 +78,14 @@ faults_shift=$(( ${KI_TEST_PORT_SHIFT:-0} + 1000 ))
   set -a
   eval "$(.venv/bin/python -m apps.dev.stack.ports --shift "$faults_shift")"
   set +a
-  run_lane --durations=25 -m "faults or second_lane" tests/integration
+  run_lane --durations=25 --junitxml=build/junit-faults.xml -m "faults or second_lane or not stack"
 ) >build/test-faults.log 2>&1 &
 faults_pid=$!
 echo "test: the fault-injection tests run beside these on a second stack (log: build/test-faults.log)"
 # In the background too, so that `set -e` holds inside the lane (it does not in a `( … ) || …` list).
-# --durations: each lane's slowest tests at the end of its log, to see where CI minutes go.
-(run_lane --durations=25 -m "not faults and not second_lane") &
+# --durations: each lane's slowest tests at the end of its log, to see where CI minutes go; --junitxml: every
+# test's time (build/junit-*.xml), to balance the lanes.
+(run_lane --durations=25 --junitxml=build/junit-main.xml -m "stack and not faults and not second_lane") &
 main_pid=$!
 main_status=0
 wait "$main_pid" || main_status=$?

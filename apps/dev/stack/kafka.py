@@ -79,8 +79,9 @@ class KafkaJvmService(Service):
     def jvm(self, runtime: Runtime, main_class: str, *args: str) -> Launch:
         log4j = self.write_config(self.state_dir / "log4j2.properties", LOG4J_TEMPLATE.read_text())
         properties = [f"-D{key}={value}" for key, value in self.system_properties().items()]
+        quick = ["-XX:TieredStopAtLevel=1"] if stack_settings(self.settings).quick_jit else []
         argv = [
-            str(runtime.java.java), f"-Xms{self.heap}", f"-Xmx{self.heap}",
+            str(runtime.java.java), f"-Xms{self.heap}", f"-Xmx{self.heap}", *quick,
             "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
             "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}", *properties,

@@ -95,6 +95,7 @@ class Keycloak(Service):
         env = {
             "JAVA_HOME": str(java.home),
             "JAVA_OPTS_KC_HEAP": "-Xms128m -Xmx512m",
+            **({"JAVA_OPTS_APPEND": "-XX:TieredStopAtLevel=1"} if stack_settings(self.settings).quick_jit else {}),
             "KC_BOOTSTRAP_ADMIN_USERNAME": ADMIN_USER,
             "KC_BOOTSTRAP_ADMIN_PASSWORD": self._admin_password(),
             "HOME": str(self.state_dir),

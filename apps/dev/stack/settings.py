@@ -19,6 +19,11 @@ class StackSettings(BaseModel):
     opensearch_heap: str = "1g"
     kafka_heap: str = "512m"
     connect_heap: str = "512m"
+    # Kafka, Connect and Keycloak with the quick compiler only (`-XX:TieredStopAtLevel=1`): the optimising one
+    # spends more CPU compiling than a short-lived stack gets back (the test command's stacks: an idle broker
+    # took 5.9 % of a core instead of 10.1 %, and half the CPU in its first minutes). OpenSearch keeps both:
+    # search and indexing are its hot code.
+    quick_jit: bool = False
     start_timeout_s: float = Field(180.0, gt=0)
     # The local identity provider (`ki stack up --idp`, apps/dev/stack/keycloak.py): its port, a Java 21+ for it
     # (empty: the newest under /usr/lib/jvm), and its own start deadline: each start rebuilds its server

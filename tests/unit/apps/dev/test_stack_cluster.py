@@ -131,3 +131,21 @@ def test_independent_services_start_together_and_connect_after_them(tmp_path: Pa
         ["connect"],
         ["keycloak"],
     ]
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_quick_jit_stops_kafka_and_connect_at_the_first_compiler_and_leaves_opensearch(
+    tmp_path: Path, quick: bool
+) -> None:
+    settings = with_environment(Settings(), {"KI_STACK__HOME": str(tmp_path), "KI_STACK__QUICK_JIT": str(quick)})
+    runtime: Any = SimpleNamespace(
+        java=SimpleNamespace(java=Path("/jdk/bin/java")),
+        artifacts=SimpleNamespace(kafka_classpath="/kafka/libs/*", debezium_plugin_path="/plugins"),
+    )
+    for svc in build_services(settings, StackPaths.from_settings(settings)):
+        if isinstance(svc, (Kafka, Connect)):
+            svc.state_dir.mkdir(parents=True, exist_ok=True)
+            argv = svc.jvm(runtime, "Main").argv
+            assert ("-XX:TieredStopAtLevel=1" in argv) is quick, svc.name
+        if isinstance(svc, OpenSearch):
+            assert "TieredStopAtLevel" not in svc.jvm_options()
