@@ -144,22 +144,27 @@ class Soak:
     def world(self, conn: Connection) -> ref.World:
         return read_world(conn, self.projects)
 
-    def index_projection(self) -> dict[int, set[tuple[frozenset[str], frozenset[str]]]]:
-        """Per version: the (allowed, denied) principals its rows in the index carry right now."""
+    def indexed_so_far(self) -> set[int]:
+        """The versions the index carries now, for the wait before the soak: an index just created answers 503
+        until its shard has started (a CI run saw it), which means nothing is indexed yet."""
         try:
-            response = self.search.search(
-                index=self.index,
-                ignore_unavailable=True,  # the worker creates the alias with its first write
-                body={
-                    "query": {"terms": {"project_id": [str(p) for p in self.projects]}},
-                    "size": 10_000,
-                    "_source": ["document_version_id", "allowed_principals", "denied_principals"],
-                },
-            )
+            return set(self.index_projection())
         except TransportError as error:
             if error.status_code != 503:
                 raise
-            return {}  # the index just created, its shard not started yet (a CI run saw it): nothing indexed so far
+            return set()
+
+    def index_projection(self) -> dict[int, set[tuple[frozenset[str], frozenset[str]]]]:
+        """Per version: the (allowed, denied) principals its rows in the index carry right now."""
+        response = self.search.search(
+            index=self.index,
+            ignore_unavailable=True,  # the worker creates the alias with its first write
+            body={
+                "query": {"terms": {"project_id": [str(p) for p in self.projects]}},
+                "size": 10_000,
+                "_source": ["document_version_id", "allowed_principals", "denied_principals"],
+            },
+        )
         out: dict[int, set[tuple[frozenset[str], frozenset[str]]]] = {}
         for hit in response["hits"]["hits"]:
             s = hit["_source"]
@@ -220,7 +225,7 @@ def soak(settings: Settings, engine: Engine) -> Iterator[Soak]:
                 f"{len(world.grants)} grants, {len(world.memberships)} memberships, {len(world.aliases)} aliases"
             )
             wait_for(
-                lambda: set(state.index_projection()) >= indexed,
+                lambda: state.indexed_so_far() >= indexed,
                 timeout=400,
                 interval=1.0,
                 what="the worker to index every version of the soak worlds",
